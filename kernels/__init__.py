@@ -1,0 +1,1 @@
+"""tokenwire kernels: each op beside its torch reference."""

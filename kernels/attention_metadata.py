@@ -1,0 +1,66 @@
+"""Batch layout for one forward pass over a flattened, paged batch.
+
+Layout invariants (the model runner guarantees them):
+- the batch is ``num_seqs`` sequences whose query tokens are concatenated into ``num_tokens``
+  rows of ``query``/``key``/``value``; sequence ``i`` owns rows
+  ``query_start_loc[i]:query_start_loc[i+1]``;
+- sequences ``[0, num_decodes)`` have exactly one query token ("decode" rows, which includes a
+  prefill whose last token is the only one left); the rest are prefill rows;
+- ``seq_lens[i]`` is the context length *including* this step's query tokens, so the query
+  tokens of sequence ``i`` sit at positions ``seq_lens[i] - query_len_i .. seq_lens[i] - 1``;
+- ``block_tables[i, j]`` is the physical KV block holding positions ``j*block_size ..``;
+  unused entries are 0 (the null block, never written);
+- ``slot_mapping[t] = block * block_size + offset`` is where row ``t``'s K/V is stored;
+  ``-1`` marks a padding row that must be skipped (CUDA-graph padding).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillSeqPlan:
+    """Precomputed gather for one prefill sequence (torch reference path)."""
+
+    query_start: int
+    query_end: int
+    seq_len: int
+    block_ids: torch.Tensor  # int64 [ceil(seq_len / block_size)]
+    # True when no earlier context exists (seq_len == query_len): attend to fresh K/V directly.
+    fresh: bool
+    # Bool [query_len, seq_len], True = may attend; None when ``fresh`` (plain causal).
+    mask: torch.Tensor | None
+
+
+@dataclass(frozen=True, slots=True)
+class CpuAttentionPlan:
+    """Gather indices built once per step so every layer reuses them."""
+
+    # Decode rows: flattened block ids [num_decodes * max_blocks] and key mask
+    # [num_decodes, 1, 1, max_blocks * block_size] (True = attend).
+    decode_block_ids: torch.Tensor
+    decode_mask: torch.Tensor
+    decode_max_blocks: int
+    prefills: tuple[PrefillSeqPlan, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionMetadata:
+    num_tokens: int
+    num_seqs: int
+    num_decodes: int
+    block_size: int
+    slot_mapping: torch.Tensor  # int64 [>= num_tokens], -1 = padding
+    query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
+    seq_lens: torch.Tensor  # int32 [num_seqs]
+    block_tables: torch.Tensor  # int32 [num_seqs, max_blocks_per_seq]
+    max_query_len: int
+    max_seq_len: int
+    # Host copies of the same values (numpy, no device sync needed to read them).
+    query_start_loc_np: np.ndarray
+    seq_lens_np: np.ndarray
+    cpu_plan: CpuAttentionPlan | None = None

@@ -1,0 +1,135 @@
+"""Frozen engine configuration.
+
+Config is data: every class here is frozen and validated in ``__post_init__`` with a
+``ValueError`` that names the offending flag. Values derived from the model or the device
+(number of KV blocks, EOS ids, effective max_model_len) are *returned* by whoever computes
+them and passed forward; they are never written back into these objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+LoadFormat = Literal["auto", "safetensors", "gguf", "dummy"]
+SchedulingPolicy = Literal["fcfs", "priority"]
+DType = Literal["auto", "float32", "float16", "bfloat16"]
+
+# Default CPU KV budget: 1 GiB holds ~58k tokens of SmolLM2-135M's float32 KV cache.
+DEFAULT_CPU_KV_BYTES = 1 << 30
+
+
+def _positive(name: str, value: int | None) -> None:
+    if value is not None and value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model to load and how.
+
+    ``model=None`` selects the embedded default (SmolLM2-135M-Instruct GGUF).
+    ``max_model_len=None`` means "the model's own context length".
+    """
+
+    model: str | None = None
+    tokenizer: str | None = None
+    dtype: DType = "auto"
+    max_model_len: int | None = None
+    load_format: LoadFormat = "auto"
+    seed: int = 0
+    served_model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        _positive("max_model_len", self.max_model_len)
+        if self.load_format not in ("auto", "safetensors", "gguf", "dummy"):
+            raise ValueError(
+                f"load_format must be one of auto, safetensors, gguf, dummy; got {self.load_format!r}"
+            )
+        if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
+            raise ValueError(
+                f"dtype must be one of auto, float32, float16, bfloat16; got {self.dtype!r}"
+            )
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache shape and budget.
+
+    On CPU the cache is sized from ``kv_cache_memory_bytes``; on CUDA from
+    ``gpu_memory_utilization`` after a profiling forward. ``num_blocks_override`` wins over both
+    (tests use it to force preemption).
+    """
+
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    kv_cache_memory_bytes: int = DEFAULT_CPU_KV_BYTES
+    gpu_memory_utilization: float = 0.9
+    num_blocks_override: int | None = None
+
+    def __post_init__(self) -> None:
+        _positive("block_size", self.block_size)
+        if self.block_size > 1024 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two <= 1024, got {self.block_size}")
+        _positive("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.num_blocks_override is not None and self.num_blocks_override < 2:
+            raise ValueError(
+                f"num_blocks_override must be >= 2 (one is the null block), "
+                f"got {self.num_blocks_override}"
+            )
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Token-budget continuous batching limits (vLLM v1 semantics)."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    policy: SchedulingPolicy = "fcfs"
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        _positive("max_num_seqs", self.max_num_seqs)
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Parallelism. Only a single device is implemented today."""
+
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size != 1:
+            raise ValueError(
+                f"tensor_parallel_size must be 1 (multi-device is not implemented yet), "
+                f"got {self.tensor_parallel_size}"
+            )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs; built once by ``LLM``/the CLI and passed down."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
+            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        sched = self.scheduler
+        if not sched.enable_chunked_prefill and self.model.max_model_len is not None:
+            if sched.max_num_batched_tokens < self.model.max_model_len:
+                raise ValueError(
+                    "max_num_batched_tokens must be >= max_model_len when chunked prefill is "
+                    f"disabled ({sched.max_num_batched_tokens} < {self.model.max_model_len})"
+                )

@@ -1,0 +1,66 @@
+"""Outputs: per-step engine-core deltas and the user-facing offline result types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenwire.runtime.model_output import TokenLogprobs
+from tokenwire.runtime.request import FinishReason
+
+
+@dataclass(slots=True)
+class EngineCoreOutput:
+    """What happened to one request in one step (token ids only; text is made in the front)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprobs] | None = None
+    new_prompt_logprobs: list[TokenLogprobs | None] | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Logprob:
+    """vLLM-shaped logprob entry: ``rank`` is 1-based in the model's distribution."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# One position: token id -> Logprob, the chosen token first, then the top alternatives.
+PositionLogprobs = dict[int, Logprob]
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None = None
+    logprobs: list[PositionLogprobs] | None = None
+    finish_reason: FinishReason | None = None
+    # The stop string or stop token id that ended the choice, if any.
+    stop_reason: int | str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    num_cached_tokens: int = 0
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    finished: bool = False
+    metrics: dict[str, float] = field(default_factory=dict)

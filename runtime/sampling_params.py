@@ -1,0 +1,178 @@
+"""Sampling and stopping parameters of one request (vLLM-shaped).
+
+Validation raises ``ValueError`` whose message starts with the parameter's name, so the
+servers can map it to INVALID_ARGUMENT / 400 naming the field. Checks that need the model
+(token ids inside the vocabulary, prompt + max_tokens within the context) happen in
+``validate_for_model``, called by the engine when the request is added.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+# A temperature below this is treated as greedy (argmax), as in vLLM.
+GREEDY_EPSILON = 1e-5
+MAX_LOGPROBS = 20
+MAX_SEED = 2**63 - 1
+
+
+class ParameterError(ValueError):
+    """A request parameter is invalid. ``param`` names it (OpenAI-style field name)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+def _check_finite(name: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise ParameterError(name, f"must be a finite number, got {value}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample and when to stop.
+
+    ``max_tokens=None`` generates until EOS or the model's context length. ``top_k`` of 0 or -1
+    disables top-k. ``stop`` accepts a string or a sequence of strings and is stored as a tuple.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: Mapping[int, float] | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: tuple[str, ...] = field(default=())
+    stop_token_ids: tuple[int, ...] = field(default=())
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        # Normalise containers first so the object is hashable-ish and immutable.
+        stop: Any = self.stop
+        if isinstance(stop, str):
+            stop = (stop,)
+        object.__setattr__(self, "stop", tuple(stop or ()))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        if self.top_k == -1:
+            object.__setattr__(self, "top_k", 0)
+        if self.logit_bias is not None:
+            object.__setattr__(
+                self, "logit_bias", {int(k): float(v) for k, v in self.logit_bias.items()}
+            )
+        self._validate()
+
+    def _validate(self) -> None:
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ParameterError("n", f"must be an integer >= 1, got {self.n}")
+        _check_finite("temperature", self.temperature)
+        if self.temperature < 0.0:
+            raise ParameterError("temperature", f"must be >= 0, got {self.temperature}")
+        _check_finite("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ParameterError("top_p", f"must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ParameterError("top_k", f"must be -1, 0 (disabled) or positive, got {self.top_k}")
+        _check_finite("min_p", self.min_p)
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ParameterError("min_p", f"must be in [0, 1], got {self.min_p}")
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
+            raise ParameterError("seed", f"must be in [0, 2**63 - 1], got {self.seed}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check_finite(name, value)
+            if not -2.0 <= value <= 2.0:
+                raise ParameterError(name, f"must be in [-2, 2], got {value}")
+        _check_finite("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0.0:
+            raise ParameterError(
+                "repetition_penalty", f"must be > 0, got {self.repetition_penalty}"
+            )
+        self._validate_lengths_and_stops()
+        self._validate_logprobs_and_bias()
+
+    def _validate_lengths_and_stops(self) -> None:
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ParameterError("max_tokens", f"must be >= 1, got {self.max_tokens}")
+        if self.min_tokens < 0:
+            raise ParameterError("min_tokens", f"must be >= 0, got {self.min_tokens}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ParameterError(
+                "min_tokens",
+                f"must be <= max_tokens ({self.min_tokens} > {self.max_tokens})",
+            )
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise ParameterError("stop", "every stop sequence must be a non-empty string")
+        for t in self.stop_token_ids:
+            if not isinstance(t, int) or t < 0:
+                raise ParameterError("stop_token_ids", f"must be non-negative integers, got {t}")
+
+    def _validate_logprobs_and_bias(self) -> None:
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise ParameterError(name, f"must be in [0, {MAX_LOGPROBS}], got {value}")
+        for token, bias in (self.logit_bias or {}).items():
+            if token < 0:
+                raise ParameterError("logit_bias", f"token id must be >= 0, got {token}")
+            if not -100.0 <= bias <= 100.0:
+                raise ParameterError("logit_bias", f"bias must be in [-100, 100], got {bias}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_EPSILON
+
+    @property
+    def needs_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
+
+    def validate_for_model(self, vocab_size: int) -> None:
+        """Checks that need the model: token ids must lie inside the vocabulary."""
+        for t in self.stop_token_ids:
+            if t >= vocab_size:
+                raise ParameterError(
+                    "stop_token_ids", f"token id {t} is outside the vocabulary ({vocab_size})"
+                )
+        for t in self.logit_bias or {}:
+            if t >= vocab_size:
+                raise ParameterError(
+                    "logit_bias", f"token id {t} is outside the vocabulary ({vocab_size})"
+                )
+
+    def with_seed(self, seed: int | None) -> SamplingParams:
+        """Copy with another seed (used to fan out ``n > 1`` into child requests)."""
+        return replace(self, seed=seed, n=1)
+
+
+def normalize_params(
+    params: SamplingParams | Sequence[SamplingParams] | None, count: int
+) -> list[SamplingParams]:
+    """One SamplingParams per prompt: broadcast a single one, or check the list length."""
+    if params is None:
+        return [SamplingParams()] * count
+    if isinstance(params, SamplingParams):
+        return [params] * count
+    out = list(params)
+    if len(out) != count:
+        raise ParameterError(
+            "sampling_params", f"got {len(out)} sampling params for {count} prompts"
+        )
+    return out

@@ -1,0 +1,58 @@
+"""Plain-data seam from the scheduler to the executor (vLLM v1 shape).
+
+The executor keeps its own per-request state (token ids, block table row, sampling state), so
+only what changed crosses the seam: new requests in full, running ones as diffs. Rows of the
+forward batch follow the insertion order of ``num_scheduled_tokens``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenwire.runtime.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class NewRequestData:
+    """A request the executor has not seen before (first scheduling)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int  # prefix-hit tokens already in the cache
+
+
+@dataclass(frozen=True, slots=True)
+class CachedRequestData:
+    """Diffs for requests the executor already holds state for (parallel lists).
+
+    For a request resumed from preemption, ``new_block_ids`` is its whole new block list and
+    replaces the old one; otherwise it holds only blocks appended this step (may be empty).
+    """
+
+    request_ids: list[str] = field(default_factory=list)
+    resumed_from_preemption: list[bool] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    step_id: int
+    new_reqs: list[NewRequestData]
+    cached_reqs: CachedRequestData
+    # request_id -> tokens to compute this step; insertion order is the batch row order.
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    # Prompt tokens (prefill) and generated-token (decode) work in this step, for stats.
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    # Finished or aborted since the previous step: the executor drops their state.
+    finished_req_ids: frozenset[str]
+    # Preempted in this step: the executor releases their rows but keeps sampling state.
+    preempted_req_ids: frozenset[str]
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0

@@ -1,0 +1,64 @@
+"""Plain records the engine reports to its observer (telemetry turns them into spans/metrics).
+
+Durations are seconds (``time.perf_counter``); ``*_time`` instants are ``time.monotonic``;
+``started_at_ns`` is wall-clock (``time.time_ns``) so spans can be placed on a timeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from tokenwire.runtime.request import FinishReason
+
+StepPhase = Literal["prefill", "decode", "mixed"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    step_id: int
+    phase: StepPhase
+    num_seqs: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_preemptions: int
+    kv_blocks_used: int
+    kv_blocks_free: int
+    kv_blocks_total: int
+    # request_id -> tokens computed for it in this step, and whether they were prompt tokens.
+    scheduled: dict[str, int]
+    prefill_req_ids: frozenset[str]
+    schedule_time: float
+    prepare_time: float
+    forward_time: float
+    sample_time: float
+    update_time: float
+    started_at_ns: int
+    duration: float
+
+    @property
+    def overhead_time(self) -> float:
+        """Engine bookkeeping: schedule + input preparation + update (no forward, no sample)."""
+        return self.schedule_time + self.prepare_time + self.update_time
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStats:
+    request_id: str
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finished_time: float
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+    num_preemptions: int
+    finish_reason: FinishReason
+
+
+class EngineObserver(Protocol):
+    """Receives engine events on the engine thread; must be cheap and never raise."""
+
+    def on_step(self, stats: StepStats) -> None: ...
+
+    def on_request_finished(self, stats: RequestStats) -> None: ...

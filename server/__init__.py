@@ -1,0 +1,1 @@
+"""tokenwire server: gRPC services, REST shim, telemetry, CLI."""
