@@ -37,14 +37,25 @@ class PrefillSeqPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class DecodeGroupPlan:
+    """Decode rows of similar context length, gathered and attended as one padded batch.
+
+    Grouping by length bounds the padding each row carries (the padded gather of K/V is the
+    dominant cost of CPU decode attention), at the price of one gather per group.
+    """
+
+    rows: torch.Tensor  # int64 [n]: indices of these decode rows in query and output
+    block_ids: torch.Tensor  # int64 [n * max_blocks]: the rows' block tables, flattened
+    max_blocks: int
+    # Bool [n, 1, 1, max_blocks * block_size], True = key position < seq_len (may attend).
+    mask: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
 class CpuAttentionPlan:
     """Gather indices built once per step so every layer reuses them."""
 
-    # Decode rows: flattened block ids [num_decodes * max_blocks] and key mask
-    # [num_decodes, 1, 1, max_blocks * block_size] (True = attend).
-    decode_block_ids: torch.Tensor
-    decode_mask: torch.Tensor
-    decode_max_blocks: int
+    decode_groups: tuple[DecodeGroupPlan, ...]
     prefills: tuple[PrefillSeqPlan, ...]
 
 

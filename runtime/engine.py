@@ -1,1 +1,180 @@
-"""TODO."""
+"""EngineCore: ``step()`` = schedule -> execute -> update, over token ids only.
+
+Text (tokenization, detokenization, stop strings) lives in the front (``OutputProcessor``);
+the core validates token-level limits, runs steps, and reports plain ``StepStats`` and
+``RequestStats`` records to an optional observer. Not thread-safe: one thread drives it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from tokenwire.runtime.config import EngineConfig
+from tokenwire.runtime.errors import ContextLengthError, DuplicateRequestError, ParameterError
+from tokenwire.runtime.kv_cache_manager import KVCacheManager
+from tokenwire.runtime.model_loader import LoadedModel, load_model
+from tokenwire.runtime.model_runner import ModelRunner
+from tokenwire.runtime.outputs import EngineCoreOutput
+from tokenwire.runtime.request import FinishReason, Request
+from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.scheduler import Scheduler
+from tokenwire.runtime.scheduler_output import SchedulerOutput
+from tokenwire.runtime.stats import EngineObserver, RequestStats, StepStats
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available: use --device cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, observer: EngineObserver | None = None) -> None:
+        self.config = config
+        self.observer = observer
+        self.device = resolve_device(config.device)
+        self.loaded: LoadedModel = load_model(
+            config.model, self.device, resolve_dtype(config.model.dtype, self.device)
+        )
+        self.max_model_len = self.loaded.max_model_len
+        self.vocab_size = self.loaded.arch.vocab_size
+        self.runner = ModelRunner(
+            self.loaded, config.cache, config.scheduler.max_num_seqs, self.device,
+            config.model.seed,
+        )
+        block_size = config.cache.block_size
+        capacity = (self.runner.num_blocks - 1) * block_size  # block 0 is the null block
+        if capacity < self.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {capacity} tokens, fewer than one max_model_len "
+                f"({self.max_model_len}) sequence: raise the KV cache budget or lower "
+                "--max-model-len"
+            )
+        self.kv_cache_manager = KVCacheManager(
+            self.runner.num_blocks, block_size, config.cache.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(config.scheduler, self.kv_cache_manager, self.max_model_len)
+
+    # ------------------------------------------------------------------ requests
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Validate against the model and queue. ``params.n`` must be 1 (the front fans out)."""
+        if request_id in self.scheduler.requests:
+            raise DuplicateRequestError(request_id)
+        self.validate(prompt_token_ids, params)
+        request = Request(
+            request_id, prompt_token_ids, params, self.loaded.eos_token_ids, self.max_model_len,
+            arrival_time=arrival_time, priority=priority, cache_salt=cache_salt,
+        )
+        self.scheduler.add_request(request)
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_token_ids:
+            raise ParameterError("prompt", "must contain at least one token")
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
+            raise ParameterError(
+                "prompt", f"token ids must lie in [0, {self.vocab_size}) (the vocabulary)"
+            )
+        params.validate_for_model(self.vocab_size)
+        num_prompt = len(prompt_token_ids)
+        if num_prompt >= self.max_model_len:
+            raise ContextLengthError(
+                "prompt",
+                f"{num_prompt} prompt tokens leave no room in the model's context of "
+                f"{self.max_model_len} tokens",
+            )
+        if params.max_tokens is not None and num_prompt + params.max_tokens > self.max_model_len:
+            raise ContextLengthError(
+                "max_tokens",
+                f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                f"model's context of {self.max_model_len} tokens",
+            )
+
+    def abort_requests(
+        self, request_ids: list[str], reason: FinishReason = FinishReason.CANCELLED
+    ) -> list[EngineCoreOutput]:
+        aborted = self.scheduler.abort_requests(request_ids, reason)
+        self._report_finished()
+        return [EngineCoreOutput(r.request_id, [], finish_reason=reason) for r in aborted]
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ------------------------------------------------------------------ the step
+    def step(self) -> list[EngineCoreOutput]:
+        started_ns = time.time_ns()
+        t0 = time.perf_counter()
+        so = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        if so.is_empty and not so.finished_req_ids:
+            return []
+        mo = self.runner.execute_model(so)
+        t2 = time.perf_counter()
+        outputs = self.scheduler.update(so, mo)
+        t3 = time.perf_counter()
+        if self.observer is not None and not so.is_empty:
+            self._report_step(so, t1 - t0, mo.prepare_time, mo.forward_time, mo.sample_time,
+                              t3 - t2, started_ns, t3 - t0)
+        self._report_finished()
+        return outputs
+
+    # ------------------------------------------------------------------ observer
+    def _report_step(
+        self, so: SchedulerOutput, schedule: float, prepare: float, forward: float,
+        sample: float, update: float, started_ns: int, duration: float,
+    ) -> None:
+        assert self.observer is not None
+        kv = self.kv_cache_manager
+        if so.num_prefill_tokens and so.num_decode_tokens:
+            phase = "mixed"
+        else:
+            phase = "prefill" if so.num_prefill_tokens else "decode"
+        prefill_ids = frozenset(rid for rid, n in so.num_scheduled_tokens.items() if n > 1)
+        self.observer.on_step(StepStats(
+            step_id=so.step_id, phase=phase, num_seqs=len(so.num_scheduled_tokens),
+            num_prefill_tokens=so.num_prefill_tokens, num_decode_tokens=so.num_decode_tokens,
+            num_preemptions=len(so.preempted_req_ids),
+            kv_blocks_used=kv.num_blocks - kv.num_free_blocks,
+            kv_blocks_free=kv.num_free_blocks, kv_blocks_total=kv.num_blocks,
+            scheduled=dict(so.num_scheduled_tokens), prefill_req_ids=prefill_ids,
+            schedule_time=schedule, prepare_time=prepare, forward_time=forward,
+            sample_time=sample, update_time=update, started_at_ns=started_ns,
+            duration=duration,
+        ))
+
+    def _report_finished(self) -> None:
+        finished = self.scheduler.pop_finished_requests()
+        if self.observer is not None:
+            for request in finished:
+                self._report_request(request)
+
+    def _report_request(self, request: Request) -> None:
+        assert self.observer is not None and request.finish_reason is not None
+        self.observer.on_request_finished(RequestStats(
+            request_id=request.request_id, arrival_time=request.arrival_time,
+            first_scheduled_time=request.first_scheduled_time,
+            first_token_time=request.first_token_time,
+            finished_time=request.finished_time or time.monotonic(),
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_output_tokens=request.num_output_tokens,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+            num_preemptions=request.num_preemptions, finish_reason=request.finish_reason,
+        ))

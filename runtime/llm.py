@@ -1,1 +1,164 @@
-"""TODO."""
+"""Offline API shaped like vLLM's: ``LLM(model=...).generate(prompts, SamplingParams)``."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from tokenwire.runtime.config import (
+    DEFAULT_CPU_KV_BYTES,
+    CacheConfig,
+    DType,
+    EngineConfig,
+    LoadFormat,
+    ModelConfig,
+    SchedulerConfig,
+    SchedulingPolicy,
+)
+from tokenwire.runtime.engine import EngineCore
+from tokenwire.runtime.errors import ParameterError
+from tokenwire.runtime.output_processor import ChoiceDelta, OutputProcessor
+from tokenwire.runtime.outputs import RequestOutput
+from tokenwire.runtime.sampling_params import SamplingParams, normalize_params
+from tokenwire.runtime.stats import EngineObserver
+from tokenwire.runtime.tokenizer import apply_chat_template
+
+Prompt = str | list[int]
+Messages = list[dict[str, str]]
+
+
+class LLM:
+    """An in-process engine for batch generation. Not thread-safe."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        tokenizer: str | None = None,
+        dtype: DType = "auto",
+        device: str = "auto",
+        max_model_len: int | None = None,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 2048,
+        block_size: int = 16,
+        enable_prefix_caching: bool = True,
+        enable_chunked_prefill: bool = True,
+        scheduling_policy: SchedulingPolicy = "fcfs",
+        seed: int = 0,
+        load_format: LoadFormat = "auto",
+        kv_cache_memory_bytes: int = DEFAULT_CPU_KV_BYTES,
+        num_blocks_override: int | None = None,
+        observer: EngineObserver | None = None,
+    ) -> None:
+        config = EngineConfig(
+            model=ModelConfig(model=model, tokenizer=tokenizer, dtype=dtype,
+                              max_model_len=max_model_len, load_format=load_format, seed=seed),
+            cache=CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching,
+                              kv_cache_memory_bytes=kv_cache_memory_bytes,
+                              num_blocks_override=num_blocks_override),
+            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
+                                      max_num_batched_tokens=max_num_batched_tokens,
+                                      policy=scheduling_policy,
+                                      enable_chunked_prefill=enable_chunked_prefill),
+            device=device,
+        )
+        self.engine = EngineCore(config, observer)
+        self.tokenizer = self.engine.loaded.tokenizer
+        self._processor = OutputProcessor(self.tokenizer)
+        self._counter = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    # ------------------------------------------------------------------ public API
+    def generate(
+        self,
+        prompts: str | Sequence[str] | Sequence[list[int]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; results come back in input order."""
+        prompt_list: list[Prompt] = [prompts] if isinstance(prompts, str) else list(prompts)
+        params = normalize_params(sampling_params, len(prompt_list))
+        if priority is not None and len(priority) != len(prompt_list):
+            raise ParameterError("priority", "needs one value per prompt")
+        request_ids = []
+        for i, (prompt, sp) in enumerate(zip(prompt_list, params, strict=True)):
+            text, token_ids = self._tokenize(prompt)
+            request_ids.append(self._add(text, token_ids, sp, 0 if priority is None else priority[i]))
+        results = self._run(use_tqdm and len(request_ids) > 1, len(request_ids))
+        return [results[rid] for rid in request_ids]
+
+    def chat(
+        self,
+        messages: Messages | Sequence[Messages],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Render each conversation with the model's chat template, then generate."""
+        conversations: list[Messages] = (
+            [messages] if messages and isinstance(messages[0], dict) else list(messages)  # type: ignore[list-item]
+        )
+        tokenizer = self._require_tokenizer("messages")
+        prompts = [apply_chat_template(tokenizer, conv) for conv in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None
+               ) -> Iterator[ChoiceDelta]:
+        """Generate one prompt, yielding per-step deltas (the CLI streams text from these)."""
+        text, token_ids = self._tokenize(prompt)
+        request_id = self._add(text, token_ids, sampling_params or SamplingParams(), 0)
+        try:
+            while self._processor.has_unfinished_requests():
+                step = self._step()
+                yield from (d for d in step.deltas if d.request_id == request_id)
+        finally:
+            self._abort(request_id)
+
+    # ------------------------------------------------------------------ internals
+    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            tokenizer = self._require_tokenizer("prompt")
+            return prompt, list(tokenizer(prompt)["input_ids"])
+        return None, list(prompt)
+
+    def _require_tokenizer(self, param: str) -> Any:
+        if self.tokenizer is None:
+            raise ParameterError(param, "this model has no tokenizer: pass token ids instead")
+        return self.tokenizer
+
+    def _add(self, prompt: str | None, token_ids: list[int], params: SamplingParams,
+             priority: int) -> str:
+        request_id = str(next(self._counter))
+        children = self._processor.add_request(request_id, prompt, token_ids, params)
+        try:
+            for child_id, child_params in children:
+                self.engine.add_request(child_id, token_ids, child_params, priority=priority)
+        except Exception:
+            self._abort(request_id)
+            raise
+        return request_id
+
+    def _abort(self, request_id: str) -> None:
+        self.engine.abort_requests(self._processor.abort(request_id))
+
+    def _step(self) -> Any:
+        step = self._processor.process(self.engine.step())
+        if step.to_abort:
+            self.engine.abort_requests(step.to_abort)
+        return step
+
+    def _run(self, use_tqdm: bool, total: int) -> dict[str, RequestOutput]:
+        results: dict[str, RequestOutput] = {}
+        with tqdm(total=total, desc="generate", disable=not use_tqdm, unit="req") as bar:
+            while self._processor.has_unfinished_requests():
+                for output in self._step().finished:
+                    results[output.request_id] = output
+                    bar.update(1)
+        return results

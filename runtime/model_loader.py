@@ -1,1 +1,204 @@
-"""TODO."""
+"""Load a model (weights, architecture, tokenizer, EOS ids) onto a device.
+
+Sources, by ``ModelConfig``:
+- ``model=None``: the default SmolLM2-135M-Instruct GGUF (see ``default_model``);
+- a ``.gguf`` file (or ``load_format="gguf"``): converted once into an HF directory in the
+  user cache (see ``gguf_convert``), then loaded like (a);
+- (a) an HF directory: config.json + one or many ``*.safetensors`` (optionally a
+  ``model.safetensors.index.json``), read memory-mapped with safetensors, never through
+  transformers' ``from_pretrained``;
+- ``load_format="dummy"``: random weights from a config.json (directory or file).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from tokenwire.runtime.config import ModelConfig
+from tokenwire.runtime.default_model import DEFAULT_SERVED_MODEL_NAME, default_gguf_path
+from tokenwire.runtime.gguf_convert import ensure_converted
+from tokenwire.runtime.models.arch import ModelArch, token_id_tuple
+from tokenwire.runtime.models.llama import LlamaForCausalLM, build_model
+from tokenwire.runtime.tokenizer import load_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+_INDEX_FILE = "model.safetensors.index.json"
+_DEFAULT_INIT_STD = 0.02  # HF initializer_range default
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: LlamaForCausalLM  # eval mode, on ``device`` in ``dtype``
+    arch: ModelArch
+    model_path: Path  # HF-format directory (the GGUF cache directory for GGUF sources)
+    tokenizer: PreTrainedTokenizerBase | None  # None when the directory holds no tokenizer
+    # Union of generation_config.json and config.json eos_token_id (see ``_eos_token_ids``).
+    eos_token_ids: frozenset[int]
+    max_model_len: int
+    served_model_name: str
+    device: torch.device
+    dtype: torch.dtype
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``ModelConfig.dtype`` -> torch dtype; "auto" is float32 on CPU, bfloat16 on CUDA."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+
+
+def load_model(model_config: ModelConfig, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    folder, served_name = _resolve_source(model_config)
+    config = _read_json(folder / "config.json")
+    arch = ModelArch.from_hf_config(config)
+    max_model_len = resolve_max_model_len(model_config.max_model_len, arch)
+    model = build_model(arch, device, dtype, max_position=max_model_len)
+    if model_config.load_format == "dummy":
+        std = float(config.get("initializer_range") or _DEFAULT_INIT_STD)
+        init_dummy_weights(model, model_config.seed, std)
+    else:
+        model.load_weights(iter_safetensors(folder))
+    tokenizer_dir = Path(model_config.tokenizer) if model_config.tokenizer else folder
+    if model_config.tokenizer and not tokenizer_dir.is_dir():
+        raise ValueError(f"tokenizer: directory {model_config.tokenizer!r} does not exist")
+    return LoadedModel(
+        model=model,
+        arch=arch,
+        model_path=folder,
+        tokenizer=load_tokenizer(tokenizer_dir),
+        eos_token_ids=_eos_token_ids(folder, arch),
+        max_model_len=max_model_len,
+        served_model_name=model_config.served_model_name or served_name,
+        device=device,
+        dtype=dtype,
+    )
+
+
+def _resolve_source(model_config: ModelConfig) -> tuple[Path, str]:
+    """Returns (HF-format directory holding config.json, default served model name)."""
+    if model_config.model is None:
+        if model_config.load_format not in ("auto", "gguf"):
+            raise ValueError(
+                f"load_format={model_config.load_format!r} needs a model path "
+                "(the default model is a GGUF file)"
+            )
+        return ensure_converted(default_gguf_path()), DEFAULT_SERVED_MODEL_NAME
+    path = Path(model_config.model).expanduser()
+    if not path.exists():
+        raise ValueError(
+            f"model: {model_config.model!r} does not exist (expected a local HF directory "
+            "with config.json + *.safetensors, or a .gguf file)"
+        )
+    fmt = model_config.load_format
+    if fmt == "dummy":
+        folder = path.parent if path.is_file() else path
+        return _require_config(folder), folder.name
+    if fmt == "gguf" or (fmt == "auto" and path.suffix == ".gguf"):
+        gguf = _single_gguf(path)
+        return ensure_converted(gguf), gguf.stem
+    if path.is_file():
+        raise ValueError(f"model: {model_config.model!r} is a file; expected a directory or .gguf")
+    return _require_config(path), path.name
+
+
+def _single_gguf(path: Path) -> Path:
+    if path.is_file():
+        return path
+    found = sorted(path.glob("*.gguf"))
+    if len(found) != 1:
+        raise ValueError(f"model: expected exactly one .gguf file in {path}, found {len(found)}")
+    return found[0]
+
+
+def _require_config(folder: Path) -> Path:
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"model: {folder} has no config.json")
+    return folder
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def resolve_max_model_len(requested: int | None, arch: ModelArch) -> int:
+    """The context length to serve; errors name ``max_model_len``.
+
+    Sliding-window attention is not implemented. Full causal attention over at most
+    ``sliding_window`` tokens is exactly what a sliding-window model computes, so the default
+    is clamped to the window and a larger explicit request is refused.
+    """
+    limit = arch.max_position_embeddings
+    window = arch.sliding_window
+    if requested is None:
+        return min(limit, window) if window is not None else limit
+    if requested > limit:
+        raise ValueError(
+            f"max_model_len={requested} exceeds the model's context length "
+            f"(max_position_embeddings={limit})"
+        )
+    if window is not None and requested > window:
+        raise ValueError(
+            f"max_model_len={requested} exceeds the model's sliding_window={window}; "
+            f"sliding-window attention is not supported, use max_model_len <= {window}"
+        )
+    return requested
+
+
+def _eos_token_ids(folder: Path, arch: ModelArch) -> frozenset[int]:
+    """Union of generation_config.json and config.json ``eos_token_id``.
+
+    HF ``generate()`` stops on ``generation_config.eos_token_id``; when generation_config.json
+    is absent, transformers copies config.json's value, so the union equals HF's set in both
+    cases whenever (as in every released checkpoint we know of, e.g. Llama 3 instruct) the
+    generation config's list contains the config's id. Taking the union never lets a model
+    run past an id either file declares as end-of-sequence.
+    """
+    ids = set(arch.eos_token_ids)
+    gen_path = folder / "generation_config.json"
+    if gen_path.is_file():
+        ids.update(token_id_tuple(_read_json(gen_path).get("eos_token_id")))
+    return frozenset(ids)
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    index = folder / _INDEX_FILE
+    if index.is_file():
+        weight_map: dict[str, str] = _read_json(index)["weight_map"]
+        return [folder / name for name in sorted(set(weight_map.values()))]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"model: no *.safetensors weights in {folder}")
+    return files
+
+
+def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF name, CPU tensor) from every shard, memory-mapped (no full read)."""
+    from safetensors import safe_open
+
+    for file in _weight_files(folder):
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            for name in handle.keys():  # noqa: SIM118 - safe_open is not a Mapping
+                yield name, handle.get_tensor(name)
+
+
+@torch.no_grad()
+def init_dummy_weights(model: LlamaForCausalLM, seed: int, std: float) -> None:
+    """Random weights, deterministic for (seed, device): N(0, std) matrices and biases,
+    norm weights 1. With pre-norm blocks and std 0.02 the residual stream stays O(1) per
+    layer, so activations remain finite in bfloat16 for deep stacks."""
+    device = model.model.embed_tokens.weight.device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    for name, param in model.named_parameters():  # registration order: deterministic
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        else:
+            param.normal_(0.0, std, generator=generator)

@@ -1,1 +1,224 @@
-"""TODO."""
+"""Executor: owns the device, the model and the paged KV cache; runs one step per call.
+
+``execute_model(SchedulerOutput) -> ModelOutput``. The runner keeps its own per-request
+state (token ids, block table row, sampling generator) so only diffs cross the seam. Step
+inputs are gathered with vectorised numpy over persistent rows (``InputBatch``); the only
+host sync in a step is reading the sampled token ids.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tokenwire.kernels.attention_metadata import AttentionMetadata
+from tokenwire.kernels.paged_attention import build_cpu_plan
+from tokenwire.runtime.config import CacheConfig
+from tokenwire.runtime.input_batch import InputBatch, StepArrays
+from tokenwire.runtime.kv_cache import KVCache
+from tokenwire.runtime.model_loader import LoadedModel
+from tokenwire.runtime.model_output import ModelOutput, TokenLogprobs
+from tokenwire.runtime.prompt_logprobs import prompt_logprobs_for_chunk
+from tokenwire.runtime.sampler import Sampler
+from tokenwire.runtime.sampling_metadata import RowSamplingState, build_sampling_metadata
+from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.scheduler_output import SchedulerOutput
+
+
+@dataclass(slots=True)
+class CachedRequestState:
+    """What the runner remembers about a request between steps."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+    sampling: RowSamplingState
+    row: int | None = None  # None while preempted
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        cache_config: CacheConfig,
+        max_num_seqs: int,
+        device: torch.device,
+        seed: int,
+    ) -> None:
+        self.model = loaded.model
+        self.vocab_size = loaded.arch.vocab_size
+        self.eos_token_ids = loaded.eos_token_ids
+        self.device = device
+        self.block_size = cache_config.block_size
+        self.kv_cache = KVCache.allocate(loaded.arch, cache_config, device, loaded.dtype)
+        self.batch = InputBatch(max_num_seqs, loaded.max_model_len, self.block_size)
+        self.requests: dict[str, CachedRequestState] = {}
+        self.sampler = Sampler()
+        # Generator for unseeded random rows: reproducible per engine seed, not global state.
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_cache.num_blocks
+
+    # ------------------------------------------------------------------ state diffs
+    def _update_states(self, so: SchedulerOutput) -> None:
+        for request_id in so.finished_req_ids:
+            state = self.requests.pop(request_id, None)
+            if state is not None and state.row is not None:
+                self.batch.release_row(state.row)
+        for request_id in so.preempted_req_ids:
+            state = self.requests.get(request_id)
+            if state is not None and state.row is not None:
+                self.batch.release_row(state.row)
+                state.row = None
+        for new in so.new_reqs:
+            self._add_request(new.request_id, new.prompt_token_ids, new.sampling_params,
+                              new.block_ids, new.num_computed_tokens)
+        cached = so.cached_reqs
+        for request_id, resumed, new_block_ids, num_computed in zip(
+            cached.request_ids, cached.resumed_from_preemption, cached.new_block_ids,
+            cached.num_computed_tokens, strict=True,
+        ):
+            state = self.requests[request_id]
+            state.num_computed_tokens = num_computed
+            if resumed:
+                state.block_ids = list(new_block_ids)
+                state.row = self.batch.add_row(state.all_token_ids(), state.block_ids,
+                                               num_computed)
+                continue
+            assert state.row is not None
+            if new_block_ids:
+                state.block_ids.extend(new_block_ids)
+                self.batch.append_blocks(state.row, new_block_ids)
+            self.batch.num_computed[state.row] = num_computed
+
+    def _add_request(
+        self, request_id: str, prompt: list[int], params: SamplingParams,
+        block_ids: list[int], num_computed: int,
+    ) -> None:
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(params.seed)
+        output: list[int] = []
+        stop_ids = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else self.eos_token_ids
+        )
+        sampling = RowSamplingState(params=params, generator=generator,
+                                    prompt_token_ids=prompt, output_token_ids=output,
+                                    stop_token_ids_for_min_tokens=stop_ids)
+        state = CachedRequestState(request_id, list(prompt), output, params, list(block_ids),
+                                   num_computed, sampling)
+        state.row = self.batch.add_row(prompt, state.block_ids, num_computed)
+        self.requests[request_id] = state
+
+    # ------------------------------------------------------------------ one step
+    @torch.inference_mode()
+    def execute_model(self, so: SchedulerOutput) -> ModelOutput:
+        t0 = time.perf_counter()
+        self._update_states(so)
+        if so.is_empty:
+            return ModelOutput(req_ids=[], sampled_token_ids=[])
+        # Decode rows (one query token) first: the attention kernels batch them.
+        items = so.num_scheduled_tokens.items()
+        order = [rid for rid, n in items if n == 1] + [rid for rid, n in items if n != 1]
+        num_decodes = sum(1 for _, n in items if n == 1)
+        states = [self.requests[rid] for rid in order]
+        rows = np.fromiter((s.row for s in states), dtype=np.int64, count=len(states))
+        query_lens = np.fromiter((so.num_scheduled_tokens[rid] for rid in order),
+                                 dtype=np.int64, count=len(order))
+        arrays = self.batch.build(rows, query_lens, num_decodes)
+        meta = self._attention_metadata(arrays)
+        input_ids = torch.from_numpy(arrays.input_ids).to(self.device, non_blocking=True)
+        positions = torch.from_numpy(arrays.positions).to(self.device, non_blocking=True)
+        t1 = time.perf_counter()
+        hidden = self.model(input_ids, positions, self.kv_cache.layers, meta)
+        # A row samples when this step brings it up to date (not mid-way through a prefill).
+        ends = arrays.seq_lens
+        sample_idx = [i for i, s in enumerate(states) if ends[i] == s.num_tokens]
+        logits_rows = arrays.query_start_loc[1:][sample_idx] - 1
+        logits = self.model.compute_logits(hidden[torch.from_numpy(logits_rows).to(self.device)])
+        t2 = time.perf_counter()
+        prompt_lps = self._prompt_logprobs(states, arrays, hidden)
+        out = self._sample(logits, [states[i] for i in sample_idx], rows[sample_idx])
+        t3 = time.perf_counter()
+        return ModelOutput(
+            req_ids=out[0], sampled_token_ids=out[1], logprobs=out[2],
+            prompt_logprobs=prompt_lps, prepare_time=t1 - t0, forward_time=t2 - t1,
+            sample_time=t3 - t2,
+        )
+
+    def _attention_metadata(self, a: StepArrays) -> AttentionMetadata:
+        dev = self.device
+        block_tables = torch.from_numpy(a.block_tables).to(dev, non_blocking=True)
+        plan = None
+        if dev.type == "cpu":
+            plan = build_cpu_plan(a.query_start_loc, a.seq_lens, block_tables, a.num_decodes,
+                                  self.block_size)
+        return AttentionMetadata(
+            num_tokens=len(a.input_ids), num_seqs=len(a.seq_lens), num_decodes=a.num_decodes,
+            block_size=self.block_size,
+            slot_mapping=torch.from_numpy(a.slot_mapping).to(dev, non_blocking=True),
+            query_start_loc=torch.from_numpy(a.query_start_loc).to(dev, non_blocking=True),
+            seq_lens=torch.from_numpy(a.seq_lens).to(dev, non_blocking=True),
+            block_tables=block_tables, max_query_len=a.max_query_len,
+            max_seq_len=a.max_seq_len, query_start_loc_np=a.query_start_loc,
+            seq_lens_np=a.seq_lens, cpu_plan=plan,
+        )
+
+    def _sample(
+        self, logits: torch.Tensor, states: list[CachedRequestState], rows: np.ndarray
+    ) -> tuple[list[str], list[int], dict[str, TokenLogprobs]]:
+        if not states:
+            return [], [], {}
+        meta = build_sampling_metadata([s.sampling for s in states], self.vocab_size,
+                                       self.device, self.generator)
+        result = self.sampler(logits, meta)
+        tokens: list[int] = result.sampled_token_ids.tolist()  # the step's one host sync
+        req_ids = [s.request_id for s in states]
+        positions = np.fromiter((s.num_tokens for s in states), dtype=np.int64,
+                                count=len(states))
+        self.batch.token_ids[rows, positions] = tokens
+        for state, token in zip(states, tokens, strict=True):
+            state.output_token_ids.append(token)
+        logprobs: dict[str, TokenLogprobs] = {}
+        if result.logprobs is not None:
+            ids = result.logprobs.token_ids.tolist()
+            lps = result.logprobs.logprobs.tolist()
+            ranks = result.logprobs.ranks.tolist()
+            for i, state in enumerate(states):
+                k = state.params.logprobs
+                if k is not None:
+                    logprobs[state.request_id] = TokenLogprobs(ids[i][: k + 1], lps[i][: k + 1],
+                                                               ranks[i])
+        return req_ids, tokens, logprobs
+
+    def _prompt_logprobs(
+        self, states: list[CachedRequestState], a: StepArrays, hidden: torch.Tensor
+    ) -> dict[str, list[TokenLogprobs | None]]:
+        out: dict[str, list[TokenLogprobs | None]] = {}
+        for i, state in enumerate(states):
+            k = state.params.prompt_logprobs
+            start = int(a.seq_lens[i]) - int(a.query_start_loc[i + 1] - a.query_start_loc[i])
+            if k is None or start >= len(state.prompt_token_ids):
+                continue
+            q0, q1 = int(a.query_start_loc[i]), int(a.query_start_loc[i + 1])
+            out[state.request_id] = prompt_logprobs_for_chunk(
+                self.model.compute_logits(hidden[q0:q1]), state.prompt_token_ids, start, k
+            )
+        return out

@@ -13,18 +13,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tokenwire.runtime.errors import ParameterError
+
 # A temperature below this is treated as greedy (argmax), as in vLLM.
 GREEDY_EPSILON = 1e-5
 MAX_LOGPROBS = 20
 MAX_SEED = 2**63 - 1
 
-
-class ParameterError(ValueError):
-    """A request parameter is invalid. ``param`` names it (OpenAI-style field name)."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(f"{param}: {message}")
-        self.param = param
+__all__ = ["MAX_LOGPROBS", "ParameterError", "SamplingParams", "normalize_params"]
 
 
 def _check_finite(name: str, value: float) -> None:

@@ -1,1 +1,295 @@
-"""TODO."""
+"""Token-budget continuous-batching scheduler (vLLM v1 semantics, no separate phases).
+
+Each ``schedule()`` hands out at most ``max_num_batched_tokens`` tokens to at most
+``max_num_seqs`` sequences: running requests first (one decode token, or their next prefill
+chunk), then waiting requests by policy while blocks allow. When blocks run out, the running
+request at the tail (lowest priority / latest) is preempted by recompute. ``update()`` is the
+only place where request progress advances. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+
+from tokenwire.runtime.config import SchedulerConfig
+from tokenwire.runtime.kv_cache_manager import KVCacheManager
+from tokenwire.runtime.model_output import ModelOutput
+from tokenwire.runtime.outputs import EngineCoreOutput
+from tokenwire.runtime.request import FinishReason, Request, RequestStatus
+from tokenwire.runtime.request_queue import make_queue
+from tokenwire.runtime.scheduler_output import (
+    CachedRequestData,
+    NewRequestData,
+    SchedulerOutput,
+)
+
+
+class _StepBuilder:
+    """Accumulates one step's decisions; turned into a frozen ``SchedulerOutput``."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.new_reqs: list[NewRequestData] = []
+        self.cached = CachedRequestData()
+        self.num_scheduled: dict[str, int] = {}
+        self.num_prefill_tokens = 0
+        self.num_decode_tokens = 0
+        self.preempted: list[Request] = []
+
+    def schedule(self, request: Request, num_tokens: int) -> None:
+        self.num_scheduled[request.request_id] = num_tokens
+        self.budget -= num_tokens
+        # Tokens before the prompt end are prefill; after it (decode or recompute) decode.
+        prefill = max(0, min(num_tokens, request.num_prompt_tokens - request.num_computed_tokens))
+        self.num_prefill_tokens += prefill
+        self.num_decode_tokens += num_tokens - prefill
+
+    def add_cached(self, request: Request, new_block_ids: list[int], resumed: bool) -> None:
+        self.cached.request_ids.append(request.request_id)
+        self.cached.resumed_from_preemption.append(resumed)
+        self.cached.new_block_ids.append(new_block_ids)
+        self.cached.num_computed_tokens.append(request.num_computed_tokens)
+
+
+class Scheduler:
+    def __init__(
+        self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, max_model_len: int
+    ) -> None:
+        self.config = config
+        self.kv = kv_cache_manager
+        self.max_model_len = max_model_len
+        self.requests: dict[str, Request] = {}
+        self.waiting = make_queue(config.policy)
+        # Invariant (priority policy): sorted by Request.sort_key, so the tail is the victim.
+        self.running: list[Request] = []
+        # Requests the executor has state for that finished since the last schedule().
+        self._finished_ids: set[str] = set()
+        # Finished since the engine last asked (for its observer); drained by the engine.
+        self._finished_requests: list[Request] = []
+        self._step_id = 0
+        self.num_preemptions_total = 0
+
+    # ------------------------------------------------------------------ requests in and out
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def abort_requests(
+        self, request_ids: list[str], reason: FinishReason = FinishReason.CANCELLED
+    ) -> list[Request]:
+        """Remove requests wherever they are and free their blocks; returns those removed."""
+        aborted = []
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None or request.is_finished:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            self._finish(request, reason)
+            aborted.append(request)
+        return aborted
+
+    def _finish(
+        self, request: Request, reason: FinishReason, stop_reason: int | str | None = None
+    ) -> None:
+        """Mark finished and release blocks (caller already removed it from its queue)."""
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.stop_reason = stop_reason
+        request.finished_time = time.monotonic()
+        self.kv.free(request)
+        del self.requests[request.request_id]
+        self._finished_ids.add(request.request_id)
+        self._finished_requests.append(request)
+
+    def pop_finished_requests(self) -> list[Request]:
+        finished, self._finished_requests = self._finished_requests, []
+        return finished
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    # ------------------------------------------------------------------ schedule
+    def schedule(self) -> SchedulerOutput:
+        step = _StepBuilder(self.config.max_num_batched_tokens)
+        self._schedule_running(step)
+        # A step that had to preempt has no room for newcomers (vLLM v1 rule).
+        if not step.preempted:
+            self._schedule_waiting(step)
+        self._step_id += 1
+        finished = frozenset(self._finished_ids)
+        self._finished_ids.clear()
+        return SchedulerOutput(
+            step_id=self._step_id,
+            new_reqs=step.new_reqs,
+            cached_reqs=step.cached,
+            num_scheduled_tokens=step.num_scheduled,
+            total_num_scheduled_tokens=self.config.max_num_batched_tokens - step.budget,
+            num_prefill_tokens=step.num_prefill_tokens,
+            num_decode_tokens=step.num_decode_tokens,
+            finished_req_ids=finished,
+            preempted_req_ids=frozenset(r.request_id for r in step.preempted),
+        )
+
+    def _schedule_running(self, step: _StepBuilder) -> None:
+        i = 0
+        while i < len(self.running) and step.budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, step.budget)
+            new_block_ids = self._allocate_or_preempt(request, num_new, step)
+            if new_block_ids is None:
+                break  # ``request`` itself was preempted: everything after it is gone too
+            step.schedule(request, num_new)
+            step.add_cached(request, new_block_ids, resumed=False)
+            i += 1
+
+    def _allocate_or_preempt(
+        self, request: Request, num_new: int, step: _StepBuilder
+    ) -> list[int] | None:
+        """Allocate slots, preempting from the tail of ``running`` until it fits."""
+        while True:
+            new_block_ids = self.kv.allocate_slots(request, num_new)
+            if new_block_ids is not None:
+                return new_block_ids
+            victim = self.running.pop()  # tail: lowest priority / latest (invariant)
+            self._preempt(victim)
+            step.preempted.append(victim)
+            if victim is request:
+                return None
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions_total += 1
+        self.waiting.prepend(request)
+
+    def _schedule_waiting(self, step: _StepBuilder) -> None:
+        max_seqs = self.config.max_num_seqs
+        while self.waiting and step.budget > 0 and len(self.running) < max_seqs:
+            request = self.waiting.peek()
+            if request.sampling_params.prompt_logprobs is not None:
+                hit_ids, num_hit = [], 0  # every prompt position must be computed
+            else:
+                hit_ids, num_hit = self.kv.get_computed_blocks(request)
+            num_new = request.num_tokens - num_hit
+            if num_new > step.budget and not self.config.enable_chunked_prefill:
+                break
+            num_new = min(num_new, step.budget)
+            new_block_ids = self.kv.allocate_slots(request, num_new, hit_ids, num_hit)
+            if new_block_ids is None:
+                break
+            self.waiting.pop()
+            request.num_computed_tokens = num_hit
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = time.monotonic()
+            self._admit(request, new_block_ids, step)
+            step.schedule(request, num_new)
+
+    def _admit(self, request: Request, block_ids: list[int], step: _StepBuilder) -> None:
+        resumed = request.status == RequestStatus.PREEMPTED
+        request.status = RequestStatus.RUNNING
+        if self.config.policy == "priority":
+            keys = [r.sort_key() for r in self.running]
+            self.running.insert(bisect.bisect_right(keys, request.sort_key()), request)
+        else:
+            self.running.append(request)
+        if resumed:
+            step.add_cached(request, list(block_ids), resumed=True)
+        else:
+            step.new_reqs.append(
+                NewRequestData(
+                    request_id=request.request_id,
+                    prompt_token_ids=request.prompt_token_ids,
+                    sampling_params=request.sampling_params,
+                    block_ids=list(block_ids),
+                    num_computed_tokens=request.num_computed_tokens,
+                )
+            )
+
+    # ------------------------------------------------------------------ update
+    def update(
+        self, scheduler_output: SchedulerOutput, model_output: ModelOutput
+    ) -> list[EngineCoreOutput]:
+        requests = self.requests
+        for request_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
+            request = requests.get(request_id)
+            if request is not None:
+                request.num_computed_tokens += num_tokens
+        outputs: list[EngineCoreOutput] = []
+        any_finished = False
+        logprobs = model_output.logprobs
+        now = time.monotonic()
+        for request_id, token in zip(
+            model_output.req_ids, model_output.sampled_token_ids, strict=True
+        ):
+            request = requests.get(request_id)
+            if request is None:
+                continue  # aborted while the step ran
+            request.token_ids.append(token)
+            if request.first_token_time is None:
+                request.first_token_time = now
+            output = EngineCoreOutput(
+                request_id, [token], num_cached_tokens=request.num_cached_tokens
+            )
+            if logprobs and request_id in logprobs:
+                output.new_logprobs = [logprobs[request_id]]
+            if self._check_stop(request, token):
+                any_finished = True
+                output.finish_reason = request.finish_reason
+                output.stop_reason = request.stop_reason
+            outputs.append(output)
+        if any_finished:
+            self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
+        if model_output.prompt_logprobs:
+            self._attach_prompt_logprobs(model_output, outputs)
+        return outputs
+
+    def _attach_prompt_logprobs(
+        self, model_output: ModelOutput, outputs: list[EngineCoreOutput]
+    ) -> None:
+        by_id = {o.request_id: o for o in outputs}
+        for request_id, positions in model_output.prompt_logprobs.items():
+            output = by_id.get(request_id)
+            if output is None:  # a prefill chunk that sampled nothing yet
+                request = self.requests.get(request_id)
+                if request is None:
+                    continue
+                output = EngineCoreOutput(request_id, [], num_cached_tokens=0)
+                outputs.append(output)
+            output.new_prompt_logprobs = positions
+
+    def _check_stop(self, request: Request, token: int) -> bool:
+        """Token-level stop checks; stop strings are checked by the front's detokenizer."""
+        num_output = request.num_output_tokens
+        reason: FinishReason | None = None
+        stop_reason: int | None = None
+        if num_output >= request.sampling_params.min_tokens:
+            if token in request.eos_token_ids:
+                reason = FinishReason.EOS
+            elif token in request.stop_token_ids:
+                reason, stop_reason = FinishReason.STOP_TOKEN, token
+        if reason is None and num_output >= request.max_tokens:
+            user_max = request.sampling_params.max_tokens
+            capped = user_max is None or user_max > request.max_tokens
+            reason = FinishReason.CONTEXT_LENGTH if capped else FinishReason.LENGTH
+        if reason is None and request.num_tokens >= self.max_model_len:
+            reason = FinishReason.CONTEXT_LENGTH
+        if reason is None:
+            return False
+        self._finish(request, reason, stop_reason)
+        return True

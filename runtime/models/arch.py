@@ -1,1 +1,166 @@
-"""TODO."""
+"""Model architecture description derived from a Hugging Face config.
+
+``ModelArch`` is the only thing the model implementation reads: every family difference
+(GQA, qkv bias, q/k norm, tied embeddings, rope scaling) is a field here, so the one
+Llama-style module in ``llama.py`` covers Llama 2/3, SmolLM, Mistral, Qwen2/2.5 and Qwen3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# HF ``architectures`` names served by ``tokenwire.runtime.models.llama``.
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+
+# Fallback when a config has no ``architectures`` list (e.g. ``AutoConfig.for_model``).
+_MODEL_TYPE_TO_ARCH: dict[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+_DEFAULT_ROPE_THETA = 10000.0
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """Shapes and flags of a decoder-only Llama-style model."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    # Rope scaling as sorted (key, value) items, hashable; None for plain rope.
+    # Always contains "rope_type" when set. Use ``rope_scaling_dict()`` to read it.
+    rope_scaling: tuple[tuple[str, Any], ...] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # bias on q/k/v projections (Qwen2 always)
+    o_proj_bias: bool  # bias on the attention output projection (Llama attention_bias)
+    qk_norm: bool  # per-head RMSNorm on q and k before rotary (Qwen3)
+    # Attention window in tokens when the model uses sliding-window attention, else None.
+    # Full attention equals sliding-window attention while max_model_len <= sliding_window.
+    sliding_window: int | None
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    def rope_scaling_dict(self) -> dict[str, Any] | None:
+        return None if self.rope_scaling is None else dict(self.rope_scaling)
+
+    @classmethod
+    def from_hf_config(cls, config: Any) -> ModelArch:
+        """Build from a ``transformers.PretrainedConfig`` or a parsed config.json dict."""
+        cfg: Mapping[str, Any] = config if isinstance(config, Mapping) else config.to_dict()
+        architecture = _architecture(cfg)
+        _check_supported_features(cfg)
+        hidden = int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+        rope_theta, rope_scaling = _rope(cfg)
+        is_qwen2 = architecture == "Qwen2ForCausalLM"
+        llama_bias = architecture in ("LlamaForCausalLM", "Qwen3ForCausalLM")
+        attention_bias = bool(cfg.get("attention_bias") or False)
+        return cls(
+            architecture=architecture,
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_hidden_layers=int(cfg["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(cfg["max_position_embeddings"]),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=is_qwen2 or (llama_bias and attention_bias),
+            o_proj_bias=llama_bias and attention_bias,
+            qk_norm=architecture == "Qwen3ForCausalLM",
+            sliding_window=_sliding_window(cfg, architecture),
+            bos_token_id=_optional_int(cfg.get("bos_token_id")),
+            eos_token_ids=token_id_tuple(cfg.get("eos_token_id")),
+        )
+
+
+def token_id_tuple(value: Any) -> tuple[int, ...]:
+    """Normalise an HF ``eos_token_id`` field (None, int or list of ints) to a tuple."""
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _architecture(cfg: Mapping[str, Any]) -> str:
+    archs = cfg.get("architectures") or []
+    name = archs[0] if archs else _MODEL_TYPE_TO_ARCH.get(str(cfg.get("model_type")), "")
+    if name not in SUPPORTED_ARCHITECTURES:
+        shown = name or f"model_type={cfg.get('model_type')!r}"
+        raise ValueError(
+            f"unsupported model architecture {shown}; supported architectures: "
+            + ", ".join(SUPPORTED_ARCHITECTURES)
+        )
+    return name
+
+
+def _check_supported_features(cfg: Mapping[str, Any]) -> None:
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"unsupported hidden_act {act!r}: only 'silu' (SwiGLU) is implemented")
+    if cfg.get("mlp_bias"):
+        raise ValueError("unsupported config: mlp_bias=True is not implemented")
+
+
+def _rope(cfg: Mapping[str, Any]) -> tuple[float, tuple[tuple[str, Any], ...] | None]:
+    """Read rope theta and scaling from either config style.
+
+    transformers >= 5 stores everything in ``rope_parameters`` (with ``rope_type`` and
+    ``rope_theta``); older config.json files use top-level ``rope_theta`` + ``rope_scaling``
+    (whose type key may be the legacy ``type``).
+    """
+    params = dict(cfg.get("rope_parameters") or {})
+    legacy = dict(cfg.get("rope_scaling") or {})
+    merged = {**legacy, **params}
+    theta = merged.pop("rope_theta", None) or cfg.get("rope_theta") or _DEFAULT_ROPE_THETA
+    rope_type = merged.pop("rope_type", None) or merged.pop("type", None) or "default"
+    merged.pop("type", None)
+    if rope_type == "default":
+        return float(theta), None
+    merged["rope_type"] = rope_type
+    return float(theta), tuple(sorted(merged.items()))
+
+
+def _sliding_window(cfg: Mapping[str, Any], architecture: str) -> int | None:
+    window = cfg.get("sliding_window")
+    if window is None:
+        return None
+    # Qwen configs carry a sliding_window value that is only used with use_sliding_window.
+    if architecture.startswith("Qwen") and not cfg.get("use_sliding_window", False):
+        return None
+    return int(window)

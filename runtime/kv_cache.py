@@ -1,0 +1,66 @@
+"""The paged KV cache tensors: per layer ``(k_cache, v_cache)``, each
+``[num_blocks, block_size, num_kv_heads, head_dim]``. Block 0 is the null block.
+
+Sizing: on CPU from ``CacheConfig.kv_cache_memory_bytes``; on CUDA from
+``gpu_memory_utilization`` of the device's total memory minus what is already allocated
+(model weights) and a reserve for activations. ``num_blocks_override`` wins over both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tokenwire.runtime.config import CacheConfig
+from tokenwire.runtime.models.arch import ModelArch
+
+# CUDA activation reserve until the profiling forward lands with the GPU executor (bytes).
+_CUDA_ACTIVATION_RESERVE = 2 << 30
+
+
+def bytes_per_block(arch: ModelArch, block_size: int, dtype: torch.dtype) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * arch.num_hidden_layers * block_size * arch.num_key_value_heads * arch.head_dim * elem
+
+
+def num_blocks_for(
+    arch: ModelArch, cache_config: CacheConfig, device: torch.device, dtype: torch.dtype
+) -> int:
+    if cache_config.num_blocks_override is not None:
+        return cache_config.num_blocks_override
+    per_block = bytes_per_block(arch, cache_config.block_size, dtype)
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        budget = int(total * cache_config.gpu_memory_utilization)
+        budget -= torch.cuda.memory_allocated(device) + _CUDA_ACTIVATION_RESERVE
+        flag = "--gpu-memory-utilization"
+    else:
+        budget = cache_config.kv_cache_memory_bytes
+        flag = "--kv-cache-memory"
+    num_blocks = budget // per_block
+    if num_blocks < 2:
+        raise ValueError(
+            f"no room for the KV cache ({budget} bytes available, {per_block} per block): "
+            f"raise {flag}"
+        )
+    return int(num_blocks)
+
+
+@dataclass(frozen=True)
+class KVCache:
+    num_blocks: int
+    block_size: int
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @staticmethod
+    def allocate(
+        arch: ModelArch, cache_config: CacheConfig, device: torch.device, dtype: torch.dtype
+    ) -> KVCache:
+        num_blocks = num_blocks_for(arch, cache_config, device, dtype)
+        shape = (arch.num_hidden_layers, 2, num_blocks, cache_config.block_size,
+                 arch.num_key_value_heads, arch.head_dim)
+        # Zeroed: masked-out slots are multiplied by 0 in attention, and 0 * NaN garbage = NaN.
+        storage = torch.zeros(shape, dtype=dtype, device=device)
+        layers = [(storage[i, 0], storage[i, 1]) for i in range(arch.num_hidden_layers)]
+        return KVCache(num_blocks, cache_config.block_size, layers)

