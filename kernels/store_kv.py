@@ -1,1 +1,52 @@
-"""TODO."""
+"""Write this step's K/V rows into the paged KV cache.
+
+Cache layout per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]``; slot
+``block * block_size + offset`` is row ``slot`` of the cache viewed as
+``[num_blocks * block_size, num_kv_heads, head_dim]``. Slot ``-1`` marks a padding row
+(CUDA-graph padding) that must not be written: block 0 is the null block and stays untouched.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store ``key``/``value`` [T, Hkv, D] at ``slot_mapping[:T]`` (int64, -1 = skip)."""
+    store_kv_ref(key, value, k_cache, v_cache, slot_mapping)
+
+
+def store_kv_ref(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Torch reference: one ``index_copy_`` per cache; masked write only when padded.
+
+    ``slot_mapping`` may be longer than T (a preallocated buffer); only its first T entries
+    are used. The caches must be contiguous so the flat views alias them (``view`` raises
+    otherwise instead of silently writing into a copy).
+    """
+    num_tokens = key.shape[0]
+    if num_tokens == 0:
+        return
+    slots = slot_mapping[:num_tokens]
+    k_flat = k_cache.view(-1, k_cache.shape[2], k_cache.shape[3])
+    v_flat = v_cache.view(-1, v_cache.shape[2], v_cache.shape[3])
+    # One reduction decides the path (a host sync, free on CPU; a Triton kernel skips
+    # negative slots per row instead). The unpadded path avoids boolean indexing.
+    if bool(slots.min() >= 0):
+        k_flat.index_copy_(0, slots, key)
+        v_flat.index_copy_(0, slots, value)
+        return
+    keep = slots >= 0
+    k_flat.index_copy_(0, slots[keep], key[keep])
+    v_flat.index_copy_(0, slots[keep], value[keep])

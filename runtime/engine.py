@@ -14,7 +14,7 @@ import torch
 from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.errors import ContextLengthError, DuplicateRequestError, ParameterError
 from tokenwire.runtime.kv_cache_manager import KVCacheManager
-from tokenwire.runtime.model_loader import LoadedModel, load_model
+from tokenwire.runtime.model_loader import LoadedModel, load_model, resolve_dtype
 from tokenwire.runtime.model_runner import ModelRunner
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.request import FinishReason, Request
@@ -30,12 +30,6 @@ def resolve_device(device: str) -> torch.device:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but CUDA is not available: use --device cpu")
     return torch.device(device)
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
 
 
 class EngineCore:

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-
 from tokenwire.runtime.config import ModelConfig
 from tokenwire.runtime.default_model import DEFAULT_SERVED_MODEL_NAME, default_gguf_path
 from tokenwire.runtime.gguf_convert import ensure_converted
@@ -56,8 +55,9 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def load_model(model_config: ModelConfig, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    folder, served_name = _resolve_source(model_config)
-    config = _read_json(folder / "config.json")
+    source = _resolve_source(model_config)
+    folder = source.folder
+    config = _read_json(source.config_file)
     arch = ModelArch.from_hf_config(config)
     max_model_len = resolve_max_model_len(model_config.max_model_len, arch)
     model = build_model(arch, device, dtype, max_position=max_model_len)
@@ -76,21 +76,33 @@ def load_model(model_config: ModelConfig, device: torch.device, dtype: torch.dty
         tokenizer=load_tokenizer(tokenizer_dir),
         eos_token_ids=_eos_token_ids(folder, arch),
         max_model_len=max_model_len,
-        served_model_name=model_config.served_model_name or served_name,
+        served_model_name=model_config.served_model_name or source.served_name,
         device=device,
         dtype=dtype,
     )
 
 
-def _resolve_source(model_config: ModelConfig) -> tuple[Path, str]:
-    """Returns (HF-format directory holding config.json, default served model name)."""
+@dataclass(frozen=True)
+class _Source:
+    folder: Path  # HF-format directory (weights, tokenizer, generation_config.json)
+    config_file: Path
+    served_name: str  # default served model name: directory name or GGUF file stem
+
+
+def _hf_dir(folder: Path, served_name: str) -> _Source:
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"model: {folder} has no config.json")
+    return _Source(folder, folder / "config.json", served_name)
+
+
+def _resolve_source(model_config: ModelConfig) -> _Source:
     if model_config.model is None:
         if model_config.load_format not in ("auto", "gguf"):
             raise ValueError(
                 f"load_format={model_config.load_format!r} needs a model path "
                 "(the default model is a GGUF file)"
             )
-        return ensure_converted(default_gguf_path()), DEFAULT_SERVED_MODEL_NAME
+        return _hf_dir(ensure_converted(default_gguf_path()), DEFAULT_SERVED_MODEL_NAME)
     path = Path(model_config.model).expanduser()
     if not path.exists():
         raise ValueError(
@@ -98,15 +110,14 @@ def _resolve_source(model_config: ModelConfig) -> tuple[Path, str]:
             "with config.json + *.safetensors, or a .gguf file)"
         )
     fmt = model_config.load_format
-    if fmt == "dummy":
-        folder = path.parent if path.is_file() else path
-        return _require_config(folder), folder.name
+    if fmt == "dummy" and path.is_file():  # a bare config.json
+        return _Source(path.parent, path, path.parent.name)
     if fmt == "gguf" or (fmt == "auto" and path.suffix == ".gguf"):
         gguf = _single_gguf(path)
-        return ensure_converted(gguf), gguf.stem
+        return _hf_dir(ensure_converted(gguf), gguf.stem)
     if path.is_file():
         raise ValueError(f"model: {model_config.model!r} is a file; expected a directory or .gguf")
-    return _require_config(path), path.name
+    return _hf_dir(path, path.name)
 
 
 def _single_gguf(path: Path) -> Path:
@@ -116,12 +127,6 @@ def _single_gguf(path: Path) -> Path:
     if len(found) != 1:
         raise ValueError(f"model: expected exactly one .gguf file in {path}, found {len(found)}")
     return found[0]
-
-
-def _require_config(folder: Path) -> Path:
-    if not (folder / "config.json").is_file():
-        raise ValueError(f"model: {folder} has no config.json")
-    return folder
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -186,7 +191,7 @@ def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
     for file in _weight_files(folder):
         with safe_open(str(file), framework="pt", device="cpu") as handle:
-            for name in handle.keys():  # noqa: SIM118 - safe_open is not a Mapping
+            for name in handle.keys():  # noqa: SIM118 - safe_open is not iterable
                 yield name, handle.get_tensor(name)
 
 

@@ -51,6 +51,7 @@ class _Choice:
     index: int
     child_id: str
     detokenizer: IncrementalDetokenizer | None
+    include_stop: bool
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[PositionLogprobs] | None = None
     cumulative_logprob: float | None = None
@@ -69,6 +70,9 @@ class _Parent:
     num_cached_tokens: int = 0
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_unfinished: int = 0
+
+
+_TOKEN_STOPS = (FinishReason.EOS, FinishReason.STOP_TOKEN)
 
 
 def child_request_id(request_id: str, index: int, n: int) -> str:
@@ -106,7 +110,7 @@ class OutputProcessor:
             detok = None
             if self.tokenizer is not None:
                 detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, child_params)
-            choice = _Choice(parent, i, child_id, detok)
+            choice = _Choice(parent, i, child_id, detok, params.include_stop_str_in_output)
             if params.logprobs is not None:
                 choice.logprobs, choice.cumulative_logprob = [], 0.0
             parent.choices.append(choice)
@@ -161,7 +165,11 @@ class OutputProcessor:
         text = ""
         detok = choice.detokenizer
         if detok is not None:
-            text = detok.update(new_ids) if new_ids else ""
+            # As vLLM: the EOS / stop token that ends a choice is not turned into text.
+            to_decode = new_ids
+            if output.finish_reason in _TOKEN_STOPS and not choice.include_stop:
+                to_decode = new_ids[:-1]
+            text = detok.update(to_decode) if to_decode else ""
             if detok.stop_matched is not None:
                 choice.finish_reason = FinishReason.STOP_SEQUENCE
                 choice.stop_reason = detok.stop_matched

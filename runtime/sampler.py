@@ -145,11 +145,11 @@ def apply_top_k_top_p(
 
 
 def exponential_noise(probs: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-    """[B, V] Exponential(1) draws: one batched draw from the global generator for unseeded
+    """[B, V] Exponential(1) draws: one batched draw from the engine's generator for unseeded
     rows, then one V-value draw per seeded row from that request's own generator."""
     noise = torch.empty_like(probs)
     if len(meta.generators) < probs.shape[0]:
-        noise.exponential_()
+        noise.exponential_(generator=meta.default_generator)
     for row, generator in meta.generators.items():
         noise[row].exponential_(generator=generator)
     return noise.clamp_min_(_MIN_NOISE)

@@ -88,6 +88,8 @@ class SamplingMetadata:
     # Largest ``params.logprobs`` over the batch; None when no row wants logprobs.
     max_num_logprobs: int | None
     num_logprobs: tuple[int | None, ...]  # per row, ``params.logprobs``
+    # Draws the noise of unseeded random rows; None falls back to torch's default generator.
+    default_generator: torch.Generator | None = None
 
     @property
     def num_rows(self) -> int:
@@ -95,7 +97,10 @@ class SamplingMetadata:
 
 
 def build_sampling_metadata(
-    rows: Sequence[RowSamplingState], vocab_size: int, device: torch.device
+    rows: Sequence[RowSamplingState],
+    vocab_size: int,
+    device: torch.device,
+    default_generator: torch.Generator | None = None,
 ) -> SamplingMetadata:
     """Batch the rows' sampling state into tensors on ``device`` (row order is kept)."""
     _check_generators(rows)
@@ -123,6 +128,7 @@ def build_sampling_metadata(
         min_tokens_mask=_min_tokens_mask(rows, device),
         max_num_logprobs=max(requested) if requested else None,
         num_logprobs=num_logprobs,
+        default_generator=default_generator,
     )
 
 

@@ -1,7 +1,66 @@
-"""tokenwire command line."""
+"""``tokenwire`` command line: ``generate`` (offline, streamed), ``bench ...``."""
 
 from __future__ import annotations
 
+import argparse
+import sys
+from collections.abc import Sequence
 
-def main(argv: list[str] | None = None) -> int:
-    raise SystemExit("not implemented yet")
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("generate", help="generate text offline and stream it to stdout")
+    p.add_argument("prompt", help="prompt text (a user message with --chat)")
+    p.add_argument("--model", default=None, help="HF directory or .gguf (default: SmolLM2)")
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.set_defaults(func=_run_generate)
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    from tokenwire.runtime.llm import LLM
+    from tokenwire.runtime.sampling_params import SamplingParams
+    from tokenwire.runtime.tokenizer import apply_chat_template
+
+    llm = LLM(args.model, device=args.device, dtype=args.dtype)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                            top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    prompt: str | list[int] = args.prompt
+    if args.chat:
+        prompt = apply_chat_template(llm.get_tokenizer(),
+                                     [{"role": "user", "content": args.prompt}])
+    for delta in llm.stream(prompt, params):
+        sys.stdout.write(delta.text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from tokenwire.clients.bench_throughput import add_parsers as add_bench_parsers
+
+    parser = argparse.ArgumentParser(prog="tokenwire", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_generate(sub)
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench",
+                                                                       required=True)
+    add_bench_parsers(bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ValueError as exc:  # configuration errors name the flag to change
+        print(f"tokenwire: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -70,10 +70,10 @@ def build_tiny_model(family: str, out_dir: Path, seed: int = 0, **overrides: Any
 
 @pytest.fixture(scope="session")
 def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    cache: dict[tuple[str, tuple[tuple[str, Any], ...]], Path] = {}
+    cache: dict[tuple[str, str], Path] = {}
 
     def make(family: str, **overrides: Any) -> Path:
-        key = (family, tuple(sorted(overrides.items())))
+        key = (family, repr(sorted(overrides.items())))
         if key not in cache:
             out = tmp_path_factory.mktemp(f"tiny-{family}")
             cache[key] = build_tiny_model(family, out, **overrides)

@@ -295,7 +295,7 @@ BASES = ([1, 2, 1, 2, 3, 1, 2, 1, 2, 3, 3, 3, 1, 1, 2, 2], [2] * 16)
 
 
 class BlockManagerMachine(RuleBasedStateMachine):
-    """Random scheduler-like traffic; simulated KV contents prove every prefix hit is right."""
+    """Scheduler-like random traffic; a simulated KV cache proves every prefix hit is right."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -305,38 +305,50 @@ class BlockManagerMachine(RuleBasedStateMachine):
         # Simulated KV cache: block id -> token written in each slot (what a forward stores).
         self.content: dict[int, list[int | None]] = {}
         self.count = 0
+        self.history: list[Request] = []
 
-    @initialize(num_blocks=st.integers(2, 20), bs=st.sampled_from([1, 2, 4]), on=st.booleans())
+    @initialize(num_blocks=st.integers(2, 40), bs=st.sampled_from([1, 2, 4]), on=st.booleans())
     def setup(self, num_blocks: int, bs: int, on: bool) -> None:
         self.kv = KVCacheManager(num_blocks, bs, enable_prefix_caching=on)
         self.content = {i: [None] * bs for i in range(num_blocks)}
 
-    @rule(base=st.sampled_from(BASES), cut=st.integers(0, 16), tail=st.lists(st.integers(0, 3)))
+    @rule(
+        base=st.sampled_from(BASES),
+        cut=st.integers(0, 16),
+        tail=st.lists(st.integers(0, 3), max_size=8),
+    )
     def add(self, base: list[int], cut: int, tail: list[int]) -> None:
         prompt = (base[:cut] + tail)[:20] or [0]
         self.count += 1
         rid = f"r{self.count}"
         self.waiting[rid] = make_request(rid, prompt, cache_salt="s" if cut == 7 else None)
+        self.history.append(self.waiting[rid])
 
-    def forward(self, req: Request, start: int, end: int) -> None:
-        bs, table = self.kv.block_size, self.kv.get_block_ids(req.request_id)
-        for pos in range(start, end):
-            block_id = table[pos // bs]
-            assert self.kv.block_pool.blocks[block_id].ref_cnt == 1, "write to a shared block"
-            self.content[block_id][pos % bs] = req.token_ids[pos]
-        req.num_computed_tokens = end
-
-    def preempt_or_free(self, req: Request, preempt: bool) -> None:
-        self.kv.free(req)
-        self.running.pop(req.request_id, None)
-        if preempt:
-            req.num_computed_tokens = 0
-            self.waiting[req.request_id] = req
-
-    @precondition(lambda self: self.waiting)
     @rule(data=st.data())
-    def schedule_waiting(self, data: st.DataObject) -> None:
-        req = self.waiting[data.draw(st.sampled_from(sorted(self.waiting)))]
+    def add_follow_up(self, data: st.DataObject) -> None:
+        """Resend (a prefix of) an earlier transcript, outputs included, as a multi-turn chat."""
+        old = data.draw(st.sampled_from(self.history)) if self.history else None
+        if old is not None:
+            cut = data.draw(st.integers(1, old.num_tokens))
+            self.add(old.token_ids[:cut], cut, [])
+
+    @rule(data=st.data())
+    def engine_step(self, data: st.DataObject) -> None:
+        """Running requests first (next chunk or one decode token), then admit waiting ones."""
+        for req in list(self.running.values()):
+            start = req.num_computed_tokens
+            if start == req.num_tokens:  # decode: the sampled token is appended first
+                req.token_ids.append(data.draw(st.integers(0, 3)))
+            chunk = data.draw(st.integers(1, req.num_tokens - start))
+            if self.kv.allocate_slots(req, chunk) is None:
+                self.release(req, preempt=True)
+            else:
+                self.forward(req, start, start + chunk)
+        for req in list(self.waiting.values()):
+            if not self.admit(req, data):
+                break
+
+    def admit(self, req: Request, data: st.DataObject) -> bool:
         hit_ids, num_hit = self.kv.get_computed_blocks(req)
         bs = self.kv.block_size
         assert num_hit == len(hit_ids) * bs < req.num_tokens
@@ -348,31 +360,33 @@ class BlockManagerMachine(RuleBasedStateMachine):
         added = self.kv.allocate_slots(req, chunk, hit_ids, num_hit)
         if added is None:
             assert snapshot(self.kv, ids) == before, "failed allocation changed state"
-            return
+            return False
         assert added == self.kv.get_block_ids(req.request_id) and added[: len(hit_ids)] == hit_ids
         self.running[req.request_id] = self.waiting.pop(req.request_id)
         self.forward(req, num_hit, num_hit + chunk)
+        return True
 
-    @precondition(lambda self: self.running)
-    @rule(data=st.data(), token=st.integers(0, 3))
-    def step_running(self, data: st.DataObject, token: int) -> None:
-        """Next prefill chunk, or one decode token (sampled token appended first)."""
-        req = self.running[data.draw(st.sampled_from(sorted(self.running)))]
-        start = req.num_computed_tokens
-        if start == req.num_tokens:
-            req.token_ids.append(token)
-        chunk = data.draw(st.integers(1, req.num_tokens - start))
-        if self.kv.allocate_slots(req, chunk) is None:
-            self.preempt_or_free(req, preempt=True)
-        else:
-            self.forward(req, start, start + chunk)
+    def forward(self, req: Request, start: int, end: int) -> None:
+        bs, table = self.kv.block_size, self.kv.get_block_ids(req.request_id)
+        for pos in range(start, end):
+            block_id = table[pos // bs]
+            assert self.kv.block_pool.blocks[block_id].ref_cnt == 1, "write to a shared block"
+            self.content[block_id][pos % bs] = req.token_ids[pos]
+        req.num_computed_tokens = end
+
+    def release(self, req: Request, preempt: bool) -> None:
+        self.kv.free(req)
+        self.running.pop(req.request_id, None)
+        self.waiting.pop(req.request_id, None)
+        if preempt:  # recompute: back to waiting with nothing computed
+            req.num_computed_tokens = 0
+            self.waiting[req.request_id] = req
 
     @precondition(lambda self: self.running or self.waiting)
     @rule(data=st.data(), preempt=st.booleans(), twice=st.booleans())
-    def free(self, data: st.DataObject, preempt: bool, twice: bool) -> None:
-        rid = data.draw(st.sampled_from(sorted(self.running) + sorted(self.waiting)))
-        req = self.running.get(rid) or self.waiting.pop(rid)
-        self.preempt_or_free(req, preempt and rid in self.running)
+    def finish_abort_or_preempt(self, data: st.DataObject, preempt: bool, twice: bool) -> None:
+        req = data.draw(st.sampled_from([*self.running.values(), *self.waiting.values()]))
+        self.release(req, preempt)
         if twice:
             self.kv.free(req)
 

@@ -11,15 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from torch import nn
-
 from tokenwire.kernels.activation import silu_and_mul
 from tokenwire.kernels.attention_metadata import AttentionMetadata
 from tokenwire.kernels.paged_attention import paged_attention
-from tokenwire.kernels.rmsnorm import fused_add_rms_norm, rms_norm
 from tokenwire.kernels.rotary import apply_rotary, build_cos_sin_cache, compute_inv_freq
 from tokenwire.kernels.store_kv import store_kv
 from tokenwire.runtime.models.arch import ModelArch
+from tokenwire.runtime.models.layers import Embedding, Linear, RMSNorm
+from torch import nn
 
 # One layer's paged KV cache: (k_cache, v_cache), each [num_blocks, block_size, Hkv, D].
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -39,24 +38,6 @@ _FUSED_SHARDS: dict[str, tuple[str, ...]] = {
 }
 
 
-class RMSNorm(nn.Module):
-    """Holds the norm weight; the math lives in ``tokenwire.kernels.rmsnorm``."""
-
-    def __init__(self, size: int, eps: float, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size, dtype=dtype))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
-
-    def add_and_norm(
-        self, x: torch.Tensor, residual: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (norm(x + residual), x + residual)."""
-        return fused_add_rms_norm(x, residual, self.weight, self.eps)
-
-
 class Attention(nn.Module):
     def __init__(self, arch: ModelArch, dtype: torch.dtype) -> None:
         super().__init__()
@@ -67,8 +48,8 @@ class Attention(nn.Module):
         self.kv_size = arch.kv_size
         self.scale = arch.head_dim**-0.5
         qkv_out = arch.q_size + 2 * arch.kv_size
-        self.qkv_proj = nn.Linear(arch.hidden_size, qkv_out, bias=arch.attention_bias, dtype=dtype)
-        self.o_proj = nn.Linear(arch.q_size, arch.hidden_size, bias=arch.o_proj_bias, dtype=dtype)
+        self.qkv_proj = Linear(arch.hidden_size, qkv_out, arch.attention_bias, dtype)
+        self.o_proj = Linear(arch.q_size, arch.hidden_size, arch.o_proj_bias, dtype)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if arch.qk_norm:
@@ -104,8 +85,8 @@ class MLP(nn.Module):
     def __init__(self, arch: ModelArch, dtype: torch.dtype) -> None:
         super().__init__()
         inter = arch.intermediate_size
-        self.gate_up_proj = nn.Linear(arch.hidden_size, 2 * inter, bias=False, dtype=dtype)
-        self.down_proj = nn.Linear(inter, arch.hidden_size, bias=False, dtype=dtype)
+        self.gate_up_proj = Linear(arch.hidden_size, 2 * inter, False, dtype)
+        self.down_proj = Linear(inter, arch.hidden_size, False, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result: torch.Tensor = self.down_proj(silu_and_mul(self.gate_up_proj(x)))
@@ -145,13 +126,15 @@ class LlamaModel(nn.Module):
 
     def __init__(self, arch: ModelArch, dtype: torch.dtype) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size, dtype=dtype)
-        self.layers = nn.ModuleList(DecoderLayer(arch, dtype) for _ in range(arch.num_hidden_layers))
+        self.embed_tokens = Embedding(arch.vocab_size, arch.hidden_size, dtype)
+        self.layers = nn.ModuleList(
+            DecoderLayer(arch, dtype) for _ in range(arch.num_hidden_layers)
+        )
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
 
 
 class LlamaForCausalLM(nn.Module):
-    """Flattened-token causal LM. Build it with ``build_model`` (meta init, then device)."""
+    """Flattened-token causal LM. Build it with ``build_model``, then load weights."""
 
     def __init__(self, arch: ModelArch, max_position: int, dtype: torch.dtype) -> None:
         super().__init__()
@@ -160,13 +143,16 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(arch, dtype)
         # Tied models have no lm_head parameter: logits use the embedding matrix itself, so
         # the tie cannot be broken by device moves or weight loading.
-        self.lm_head: nn.Linear | None = None
+        self.lm_head: Linear | None = None
         if not arch.tie_word_embeddings:
-            self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False, dtype=dtype)
-        # [max_position, head_dim] rotary table (layout owned by kernels.rotary); filled by
-        # ``init_rotary_cache`` once the module sits on its real device.
+            self.lm_head = Linear(arch.hidden_size, arch.vocab_size, False, dtype)
+        # [max_position, head_dim] rotary table in the model dtype (layout owned by
+        # kernels.rotary); a buffer so it follows ``.to(device)``, not saved in checkpoints.
+        inv_freq = compute_inv_freq(arch.head_dim, arch.rope_theta, arch.rope_scaling_dict())
         self.cos_sin_cache: torch.Tensor
-        self.register_buffer("cos_sin_cache", torch.empty(0, dtype=dtype), persistent=False)
+        self.register_buffer(
+            "cos_sin_cache", build_cos_sin_cache(inv_freq, max_position, dtype), persistent=False
+        )
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -174,15 +160,6 @@ class LlamaForCausalLM(nn.Module):
         if self.lm_head is None:
             return self.model.embed_tokens.weight
         return self.lm_head.weight
-
-    def init_rotary_cache(self) -> None:
-        """(Re)compute the rotary table on the embedding's device and dtype."""
-        weight = self.model.embed_tokens.weight
-        inv_freq = compute_inv_freq(
-            self.arch.head_dim, self.arch.rope_theta, self.arch.rope_scaling_dict()
-        )
-        cache = build_cos_sin_cache(inv_freq, self.max_position, weight.dtype)
-        self.cos_sin_cache = cache.to(weight.device)
 
     def forward(
         self,
@@ -197,9 +174,11 @@ class LlamaForCausalLM(nn.Module):
         hidden = self.model.embed_tokens(input_ids)
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            hidden, residual = layer(positions, hidden, residual, kv_cache, meta, self.cos_sin_cache)
+            hidden, residual = layer(
+                positions, hidden, residual, kv_cache, meta, self.cos_sin_cache
+            )
         if residual is None:  # zero-layer model
-            return self.model.norm(hidden)
+            residual = torch.zeros_like(hidden)
         normed, _ = self.model.norm.add_and_norm(hidden, residual)
         return normed
 
@@ -282,13 +261,11 @@ def _copy_shard(
 def build_model(
     arch: ModelArch, device: torch.device, dtype: torch.dtype, max_position: int
 ) -> LlamaForCausalLM:
-    """Allocate an uninitialised model directly on ``device`` (no CPU materialisation).
+    """Allocate the model directly on ``device``: no CPU copy, no random init.
 
-    Parameters hold garbage until ``load_weights`` or a dummy initialiser fills them; the
-    rotary table is computed here and covers positions ``[0, max_position)``.
+    Weights are uninitialised (``torch.empty``) until ``load_weights`` or a dummy initialiser
+    fills them; norm weights start at 1. The rotary table covers ``[0, max_position)``.
     """
-    with torch.device("meta"):
+    with torch.device(device):
         model = LlamaForCausalLM(arch, max_position, dtype)
-    model = model.to_empty(device=device)
-    model.init_rotary_cache()
     return model.eval()
