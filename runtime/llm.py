@@ -87,10 +87,16 @@ class LLM:
         params = normalize_params(sampling_params, len(prompt_list))
         if priority is not None and len(priority) != len(prompt_list):
             raise ParameterError("priority", "needs one value per prompt")
-        request_ids = []
-        for i, (prompt, sp) in enumerate(zip(prompt_list, params, strict=True)):
-            text, token_ids = self._tokenize(prompt)
-            request_ids.append(self._add(text, token_ids, sp, 0 if priority is None else priority[i]))
+        request_ids: list[str] = []
+        try:
+            for i, (prompt, sp) in enumerate(zip(prompt_list, params, strict=True)):
+                text, token_ids = self._tokenize(prompt)
+                prio = 0 if priority is None else priority[i]
+                request_ids.append(self._add(text, token_ids, sp, prio))
+        except Exception:
+            for request_id in request_ids:  # all or nothing: drop what this call queued
+                self._abort(request_id)
+            raise
         results = self._run(use_tqdm and len(request_ids) > 1, len(request_ids))
         return [results[rid] for rid in request_ids]
 

@@ -14,6 +14,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+
 from tokenwire.runtime.block_pool import BlockPool
 from tokenwire.runtime.kv_cache_manager import KVCacheManager
 from tokenwire.runtime.request import Request
@@ -318,19 +319,20 @@ class BlockManagerMachine(RuleBasedStateMachine):
         tail=st.lists(st.integers(0, 3), max_size=8),
     )
     def add(self, base: list[int], cut: int, tail: list[int]) -> None:
-        prompt = (base[:cut] + tail)[:20] or [0]
-        self.count += 1
-        rid = f"r{self.count}"
-        self.waiting[rid] = make_request(rid, prompt, cache_salt="s" if cut == 7 else None)
-        self.history.append(self.waiting[rid])
+        self.enqueue(base[:cut] + tail or [0], "s" if cut == 7 else None)
 
+    @precondition(lambda self: self.history)
     @rule(data=st.data())
     def add_follow_up(self, data: st.DataObject) -> None:
         """Resend (a prefix of) an earlier transcript, outputs included, as a multi-turn chat."""
-        old = data.draw(st.sampled_from(self.history)) if self.history else None
-        if old is not None:
-            cut = data.draw(st.integers(1, old.num_tokens))
-            self.add(old.token_ids[:cut], cut, [])
+        old = data.draw(st.sampled_from(self.history))
+        self.enqueue(old.token_ids[: data.draw(st.integers(1, old.num_tokens))], old.cache_salt)
+
+    def enqueue(self, prompt: list[int], salt: str | None) -> None:
+        self.count += 1
+        req = make_request(f"r{self.count}", prompt[:40], cache_salt=salt)
+        self.waiting[req.request_id] = req
+        self.history.append(req)
 
     @rule(data=st.data())
     def engine_step(self, data: st.DataObject) -> None:
