@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 from tokenwire.kernels.attention_metadata import (
     AttentionMetadata,
     CpuAttentionPlan,

@@ -149,9 +149,6 @@ class BlockPool:
         self._cached.clear()
         return True
 
-    def is_free(self, block_id: int) -> bool:
-        return block_id in self._free_queue
-
     def free_block_ids(self) -> list[int]:
         """Free queue in eviction order (front first). For tests and debugging."""
         return list(self._free_queue)

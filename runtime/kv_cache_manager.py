@@ -127,11 +127,14 @@ class KVCacheManager:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
         state = self._requests.get(request.request_id)
         num_owned = 0 if state is None else len(state.blocks)
-        hit_blocks = self._hit_blocks(state, new_computed_block_ids, num_new_computed_tokens)
+        hit_blocks: list[KVBlock] = []
+        num_evictable_hits = 0
+        if new_computed_block_ids or num_new_computed_tokens:  # off the decode hot path
+            hit_blocks = self._hit_blocks(state, new_computed_block_ids, num_new_computed_tokens)
+            # Evictable hits sit in the free queue but are about to be taken by this request.
+            num_evictable_hits = sum(1 for b in hit_blocks if b.ref_cnt == 0)
         total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         num_needed = -(-total // self.block_size) - num_owned - len(hit_blocks)
-        # Evictable hit blocks sit in the free queue but are about to be taken by this request.
-        num_evictable_hits = sum(1 for b in hit_blocks if b.ref_cnt == 0)
         if num_needed > self.block_pool.num_free_blocks - num_evictable_hits:
             return None
         if state is None:

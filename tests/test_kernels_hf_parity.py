@@ -8,9 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from tokenwire.kernels.activation import silu_and_mul
-from tokenwire.kernels.rmsnorm import fused_add_rms_norm, rms_norm
-from tokenwire.kernels.rotary import apply_rotary, build_cos_sin_cache, compute_inv_freq
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import (
@@ -19,6 +16,10 @@ from transformers.models.llama.modeling_llama import (
     LlamaRotaryEmbedding,
     apply_rotary_pos_emb,
 )
+
+from tokenwire.kernels.activation import silu_and_mul
+from tokenwire.kernels.rmsnorm import fused_add_rms_norm, rms_norm
+from tokenwire.kernels.rotary import apply_rotary, build_cos_sin_cache, compute_inv_freq
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

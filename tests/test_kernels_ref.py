@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+
 from tokenwire.kernels.attention_metadata import AttentionMetadata
 from tokenwire.kernels.paged_attention import (
     build_cpu_plan,
