@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM := false
 
 # Package folders: adding a module changes a folder's mtime, which re-runs the (strict)
 # editable install so the new module becomes importable.
-PKG_DIRS := $(shell find runtime kernels server clients -type d -not -name __pycache__ 2>/dev/null)
+PKG_DIRS := $(shell find runtime kernels server clients protos -type d -not -name __pycache__ 2>/dev/null)
 
 .PHONY: dev test serve lint typecheck bench protos clean
 
@@ -45,6 +45,11 @@ typecheck: dev
 
 bench: dev
 	$(VENV)/bin/tokenwire bench throughput --workload cpu --compare hf
+
+# Regenerate the committed gRPC code; CI fails when the committed files drift from this.
+protos: dev
+	$(PY) -m grpc_tools.protoc -I protos -I "$$($(PY) -c 'import google.rpc.status_pb2 as m, pathlib; print(pathlib.Path(m.__file__).parents[2])')" \
+		--python_out=protos --pyi_out=protos --grpc_python_out=protos protos/tokenwire/v1/*.proto
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -12,6 +12,7 @@ import time
 import torch
 
 from tokenwire.runtime.config import EngineConfig
+from tokenwire.runtime.cpu_tuning import keep_freed_memory
 from tokenwire.runtime.errors import ContextLengthError, DuplicateRequestError, ParameterError
 from tokenwire.runtime.kv_cache_manager import KVCacheManager
 from tokenwire.runtime.model_loader import LoadedModel, load_model, resolve_dtype
@@ -37,6 +38,8 @@ class EngineCore:
         self.config = config
         self.observer = observer
         self.device = resolve_device(config.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()
         self.loaded: LoadedModel = load_model(
             config.model, self.device, resolve_dtype(config.model.dtype, self.device)
         )

@@ -39,6 +39,7 @@ class InputBatch:
         self.block_table = np.zeros((max_rows, self.max_blocks_per_seq), dtype=np.int32)
         self.num_blocks = np.zeros(max_rows, dtype=np.int32)
         self.num_computed = np.zeros(max_rows, dtype=np.int64)
+        self.num_tokens = np.zeros(max_rows, dtype=np.int64)  # prompt + output tokens known
         self._free_rows = list(range(max_rows - 1, -1, -1))
 
     # ------------------------------------------------------------------ row lifecycle
@@ -50,6 +51,7 @@ class InputBatch:
         self.num_blocks[row] = 0
         self.append_blocks(row, block_ids)
         self.num_computed[row] = num_computed
+        self.num_tokens[row] = len(token_ids)
         return row
 
     def release_row(self, row: int) -> None:
@@ -62,8 +64,10 @@ class InputBatch:
         self.block_table[row, start : start + len(block_ids)] = block_ids
         self.num_blocks[row] = start + len(block_ids)
 
-    def set_token(self, row: int, position: int, token_id: int) -> None:
-        self.token_ids[row, position] = token_id
+    def append_tokens(self, rows: np.ndarray, token_ids: list[int]) -> None:
+        """Append one sampled token to each of ``rows`` (vectorised)."""
+        self.token_ids[rows, self.num_tokens[rows]] = token_ids
+        self.num_tokens[rows] += 1
 
     # ------------------------------------------------------------------ step inputs
     def build(self, rows: np.ndarray, query_lens: np.ndarray, num_decodes: int) -> StepArrays:

@@ -126,6 +126,15 @@ class KVCacheManager:
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
         state = self._requests.get(request.request_id)
+        if state is not None and not new_computed_block_ids and not num_new_computed_tokens:
+            # Decode hot path: the owned blocks already have room for the new tokens.
+            total = request.num_computed_tokens + num_new_tokens
+            if total <= len(state.blocks) * self.block_size:
+                if self.enable_prefix_caching:
+                    num_full = min(total, len(request.token_ids)) // self.block_size
+                    if num_full > state.num_cached_blocks:
+                        self._cache_full_blocks(request, state, num_full)
+                return []
         num_owned = 0 if state is None else len(state.blocks)
         hit_blocks: list[KVBlock] = []
         num_evictable_hits = 0

@@ -37,7 +37,6 @@ class CachedRequestState:
     output_token_ids: list[int]
     params: SamplingParams
     block_ids: list[int]
-    num_computed_tokens: int
     sampling: RowSamplingState
     row: int | None = None  # None while preempted
 
@@ -66,6 +65,7 @@ class ModelRunner:
         self.kv_cache = KVCache.allocate(loaded.arch, cache_config, device, loaded.dtype)
         self.batch = InputBatch(max_num_seqs, loaded.max_model_len, self.block_size)
         self.requests: dict[str, CachedRequestState] = {}
+        self._num_prompt_logprob_reqs = 0  # live requests that asked for prompt logprobs
         self.sampler = Sampler()
         # Generator for unseeded random rows: reproducible per engine seed, not global state.
         self.generator = torch.Generator(device=device)
@@ -79,8 +79,12 @@ class ModelRunner:
     def _update_states(self, so: SchedulerOutput) -> None:
         for request_id in so.finished_req_ids:
             state = self.requests.pop(request_id, None)
-            if state is not None and state.row is not None:
+            if state is None:
+                continue
+            if state.row is not None:
                 self.batch.release_row(state.row)
+            if state.params.prompt_logprobs is not None:
+                self._num_prompt_logprob_reqs -= 1
         for request_id in so.preempted_req_ids:
             state = self.requests.get(request_id)
             if state is not None and state.row is not None:
@@ -90,22 +94,19 @@ class ModelRunner:
             self._add_request(new.request_id, new.prompt_token_ids, new.sampling_params,
                               new.block_ids, new.num_computed_tokens)
         cached = so.cached_reqs
+        requests, batch = self.requests, self.batch
         for request_id, resumed, new_block_ids, num_computed in zip(
             cached.request_ids, cached.resumed_from_preemption, cached.new_block_ids,
             cached.num_computed_tokens, strict=True,
         ):
-            state = self.requests[request_id]
-            state.num_computed_tokens = num_computed
-            if resumed:
+            state = requests[request_id]
+            if resumed:  # its old row was released at preemption
                 state.block_ids = list(new_block_ids)
-                state.row = self.batch.add_row(state.all_token_ids(), state.block_ids,
-                                               num_computed)
+                state.row = batch.add_row(state.all_token_ids(), state.block_ids, num_computed)
                 continue
             assert state.row is not None
-            if new_block_ids:
-                state.block_ids.extend(new_block_ids)
-                self.batch.append_blocks(state.row, new_block_ids)
-            self.batch.num_computed[state.row] = num_computed
+            state.block_ids.extend(new_block_ids)
+            batch.append_blocks(state.row, new_block_ids)
 
     def _add_request(
         self, request_id: str, prompt: list[int], params: SamplingParams,
@@ -123,9 +124,11 @@ class ModelRunner:
                                     prompt_token_ids=prompt, output_token_ids=output,
                                     stop_token_ids_for_min_tokens=stop_ids)
         state = CachedRequestState(request_id, list(prompt), output, params, list(block_ids),
-                                   num_computed, sampling)
+                                   sampling)
         state.row = self.batch.add_row(prompt, state.block_ids, num_computed)
         self.requests[request_id] = state
+        if params.prompt_logprobs is not None:
+            self._num_prompt_logprob_reqs += 1
 
     # ------------------------------------------------------------------ one step
     @torch.inference_mode()
@@ -134,28 +137,28 @@ class ModelRunner:
         self._update_states(so)
         if so.is_empty:
             return ModelOutput(req_ids=[], sampled_token_ids=[])
-        # Decode rows (one query token) first: the attention kernels batch them.
-        items = so.num_scheduled_tokens.items()
-        order = [rid for rid, n in items if n == 1] + [rid for rid, n in items if n != 1]
-        num_decodes = sum(1 for _, n in items if n == 1)
-        states = [self.requests[rid] for rid in order]
+        states, query_lens, num_decodes = self._batch_order(so)
         rows = np.fromiter((s.row for s in states), dtype=np.int64, count=len(states))
-        query_lens = np.fromiter((so.num_scheduled_tokens[rid] for rid in order),
-                                 dtype=np.int64, count=len(order))
         arrays = self.batch.build(rows, query_lens, num_decodes)
+        self.batch.num_computed[rows] += query_lens  # after this step's forward
         meta = self._attention_metadata(arrays)
-        input_ids = torch.from_numpy(arrays.input_ids).to(self.device, non_blocking=True)
-        positions = torch.from_numpy(arrays.positions).to(self.device, non_blocking=True)
+        input_ids = self._to_device(arrays.input_ids)
+        positions = self._to_device(arrays.positions)
         t1 = time.perf_counter()
         hidden = self.model(input_ids, positions, self.kv_cache.layers, meta)
         # A row samples when this step brings it up to date (not mid-way through a prefill).
-        ends = arrays.seq_lens
-        sample_idx = [i for i, s in enumerate(states) if ends[i] == s.num_tokens]
-        logits_rows = arrays.query_start_loc[1:][sample_idx] - 1
-        logits = self.model.compute_logits(hidden[torch.from_numpy(logits_rows).to(self.device)])
+        samples = arrays.seq_lens == self.batch.num_tokens[rows]
+        if samples.all():
+            sample_states, sample_rows = states, rows
+            last = hidden if len(hidden) == len(rows) else hidden[arrays.query_start_loc[1:] - 1]
+        else:
+            idx = np.flatnonzero(samples)
+            sample_states, sample_rows = [states[i] for i in idx], rows[idx]
+            last = hidden[torch.from_numpy(arrays.query_start_loc[1:][idx] - 1)]
+        logits = self.model.compute_logits(last)
         t2 = time.perf_counter()
         prompt_lps = self._prompt_logprobs(states, arrays, hidden)
-        out = self._sample(logits, [states[i] for i in sample_idx], rows[sample_idx])
+        out = self._sample(logits, sample_states, sample_rows)
         t3 = time.perf_counter()
         return ModelOutput(
             req_ids=out[0], sampled_token_ids=out[1], logprobs=out[2],
@@ -163,9 +166,29 @@ class ModelRunner:
             sample_time=t3 - t2,
         )
 
+    def _batch_order(
+        self, so: SchedulerOutput
+    ) -> tuple[list[CachedRequestState], np.ndarray, int]:
+        """Rows in batch order, decode rows (one query token) first: attention batches them."""
+        scheduled = so.num_scheduled_tokens
+        requests = self.requests
+        if so.total_num_scheduled_tokens == len(scheduled):  # pure decode step
+            states = [requests[rid] for rid in scheduled]
+            return states, np.ones(len(states), dtype=np.int64), len(states)
+        decodes = [rid for rid, n in scheduled.items() if n == 1]
+        prefills = [rid for rid, n in scheduled.items() if n != 1]
+        order = decodes + prefills
+        query_lens = np.fromiter((scheduled[rid] for rid in order), dtype=np.int64,
+                                 count=len(order))
+        return [requests[rid] for rid in order], query_lens, len(decodes)
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(array)
+        return tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)
+
     def _attention_metadata(self, a: StepArrays) -> AttentionMetadata:
         dev = self.device
-        block_tables = torch.from_numpy(a.block_tables).to(dev, non_blocking=True)
+        block_tables = self._to_device(a.block_tables)
         plan = None
         if dev.type == "cpu":
             plan = build_cpu_plan(a.query_start_loc, a.seq_lens, block_tables, a.num_decodes,
@@ -173,9 +196,9 @@ class ModelRunner:
         return AttentionMetadata(
             num_tokens=len(a.input_ids), num_seqs=len(a.seq_lens), num_decodes=a.num_decodes,
             block_size=self.block_size,
-            slot_mapping=torch.from_numpy(a.slot_mapping).to(dev, non_blocking=True),
-            query_start_loc=torch.from_numpy(a.query_start_loc).to(dev, non_blocking=True),
-            seq_lens=torch.from_numpy(a.seq_lens).to(dev, non_blocking=True),
+            slot_mapping=self._to_device(a.slot_mapping),
+            query_start_loc=self._to_device(a.query_start_loc),
+            seq_lens=self._to_device(a.seq_lens),
             block_tables=block_tables, max_query_len=a.max_query_len,
             max_seq_len=a.max_seq_len, query_start_loc_np=a.query_start_loc,
             seq_lens_np=a.seq_lens, cpu_plan=plan,
@@ -191,9 +214,7 @@ class ModelRunner:
         result = self.sampler(logits, meta)
         tokens: list[int] = result.sampled_token_ids.tolist()  # the step's one host sync
         req_ids = [s.request_id for s in states]
-        positions = np.fromiter((s.num_tokens for s in states), dtype=np.int64,
-                                count=len(states))
-        self.batch.token_ids[rows, positions] = tokens
+        self.batch.append_tokens(rows, tokens)
         for state, token in zip(states, tokens, strict=True):
             state.output_token_ids.append(token)
         logprobs: dict[str, TokenLogprobs] = {}
@@ -212,10 +233,14 @@ class ModelRunner:
         self, states: list[CachedRequestState], a: StepArrays, hidden: torch.Tensor
     ) -> dict[str, list[TokenLogprobs | None]]:
         out: dict[str, list[TokenLogprobs | None]] = {}
+        if not self._num_prompt_logprob_reqs:
+            return out
         for i, state in enumerate(states):
             k = state.params.prompt_logprobs
+            if k is None:
+                continue
             start = int(a.seq_lens[i]) - int(a.query_start_loc[i + 1] - a.query_start_loc[i])
-            if k is None or start >= len(state.prompt_token_ids):
+            if start >= len(state.prompt_token_ids):
                 continue
             q0, q1 = int(a.query_start_loc[i]), int(a.query_start_loc[i + 1])
             out[state.request_id] = prompt_logprobs_for_chunk(

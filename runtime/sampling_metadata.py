@@ -103,6 +103,17 @@ def build_sampling_metadata(
     default_generator: torch.Generator | None = None,
 ) -> SamplingMetadata:
     """Batch the rows' sampling state into tensors on ``device`` (row order is kept)."""
+    if all(r.params.is_plain_greedy for r in rows):  # the common case: O(B), tiny tensors
+        num = len(rows)
+        return SamplingMetadata(
+            vocab_size=vocab_size,
+            temperature=torch.ones(num, dtype=torch.float32, device=device),
+            is_greedy=torch.ones(num, dtype=torch.bool, device=device),
+            all_greedy=True, all_random=False, top_k=None, top_p=None, min_p=None,
+            generators={}, penalties=None, logit_bias=None, min_tokens_mask=None,
+            max_num_logprobs=None, num_logprobs=(None,) * num,
+            default_generator=default_generator,
+        )
     _check_generators(rows)
     params = [r.params for r in rows]
     greedy = [p.greedy for p in params]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from tokenwire.runtime.errors import ParameterError
@@ -131,6 +132,17 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_EPSILON
+
+    @cached_property
+    def is_plain_greedy(self) -> bool:
+        """Greedy with nothing else for the sampler to do (its fast path)."""
+        return (
+            self.greedy
+            and not self.needs_penalties
+            and not self.logit_bias
+            and self.min_tokens == 0
+            and self.logprobs is None
+        )
 
     @property
     def needs_penalties(self) -> bool:

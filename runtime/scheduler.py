@@ -143,30 +143,54 @@ class Scheduler:
         )
 
     def _schedule_running(self, step: _StepBuilder) -> None:
+        # Hot path (every running request, every step): locals instead of attribute lookups.
+        running = self.running
+        allocate = self.kv.allocate_slots
+        num_scheduled = step.num_scheduled
+        cached = step.cached
+        ids, resumed, blocks, computed = (cached.request_ids, cached.resumed_from_preemption,
+                                          cached.new_block_ids, cached.num_computed_tokens)
+        start_budget = budget = step.budget
+        prefill = 0
         i = 0
-        while i < len(self.running) and step.budget > 0:
-            request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, step.budget)
-            new_block_ids = self._allocate_or_preempt(request, num_new, step)
+        while i < len(running) and budget > 0:
+            request = running[i]
+            num_computed = request.num_computed_tokens
+            num_new = min(len(request.token_ids) - num_computed, budget)
+            new_block_ids = allocate(request, num_new)
             if new_block_ids is None:
-                break  # ``request`` itself was preempted: everything after it is gone too
-            step.schedule(request, num_new)
-            step.add_cached(request, new_block_ids, resumed=False)
+                step.budget = budget
+                new_block_ids = self._allocate_or_preempt(request, num_new, step)
+                if new_block_ids is None:
+                    break  # ``request`` itself was preempted: everything after it is gone too
+            request_id = request.request_id
+            num_scheduled[request_id] = num_new
+            budget -= num_new
+            if num_computed < request.num_prompt_tokens:  # a running chunked prefill
+                prefill += min(num_new, request.num_prompt_tokens - num_computed)
+            if new_block_ids:  # only table changes cross the seam
+                ids.append(request_id)
+                resumed.append(False)
+                blocks.append(new_block_ids)
+                computed.append(num_computed)
             i += 1
+        step.num_prefill_tokens += prefill
+        step.num_decode_tokens += start_budget - budget - prefill
+        step.budget = budget
 
     def _allocate_or_preempt(
         self, request: Request, num_new: int, step: _StepBuilder
     ) -> list[int] | None:
-        """Allocate slots, preempting from the tail of ``running`` until it fits."""
+        """Preempt from the tail of ``running`` until the allocation fits (it just failed)."""
         while True:
-            new_block_ids = self.kv.allocate_slots(request, num_new)
-            if new_block_ids is not None:
-                return new_block_ids
             victim = self.running.pop()  # tail: lowest priority / latest (invariant)
             self._preempt(victim)
             step.preempted.append(victim)
             if victim is request:
                 return None
+            new_block_ids = self.kv.allocate_slots(request, num_new)
+            if new_block_ids is not None:
+                return new_block_ids
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)
@@ -233,6 +257,7 @@ class Scheduler:
         outputs: list[EngineCoreOutput] = []
         any_finished = False
         logprobs = model_output.logprobs
+        max_model_len = self.max_model_len
         now = time.monotonic()
         for request_id, token in zip(
             model_output.req_ids, model_output.sampled_token_ids, strict=True
@@ -248,7 +273,14 @@ class Scheduler:
             )
             if logprobs and request_id in logprobs:
                 output.new_logprobs = [logprobs[request_id]]
-            if self._check_stop(request, token):
+            num_tokens = len(request.token_ids)
+            maybe_stop = (
+                token in request.eos_token_ids
+                or token in request.stop_token_ids
+                or num_tokens - request.num_prompt_tokens >= request.max_tokens
+                or num_tokens >= max_model_len
+            )  # cheap pre-check: most decode tokens stop nothing
+            if maybe_stop and self._check_stop(request, token):
                 any_finished = True
                 output.finish_reason = request.finish_reason
                 output.stop_reason = request.stop_reason

@@ -25,10 +25,13 @@ class NewRequestData:
 
 @dataclass(frozen=True, slots=True)
 class CachedRequestData:
-    """Diffs for requests the executor already holds state for (parallel lists).
+    """Block-table diffs for requests the executor already holds state for (parallel lists).
 
-    For a request resumed from preemption, ``new_block_ids`` is its whole new block list and
-    replaces the old one; otherwise it holds only blocks appended this step (may be empty).
+    Only requests whose table changed this step appear: for one resumed from preemption,
+    ``new_block_ids`` is its whole new block list and replaces the old one, and
+    ``num_computed_tokens`` is its prefix hit; otherwise ``new_block_ids`` holds the blocks
+    appended this step. A running request with an unchanged table is absent: the executor
+    advances its own ``num_computed_tokens`` by the scheduled tokens after every step.
     """
 
     request_ids: list[str] = field(default_factory=list)

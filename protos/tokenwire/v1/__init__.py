@@ -1,0 +1,1 @@
+"""Generated protobuf / gRPC code for the tokenwire.v1 API (do not edit; `make protos`)."""
