@@ -67,6 +67,8 @@ class CacheConfig:
     kv_cache_memory_bytes: int = DEFAULT_CPU_KV_BYTES
     gpu_memory_utilization: float = 0.9
     num_blocks_override: int | None = None
+    # At most this fraction of KV blocks stays pinned by idle sessions between turns.
+    session_cache_fraction: float = 0.5
 
     def __post_init__(self) -> None:
         _positive("block_size", self.block_size)
@@ -76,6 +78,10 @@ class CacheConfig:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if not 0.0 <= self.session_cache_fraction <= 1.0:
+            raise ValueError(
+                f"session_cache_fraction must be in [0, 1], got {self.session_cache_fraction}"
             )
         if self.num_blocks_override is not None and self.num_blocks_override < 2:
             raise ValueError(

@@ -60,7 +60,10 @@ class EngineCore:
         self.kv_cache_manager = KVCacheManager(
             self.runner.num_blocks, block_size, config.cache.enable_prefix_caching
         )
-        self.scheduler = Scheduler(config.scheduler, self.kv_cache_manager, self.max_model_len)
+        max_held = int(self.kv_cache_manager.num_blocks * config.cache.session_cache_fraction)
+        self.scheduler = Scheduler(
+            config.scheduler, self.kv_cache_manager, self.max_model_len, max_held
+        )
 
     # ------------------------------------------------------------------ requests
     def add_request(
@@ -72,14 +75,20 @@ class EngineCore:
         priority: int = 0,
         cache_salt: str | None = None,
         arrival_time: float | None = None,
+        hold_as: str | None = None,
     ) -> None:
-        """Validate against the model and queue. ``params.n`` must be 1 (the front fans out)."""
+        """Validate against the model and queue. ``params.n`` must be 1 (the front fans out).
+
+        ``hold_as``: keep the request's KV blocks referenced under this holder id after it
+        finishes (sessions); ``release_holder`` drops them.
+        """
         if request_id in self.scheduler.requests:
             raise DuplicateRequestError(request_id)
         self.validate(prompt_token_ids, params)
         request = Request(
             request_id, prompt_token_ids, params, self.loaded.eos_token_ids, self.max_model_len,
             arrival_time=arrival_time, priority=priority, cache_salt=cache_salt,
+            hold_as=hold_as,
         )
         self.scheduler.add_request(request)
 
@@ -114,6 +123,14 @@ class EngineCore:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
+
+    def release_holder(self, holder_id: str) -> bool:
+        """Free the KV blocks a finished request left under ``holder_id``."""
+        return self.scheduler.release_holder(holder_id)
+
+    def pop_evicted_holders(self) -> list[str]:
+        """Holders whose blocks were released under memory pressure since the last call."""
+        return self.scheduler.pop_evicted_holders()
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[EngineCoreOutput]:

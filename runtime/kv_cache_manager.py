@@ -60,6 +60,8 @@ class KVCacheManager:
         self.block_pool = BlockPool(num_blocks, enable_prefix_caching)
         self._pack_block = struct.Struct(f"<{block_size}I").pack
         self._requests: dict[str, _RequestBlocks] = {}
+        # Tables of finished requests kept referenced for a holder (a session), by holder id.
+        self._held: dict[str, _RequestBlocks] = {}
         # Monotonic counters, in tokens: queried by get_computed_blocks, and found cached.
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
@@ -221,6 +223,37 @@ class KVCacheManager:
             # Tail blocks are the least likely to be shared, so they are evicted first.
             self.block_pool.free_blocks(reversed(state.blocks))
 
+    # ------------------------------------------------------------------ held tables (sessions)
+    def hold(self, request: Request, holder_id: str) -> None:
+        """Keep a finishing request's blocks referenced under ``holder_id`` (a session).
+
+        The blocks stay owned (not evictable) so the holder's next request gets a prefix hit
+        on everything that was computed. A previous table of the same holder is released
+        (after the move, so blocks shared by both keep their reference).
+        """
+        state = self._requests.pop(request.request_id, None)
+        previous = self._held.pop(holder_id, None)
+        if state is not None:
+            self._held[holder_id] = state
+        if previous is not None:
+            self.block_pool.free_blocks(reversed(previous.blocks))
+
+    def release(self, holder_id: str) -> bool:
+        """Drop a held table; its blocks become free (and stay cached, evictable)."""
+        state = self._held.pop(holder_id, None)
+        if state is None:
+            return False
+        self.block_pool.free_blocks(reversed(state.blocks))
+        return True
+
+    def oldest_holder(self) -> str | None:
+        """The least recently held table (dict order is hold order)."""
+        return next(iter(self._held), None)
+
+    @property
+    def num_held_blocks(self) -> int:
+        return sum(len(state.blocks) for state in self._held.values())
+
     def reset_prefix_cache(self) -> bool:
         """Drop all cached hashes; refused (False) while any block is in use."""
         return self.block_pool.reset_prefix_cache()
@@ -232,7 +265,8 @@ class KVCacheManager:
         cached and evictable).
         """
         ref_cnts: dict[int, int] = {}
-        for request_id, state in self._requests.items():
+        tables = [*self._requests.items(), *(("held:" + h, st) for h, st in self._held.items())]
+        for request_id, state in tables:
             ids = state.block_ids
             _check(len(set(ids)) == len(ids), f"{request_id}: block twice in a table {ids}")
             _check([b.block_id for b in state.blocks] == ids, f"{request_id}: table mismatch")
@@ -248,6 +282,7 @@ class KVCacheManager:
         self.block_pool.check_invariants(ref_cnts)
         if idle:
             _check(not self._requests, f"idle but requests remain: {sorted(self._requests)}")
+            _check(not self._held, f"idle but tables are held: {sorted(self._held)}")
             _check(
                 self.block_pool.num_free_blocks == self.num_blocks,
                 f"idle but only {self.block_pool.num_free_blocks}/{self.num_blocks} blocks free",

@@ -37,8 +37,18 @@ class ChoiceDelta:
     stop_reason: int | str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class RequestStarted:
+    """A request produced its first output: it was admitted and its prefill ran."""
+
+    request_id: str
+    num_prompt_tokens: int
+    num_cached_tokens: int
+
+
 @dataclass(slots=True)
 class ProcessedStep:
+    started: list[RequestStarted] = field(default_factory=list)
     deltas: list[ChoiceDelta] = field(default_factory=list)
     finished: list[RequestOutput] = field(default_factory=list)
     # Child request ids that matched a stop string: the caller must abort them in the engine.
@@ -70,6 +80,7 @@ class _Parent:
     num_cached_tokens: int = 0
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_unfinished: int = 0
+    started: bool = False
 
 
 _TOKEN_STOPS = (FinishReason.EOS, FinishReason.STOP_TOKEN)
@@ -128,6 +139,13 @@ class OutputProcessor:
             self._children.pop(choice.child_id, None)
         return [c.child_id for c in parent.choices if c.finish_reason is None]
 
+    def unfinished_children(self, request_id: str) -> list[str]:
+        """Engine-side ids of the request's choices that are still generating."""
+        parent = self._parents.get(request_id)
+        if parent is None:
+            return []
+        return [c.child_id for c in parent.choices if c.finish_reason is None]
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._parents)
 
@@ -143,6 +161,11 @@ class OutputProcessor:
             if choice is None or choice.finish_reason is not None:
                 continue  # aborted, or already finished by a stop string
             parent = choice.parent
+            if not parent.started:
+                parent.started = True
+                step.started.append(RequestStarted(
+                    parent.request_id, len(parent.prompt_token_ids), output.num_cached_tokens
+                ))
             if choice.index == 0:
                 parent.num_cached_tokens = output.num_cached_tokens
                 if output.new_prompt_logprobs is not None:

@@ -52,6 +52,7 @@ class Request:
         "first_scheduled_time",
         "first_token_time",
         "finished_time",
+        "hold_as",
         "max_tokens",
         "num_cached_tokens",
         "num_computed_tokens",
@@ -77,6 +78,7 @@ class Request:
         arrival_time: float | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        hold_as: str | None = None,
     ) -> None:
         self.request_id = request_id
         # Prompt followed by output tokens; never shrinks.
@@ -93,6 +95,9 @@ class Request:
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.priority = priority  # lower value is served first (vLLM convention)
         self.cache_salt = cache_salt
+        # When set, the finished request's KV blocks stay referenced under this holder id
+        # (a session) instead of being freed, so the holder's next request hits them.
+        self.hold_as = hold_as
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-hit tokens at first scheduling; -1 = not yet

@@ -54,11 +54,19 @@ class _StepBuilder:
 
 class Scheduler:
     def __init__(
-        self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, max_model_len: int
+        self,
+        config: SchedulerConfig,
+        kv_cache_manager: KVCacheManager,
+        max_model_len: int,
+        max_held_blocks: int = 0,
     ) -> None:
         self.config = config
         self.kv = kv_cache_manager
         self.max_model_len = max_model_len
+        # Budget for blocks pinned by holders (sessions) between their requests.
+        self.max_held_blocks = max_held_blocks
+        # Holders whose tables were released under memory pressure; drained by the engine.
+        self._evicted_holders: list[str] = []
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(config.policy)
         # Invariant (priority policy): sorted by Request.sort_key, so the tail is the victim.
@@ -100,10 +108,33 @@ class Scheduler:
         request.finish_reason = reason
         request.stop_reason = stop_reason
         request.finished_time = time.monotonic()
-        self.kv.free(request)
+        if request.hold_as is None:
+            self.kv.free(request)
+        else:
+            self.kv.hold(request, request.hold_as)
+            while self.kv.num_held_blocks > self.max_held_blocks and self._evict_holder(
+                keep=request.hold_as
+            ):
+                pass
         del self.requests[request.request_id]
         self._finished_ids.add(request.request_id)
         self._finished_requests.append(request)
+
+    def _evict_holder(self, keep: str | None = None) -> bool:
+        """Release the least recently held table (not ``keep``); False if there is none."""
+        holder = self.kv.oldest_holder()
+        if holder is None or holder == keep:
+            return False
+        self.kv.release(holder)
+        self._evicted_holders.append(holder)
+        return True
+
+    def release_holder(self, holder_id: str) -> bool:
+        return self.kv.release(holder_id)
+
+    def pop_evicted_holders(self) -> list[str]:
+        evicted, self._evicted_holders = self._evicted_holders, []
+        return evicted
 
     def pop_finished_requests(self) -> list[Request]:
         finished, self._finished_requests = self._finished_requests, []
@@ -181,7 +212,12 @@ class Scheduler:
     def _allocate_or_preempt(
         self, request: Request, num_new: int, step: _StepBuilder
     ) -> list[int] | None:
-        """Preempt from the tail of ``running`` until the allocation fits (it just failed)."""
+        """Free memory until the allocation fits (it just failed): first tables held by idle
+        sessions, then preempt from the tail of ``running``."""
+        while self._evict_holder():
+            new_block_ids = self.kv.allocate_slots(request, num_new)
+            if new_block_ids is not None:
+                return new_block_ids
         while True:
             victim = self.running.pop()  # tail: lowest priority / latest (invariant)
             self._preempt(victim)
@@ -213,6 +249,8 @@ class Scheduler:
                 break
             num_new = min(num_new, step.budget)
             new_block_ids = self.kv.allocate_slots(request, num_new, hit_ids, num_hit)
+            while new_block_ids is None and self._evict_holder():
+                new_block_ids = self.kv.allocate_slots(request, num_new, hit_ids, num_hit)
             if new_block_ids is None:
                 break
             self.waiting.pop()

@@ -1,0 +1,222 @@
+"""Synchronous tokenwire client: typed results, typed exceptions, deadlines, sessions.
+
+with Client("127.0.0.1:50051", api_key="...") as client:
+    print(client.generate("Hello", max_tokens=16).text)
+    for event in client.stream(messages=[{"role": "user", "content": "Hi"}]):
+        ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar, Unpack
+
+import grpc
+
+from tokenwire.clients import convert
+from tokenwire.clients import results as r
+from tokenwire.clients.convert import GenerationOptions, Messages
+from tokenwire.clients.errors import from_rpc_error
+from tokenwire.clients.sync_session import SyncSession
+from tokenwire.v1 import generation_pb2 as gen
+from tokenwire.v1 import generation_pb2_grpc as gen_grpc
+from tokenwire.v1 import models_pb2 as models
+from tokenwire.v1 import models_pb2_grpc as models_grpc
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+T = TypeVar("T")
+
+
+def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+
+
+class Client:
+    """Blocking client over one insecure channel. Every ``grpc.RpcError`` becomes a
+    ``TokenwireError`` subclass. ``timeout`` is the default deadline (seconds) of each call
+    except sessions; ``None`` means no deadline."""
+
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        *,
+        api_key: str | None = None,
+        timeout: float | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.target = target
+        self._api_key = api_key
+        self._timeout = timeout
+        self._channel = grpc.insecure_channel(target, options=channel_options(max_message_bytes))
+        self._generation = gen_grpc.GenerationServiceStub(self._channel)
+        self._models = models_grpc.ModelServiceStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(
+        self,
+        method: Callable[..., T],
+        request: Any,
+        *,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        priority: int | None = None,
+    ) -> T:
+        metadata = convert.call_metadata(self._api_key, request_id, priority)
+        deadline = self._timeout if timeout is None else timeout
+        try:
+            return method(request, metadata=metadata, timeout=deadline)
+        except grpc.RpcError as err:
+            raise from_rpc_error(err, request_id) from err
+
+    # ------------------------------------------------------------------------ generation
+
+    def generate(
+        self,
+        prompt: str | Sequence[int] | None = None,
+        *,
+        messages: Messages | None = None,
+        model: str = "",
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+        timeout: float | None = None,
+        priority: int | None = None,
+        **options: Unpack[GenerationOptions],
+    ) -> r.Completion:
+        """Generate a complete answer for text, token ids or chat ``messages``."""
+        request = convert.generate_request(
+            prompt, messages, model=model, request_id=request_id, cache_salt=cache_salt,
+            options=options,
+        )  # fmt: skip
+        response: gen.GenerateResponse = self._call(
+            self._generation.Generate, request, timeout=timeout, request_id=request_id,
+            priority=priority,
+        )  # fmt: skip
+        return convert.completion(response)
+
+    def stream(
+        self,
+        prompt: str | Sequence[int] | None = None,
+        *,
+        messages: Messages | None = None,
+        model: str = "",
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+        timeout: float | None = None,
+        priority: int | None = None,
+        **options: Unpack[GenerationOptions],
+    ) -> Iterator[r.StreamEvent]:
+        """Stream events: StreamStart, TextDelta*, one ChoiceEnd per choice, StreamUsage.
+
+        The call starts now; closing the iterator (or breaking out of a for loop over it)
+        cancels it on the server.
+        """
+        request = convert.generate_request(
+            prompt, messages, model=model, request_id=request_id, cache_salt=cache_salt,
+            options=options,
+        )  # fmt: skip
+        metadata = convert.call_metadata(self._api_key, request_id, priority)
+        deadline = self._timeout if timeout is None else timeout
+        call = self._generation.GenerateStream(request, metadata=metadata, timeout=deadline)
+        return _stream_events(call, request_id)
+
+    def cancel(self, request_id: str, *, timeout: float | None = None) -> bool:
+        """Cancel one of this caller's in-flight requests; False if none was running."""
+        request = gen.CancelRequest(request_id=request_id)
+        response: gen.CancelResponse = self._call(self._generation.Cancel, request, timeout=timeout)
+        return response.cancelled
+
+    def session(
+        self,
+        model: str = "",
+        system_prompt: str | None = None,
+        *,
+        cache_salt: str | None = None,
+        timeout: float | None = None,
+        **options: Unpack[GenerationOptions],
+    ) -> SyncSession:
+        """Open a Session (a conversation whose KV cache stays on the server).
+
+        ``options`` are defaults for every turn. ``timeout`` bounds the whole session
+        (default: none). Use as a context manager so the session is closed.
+        """
+        opening = convert.session_open(model, system_prompt, cache_salt, options)
+        metadata = convert.call_metadata(self._api_key)
+        return SyncSession(
+            self._generation.Session, opening, metadata, options.get("n") or 1, timeout
+        )
+
+    # ----------------------------------------------------------------------------- models
+
+    def models(self, *, timeout: float | None = None) -> list[models.ModelInfo]:
+        response: models.ListModelsResponse = self._call(
+            self._models.ListModels, models.ListModelsRequest(), timeout=timeout
+        )
+        return list(response.models)
+
+    def model_info(self, model: str = "", *, timeout: float | None = None) -> models.ModelInfo:
+        request = models.GetModelInfoRequest(model=model)
+        info: models.ModelInfo = self._call(self._models.GetModelInfo, request, timeout=timeout)
+        return info
+
+    def server_info(self, *, timeout: float | None = None) -> models.ServerInfo:
+        request = models.GetServerInfoRequest()
+        info: models.ServerInfo = self._call(self._models.GetServerInfo, request, timeout=timeout)
+        return info
+
+    def tokenize(
+        self,
+        text: str,
+        add_special_tokens: bool = True,
+        *,
+        model: str = "",
+        timeout: float | None = None,
+    ) -> list[int]:
+        request = models.TokenizeRequest(
+            model=model, text=text, add_special_tokens=add_special_tokens
+        )
+        response: models.TokenizeResponse = self._call(
+            self._models.Tokenize, request, timeout=timeout
+        )
+        return list(response.token_ids)
+
+    def detokenize(
+        self,
+        ids: Sequence[int],
+        skip_special_tokens: bool = True,
+        *,
+        model: str = "",
+        timeout: float | None = None,
+    ) -> str:
+        request = models.DetokenizeRequest(
+            model=model, token_ids=list(ids), skip_special_tokens=skip_special_tokens
+        )
+        response: models.DetokenizeResponse = self._call(
+            self._models.Detokenize, request, timeout=timeout
+        )
+        return response.text
+
+
+def _stream_events(call: Any, request_id: str | None) -> Iterator[r.StreamEvent]:
+    """Convert a GenerateStream call's messages; cancel the call however iteration ends."""
+    try:
+        for response in call:
+            event = convert.stream_event(response)
+            if event is not None:
+                yield event
+    except grpc.RpcError as err:
+        raise from_rpc_error(err, request_id) from err
+    finally:
+        call.cancel()

@@ -1,0 +1,77 @@
+"""API-key authentication: a grpc.aio interceptor that runs before any handler work.
+
+Every RPC except ``grpc.health.v1.Health`` needs ``authorization: Bearer <key>`` when keys
+are configured. Keys are compared in constant time against every configured key; neither the
+key nor the header ever appears in a log or an error message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from tokenwire.server.errors import ServiceError, abort
+
+OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+UNAUTHENTICATED = ServiceError(grpc.StatusCode.UNAUTHENTICATED, "API_KEY_INVALID",
+                               "missing or invalid API key (authorization: Bearer <key>)")
+
+
+def _digest(value: str) -> bytes:
+    return hashlib.sha256(value.encode()).digest()
+
+
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, api_keys: tuple[str, ...]) -> None:
+        self._digests = tuple(_digest(k) for k in api_keys)
+
+    def is_valid(self, header: str | None) -> bool:
+        if header is None or not header.startswith("Bearer "):
+            return False
+        candidate = _digest(header.removeprefix("Bearer ").strip())
+        valid = False
+        for digest in self._digests:  # no early exit: time does not depend on which key
+            valid |= hmac.compare_digest(candidate, digest)
+        return valid
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method or ""
+        handler = await continuation(handler_call_details)
+        if handler is None or method.startswith(OPEN_PREFIXES):
+            return handler
+        header = None
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == "authorization":
+                header = value.decode() if isinstance(value, bytes) else value
+        if self.is_valid(header):
+            return handler
+        return _denying(handler)
+
+
+def _denying(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same shape that fails with UNAUTHENTICATED before reading anything."""
+
+    async def unary_out(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await abort(context, UNAUTHENTICATED)
+
+    async def stream_out(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await abort(context, UNAUTHENTICATED)
+        yield  # pragma: no cover - makes this an async generator
+
+    codec = dict(request_deserializer=handler.request_deserializer,
+                 response_serializer=handler.response_serializer)
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(unary_out, **codec)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(stream_out, **codec)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(unary_out, **codec)
+    return grpc.stream_stream_rpc_method_handler(stream_out, **codec)

@@ -1,0 +1,170 @@
+"""The one place where ``tokenwire.v1`` protos and runtime types meet.
+
+Unset optional fields take vLLM's defaults, except ``max_tokens``: unset means "until EOS or
+the context length", as in OpenAI's chat API and vLLM's OpenAI server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tokenwire.runtime.errors import ParameterError
+from tokenwire.runtime.output_processor import ChoiceDelta
+from tokenwire.runtime.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from tokenwire.runtime.request import FinishReason
+from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.tokenizer import apply_chat_template
+from tokenwire.v1 import common_pb2, generation_pb2
+
+_FINISH = {
+    FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
+    FinishReason.CONTEXT_LENGTH: common_pb2.FINISH_REASON_CONTEXT_LENGTH,
+    FinishReason.EOS: common_pb2.FINISH_REASON_EOS,
+    FinishReason.STOP_TOKEN: common_pb2.FINISH_REASON_STOP_TOKEN,
+    FinishReason.STOP_SEQUENCE: common_pb2.FINISH_REASON_STOP_SEQUENCE,
+    FinishReason.TIME_LIMIT: common_pb2.FINISH_REASON_TIME_LIMIT,
+    FinishReason.CANCELLED: common_pb2.FINISH_REASON_CANCELLED,
+    FinishReason.ERROR: common_pb2.FINISH_REASON_ERROR,
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Request limits enforced by the server (flags)."""
+
+    max_n: int = 16
+    max_stop_sequences: int = 16
+    max_stop_sequence_chars: int = 256
+
+
+def _opt(message: Any, name: str, default: Any) -> Any:
+    return getattr(message, name) if message.HasField(name) else default
+
+
+def sampling_params(
+    sampling: common_pb2.SamplingOptions,
+    stopping: common_pb2.StoppingOptions,
+    output: common_pb2.OutputOptions,
+    limits: Limits,
+) -> SamplingParams:
+    """Build and validate runtime params; errors name the proto field."""
+    n = _opt(sampling, "n", 1)
+    if n > limits.max_n:
+        raise ParameterError("n", f"must be <= {limits.max_n} (server limit), got {n}")
+    stops = list(stopping.stop)
+    if len(stops) > limits.max_stop_sequences:
+        raise ParameterError("stop", f"at most {limits.max_stop_sequences} stop sequences")
+    if any(len(s) > limits.max_stop_sequence_chars for s in stops):
+        raise ParameterError("stop", f"a stop sequence is longer than "
+                                     f"{limits.max_stop_sequence_chars} characters")
+    return SamplingParams(
+        n=n,
+        temperature=_opt(sampling, "temperature", 1.0),
+        top_p=_opt(sampling, "top_p", 1.0),
+        top_k=_opt(sampling, "top_k", 0),
+        min_p=_opt(sampling, "min_p", 0.0),
+        seed=_opt(sampling, "seed", None),
+        presence_penalty=_opt(sampling, "presence_penalty", 0.0),
+        frequency_penalty=_opt(sampling, "frequency_penalty", 0.0),
+        repetition_penalty=_opt(sampling, "repetition_penalty", 1.0),
+        logit_bias=dict(sampling.logit_bias) or None,
+        max_tokens=_opt(stopping, "max_tokens", None),
+        min_tokens=_opt(stopping, "min_tokens", 0),
+        stop=tuple(stops),
+        stop_token_ids=tuple(stopping.stop_token_ids),
+        ignore_eos=_opt(stopping, "ignore_eos", False),
+        include_stop_str_in_output=_opt(stopping, "include_stop_str_in_output", False),
+        logprobs=_opt(output, "logprobs", None),
+        skip_special_tokens=_opt(output, "skip_special_tokens", True),
+    )
+
+
+def merge_options(base: Any, override: Any) -> Any:
+    """Field-by-field override of an options message (a Session's defaults by a Turn's)."""
+    merged = type(base)()
+    merged.CopyFrom(base)
+    merged.MergeFrom(override)
+    return merged
+
+
+def tokenize_input(tokenizer: Any, request: Any) -> tuple[str | None, list[int]]:
+    """The ``input`` oneof of a GenerateRequest -> (prompt text or None, token ids)."""
+    kind = request.WhichOneof("input")
+    if kind is None:
+        raise ParameterError("input", "one of text, token_ids or chat is required")
+    if kind == "token_ids":
+        return None, list(request.token_ids.ids)
+    if tokenizer is None:
+        raise ParameterError(kind, "this model has no tokenizer: send token_ids")
+    if kind == "text":
+        if not request.text:
+            raise ParameterError("text", "must not be empty")
+        return request.text, list(tokenizer(request.text)["input_ids"])
+    messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
+    return None, render_chat(tokenizer, messages)
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    if not messages:
+        raise ParameterError("chat", "needs at least one message")
+    for m in messages:
+        if m["role"] not in ("system", "user", "assistant"):
+            raise ParameterError("chat", f"role must be system, user or assistant: {m['role']!r}")
+    return apply_chat_template(tokenizer, messages)
+
+
+# ---------------------------------------------------------------------------- outputs
+def finish_reason(reason: FinishReason | None) -> int:
+    return common_pb2.FINISH_REASON_UNSPECIFIED if reason is None else _FINISH[reason]
+
+
+def logprobs_proto(
+    positions: list[PositionLogprobs] | None, num_top: int | None
+) -> list[common_pb2.PositionLogprobs]:
+    """Chosen token first in each dict; ``top`` is the top-``num_top`` by rank."""
+    if not positions or num_top is None:
+        return []
+    out = []
+    for position in positions:
+        items = list(position.items())
+        chosen_id, chosen = items[0]
+        top = sorted((i for i in items if i[1].rank is not None and i[1].rank <= num_top),
+                     key=lambda i: i[1].rank or 0)
+        out.append(common_pb2.PositionLogprobs(
+            chosen=_token_logprob(chosen_id, chosen),
+            top=[_token_logprob(t, lp) for t, lp in top],
+        ))
+    return out
+
+
+def _token_logprob(token_id: int, lp: Any) -> common_pb2.TokenLogprob:
+    return common_pb2.TokenLogprob(token_id=token_id, token=lp.decoded_token or "",
+                                   logprob=lp.logprob, rank=lp.rank or 0)
+
+
+def stop_fields(stop_reason: int | str | None) -> dict[str, Any]:
+    if isinstance(stop_reason, str):
+        return {"stop_sequence": stop_reason}
+    if isinstance(stop_reason, int):
+        return {"stop_token_id": stop_reason}
+    return {}
+
+
+def token_delta(delta: ChoiceDelta, num_top: int | None) -> generation_pb2.TokenDelta:
+    return generation_pb2.TokenDelta(index=delta.index, text=delta.text,
+                                     token_ids=delta.token_ids,
+                                     logprobs=logprobs_proto(delta.logprobs, num_top))
+
+
+def choice_proto(c: CompletionOutput, num_top: int | None) -> generation_pb2.Choice:
+    return generation_pb2.Choice(index=c.index, text=c.text, token_ids=c.token_ids,
+                                 logprobs=logprobs_proto(c.logprobs, num_top),
+                                 finish_reason=finish_reason(c.finish_reason),
+                                 **stop_fields(c.stop_reason))
+
+
+def usage(output: RequestOutput) -> common_pb2.Usage:
+    return common_pb2.Usage(prompt_tokens=len(output.prompt_token_ids),
+                            completion_tokens=sum(len(c.token_ids) for c in output.outputs),
+                            cached_tokens=output.num_cached_tokens)

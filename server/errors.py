@@ -1,0 +1,106 @@
+"""Error mapping: runtime and server exceptions -> gRPC status with ``google.rpc`` details.
+
+Every non-OK status carries a ``google.rpc.Status`` whose details hold an
+``ErrorInfo{reason, domain: "tokenwire", metadata}`` (plus ``RetryInfo`` for QUEUE_FULL).
+Unexpected exceptions become INTERNAL with a generic message naming the request id; the
+details go to the server log only. No message carries a path, traceback or secret.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from tokenwire.runtime.errors import (
+    ContextLengthError,
+    DuplicateRequestError,
+    EngineDeadError,
+    ParameterError,
+)
+from tokenwire.server.async_engine import DrainingError, QueueFullError
+
+DOMAIN = "tokenwire"
+logger = logging.getLogger("tokenwire.server")
+
+
+@dataclass
+class ServiceError(Exception):
+    """An error with a definite status; raise it anywhere in a handler."""
+
+    code: grpc.StatusCode
+    reason: str | None
+    message: str
+    metadata: dict[str, str] = field(default_factory=dict)
+    retry_after: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+
+def invalid_parameter(param: str, message: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PARAMETER",
+                        f"{param}: {message}", {"param": param})
+
+
+def model_not_found(name: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND",
+                        f"model {name!r} is not served here", {"model": name})
+
+
+def to_service_error(exc: BaseException, request_id: str | None = None) -> ServiceError:
+    """Classify an exception; unknown ones become a generic INTERNAL error."""
+    if isinstance(exc, ServiceError):
+        return exc
+    if isinstance(exc, ContextLengthError):
+        return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "CONTEXT_LENGTH_EXCEEDED",
+                            str(exc), {"param": exc.param})
+    if isinstance(exc, ParameterError):
+        return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PARAMETER", str(exc),
+                            {"param": exc.param})
+    if isinstance(exc, DuplicateRequestError):
+        return ServiceError(grpc.StatusCode.ALREADY_EXISTS, "DUPLICATE_REQUEST_ID",
+                            "a request with this request_id is already in flight")
+    if isinstance(exc, QueueFullError):
+        return ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_FULL", str(exc),
+                            retry_after=exc.retry_after)
+    if isinstance(exc, DrainingError):
+        return ServiceError(grpc.StatusCode.UNAVAILABLE, "SERVER_DRAINING", str(exc))
+    if isinstance(exc, EngineDeadError):
+        return ServiceError(grpc.StatusCode.UNAVAILABLE, "ENGINE_DEAD",
+                            "the inference engine has failed; retry on another replica")
+    logger.error("internal error (request_id=%s)", request_id, exc_info=exc)
+    suffix = f" (request_id={request_id})" if request_id else ""
+    return ServiceError(grpc.StatusCode.INTERNAL, "ENGINE_ERROR", f"internal error{suffix}")
+
+
+def to_status_proto(err: ServiceError) -> status_pb2.Status:
+    details: list[any_pb2.Any] = []
+    if err.reason is not None:
+        info = any_pb2.Any()
+        info.Pack(error_details_pb2.ErrorInfo(reason=err.reason, domain=DOMAIN,
+                                              metadata=err.metadata))
+        details.append(info)
+    if err.retry_after is not None:
+        retry = any_pb2.Any()
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(int(err.retry_after * 1e9))
+        retry.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+        details.append(retry)
+    code = getattr(code_pb2, err.code.name)
+    return status_pb2.Status(code=code, message=err.message, details=details)
+
+
+def to_grpc_status(err: ServiceError) -> grpc.Status:
+    return rpc_status.to_status(to_status_proto(err))
+
+
+async def abort(context: grpc.aio.ServicerContext, err: ServiceError) -> NoReturn:
+    """End the call with ``err`` (raises grpc's AbortError, which callers let through)."""
+    await context.abort_with_status(to_grpc_status(err))
+    raise AssertionError("abort_with_status returned")  # pragma: no cover

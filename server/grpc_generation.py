@@ -1,0 +1,132 @@
+"""GenerationService servicer: Generate, GenerateStream, Cancel (Session lives beside it).
+
+Thin: parse -> ``AsyncEngine.add_request`` -> translate stream items. The engine abort sits
+in ``finally`` so a cancelled, expired or failed call always frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from tokenwire.runtime.output_processor import ChoiceDelta, RequestStarted
+from tokenwire.runtime.outputs import RequestOutput
+from tokenwire.server import convert
+from tokenwire.server.async_engine import AsyncEngine
+from tokenwire.server.call_context import CallContext, call_context, caller_of
+from tokenwire.server.call_context import internal_request_id as internal_id
+from tokenwire.server.errors import abort, model_not_found, to_service_error
+from tokenwire.server.grpc_session import SessionHandler
+from tokenwire.server.request_stream import RequestFailed, RequestFinished, RequestStream
+from tokenwire.v1 import generation_pb2, generation_pb2_grpc
+
+Events = AsyncIterator[generation_pb2.GenerateStreamResponse]
+
+
+class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
+    def __init__(self, engine: AsyncEngine, model_name: str, limits: convert.Limits,
+                 sessions: SessionHandler) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.limits = limits
+        self.sessions = sessions
+
+    def _submit(self, call: CallContext, request: generation_pb2.GenerateRequest
+                ) -> tuple[RequestStream, int | None]:
+        if request.model and request.model != self.model_name:
+            raise model_not_found(request.model)
+        prompt, token_ids = convert.tokenize_input(self.engine.tokenizer, request)
+        params = convert.sampling_params(request.sampling, request.stopping, request.output,
+                                         self.limits)
+        stream = self.engine.add_request(call.internal_id, prompt, token_ids, params,
+                                         priority=call.priority,
+                                         cache_salt=request.cache_salt or None)
+        return stream, params.logprobs
+
+    async def Generate(self, request: generation_pb2.GenerateRequest,
+                       context: grpc.aio.ServicerContext) -> generation_pb2.GenerateResponse:
+        call: CallContext | None = None
+        try:
+            call = call_context(context, request.request_id)
+            stream, num_top = self._submit(call, request)
+            await context.send_initial_metadata((("x-request-id", call.request_id),))
+            output = await _final_output(stream)
+            return generation_pb2.GenerateResponse(
+                request_id=call.request_id, model=self.model_name,
+                choices=[convert.choice_proto(c, num_top) for c in output.outputs],
+                usage=convert.usage(output),
+            )
+        except Exception as exc:
+            await abort(context, to_service_error(exc, call and call.request_id))
+        finally:
+            if call is not None:
+                self.engine.abort(call.internal_id)
+
+    async def GenerateStream(self, request: generation_pb2.GenerateRequest,
+                             context: grpc.aio.ServicerContext) -> Events:
+        call: CallContext | None = None
+        try:
+            call = call_context(context, request.request_id)
+            stream, num_top = self._submit(call, request)
+            await context.send_initial_metadata((("x-request-id", call.request_id),))
+            async for event in self._stream_events(call, stream, num_top):
+                yield event
+        except Exception as exc:
+            await abort(context, to_service_error(exc, call and call.request_id))
+        finally:
+            if call is not None:
+                self.engine.abort(call.internal_id)
+
+    async def _stream_events(self, call: CallContext, stream: RequestStream,
+                             num_top: int | None) -> Events:
+        counts: dict[int, int] = {}
+        async for item in stream:
+            if isinstance(item, RequestStarted):
+                yield generation_pb2.GenerateStreamResponse(start=generation_pb2.StreamStart(
+                    request_id=call.request_id, model=self.model_name,
+                    prompt_tokens=item.num_prompt_tokens,
+                    cached_tokens=item.num_cached_tokens))
+            elif isinstance(item, ChoiceDelta):
+                counts[item.index] = counts.get(item.index, 0) + len(item.token_ids)
+                for event in delta_events(item, num_top, counts[item.index]):
+                    yield event
+            elif isinstance(item, RequestFinished):
+                yield generation_pb2.GenerateStreamResponse(usage=convert.usage(item.output))
+            else:
+                raise item.error
+
+    async def Cancel(self, request: generation_pb2.CancelRequest,
+                     context: grpc.aio.ServicerContext) -> generation_pb2.CancelResponse:
+        rid = internal_id(caller_of(context), request.request_id)
+        return generation_pb2.CancelResponse(cancelled=self.engine.abort(rid))
+
+    async def Session(self, request_iterator: Any, context: grpc.aio.ServicerContext
+                      ) -> AsyncIterator[generation_pb2.SessionResponse]:
+        # grpc.aio picks streaming handling by inspecting for an async generator function.
+        async for message in self.sessions.run(request_iterator, context):
+            yield message
+
+
+def delta_events(item: ChoiceDelta, num_top: int | None, completion_tokens: int
+                 ) -> list[generation_pb2.GenerateStreamResponse]:
+    """A TokenDelta when it carries output, then a ChoiceEnd when the choice finished."""
+    events = []
+    if item.text or item.token_ids:
+        events.append(generation_pb2.GenerateStreamResponse(
+            delta=convert.token_delta(item, num_top)))
+    if item.finish_reason is not None:
+        events.append(generation_pb2.GenerateStreamResponse(end=generation_pb2.ChoiceEnd(
+            index=item.index, finish_reason=convert.finish_reason(item.finish_reason),
+            completion_tokens=completion_tokens, **convert.stop_fields(item.stop_reason))))
+    return events
+
+
+async def _final_output(stream: RequestStream) -> RequestOutput:
+    async for item in stream:
+        if isinstance(item, RequestFinished):
+            return item.output
+        if isinstance(item, RequestFailed):
+            raise item.error
+    raise RuntimeError("stream ended without a final output")

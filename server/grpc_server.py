@@ -1,0 +1,86 @@
+"""Assemble the grpc.aio server: services, health, reflection, auth, limits, draining."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from tokenwire.server.async_engine import AsyncEngine
+from tokenwire.server.auth import ApiKeyInterceptor
+from tokenwire.server.convert import Limits
+from tokenwire.server.grpc_generation import GenerationService
+from tokenwire.server.grpc_models import ModelService
+from tokenwire.server.grpc_session import SessionHandler
+from tokenwire.v1 import generation_pb2, generation_pb2_grpc, models_pb2, models_pb2_grpc
+
+logger = logging.getLogger("tokenwire.server")
+
+SERVICE_NAMES = (
+    generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name,
+    models_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name,
+)
+
+
+@dataclass(frozen=True)
+class GrpcSettings:
+    host: str = "127.0.0.1"
+    port: int = 50051
+    api_keys: tuple[str, ...] = ()
+    limits: Limits = Limits()
+    max_message_bytes: int = 16 << 20
+    max_sessions: int = 256
+    session_idle_timeout: float = 600.0
+
+
+class GrpcServer:
+    """Starts NOT_SERVING; ``set_serving(True)`` once the engine is warm."""
+
+    def __init__(self, engine: AsyncEngine, model_name: str, settings: GrpcSettings) -> None:
+        self.engine = engine
+        self.settings = settings
+        interceptors = [ApiKeyInterceptor(settings.api_keys)] if settings.api_keys else []
+        options = [("grpc.max_receive_message_length", settings.max_message_bytes),
+                   ("grpc.max_send_message_length", settings.max_message_bytes)]
+        self.server = grpc.aio.server(interceptors=interceptors, options=options)
+        self.sessions = SessionHandler(engine, model_name, settings.limits,
+                                       settings.max_sessions, settings.session_idle_timeout)
+        generation_pb2_grpc.add_GenerationServiceServicer_to_server(
+            GenerationService(engine, model_name, settings.limits, self.sessions), self.server)
+        models_pb2_grpc.add_ModelServiceServicer_to_server(
+            ModelService(engine, model_name, settings.limits, settings.max_sessions,
+                         bool(settings.api_keys)), self.server)
+        self.health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, "grpc.health.v1.Health", reflection.SERVICE_NAME), self.server)
+        self.port = 0
+
+    async def start(self) -> int:
+        """Bind and start; returns the bound port (useful with port 0)."""
+        self.port = self.server.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
+        if self.port == 0:
+            raise ValueError(f"cannot bind {self.settings.host}:{self.settings.port}: "
+                             "choose another --grpc-port")
+        await self.set_serving(False)
+        await self.server.start()
+        return self.port
+
+    async def set_serving(self, serving: bool) -> None:
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, status)
+
+    async def drain(self, timeout: float) -> None:
+        """NOT_SERVING, refuse new calls (UNAVAILABLE), finish in-flight ones up to timeout."""
+        await self.set_serving(False)
+        self.sessions.notify_draining()
+        await self.engine.drain(timeout)
+
+    async def stop(self, grace: float = 1.0) -> None:
+        await self.server.stop(grace)

@@ -1,0 +1,218 @@
+"""The bidirectional ``Session`` RPC.
+
+A reader task consumes client messages while a turn task streams the running turn, so a
+CancelTurn never waits behind generation: it aborts the turn's engine request, which ends
+with CANCELLED within one engine step. Everything the client sees goes through one queue.
+Per-turn errors travel in-band (``TurnEnd.error``) and the session goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from tokenwire.runtime.output_processor import ChoiceDelta, RequestStarted
+from tokenwire.server import convert
+from tokenwire.server.async_engine import AsyncEngine
+from tokenwire.server.call_context import caller_of
+from tokenwire.server.errors import (
+    ServiceError,
+    abort,
+    invalid_parameter,
+    model_not_found,
+    to_service_error,
+    to_status_proto,
+)
+from tokenwire.server.request_stream import RequestFailed, RequestFinished
+from tokenwire.server.session_state import SessionState
+from tokenwire.v1 import generation_pb2 as pb
+
+Out = asyncio.Queue[pb.SessionResponse | None]
+
+
+class SessionHandler:
+    def __init__(self, engine: AsyncEngine, model_name: str, limits: convert.Limits,
+                 max_sessions: int, idle_timeout: float) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.limits = limits
+        self.max_sessions = max_sessions
+        self.idle_timeout = idle_timeout
+        self._open: dict[str, Out] = {}
+
+    @property
+    def num_open(self) -> int:
+        return len(self._open)
+
+    def notify_draining(self) -> None:
+        notice = pb.SessionNotice(kind=pb.NOTICE_KIND_DRAINING,
+                                  message="the server is shutting down")
+        for out in self._open.values():
+            out.put_nowait(pb.SessionResponse(notice=notice))
+
+    async def run(self, requests: Any, context: grpc.aio.ServicerContext
+                  ) -> AsyncIterator[pb.SessionResponse]:
+        try:
+            state = await self._open_session(requests, context)
+        except Exception as exc:
+            await abort(context, to_service_error(exc))
+        out: Out = asyncio.Queue()
+        self._open[state.session_id] = out
+        session = _Session(self, state, out)
+        reader = asyncio.create_task(session.read(requests))
+        try:
+            yield pb.SessionResponse(opened=pb.SessionOpened(
+                session_id=state.session_id, model=self.model_name,
+                max_context_tokens=self.engine.core.max_model_len))
+            while (message := await out.get()) is not None:
+                yield message
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            await session.close()
+            del self._open[state.session_id]
+
+    async def _open_session(self, requests: Any, context: grpc.aio.ServicerContext
+                            ) -> SessionState:
+        first = await anext(aiter(requests), None)
+        if first is None or first.WhichOneof("message") != "open":
+            raise invalid_parameter("open", "the first message of a session must be Open")
+        if first.open.model and first.open.model != self.model_name:
+            raise model_not_found(first.open.model)
+        if len(self._open) >= self.max_sessions:
+            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, "TOO_MANY_SESSIONS",
+                               f"the server holds {self.max_sessions} sessions, its limit",
+                               retry_after=5.0)
+        # Validate the defaults once so a bad Open fails the call, not every turn.
+        convert.sampling_params(first.open.sampling, first.open.stopping, first.open.output,
+                                self.limits)
+        session_id = uuid.uuid4().hex
+        return SessionState(session_id, f"session/{caller_of(context)}/{session_id}",
+                            first.open)
+
+
+class _Session:
+    def __init__(self, handler: SessionHandler, state: SessionState, out: Out) -> None:
+        self.handler = handler
+        self.engine = handler.engine
+        self.state = state
+        self.out = out
+        self.turn_task: asyncio.Task[None] | None = None
+        self.turn_request: str | None = None
+
+    async def read(self, requests: Any) -> None:
+        """Consume client messages until Close, half-close or the idle timeout."""
+        iterator = aiter(requests)
+        try:
+            while True:
+                idle = self.turn_task is None or self.turn_task.done()
+                timeout = self.handler.idle_timeout if idle else None
+                try:
+                    message = await asyncio.wait_for(anext(iterator), timeout)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    self._notice(pb.NOTICE_KIND_IDLE_TIMEOUT, "no turn within the idle timeout")
+                    break
+                if not self._handle(message):
+                    break
+            if self.turn_task is not None:  # let a running turn finish before closing
+                await self.turn_task
+        finally:
+            self.out.put_nowait(None)
+
+    def _handle(self, message: pb.SessionRequest) -> bool:
+        kind = message.WhichOneof("message")
+        if kind == "close":
+            return False
+        if kind == "cancel_turn":
+            if self.turn_request is not None:
+                self.engine.abort(self.turn_request)
+        elif kind == "turn":
+            self.state.turns += 1
+            if self.turn_task is not None and not self.turn_task.done():
+                self._turn_error(self.state.turns, ServiceError(
+                    grpc.StatusCode.FAILED_PRECONDITION, "TURN_IN_PROGRESS",
+                    "a turn is already running: wait for its TurnEnd or send CancelTurn"))
+            else:
+                self.turn_task = asyncio.create_task(self._turn(message.turn, self.state.turns))
+        else:
+            self._turn_error(self.state.turns, invalid_parameter(
+                "message", "Open may only be sent once, as the first message"))
+        return True
+
+    async def _turn(self, turn: pb.SessionTurn, number: int) -> None:
+        state, engine = self.state, self.engine
+        request_id = f"{state.holder_id}/turn-{number}"
+        try:
+            prompt, messages = state.prompt_for(engine.tokenizer, turn)
+            params = convert.sampling_params(*state.options(turn), self.handler.limits)
+            stream = engine.add_request(request_id, None, prompt, params,
+                                        hold_as=state.holder_id)
+        except Exception as exc:
+            self._turn_error(number, to_service_error(exc, request_id))
+            return
+        self.turn_request = request_id
+        try:
+            await self._stream_turn(stream, number, prompt, messages, params.logprobs)
+        except Exception as exc:
+            self._turn_error(number, to_service_error(exc, request_id))
+        finally:
+            self.turn_request = None
+            engine.abort(request_id)
+
+    async def _stream_turn(self, stream: Any, number: int, prompt: list[int],
+                           messages: list[dict[str, str]] | None, num_top: int | None) -> None:
+        put = self.out.put_nowait
+        async for item in stream:
+            if isinstance(item, RequestStarted):
+                put(pb.SessionResponse(turn_started=pb.TurnStarted(
+                    turn=number, request_id=f"{self.state.session_id}/turn-{number}",
+                    prompt_tokens=item.num_prompt_tokens,
+                    cached_tokens=item.num_cached_tokens)))
+            elif isinstance(item, ChoiceDelta):
+                if item.text or item.token_ids:
+                    put(pb.SessionResponse(delta=pb.TurnDelta(
+                        turn=number, delta=convert.token_delta(item, num_top))))
+            elif isinstance(item, RequestFinished):
+                output = item.output
+                usage = convert.usage(output)
+                for c in output.outputs:
+                    put(pb.SessionResponse(turn_end=pb.TurnEnd(
+                        turn=number, index=c.index,
+                        finish_reason=convert.finish_reason(c.finish_reason),
+                        usage=usage, **convert.stop_fields(c.stop_reason))))
+                first = output.outputs[0]
+                self.state.commit(prompt, messages, first.text, first.token_ids)
+                self.engine.on_holder_evicted(self.state.holder_id, self._evicted)
+            elif isinstance(item, RequestFailed):
+                raise item.error
+
+    def _turn_error(self, number: int, err: ServiceError) -> None:
+        self.out.put_nowait(pb.SessionResponse(turn_end=pb.TurnEnd(
+            turn=number, finish_reason=convert.finish_reason(None),
+            error=to_status_proto(err))))
+
+    def _notice(self, kind: int, message: str) -> None:
+        self.out.put_nowait(pb.SessionResponse(notice=pb.SessionNotice(kind=kind,
+                                                                       message=message)))
+
+    def _evicted(self) -> None:
+        self._notice(pb.NOTICE_KIND_CONTEXT_EVICTED,
+                     "the session's KV cache was reclaimed; the next turn recomputes it")
+
+    async def close(self) -> None:
+        """Abort a running turn and free the session's KV blocks."""
+        if self.turn_task is not None and not self.turn_task.done():
+            if self.turn_request is not None:
+                self.engine.abort(self.turn_request)
+            self.turn_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.turn_task
+        self.engine.release_holder(self.state.holder_id)

@@ -1,0 +1,72 @@
+"""What one Session remembers between turns, and how a turn's prompt is built.
+
+The KV blocks of the last turn stay referenced in the engine under ``holder_id``, so the next
+turn's prompt (the whole transcript) gets a prefix hit on everything already computed and
+prefills only its new tokens. The transcript itself is kept here as well, so a context the
+engine evicted under memory pressure is simply recomputed on the next turn.
+
+A session is either *chat* (turns are user messages, rendered with the chat template; the
+assistant's reply is appended as a message) or *raw* (turns append text or token ids; the
+reply's token ids are appended). The first turn decides; mixing is an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenwire.runtime.errors import ParameterError
+from tokenwire.server import convert
+from tokenwire.v1 import common_pb2, generation_pb2
+
+
+@dataclass
+class SessionState:
+    session_id: str
+    holder_id: str
+    open: generation_pb2.SessionOpen
+    mode: str | None = None  # "chat" | "raw", fixed by the first turn
+    messages: list[dict[str, str]] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # raw mode: prompt + replies so far
+    turns: int = 0  # turns received (numbering starts at 1)
+
+    def options(self, turn: generation_pb2.SessionTurn) -> tuple[
+        common_pb2.SamplingOptions, common_pb2.StoppingOptions, common_pb2.OutputOptions
+    ]:
+        return (convert.merge_options(self.open.sampling, turn.sampling),
+                convert.merge_options(self.open.stopping, turn.stopping),
+                convert.merge_options(self.open.output, turn.output))
+
+    def prompt_for(self, tokenizer: Any, turn: generation_pb2.SessionTurn
+                   ) -> tuple[list[int], list[dict[str, str]] | None]:
+        """Token ids of this turn's whole transcript, and the chat messages it renders."""
+        kind = turn.WhichOneof("input")
+        if kind is None:
+            raise ParameterError("input", "a turn needs user_message, text or token_ids")
+        mode = "chat" if kind == "user_message" else "raw"
+        if self.mode is not None and mode != self.mode:
+            raise ParameterError(kind, f"this session is a {self.mode} session")
+        if kind == "user_message":
+            if tokenizer is None:
+                raise ParameterError("user_message", "this model has no tokenizer")
+            messages = [*self.messages, {"role": "user", "content": turn.user_message}]
+            if self.open.system_prompt and not self.messages:
+                messages.insert(0, {"role": "system", "content": self.open.system_prompt})
+            return convert.render_chat(tokenizer, messages), messages
+        if kind == "token_ids":
+            return [*self.tokens, *turn.token_ids.ids], None
+        if tokenizer is None:
+            raise ParameterError("text", "this model has no tokenizer: send token_ids")
+        special = not self.tokens  # special tokens (BOS) only at the start of the transcript
+        new = tokenizer(turn.text, add_special_tokens=special)["input_ids"]
+        return [*self.tokens, *new], None
+
+    def commit(self, prompt: list[int], messages: list[dict[str, str]] | None,
+               reply_text: str, reply_tokens: list[int]) -> None:
+        """Record a finished (or cancelled) turn: its reply continues the transcript."""
+        if messages is not None:
+            self.mode = "chat"
+            self.messages = [*messages, {"role": "assistant", "content": reply_text}]
+        else:
+            self.mode = "raw"
+            self.tokens = [*prompt, *reply_tokens]
