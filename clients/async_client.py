@@ -21,7 +21,7 @@ from tokenwire.clients.convert import GenerationOptions, Messages
 from tokenwire.clients.errors import from_rpc_error
 from tokenwire.v1 import generation_pb2 as gen
 from tokenwire.v1 import generation_pb2_grpc as gen_grpc
-from tokenwire.v1 import models_pb2 as models
+from tokenwire.v1 import models_pb2 as mpb
 from tokenwire.v1 import models_pb2_grpc as models_grpc
 
 T = TypeVar("T")
@@ -130,7 +130,7 @@ class AsyncClient:
         response: gen.CancelResponse = await self._call(
             self._generation.Cancel, request, timeout=timeout
         )
-        return response.cancelled
+        return bool(response.cancelled)
 
     def session(
         self,
@@ -151,24 +151,20 @@ class AsyncClient:
 
     # ----------------------------------------------------------------------------- models
 
-    async def models(self, *, timeout: float | None = None) -> list[models.ModelInfo]:
-        response: models.ListModelsResponse = await self._call(
-            self._models.ListModels, models.ListModelsRequest(), timeout=timeout
+    async def models(self, *, timeout: float | None = None) -> list[mpb.ModelInfo]:
+        response: mpb.ListModelsResponse = await self._call(
+            self._models.ListModels, mpb.ListModelsRequest(), timeout=timeout
         )
         return list(response.models)
 
-    async def model_info(
-        self, model: str = "", *, timeout: float | None = None
-    ) -> models.ModelInfo:
-        request = models.GetModelInfoRequest(model=model)
-        info: models.ModelInfo = await self._call(
-            self._models.GetModelInfo, request, timeout=timeout
-        )
+    async def model_info(self, model: str = "", *, timeout: float | None = None) -> mpb.ModelInfo:
+        request = mpb.GetModelInfoRequest(model=model)
+        info: mpb.ModelInfo = await self._call(self._models.GetModelInfo, request, timeout=timeout)
         return info
 
-    async def server_info(self, *, timeout: float | None = None) -> models.ServerInfo:
-        request = models.GetServerInfoRequest()
-        info: models.ServerInfo = await self._call(
+    async def server_info(self, *, timeout: float | None = None) -> mpb.ServerInfo:
+        request = mpb.GetServerInfoRequest()
+        info: mpb.ServerInfo = await self._call(
             self._models.GetServerInfo, request, timeout=timeout
         )
         return info
@@ -181,13 +177,11 @@ class AsyncClient:
         model: str = "",
         timeout: float | None = None,
     ) -> list[int]:
-        request = models.TokenizeRequest(
-            model=model, text=text, add_special_tokens=add_special_tokens
-        )
-        response: models.TokenizeResponse = await self._call(
+        request = mpb.TokenizeRequest(model=model, text=text, add_special_tokens=add_special_tokens)
+        response: mpb.TokenizeResponse = await self._call(
             self._models.Tokenize, request, timeout=timeout
         )
-        return list(response.token_ids)
+        return [int(t) for t in response.token_ids]
 
     async def detokenize(
         self,
@@ -197,13 +191,13 @@ class AsyncClient:
         model: str = "",
         timeout: float | None = None,
     ) -> str:
-        request = models.DetokenizeRequest(
+        request = mpb.DetokenizeRequest(
             model=model, token_ids=list(ids), skip_special_tokens=skip_special_tokens
         )
-        response: models.DetokenizeResponse = await self._call(
+        response: mpb.DetokenizeResponse = await self._call(
             self._models.Detokenize, request, timeout=timeout
         )
-        return response.text
+        return str(response.text)
 
 
 async def _stream_events(call: Any, request_id: str | None) -> AsyncIterator[r.StreamEvent]:

@@ -8,8 +8,9 @@ generation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, Unpack
+from typing import Any, TypeAlias, Unpack
 
 import grpc
 
@@ -22,7 +23,7 @@ from tokenwire.v1 import generation_pb2 as gen
 _CANCEL_TURN = gen.SessionRequest(cancel_turn=gen.SessionCancelTurn())
 _CLOSE = gen.SessionRequest(close=gen.SessionClose())
 _CLOSE_GRACE_S = 10.0
-_Item = gen.SessionResponse | TokenwireError | None  # None: the stream ended
+_Item: TypeAlias = "gen.SessionResponse | TokenwireError | None"  # None: the stream ended
 
 
 class AsyncSession:
@@ -175,14 +176,13 @@ class AsyncSession:
         if self._call is None:
             return
         if not self._closed:
+            await self.cancel_turn()  # the server would otherwise finish a running turn first
             self._closed = True
             self._pending_ends = 0
             if await self._write(_CLOSE):
                 async with self._write_lock:
-                    try:
+                    with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
                         await self._call.done_writing()
-                    except (grpc.RpcError, asyncio.InvalidStateError):
-                        pass
         if self._reader is not None:
             done, _ = await asyncio.wait({self._reader}, timeout=_CLOSE_GRACE_S)
             if not done:  # the server did not end the stream: stop waiting for it

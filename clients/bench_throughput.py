@@ -41,6 +41,9 @@ class StepRecorder:
 
 
 def add_parsers(bench: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from tokenwire.clients.bench_serve import add_parser as add_serve_parser
+
+    add_serve_parser(bench)
     p = bench.add_parser("throughput", help="offline engine throughput (optionally vs HF)")
     p.add_argument("model", nargs="?", default=None, help="model path (default: SmolLM2)")
     p.add_argument("--workload", choices=WORKLOADS, default="cpu")

@@ -20,7 +20,7 @@ from tokenwire.clients.errors import from_rpc_error
 from tokenwire.clients.sync_session import SyncSession
 from tokenwire.v1 import generation_pb2 as gen
 from tokenwire.v1 import generation_pb2_grpc as gen_grpc
-from tokenwire.v1 import models_pb2 as models
+from tokenwire.v1 import models_pb2 as mpb
 from tokenwire.v1 import models_pb2_grpc as models_grpc
 
 DEFAULT_TARGET = "127.0.0.1:50051"
@@ -136,7 +136,7 @@ class Client:
         """Cancel one of this caller's in-flight requests; False if none was running."""
         request = gen.CancelRequest(request_id=request_id)
         response: gen.CancelResponse = self._call(self._generation.Cancel, request, timeout=timeout)
-        return response.cancelled
+        return bool(response.cancelled)
 
     def session(
         self,
@@ -160,20 +160,20 @@ class Client:
 
     # ----------------------------------------------------------------------------- models
 
-    def models(self, *, timeout: float | None = None) -> list[models.ModelInfo]:
-        response: models.ListModelsResponse = self._call(
-            self._models.ListModels, models.ListModelsRequest(), timeout=timeout
+    def models(self, *, timeout: float | None = None) -> list[mpb.ModelInfo]:
+        response: mpb.ListModelsResponse = self._call(
+            self._models.ListModels, mpb.ListModelsRequest(), timeout=timeout
         )
         return list(response.models)
 
-    def model_info(self, model: str = "", *, timeout: float | None = None) -> models.ModelInfo:
-        request = models.GetModelInfoRequest(model=model)
-        info: models.ModelInfo = self._call(self._models.GetModelInfo, request, timeout=timeout)
+    def model_info(self, model: str = "", *, timeout: float | None = None) -> mpb.ModelInfo:
+        request = mpb.GetModelInfoRequest(model=model)
+        info: mpb.ModelInfo = self._call(self._models.GetModelInfo, request, timeout=timeout)
         return info
 
-    def server_info(self, *, timeout: float | None = None) -> models.ServerInfo:
-        request = models.GetServerInfoRequest()
-        info: models.ServerInfo = self._call(self._models.GetServerInfo, request, timeout=timeout)
+    def server_info(self, *, timeout: float | None = None) -> mpb.ServerInfo:
+        request = mpb.GetServerInfoRequest()
+        info: mpb.ServerInfo = self._call(self._models.GetServerInfo, request, timeout=timeout)
         return info
 
     def tokenize(
@@ -184,13 +184,9 @@ class Client:
         model: str = "",
         timeout: float | None = None,
     ) -> list[int]:
-        request = models.TokenizeRequest(
-            model=model, text=text, add_special_tokens=add_special_tokens
-        )
-        response: models.TokenizeResponse = self._call(
-            self._models.Tokenize, request, timeout=timeout
-        )
-        return list(response.token_ids)
+        request = mpb.TokenizeRequest(model=model, text=text, add_special_tokens=add_special_tokens)
+        response: mpb.TokenizeResponse = self._call(self._models.Tokenize, request, timeout=timeout)
+        return [int(t) for t in response.token_ids]
 
     def detokenize(
         self,
@@ -200,13 +196,13 @@ class Client:
         model: str = "",
         timeout: float | None = None,
     ) -> str:
-        request = models.DetokenizeRequest(
+        request = mpb.DetokenizeRequest(
             model=model, token_ids=list(ids), skip_special_tokens=skip_special_tokens
         )
-        response: models.DetokenizeResponse = self._call(
+        response: mpb.DetokenizeResponse = self._call(
             self._models.Detokenize, request, timeout=timeout
         )
-        return response.text
+        return str(response.text)
 
 
 def _stream_events(call: Any, request_id: str | None) -> Iterator[r.StreamEvent]:

@@ -36,8 +36,10 @@ class GenerationOptions(TypedDict, total=False):
     skip_special_tokens: bool
 
 
-_SAMPLING = ("n", "temperature", "top_p", "top_k", "min_p", "seed")
-_SAMPLING += ("presence_penalty", "frequency_penalty", "repetition_penalty")
+_SAMPLING = (
+    *("n", "temperature", "top_p", "top_k", "min_p", "seed"),
+    *("presence_penalty", "frequency_penalty", "repetition_penalty"),
+)
 _STOPPING = ("max_tokens", "min_tokens", "ignore_eos", "include_stop_str_in_output")
 _OUTPUT = ("logprobs", "skip_special_tokens")
 _KNOWN = frozenset(GenerationOptions.__annotations__)
@@ -170,7 +172,7 @@ def session_turn(
 
 def finish_reason(value: int) -> str:
     """``FINISH_REASON_STOP_SEQUENCE`` -> ``"stop_sequence"``."""
-    return pb.FinishReason.Name(value).removeprefix("FINISH_REASON_").lower()  # type: ignore[arg-type]
+    return str(pb.FinishReason.Name(value)).removeprefix("FINISH_REASON_").lower()
 
 
 def _token_logprob(p: pb.TokenLogprob) -> r.TokenLogprob:
@@ -255,7 +257,7 @@ def session_event(response: gen.SessionResponse) -> r.SessionEvent | r.SessionIn
         return r.TurnEnd(e.turn, e.index, reason, stop, stop_id, usage(e.usage))
     if kind == "notice":
         n = response.notice
-        kind_name = gen.NoticeKind.Name(n.kind).removeprefix("NOTICE_KIND_").lower()  # type: ignore[arg-type]
+        kind_name = str(gen.NoticeKind.Name(n.kind)).removeprefix("NOTICE_KIND_").lower()
         return r.Notice(kind_name, n.message)
     return None
 

@@ -78,7 +78,7 @@ class DuplicateRequestError(TokenwireError):
 
 
 class QueueFullError(TokenwireError):
-    """The server's queue is full; retry after ``retry_after`` seconds."""
+    """The server's queue (or session table) is full; retry after ``retry_after`` seconds."""
 
     default_code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
@@ -114,6 +114,7 @@ _BY_REASON: dict[str, type[TokenwireError]] = {
     "MODEL_NOT_FOUND": ModelNotFoundError,
     "DUPLICATE_REQUEST_ID": DuplicateRequestError,
     "QUEUE_FULL": QueueFullError,
+    "TOO_MANY_SESSIONS": QueueFullError,
     "SERVER_DRAINING": UnavailableError,
     "NOT_READY": UnavailableError,
     "ENGINE_DEAD": UnavailableError,

@@ -158,6 +158,7 @@ class SyncSession:
         """Close the session (frees its KV cache on the server) and wait for the stream."""
         if self._closed:
             return
+        self.cancel_turn()  # the server would otherwise finish a running turn first
         self._requests.put(_CLOSE)
         self._end_requests()
         self._pending_ends = 0

@@ -119,7 +119,8 @@ class EngineCore:
     ) -> list[EngineCoreOutput]:
         aborted = self.scheduler.abort_requests(request_ids, reason)
         self._report_finished()
-        return [EngineCoreOutput(r.request_id, [], finish_reason=reason) for r in aborted]
+        return [EngineCoreOutput(r.request_id, [], finish_reason=reason,
+                                 num_cached_tokens=max(r.num_cached_tokens, 0)) for r in aborted]
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

@@ -64,7 +64,14 @@ class _Release:
     holder_id: str
 
 
-_Command = _Add | _Abort | _Release | None  # None stops the engine thread
+@dataclass(frozen=True, slots=True)
+class _Barrier:
+    """Resolved on the loop once every earlier command has been applied."""
+
+    done: asyncio.Future[None]
+
+
+_Command = _Add | _Abort | _Release | _Barrier | None  # None stops the engine thread
 
 
 class AsyncEngine:
@@ -125,9 +132,12 @@ class AsyncEngine:
         A stream ends only after the engine finished or aborted all of its requests, so
         idle streams mean an idle scheduler (blocks held by sessions aside).
         """
-        assert self._idle is not None
+        assert self._idle is not None and self._loop is not None
+        done: asyncio.Future[None] = self._loop.create_future()
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
+            self._commands.put(_Barrier(done))  # e.g. a session's release still queued
+            await asyncio.wait_for(done, timeout)
         except TimeoutError:
             return False
         return True
@@ -208,8 +218,10 @@ class AsyncEngine:
             except queue.Empty:
                 return True
 
-    def _apply(self, command: _Add | _Abort | _Release) -> None:
-        if isinstance(command, _Release):
+    def _apply(self, command: _Add | _Abort | _Release | _Barrier) -> None:
+        if isinstance(command, _Barrier):
+            self._publish(lambda: command.done.set_result(None))
+        elif isinstance(command, _Release):
             self.core.release_holder(command.holder_id)
         elif isinstance(command, _Abort):
             children = self._processor.unfinished_children(command.request_id)

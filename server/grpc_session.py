@@ -109,22 +109,30 @@ class _Session:
     async def read(self, requests: Any) -> None:
         """Consume client messages until Close, half-close or the idle timeout."""
         iterator = aiter(requests)
+        pending: asyncio.Task[pb.SessionRequest | None] | None = None
         try:
             while True:
-                idle = self.turn_task is None or self.turn_task.done()
-                timeout = self.handler.idle_timeout if idle else None
-                try:
-                    message = await asyncio.wait_for(anext(iterator), timeout)
-                except StopAsyncIteration:
-                    break
-                except TimeoutError:
+                if pending is None:
+                    pending = asyncio.ensure_future(_next_or_none(iterator))
+                # The idle clock runs only while no turn runs, and restarts when one ends.
+                turn = self.turn_task if self.turn_task and not self.turn_task.done() else None
+                waits: set[asyncio.Future[Any]] = {pending} if turn is None else {pending, turn}
+                done, _ = await asyncio.wait(
+                    waits, timeout=None if turn is not None else self.handler.idle_timeout,
+                    return_when=asyncio.FIRST_COMPLETED)
+                if pending not in done:
+                    if turn is not None:
+                        continue  # the turn ended: start the idle clock
                     self._notice(pb.NOTICE_KIND_IDLE_TIMEOUT, "no turn within the idle timeout")
                     break
-                if not self._handle(message):
+                message, pending = pending.result(), None
+                if message is None or not self._handle(message):
                     break
             if self.turn_task is not None:  # let a running turn finish before closing
                 await self.turn_task
         finally:
+            if pending is not None:
+                pending.cancel()
             self.out.put_nowait(None)
 
     def _handle(self, message: pb.SessionRequest) -> bool:
@@ -154,6 +162,7 @@ class _Session:
             prompt, messages = state.prompt_for(engine.tokenizer, turn)
             params = convert.sampling_params(*state.options(turn), self.handler.limits)
             stream = engine.add_request(request_id, None, prompt, params,
+                                        cache_salt=state.open.cache_salt or None,
                                         hold_as=state.holder_id)
         except Exception as exc:
             self._turn_error(number, to_service_error(exc, request_id))
@@ -216,3 +225,11 @@ class _Session:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.turn_task
         self.engine.release_holder(self.state.holder_id)
+
+
+async def _next_or_none(iterator: Any) -> Any:
+    """The next client message, or None once the client half-closed."""
+    try:
+        return await anext(iterator)
+    except StopAsyncIteration:
+        return None

@@ -1,0 +1,100 @@
+"""A real tokenwire gRPC server on 127.0.0.1:<ephemeral> in a background thread.
+
+The server (grpc.aio + AsyncEngine + EngineCore on a tiny local model) runs on its own event
+loop thread; tests talk to it through generated stubs like any client. ``assert_idle`` waits
+for every stream to end (an event, not a sleep) and then checks that the engine is idle and
+every KV block is free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+
+from tokenwire.runtime.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from tokenwire.runtime.engine import EngineCore
+from tokenwire.runtime.stats import EngineObserver
+from tokenwire.server.async_engine import AsyncEngine
+from tokenwire.server.convert import Limits
+from tokenwire.server.grpc_server import GrpcServer, GrpcSettings
+
+T = TypeVar("T")
+MODEL_NAME = "tiny"
+
+
+class ServerHarness:
+    def __init__(self, model_dir: Path | None, *, api_keys: tuple[str, ...] = (),
+                 observer: EngineObserver | None = None, max_num_seqs: int = 8,
+                 max_num_batched_tokens: int = 256, num_blocks: int | None = None,
+                 max_model_len: int | None = 256, max_requests: int = 64,
+                 session_idle_timeout: float = 600.0, max_sessions: int = 8,
+                 limits: Limits | None = None) -> None:
+        self.config = EngineConfig(
+            model=ModelConfig(model=None if model_dir is None else str(model_dir),
+                              max_model_len=max_model_len, served_model_name=MODEL_NAME),
+            cache=CacheConfig(num_blocks_override=num_blocks),
+            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
+                                      max_num_batched_tokens=max_num_batched_tokens),
+            device="cpu",
+        )
+        self.settings = GrpcSettings(port=0, api_keys=api_keys, limits=limits or Limits(),
+                                     session_idle_timeout=session_idle_timeout,
+                                     max_sessions=max_sessions)
+        self.observer = observer
+        self.max_requests = max_requests
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.port = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> ServerHarness:
+        self._thread.start()
+        self.run(self._start())
+        return self
+
+    async def _start(self) -> None:
+        self.core = await asyncio.to_thread(EngineCore, self.config, self.observer)
+        self.engine = AsyncEngine(self.core, max_requests=self.max_requests)
+        self.server = GrpcServer(self.engine, MODEL_NAME, self.settings)
+        self.port = await self.server.start()
+        await self.engine.start()
+        await self.engine.warmup()
+        await self.server.set_serving(True)
+
+    def stop(self) -> None:
+        self.run(self._stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+
+    async def _stop(self) -> None:
+        await self.server.stop(grace=0.5)
+        await self.engine.shutdown()
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(self.target)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 120.0) -> T:
+        """Run a coroutine on the server's loop and wait for its result."""
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return future.result(timeout)
+
+    def assert_idle(self, timeout: float = 30.0) -> None:
+        """Every stream ended, no request in the engine, every KV block free."""
+        assert self.run(self.engine.wait_idle(timeout)), "streams still open"
+        # The engine thread is parked on its command queue once idle, so reading its state
+        # from here is race-free.
+        assert not self.core.has_unfinished_requests()
+        self.core.kv_cache_manager.check_invariants(idle=True)
+        kv = self.core.kv_cache_manager
+        assert kv.num_free_blocks == kv.num_blocks
