@@ -18,11 +18,16 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
-
 from server_harness import MODEL_NAME, ServerHarness
+
 from tokenwire.server.grpc_server import GrpcServer, GrpcSettings
-from tokenwire.v1 import common_pb2, generation_pb2, generation_pb2_grpc, models_pb2
-from tokenwire.v1 import models_pb2_grpc
+from tokenwire.v1 import (
+    common_pb2,
+    generation_pb2,
+    generation_pb2_grpc,
+    models_pb2,
+    models_pb2_grpc,
+)
 
 PROMPT = [5, 17, 33, 101, 250, 7, 64, 300, 12]
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -12,8 +12,8 @@ from typing import Any
 import grpc
 import pytest
 from google.rpc import code_pb2, error_details_pb2
-
 from server_harness import ServerHarness
+
 from tokenwire.runtime.stats import RequestStats, StepStats
 from tokenwire.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 
