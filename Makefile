@@ -40,8 +40,12 @@ lint: dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# mypy runs over the editable build tree, where the folders appear as tokenwire.<pkg>, so
+# cross-package imports resolve to real types instead of Any.
 typecheck: dev
-	$(VENV)/bin/mypy runtime kernels server clients
+	cd build/__editable__.tokenwire-*/ && $(CURDIR)/$(VENV)/bin/mypy \
+		--config-file $(CURDIR)/pyproject.toml tokenwire/runtime tokenwire/kernels \
+		tokenwire/server tokenwire/clients
 
 bench: dev
 	$(VENV)/bin/tokenwire bench throughput --workload cpu --compare hf

@@ -33,8 +33,8 @@ class HfResult:
 def load_hf_model(model_dir: Path, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
-    return model.eval()
+    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    return model.to(device).eval()
 
 
 def _generate(model: torch.nn.Module, batch: list[list[int]], new_tokens: int,

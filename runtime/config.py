@@ -45,7 +45,8 @@ class ModelConfig:
         _positive("max_model_len", self.max_model_len)
         if self.load_format not in ("auto", "safetensors", "gguf", "dummy"):
             raise ValueError(
-                f"load_format must be one of auto, safetensors, gguf, dummy; got {self.load_format!r}"
+                "load_format must be one of auto, safetensors, gguf, dummy; "
+                f"got {self.load_format!r}"
             )
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ValueError(
@@ -134,9 +135,10 @@ class EngineConfig:
         if not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
         sched = self.scheduler
-        if not sched.enable_chunked_prefill and self.model.max_model_len is not None:
-            if sched.max_num_batched_tokens < self.model.max_model_len:
-                raise ValueError(
-                    "max_num_batched_tokens must be >= max_model_len when chunked prefill is "
-                    f"disabled ({sched.max_num_batched_tokens} < {self.model.max_model_len})"
-                )
+        max_len = self.model.max_model_len
+        unchunked = not sched.enable_chunked_prefill
+        if unchunked and max_len is not None and sched.max_num_batched_tokens < max_len:
+            raise ValueError(
+                "max_num_batched_tokens must be >= max_model_len when chunked prefill is "
+                f"disabled ({sched.max_num_batched_tokens} < {max_len})"
+            )

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tokenizers import Tokenizer
+
 from tokenwire.runtime.sampling_params import SamplingParams
 
 REPLACEMENT_CHAR = "\ufffd"

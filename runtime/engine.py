@@ -22,7 +22,7 @@ from tokenwire.runtime.request import FinishReason, Request
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.scheduler import Scheduler
 from tokenwire.runtime.scheduler_output import SchedulerOutput
-from tokenwire.runtime.stats import EngineObserver, RequestStats, StepStats
+from tokenwire.runtime.stats import EngineObserver, RequestStats, StepPhase, StepStats
 
 
 def resolve_device(device: str) -> torch.device:
@@ -158,6 +158,7 @@ class EngineCore:
     ) -> None:
         assert self.observer is not None
         kv = self.kv_cache_manager
+        phase: StepPhase
         if so.num_prefill_tokens and so.num_decode_tokens:
             phase = "mixed"
         else:

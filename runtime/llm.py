@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from tqdm import tqdm
 
@@ -108,9 +108,9 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Render each conversation with the model's chat template, then generate."""
-        conversations: list[Messages] = (
-            [messages] if messages and isinstance(messages[0], dict) else list(messages)  # type: ignore[list-item]
-        )
+        single = bool(messages) and isinstance(messages[0], dict)
+        conversations = [cast(Messages, messages)] if single else list(
+            cast(Sequence[Messages], messages))
         tokenizer = self._require_tokenizer("messages")
         prompts = [apply_chat_template(tokenizer, conv) for conv in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
 from tokenwire.runtime.config import ModelConfig
 from tokenwire.runtime.default_model import DEFAULT_SERVED_MODEL_NAME, default_gguf_path
 from tokenwire.runtime.gguf_convert import ensure_converted

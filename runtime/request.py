@@ -20,7 +20,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED = 3
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     """Why a choice ended. Finer than OpenAI's; ``openai`` maps to "stop"/"length"."""
 
     LENGTH = "length"  # max_tokens reached
@@ -49,9 +49,9 @@ class Request:
         "cache_salt",
         "eos_token_ids",
         "finish_reason",
+        "finished_time",
         "first_scheduled_time",
         "first_token_time",
-        "finished_time",
         "hold_as",
         "max_tokens",
         "num_cached_tokens",

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from tokenwire.runtime.sampling_metadata import PenaltyTensors, SamplingMetadata
 
 _NEG_INF = float("-inf")

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+
 from tokenwire.runtime.sampling_params import SamplingParams
 
 

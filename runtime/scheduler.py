@@ -240,6 +240,7 @@ class Scheduler:
         max_seqs = self.config.max_num_seqs
         while self.waiting and step.budget > 0 and len(self.running) < max_seqs:
             request = self.waiting.peek()
+            hit_ids: list[int]
             if request.sampling_params.prompt_logprobs is not None:
                 hit_ids, num_hit = [], 0  # every prompt position must be computed
             else:

@@ -9,6 +9,8 @@ go back to the loop in one ``call_soon_threadsafe`` call; the engine never waits
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import queue
 import threading
@@ -201,7 +203,7 @@ class AsyncEngine:
         except BaseException as exc:  # the loop must report, never die silently
             logger.exception("engine loop failed")
             self.dead = exc
-            self._publish(lambda: self._fail_all(exc))
+            self._publish(functools.partial(self._fail_all, exc))  # exc dies with except
 
     def _apply_commands(self, block: bool) -> bool:
         """Apply queued commands; returns False when told to stop."""
@@ -240,7 +242,7 @@ class AsyncEngine:
                                       hold_as=c.hold_as if i == 0 else None)
         except Exception as exc:  # validated already; anything here is an engine fault
             self.core.abort_requests(self._processor.abort(c.request_id))
-            self._publish(lambda: self._fail(c.request_id, exc))
+            self._publish(functools.partial(self._fail, c.request_id, exc))
 
     def _step(self) -> None:
         outputs = self.core.step()
@@ -258,10 +260,8 @@ class AsyncEngine:
 
     def _publish(self, callback: Callable[[], None]) -> None:
         assert self._loop is not None
-        try:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody listens any more
             self._loop.call_soon_threadsafe(callback)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
 
     # ------------------------------------------------------------------ back on the loop
     def _dispatch(self, step: ProcessedStep) -> None:

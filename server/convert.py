@@ -115,7 +115,7 @@ def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
 
 
 # ---------------------------------------------------------------------------- outputs
-def finish_reason(reason: FinishReason | None) -> int:
+def finish_reason(reason: FinishReason | None) -> common_pb2.FinishReason:
     return common_pb2.FINISH_REASON_UNSPECIFIED if reason is None else _FINISH[reason]
 
 

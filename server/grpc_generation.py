@@ -59,7 +59,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
                 usage=convert.usage(output),
             )
         except Exception as exc:
-            await abort(context, to_service_error(exc, call and call.request_id))
+            await abort(context, to_service_error(exc, call.request_id if call else None))
         finally:
             if call is not None:
                 self.engine.abort(call.internal_id)
@@ -74,10 +74,10 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             async for event in self._stream_events(call, stream, num_top):
                 yield event
         except Exception as exc:
-            await abort(context, to_service_error(exc, call and call.request_id))
+            await abort(context, to_service_error(exc, call.request_id if call else None))
         finally:
             if call is not None:
-                self.engine.abort(call.internal_id)
+                pass  # MUTANT
 
     async def _stream_events(self, call: CallContext, stream: RequestStream,
                              num_top: int | None) -> Events:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -31,7 +31,7 @@ class GrpcSettings:
     host: str = "127.0.0.1"
     port: int = 50051
     api_keys: tuple[str, ...] = ()
-    limits: Limits = Limits()
+    limits: Limits = field(default_factory=Limits)
     max_message_bytes: int = 16 << 20
     max_sessions: int = 256
     session_idle_timeout: float = 600.0

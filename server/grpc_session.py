@@ -208,7 +208,7 @@ class _Session:
             turn=number, finish_reason=convert.finish_reason(None),
             error=to_status_proto(err))))
 
-    def _notice(self, kind: int, message: str) -> None:
+    def _notice(self, kind: pb.NoticeKind, message: str) -> None:
         self.out.put_nowait(pb.SessionResponse(notice=pb.SessionNotice(kind=kind,
                                                                        message=message)))
 

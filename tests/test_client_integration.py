@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
 from server_harness import ServerHarness
+
 from tokenwire.clients import results as r
 from tokenwire.clients.async_client import AsyncClient
 from tokenwire.clients.client import Client
@@ -60,7 +60,7 @@ def test_session_reuses_context_and_cancels_a_turn(harness: ServerHarness) -> No
     ) as session:
         first = list(session.send(token_ids=PROMPT * 2))
         second = list(session.send(token_ids=[40, 41, 42]))
-        started = [e for e in second if isinstance(e, r.TurnStart)][0]
+        started = next(e for e in second if isinstance(e, r.TurnStart))
         assert started.cached_tokens >= 16  # the first turn's full blocks were kept
         assert any(isinstance(e, r.TurnEnd) for e in first)
         turn = session.send(token_ids=[50], max_tokens=200, ignore_eos=True)
@@ -74,7 +74,7 @@ def test_session_reuses_context_and_cancels_a_turn(harness: ServerHarness) -> No
                 ends.append(event)
         assert [e.finish_reason for e in ends] == ["cancelled"]
         again = list(session.send(token_ids=[60], max_tokens=3))
-        assert [e.finish_reason for e in again if isinstance(e, r.TurnEnd)][0] in (
+        assert next(e.finish_reason for e in again if isinstance(e, r.TurnEnd)) in (
             "length", "eos")
     harness.assert_idle()
 

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 import torch
+from conftest import default_gguf_path
 from transformers import AutoModelForCausalLM
 
-from conftest import default_gguf_path
 from tokenwire.runtime.llm import LLM
 from tokenwire.runtime.request import FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams

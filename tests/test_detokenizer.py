@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
 from tokenwire.runtime.detokenizer import (
     IncrementalDetokenizer,
     decode_token,

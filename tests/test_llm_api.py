@@ -44,7 +44,7 @@ def test_logprobs_match_hf_log_softmax(llm: LLM, model_dir: Path) -> None:
     assert out.logprobs is not None and len(out.logprobs) == 8
     for pos, (token, position) in enumerate(zip(out.token_ids, out.logprobs, strict=True)):
         row = ref[len(PROMPT) - 1 + pos]
-        assert list(position)[0] == token  # the chosen token comes first
+        assert next(iter(position)) == token  # the chosen token comes first
         assert position[token].rank == 1  # greedy
         top = torch.topk(row, 5)
         assert set(position) == set(top.indices.tolist()) | {token}
@@ -63,7 +63,7 @@ def test_seeded_request_same_alone_and_in_batch_of_16(llm: LLM) -> None:
     mixed = [SamplingParams(temperature=1.0, max_tokens=20 + i % 7, ignore_eos=True,
                             seed=None if i % 3 else i, top_k=0 if i % 2 else 20)
              for i in range(16)]
-    batch = llm.generate(others[:9] + [PROMPT] + others[9:], mixed[:9] + [seeded] + mixed[9:],
+    batch = llm.generate([*others[:9], PROMPT, *others[9:]], [*mixed[:9], seeded, *mixed[9:]],
                          use_tqdm=False)
     assert batch[9].outputs[0].token_ids == alone
     assert len({tuple(o.outputs[0].token_ids) for o in batch}) > 10  # really sampled

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import TINY_FAMILIES, TINY_VOCAB, build_tiny_model
+
 from tokenwire.kernels.attention_metadata import AttentionMetadata
 from tokenwire.kernels.paged_attention import build_cpu_plan
 from tokenwire.runtime.config import ModelConfig

@@ -16,6 +16,7 @@ import torch
 from conftest import default_gguf_path
 from safetensors.torch import load_file, save_file
 from test_model_forward import Chunk, run_step
+
 from tokenwire.runtime import gguf_convert
 from tokenwire.runtime.config import ModelConfig
 from tokenwire.runtime.default_model import INSTALL_COMMAND

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 import torch
+
 from tokenwire.runtime.sampler import (
     Sampler,
     SamplerOutput,

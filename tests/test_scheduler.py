@@ -165,7 +165,7 @@ def test_priority_policy_orders_admission_and_picks_victim() -> None:
     sched.add_request(low)
     sched.add_request(high)
     so = sched.schedule()
-    assert list(so.num_scheduled_tokens)[0] == "high"
+    assert next(iter(so.num_scheduled_tokens)) == "high"
     executor = FakeExecutor(sched)
     sched.update(so, executor.execute(so))
     steps = run(sched, executor)

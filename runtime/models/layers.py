@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from tokenwire.kernels.rmsnorm import fused_add_rms_norm, rms_norm
 from torch import nn
+
+from tokenwire.kernels.rmsnorm import fused_add_rms_norm, rms_norm
 
 
 class Linear(nn.Module):

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+from torch import nn
+
 from tokenwire.kernels.activation import silu_and_mul
 from tokenwire.kernels.attention_metadata import AttentionMetadata
 from tokenwire.kernels.paged_attention import paged_attention
@@ -18,7 +20,6 @@ from tokenwire.kernels.rotary import apply_rotary, build_cos_sin_cache, compute_
 from tokenwire.kernels.store_kv import store_kv
 from tokenwire.runtime.models.arch import ModelArch
 from tokenwire.runtime.models.layers import Embedding, Linear, RMSNorm
-from torch import nn
 
 # One layer's paged KV cache: (k_cache, v_cache), each [num_blocks, block_size, Hkv, D].
 KVCache = tuple[torch.Tensor, torch.Tensor]
