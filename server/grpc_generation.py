@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 
+from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.output_processor import ChoiceDelta, RequestStarted
 from tokenwire.runtime.outputs import RequestOutput
 from tokenwire.server import convert
@@ -40,14 +41,22 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         prompt, token_ids = convert.tokenize_input(self.engine.tokenizer, request)
         params = convert.sampling_params(request.sampling, request.stopping, request.output,
                                          self.limits)
-        stream = self.engine.add_request(call.internal_id, prompt, token_ids, params,
-                                         priority=call.priority,
-                                         cache_salt=request.cache_salt or None)
+        try:
+            stream = self.engine.add_request(call.internal_id, prompt, token_ids, params,
+                                             priority=call.priority,
+                                             cache_salt=request.cache_salt or None)
+        except ParameterError as exc:
+            if exc.param != "prompt":
+                raise
+            # The engine says "prompt"; the client sent it as this field of ``input``.
+            field = request.WhichOneof("input") or "input"
+            raise type(exc)(field, str(exc).removeprefix("prompt: ")) from None
         return stream, params.logprobs
 
     async def Generate(self, request: generation_pb2.GenerateRequest,
                        context: grpc.aio.ServicerContext) -> generation_pb2.GenerateResponse:
         call: CallContext | None = None
+        stream: RequestStream | None = None
         try:
             call = call_context(context, request.request_id)
             stream, num_top = self._submit(call, request)
@@ -61,12 +70,15 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         except Exception as exc:
             await abort(context, to_service_error(exc, call.request_id if call else None))
         finally:
-            if call is not None:
+            # Only this call's own, unfinished request: never an in-flight one with the same
+            # id that made this call fail as a duplicate.
+            if call is not None and stream is not None and not stream.done:
                 self.engine.abort(call.internal_id)
 
     async def GenerateStream(self, request: generation_pb2.GenerateRequest,
                              context: grpc.aio.ServicerContext) -> Events:
         call: CallContext | None = None
+        stream: RequestStream | None = None
         try:
             call = call_context(context, request.request_id)
             stream, num_top = self._submit(call, request)
@@ -76,8 +88,10 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         except Exception as exc:
             await abort(context, to_service_error(exc, call.request_id if call else None))
         finally:
-            if call is not None:
-                pass  # MUTANT
+            # Only this call's own, unfinished request: never an in-flight one with the same
+            # id that made this call fail as a duplicate.
+            if call is not None and stream is not None and not stream.done:
+                self.engine.abort(call.internal_id)
 
     async def _stream_events(self, call: CallContext, stream: RequestStream,
                              num_top: int | None) -> Events:

@@ -16,8 +16,8 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_helpers import delta_ids, details_of, greedy_request
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from grpc_status import rpc_status
 from server_harness import MODEL_NAME, ServerHarness
 
 from tokenwire.server.grpc_server import GrpcServer, GrpcSettings
@@ -36,22 +36,13 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 def request(ids: list[int] = PROMPT, max_tokens: int = 12, request_id: str = "",
             **sampling: Any) -> generation_pb2.GenerateRequest:
-    sampling.setdefault("temperature", 0.0)
-    return generation_pb2.GenerateRequest(
-        token_ids=common_pb2.TokenIds(ids=ids), request_id=request_id,
-        sampling=common_pb2.SamplingOptions(**sampling),
-        stopping=common_pb2.StoppingOptions(max_tokens=max_tokens, ignore_eos=True))
+    return greedy_request(ids, max_tokens, request_id, **sampling)
 
 
 def error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo:
-    status = rpc_status.from_call(err)
-    assert status is not None, "no google.rpc.Status details"
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            return info
-    raise AssertionError("no ErrorInfo detail")
+    info, _ = details_of(err)
+    assert info is not None, "no ErrorInfo detail"
+    return info
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +93,7 @@ def test_stream_equals_unary_and_has_the_event_structure(
     start = events[0].start
     assert (start.request_id, start.model, start.prompt_tokens) == (
         "api-stream", MODEL_NAME, len(PROMPT))
-    streamed = [t for e in events if e.HasField("delta") for t in e.delta.token_ids]
-    assert streamed == list(choice.token_ids)
+    assert delta_ids(events) == list(choice.token_ids)
     end = events[kinds.index("end")].end
     assert (end.index, end.finish_reason, end.completion_tokens) == (
         0, common_pb2.FINISH_REASON_LENGTH, 12)

@@ -16,80 +16,17 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_helpers import Recorder, Spy, delta_ids, spy_on
+from grpc_helpers import greedy_request as request
 from server_harness import ServerHarness
 
 from tokenwire.runtime.request import FinishReason
-from tokenwire.runtime.stats import RequestStats, StepStats
+from tokenwire.runtime.stats import RequestStats
 from tokenwire.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 
 pb = generation_pb2
 BYSTANDER_PROMPT = [9, 8, 7, 6, 5, 4, 3]
-BYSTANDER_TOKENS = 120
-
-
-class Recorder:
-    """Engine observer: records steps and finished requests; can park the engine thread at
-    the n-th step serving a request whose id contains ``needle``."""
-
-    def __init__(self) -> None:
-        self.steps: list[StepStats] = []
-        self.finished: dict[str, RequestStats] = {}
-        self._match: Callable[[StepStats], bool] | None = None
-        self._release = threading.Event()
-        self.parked = threading.Event()
-        self.parked_at: StepStats | None = None
-
-    def hold(self, needle: str, nth: int) -> None:
-        seen = [0]
-
-        def match(stats: StepStats) -> bool:
-            seen[0] += any(needle in rid for rid in stats.scheduled)
-            return seen[0] >= nth
-
-        self.parked, self._release = threading.Event(), threading.Event()
-        self._match = match
-
-    def release(self) -> None:
-        self._match = None
-        self._release.set()
-
-    def on_step(self, stats: StepStats) -> None:
-        self.steps.append(stats)
-        if self._match is not None and self._match(stats):
-            self._match, self.parked_at = None, stats
-            self.parked.set()
-            self._release.wait(30)
-
-    def on_request_finished(self, stats: RequestStats) -> None:
-        self.finished[stats.request_id] = stats
-
-    def steps_of(self, request_id: str) -> list[StepStats]:
-        return [s for s in self.steps if request_id in s.scheduled]
-
-
-class Spy:
-    """Wraps an engine method and records the first argument of every call."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn, self.calls, self.cond = fn, [], threading.Condition()
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        result = self.fn(*args, **kwargs)
-        with self.cond:
-            self.calls.append(args[0])
-            self.cond.notify_all()
-        return result
-
-    def wait(self, needle: str) -> None:
-        with self.cond:
-            assert self.cond.wait_for(lambda: any(needle in c for c in self.calls), 10)
-
-
-def request(ids: list[int], max_tokens: int, request_id: str = "") -> pb.GenerateRequest:
-    return pb.GenerateRequest(
-        token_ids=common_pb2.TokenIds(ids=ids), request_id=request_id,
-        sampling=common_pb2.SamplingOptions(temperature=0.0),
-        stopping=common_pb2.StoppingOptions(max_tokens=max_tokens, ignore_eos=True))
+BYSTANDER_TOKENS = 200  # long enough to overlap every scenario (checked)
 
 
 class Bystanders:
@@ -112,7 +49,7 @@ class Bystanders:
 
     def _collect(self, call: Any) -> None:
         try:
-            self.results.put([t for e in call if e.HasField("delta") for t in e.delta.token_ids])
+            self.results.put(delta_ids(call))
         except BaseException as exc:  # reported by check()
             self.results.put(exc)
 
@@ -152,9 +89,7 @@ def expected(harness: ServerHarness) -> list[int]:
 
 @pytest.fixture()
 def aborts(harness: ServerHarness, monkeypatch: pytest.MonkeyPatch) -> Spy:
-    spy = Spy(harness.engine.abort)
-    monkeypatch.setattr(harness.engine, "abort", spy)
-    return spy
+    return spy_on(monkeypatch, harness.engine, "abort")
 
 
 @pytest.fixture()
@@ -178,8 +113,7 @@ def test_cancel_while_queued(harness: ServerHarness, recorder: Recorder, aborts:
                              expected: list[int], channel: grpc.Channel,
                              stub: generation_pb2_grpc.GenerationServiceStub,
                              monkeypatch: pytest.MonkeyPatch) -> None:
-    adds = Spy(harness.engine.add_request)
-    monkeypatch.setattr(harness.engine, "add_request", adds)
+    adds = spy_on(monkeypatch, harness.engine, "add_request")
     bystanders = Bystanders(channel, "queued", expected, count=2)  # both sequence slots
     call = stub.GenerateStream(request([11] * 8, 50, "queued"))
     adds.wait("anon/queued")
@@ -313,8 +247,7 @@ def test_cancel_the_session_call_mid_turn(harness: ServerHarness, recorder: Reco
                                           channel: grpc.Channel,
                                           stub: generation_pb2_grpc.GenerationServiceStub,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    releases = Spy(harness.engine.release_holder)
-    monkeypatch.setattr(harness.engine, "release_holder", releases)
+    releases = spy_on(monkeypatch, harness.engine, "release_holder")
     bystanders = Bystanders(channel, "session", expected)
     recorder.hold("/turn-1", nth=3)
     outbox, call = open_session(stub)
@@ -367,8 +300,7 @@ def test_cancel_rpc_is_scoped_to_the_caller(tiny_model_factory: Callable[..., Pa
             assert not stub.Cancel(cancel, metadata=other).cancelled  # not k2's request
             gate.release()
             events = list(call)
-            streamed = [t for e in events if e.HasField("delta") for t in e.delta.token_ids]
-            assert streamed == list(want)  # it kept going, undisturbed
+            assert delta_ids(events) == list(want)  # it kept going, undisturbed
             ends = [e.end for e in events if e.HasField("end")]
             assert [end.finish_reason for end in ends] == [common_pb2.FINISH_REASON_LENGTH]
             assert ends[0].completion_tokens == 60

@@ -4,7 +4,6 @@ Close / half-close, idle timeout, the session limit and context eviction under p
 from __future__ import annotations
 
 import queue
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,47 +11,14 @@ from typing import Any
 import grpc
 import pytest
 from google.rpc import code_pb2, error_details_pb2
+from grpc_helpers import Recorder, details_of, spy_on
 from server_harness import ServerHarness
 
-from tokenwire.runtime.stats import RequestStats, StepStats
 from tokenwire.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 
 pb = generation_pb2
 BLOCK = 16
 GREEDY = common_pb2.SamplingOptions(temperature=0.0)
-
-
-class Gate:
-    """Engine observer that parks the engine thread at the n-th step serving a request."""
-
-    def __init__(self) -> None:
-        self._match: Callable[[StepStats], bool] | None = None
-        self.parked = threading.Event()
-        self._release = threading.Event()
-
-    def hold(self, needle: str, nth: int) -> None:
-        seen = [0]
-
-        def match(stats: StepStats) -> bool:
-            seen[0] += any(needle in rid for rid in stats.scheduled)
-            return seen[0] >= nth
-
-        self.parked.clear()
-        self._release.clear()
-        self._match = match
-
-    def release(self) -> None:
-        self._match = None
-        self._release.set()
-
-    def on_step(self, stats: StepStats) -> None:
-        if self._match is not None and self._match(stats):
-            self._match = None
-            self.parked.set()
-            self._release.wait(30)
-
-    def on_request_finished(self, stats: RequestStats) -> None:
-        pass
 
 
 class Session:
@@ -122,12 +88,12 @@ def unary(channel: grpc.Channel, prompt: list[int], max_tokens: int) -> list[int
 
 
 @pytest.fixture(scope="module")
-def gate() -> Gate:
-    return Gate()
+def gate() -> Recorder:
+    return Recorder()
 
 
 @pytest.fixture(scope="module")
-def harness(tiny_model_factory: Callable[..., Path], gate: Gate) -> Iterator[ServerHarness]:
+def harness(tiny_model_factory: Callable[..., Path], gate: Recorder) -> Iterator[ServerHarness]:
     h = ServerHarness(tiny_model_factory("llama"), observer=gate, max_sessions=3).start()
     yield h
     gate.release()
@@ -167,6 +133,22 @@ def test_turns_reuse_the_cached_transcript(harness: ServerHarness,
     harness.assert_idle()  # Close released the held blocks
 
 
+def test_cache_salt_scopes_the_prefix_cache(harness: ServerHarness,
+                                            channel: grpc.Channel) -> None:
+    first_turn = ids(17, 40)
+    cached = []
+    for salt in ("salt-a", "salt-b", "salt-a"):
+        s = Session(channel, cache_salt=salt)
+        s.opened()
+        s.turn(first_turn)
+        started, _, _ = s.finish_turn()
+        cached.append(started.cached_tokens)
+        s.half_close()
+        assert s.ended()
+    assert cached == [0, 0, 32]  # only the same salt shares blocks (two full blocks)
+    harness.assert_idle()
+
+
 def test_half_close_ends_the_session_and_frees_it(harness: ServerHarness,
                                                   channel: grpc.Channel) -> None:
     s = Session(channel)
@@ -179,12 +161,9 @@ def test_half_close_ends_the_session_and_frees_it(harness: ServerHarness,
     harness.assert_idle()
 
 
-def test_cancel_turn_mid_decode(harness: ServerHarness, channel: grpc.Channel, gate: Gate,
+def test_cancel_turn_mid_decode(harness: ServerHarness, channel: grpc.Channel, gate: Recorder,
                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    aborted = threading.Event()
-    abort = harness.engine.abort
-    monkeypatch.setattr(harness.engine, "abort",
-                        lambda rid: (abort(rid), aborted.set())[0])
+    aborts = spy_on(monkeypatch, harness.engine, "abort")
     s = Session(channel)
     s.opened()
     gate.hold("/turn-1", nth=3)  # park the engine at the turn's third step
@@ -194,7 +173,7 @@ def test_cancel_turn_mid_decode(harness: ServerHarness, channel: grpc.Channel, g
     assert first.HasField("delta") and first.delta.delta.token_ids
     assert gate.parked.wait(10)
     s.send(cancel_turn=pb.SessionCancelTurn())
-    assert aborted.wait(10)  # the abort is queued while the engine is parked
+    aborts.wait("/turn-1")  # the abort is queued while the engine is parked
     gate.release()
     _, generated, end = s.finish_turn()
     assert end.finish_reason == common_pb2.FINISH_REASON_CANCELLED
@@ -239,6 +218,9 @@ def test_session_limit_is_resource_exhausted(harness: ServerHarness) -> None:
         with pytest.raises(grpc.RpcError) as err:
             extra.recv()
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        info, details = details_of(err.value)
+        assert info is not None and info.reason == "TOO_MANY_SESSIONS"
+        assert any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in details)
         sessions[0].half_close()
         assert sessions[0].ended()
         replacement = Session(channel)  # a closed session's slot is free again
