@@ -45,6 +45,10 @@ class DrainingError(RuntimeError):
     """The server is shutting down and accepts no new requests."""
 
 
+class NotReadyError(RuntimeError):
+    """The engine is still loading or warming up."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Add:
     request_id: str
@@ -89,6 +93,8 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self.dead: BaseException | None = None
         self.draining = False
+        self.ready = False  # set after warm-up; until then requests get NOT_READY
+        self._on_dead: list[Callable[[], None]] = []
         self._idle: asyncio.Event | None = None  # set while no stream is open (loop side)
 
     # ------------------------------------------------------------------ lifecycle
@@ -102,9 +108,11 @@ class AsyncEngine:
     async def warmup(self) -> None:
         """Run one tiny request end to end (first-step costs, allocator, caches)."""
         stream = self.add_request("warmup", None, [1, 2, 3],
-                                  SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+                                  SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True),
+                                  before_ready=True)
         async for _ in stream:
             pass
+        self.ready = True
 
     async def drain(self, timeout: float) -> None:
         """Refuse new work, let in-flight requests finish up to ``timeout`` s, abort the rest."""
@@ -155,11 +163,14 @@ class AsyncEngine:
         priority: int = 0,
         cache_salt: str | None = None,
         hold_as: str | None = None,
+        before_ready: bool = False,
     ) -> RequestStream:
         """Validate and queue; raises ParameterError, DuplicateRequestError, QueueFullError,
-        DrainingError or EngineDeadError before anything is queued."""
+        NotReadyError, DrainingError or EngineDeadError before anything is queued."""
         if self.dead is not None:
             raise EngineDeadError("the engine loop failed; the server must be restarted")
+        if not (self.ready or before_ready):
+            raise NotReadyError("the model is still loading or warming up")
         if self.draining:
             raise DrainingError("the server is draining and accepts no new requests")
         if request_id in self._streams:
@@ -182,6 +193,10 @@ class AsyncEngine:
             return False
         self._commands.put(_Abort(request_id))
         return True
+
+    def on_dead(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` on the loop if the engine loop fails (e.g. health NOT_SERVING)."""
+        self._on_dead.append(callback)
 
     def release_holder(self, holder_id: str) -> None:
         self._eviction_listeners.pop(holder_id, None)
@@ -291,6 +306,8 @@ class AsyncEngine:
     def _fail_all(self, exc: BaseException) -> None:
         for request_id in list(self._streams):
             self._fail(request_id, EngineDeadError(f"engine loop failed: {type(exc).__name__}"))
+        for callback in self._on_dead:
+            callback()
 
     def _notify_evicted(self, holders: list[str]) -> None:
         for holder in holders:

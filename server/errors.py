@@ -23,7 +23,7 @@ from tokenwire.runtime.errors import (
     EngineDeadError,
     ParameterError,
 )
-from tokenwire.server.async_engine import DrainingError, QueueFullError
+from tokenwire.server.async_engine import DrainingError, NotReadyError, QueueFullError
 
 DOMAIN = "tokenwire"
 logger = logging.getLogger("tokenwire.server")
@@ -69,6 +69,8 @@ def to_service_error(exc: BaseException, request_id: str | None = None) -> Servi
     if isinstance(exc, QueueFullError):
         return ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_FULL", str(exc),
                             retry_after=exc.retry_after)
+    if isinstance(exc, NotReadyError):
+        return ServiceError(grpc.StatusCode.UNAVAILABLE, "NOT_READY", str(exc), retry_after=1.0)
     if isinstance(exc, DrainingError):
         return ServiceError(grpc.StatusCode.UNAVAILABLE, "SERVER_DRAINING", str(exc))
     if isinstance(exc, EngineDeadError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 
@@ -59,6 +60,11 @@ class GrpcServer:
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, "grpc.health.v1.Health", reflection.SERVICE_NAME), self.server)
         self.port = 0
+        engine.on_dead(self._engine_died)
+
+    def _engine_died(self) -> None:
+        # A dead engine must drop out of load balancing: health goes NOT_SERVING for good.
+        asyncio.get_running_loop().create_task(self.set_serving(False))
 
     async def start(self) -> int:
         """Bind and start; returns the bound port (useful with port 0)."""

@@ -34,7 +34,7 @@ class ServerHarness:
                  max_num_batched_tokens: int = 256, num_blocks: int | None = None,
                  max_model_len: int | None = 256, max_requests: int = 64,
                  session_idle_timeout: float = 600.0, max_sessions: int = 8,
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, warm: bool = True) -> None:
         self.config = EngineConfig(
             model=ModelConfig(model=None if model_dir is None else str(model_dir),
                               max_model_len=max_model_len, served_model_name=MODEL_NAME),
@@ -47,6 +47,7 @@ class ServerHarness:
                                      session_idle_timeout=session_idle_timeout,
                                      max_sessions=max_sessions)
         self.observer = observer
+        self.warm = warm  # False: stop before warm-up (the server is NOT_READY)
         self.max_requests = max_requests
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -64,8 +65,9 @@ class ServerHarness:
         self.server = GrpcServer(self.engine, MODEL_NAME, self.settings)
         self.port = await self.server.start()
         await self.engine.start()
-        await self.engine.warmup()
-        await self.server.set_serving(True)
+        if self.warm:
+            await self.engine.warmup()
+            await self.server.set_serving(True)
 
     def stop(self) -> None:
         self.run(self._stop())

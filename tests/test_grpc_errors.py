@@ -280,8 +280,27 @@ def test_engine_death_is_unavailable(tiny_model_factory: Callable[..., Path]) ->
             for call in (lambda: victim, lambda: stub.Generate(request())):
                 err, _, _ = expect(call, Code.UNAVAILABLE, "ENGINE_DEAD")
                 assert "secret" not in err.details() and "/path" not in err.details()
+            # A dead engine leaves load balancing: health turns NOT_SERVING (watched, no poll).
+            watch = health_pb2_grpc.HealthStub(ch).Watch(
+                health_pb2.HealthCheckRequest(service=""), timeout=30)
+            assert any(r.status == health_pb2.HealthCheckResponse.NOT_SERVING for r in watch)
+            watch.cancel()
     finally:
         gate.release()
+        harness.stop()
+
+
+def test_not_ready_before_warm_up(tiny_model_factory: Callable[..., Path]) -> None:
+    harness = ServerHarness(tiny_model_factory("llama"), warm=False).start()
+    try:
+        with harness.channel() as ch:
+            stub = generation_pb2_grpc.GenerationServiceStub(ch)
+            expect(lambda: stub.Generate(request()), Code.UNAVAILABLE, "NOT_READY")
+            health = health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=10)
+            assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        harness.assert_idle()
+    finally:
         harness.stop()
 
 
