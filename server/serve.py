@@ -107,17 +107,16 @@ def run_serve(args: argparse.Namespace) -> int:
 
 async def _serve(config: EngineConfig, settings: GrpcSettings, max_requests: int,
                  shutdown_timeout: float) -> int:
-    from tokenwire.runtime.engine import EngineCore
     from tokenwire.server.async_engine import AsyncEngine
 
-    core = await asyncio.to_thread(EngineCore, config)
-    engine = AsyncEngine(core, max_requests=max_requests)
+    engine = AsyncEngine(config, max_requests=max_requests)
+    await engine.start()  # loads the model on the engine thread
+    core = engine.core
     name = core.loaded.served_model_name
     server = GrpcServer(engine, name, settings)
-    port = await server.start()
+    port = await server.start()  # NOT_SERVING; requests get NOT_READY until warm
     if not settings.api_keys:
         logger.warning("no --api-key configured: the server accepts every caller")
-    await engine.start()
     await engine.warmup()
     await server.set_serving(True)
     logger.info("serving model=%s device=%s dtype=%s kv_blocks=%d grpc=%s:%d", name,

@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 import grpc
 
 from tokenwire.runtime.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from tokenwire.runtime.engine import EngineCore
 from tokenwire.runtime.stats import EngineObserver
 from tokenwire.server.async_engine import AsyncEngine
 from tokenwire.server.convert import Limits
@@ -60,11 +59,12 @@ class ServerHarness:
         return self
 
     async def _start(self) -> None:
-        self.core = await asyncio.to_thread(EngineCore, self.config, self.observer)
-        self.engine = AsyncEngine(self.core, max_requests=self.max_requests)
+        self.engine = AsyncEngine(self.config, observer=self.observer,
+                                  max_requests=self.max_requests)
+        await self.engine.start()
+        self.core = self.engine.core
         self.server = GrpcServer(self.engine, MODEL_NAME, self.settings)
         self.port = await self.server.start()
-        await self.engine.start()
         if self.warm:
             await self.engine.warmup()
             await self.server.set_serving(True)
