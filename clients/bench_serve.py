@@ -35,10 +35,12 @@ class _Timer:
         if count:
             self.chunks.append((time.perf_counter(), count))
 
-    def result(self, prompt_len: int, error: str | None = None,
-               reported: int | None = None) -> RequestResult:
-        return RequestResult(self.start, time.perf_counter(), prompt_len, self.chunks, error,
-                             reported)
+    def result(
+        self, prompt_len: int, error: str | None = None, reported: int | None = None
+    ) -> RequestResult:
+        return RequestResult(
+            self.start, time.perf_counter(), prompt_len, self.chunks, error, reported
+        )
 
 
 def grpc_sender(target: str, api_key: str | None) -> tuple[Sender, Callable[[], Awaitable[None]]]:
@@ -68,8 +70,9 @@ def grpc_sender(target: str, api_key: str | None) -> tuple[Sender, Callable[[], 
     return send, channel.close
 
 
-def openai_sender(base_url: str, model: str, api_key: str | None
-                  ) -> tuple[Sender, Callable[[], Awaitable[None]]]:
+def openai_sender(
+    base_url: str, model: str, api_key: str | None
+) -> tuple[Sender, Callable[[], Awaitable[None]]]:
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -77,9 +80,15 @@ def openai_sender(base_url: str, model: str, api_key: str | None
 
     async def send(prompt: list[int], output_len: int) -> RequestResult:
         timer = _Timer()
-        body = {"model": model, "prompt": prompt, "max_tokens": output_len, "stream": True,
-                "temperature": 0.0, "ignore_eos": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": output_len,
+            "stream": True,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        }
         reported = None
         try:
             async with client.stream("POST", "/v1/completions", json=body) as response:
@@ -101,9 +110,14 @@ def openai_sender(base_url: str, model: str, api_key: str | None
     return send, client.aclose
 
 
-async def _run_load(send: Sender, prompts: list[list[int]], output_lens: list[int],
-                    concurrency: int, request_rate: float | None, seed: int
-                    ) -> tuple[list[RequestResult], float]:
+async def _run_load(
+    send: Sender,
+    prompts: list[list[int]],
+    output_lens: list[int],
+    concurrency: int,
+    request_rate: float | None,
+    seed: int,
+) -> tuple[list[RequestResult], float]:
     limit = asyncio.Semaphore(concurrency)
     rng = random.Random(seed)
     bar = tqdm(total=len(prompts), desc="bench serve", unit="req")
@@ -136,9 +150,12 @@ def add_parser(bench: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--num-requests", type=int, default=None)
     p.add_argument("--vocab-size", type=int, default=49152)
     p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--request-rate", type=float, default=None,
-                   help="Poisson arrivals per second (default: all at once, bounded by "
-                        "--concurrency)")
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=None,
+        help="Poisson arrivals per second (default: all at once, bounded by --concurrency)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run_serve_bench)
 
@@ -148,8 +165,9 @@ def run_serve_bench(args: argparse.Namespace) -> int:
     return asyncio.run(_main(args, workload.prompts, workload.output_lens, workload.name))
 
 
-async def _main(args: argparse.Namespace, prompts: list[list[int]], output_lens: list[int],
-                workload: str) -> int:
+async def _main(
+    args: argparse.Namespace, prompts: list[list[int]], output_lens: list[int], workload: str
+) -> int:
     if args.backend == "grpc":
         send, close = grpc_sender(args.target, args.api_key)
         target = f"grpc://{args.target}"
@@ -158,14 +176,22 @@ async def _main(args: argparse.Namespace, prompts: list[list[int]], output_lens:
         target = args.base_url
     try:
         await send(prompts[0][:16], 2)  # warm-up: connection set-up stays out of the figures
-        results, duration = await _run_load(send, prompts, output_lens, args.concurrency,
-                                            args.request_rate, args.seed)
+        results, duration = await _run_load(
+            send, prompts, output_lens, args.concurrency, args.request_rate, args.seed
+        )
     finally:
         await close()
     summary: dict[str, Any] = summarize(results, duration)
-    summary.update({"bench": "serve", "backend": args.backend, "target": target,
-                    "workload": workload, "concurrency": args.concurrency,
-                    "request_rate": args.request_rate})
+    summary.update(
+        {
+            "bench": "serve",
+            "backend": args.backend,
+            "target": target,
+            "workload": workload,
+            "concurrency": args.concurrency,
+            "request_rate": args.request_rate,
+        }
+    )
     _print_table(summary)
     print(json.dumps(summary))
     return 0 if summary["failed"] == 0 else 1
@@ -173,17 +199,20 @@ async def _main(args: argparse.Namespace, prompts: list[list[int]], output_lens:
 
 def _print_table(s: dict[str, Any]) -> None:
     print(f"\n{'=' * 14} Serving Benchmark Result {'=' * 14}")
-    rows = [("Backend / target", f"{s['backend']} {s['target']}"),
-            ("Workload / concurrency", f"{s['workload']} / {s['concurrency']}"),
-            ("Successful / failed requests", f"{s['completed']} / {s['failed']}"),
-            ("Benchmark duration (s)", f"{s['duration']:.2f}"),
-            ("Request throughput (req/s)", f"{s['request_throughput']:.2f}"),
-            ("Output token throughput (tok/s)", f"{s['output_throughput']:.2f}"),
-            ("Total token throughput (tok/s)", f"{s['total_token_throughput']:.2f}")]
+    rows = [
+        ("Backend / target", f"{s['backend']} {s['target']}"),
+        ("Workload / concurrency", f"{s['workload']} / {s['concurrency']}"),
+        ("Successful / failed requests", f"{s['completed']} / {s['failed']}"),
+        ("Benchmark duration (s)", f"{s['duration']:.2f}"),
+        ("Request throughput (req/s)", f"{s['request_throughput']:.2f}"),
+        ("Output token throughput (tok/s)", f"{s['output_throughput']:.2f}"),
+        ("Total token throughput (tok/s)", f"{s['total_token_throughput']:.2f}"),
+    ]
     for metric in ("ttft", "tpot", "itl", "e2el"):
         for stat in ("mean", "median", "p99"):
-            rows.append((f"{stat.capitalize()} {metric.upper()} (ms)",
-                         f"{s[f'{stat}_{metric}_ms']:.2f}"))
+            rows.append(
+                (f"{stat.capitalize()} {metric.upper()} (ms)", f"{s[f'{stat}_{metric}_ms']:.2f}")
+            )
     for name, value in rows:
         print(f"{name:<40s}{value:>20s}")
     print("=" * 54)

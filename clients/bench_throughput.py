@@ -19,11 +19,20 @@ from tokenwire.runtime.stats import RequestStats, StepStats
 
 # A tiny Llama for measuring engine bookkeeping, where the forward pass is nearly free.
 TINY_OVERHEAD_CONFIG: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1024,
-    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 2048,
-    "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": True,
-    "bos_token_id": 1, "eos_token_id": 2,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 1024,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "tie_word_embeddings": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
 }
 
 
@@ -49,8 +58,12 @@ def add_parsers(bench: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--workload", choices=WORKLOADS, default="cpu")
     p.add_argument("--num-requests", type=int, default=None)
     p.add_argument("--compare", choices=["none", "hf"], default="none")
-    p.add_argument("--hf-sequential-requests", type=int, default=8,
-                   help="HF one-at-a-time runs only this many requests (it is slow)")
+    p.add_argument(
+        "--hf-sequential-requests",
+        type=int,
+        default=8,
+        help="HF one-at-a-time runs only this many requests (it is slow)",
+    )
     p.add_argument("--hf-batch-sizes", default="16,32")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
@@ -65,8 +78,9 @@ def add_parsers(bench: argparse._SubParsersAction) -> None:  # type: ignore[type
 
 
 def _run_tokenwire(llm: Any, workload: Workload) -> float:
-    params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n)
-              for n in workload.output_lens]
+    params = [
+        SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in workload.output_lens
+    ]
     start = time.perf_counter()
     outputs = llm.generate(workload.prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - start
@@ -86,23 +100,34 @@ def run_throughput(args: argparse.Namespace) -> int:
     from tokenwire.runtime.llm import LLM
 
     recorder = StepRecorder()
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, load_format=args.load_format,
-              max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, observer=recorder)
+    llm = LLM(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        load_format=args.load_format,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        observer=recorder,
+    )
     engine = llm.engine
     workload = make_workload(args.workload, engine.vocab_size, args.num_requests)
     llm.generate([workload.prompts[0]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
     recorder.steps.clear()
     seconds = _run_tokenwire(llm, workload)
     result: dict[str, Any] = {
-        "bench": "throughput", "workload": workload.name,
-        "model": engine.loaded.served_model_name, "device": str(engine.device),
+        "bench": "throughput",
+        "workload": workload.name,
+        "model": engine.loaded.served_model_name,
+        "device": str(engine.device),
         "dtype": str(engine.loaded.dtype).removeprefix("torch."),
-        "num_requests": len(workload.prompts), "prompt_tokens": workload.num_prompt_tokens,
-        "output_tokens": workload.num_output_tokens, "seconds": round(seconds, 3),
+        "num_requests": len(workload.prompts),
+        "prompt_tokens": workload.num_prompt_tokens,
+        "output_tokens": workload.num_output_tokens,
+        "seconds": round(seconds, 3),
         "tokenwire_output_tok_s": round(workload.num_output_tokens / seconds, 2),
         "tokenwire_total_tok_s": round(
-            (workload.num_output_tokens + workload.num_prompt_tokens) / seconds, 2),
+            (workload.num_output_tokens + workload.num_prompt_tokens) / seconds, 2
+        ),
         "engine_overhead_ms_per_step": round(_overhead_ms(recorder.steps), 3),
         "num_steps": len(recorder.steps),
     }
@@ -121,8 +146,9 @@ def _compare_hf(args: argparse.Namespace, engine: Any, workload: Workload) -> di
 
     model = load_hf_model(engine.loaded.model_path, engine.device, engine.loaded.dtype)
     seq = run_sequential(model, workload, args.hf_sequential_requests, engine.device)
-    statics = [run_static(model, workload, int(b), engine.device)
-               for b in args.hf_batch_sizes.split(",")]
+    statics = [
+        run_static(model, workload, int(b), engine.device) for b in args.hf_batch_sizes.split(",")
+    ]
     best = max(statics, key=lambda r: r.output_tok_s)
     return {
         "hf_sequential_output_tok_s": round(seq.output_tok_s, 2),
@@ -137,18 +163,32 @@ def _print_table(r: dict[str, Any]) -> None:
     tw = r["tokenwire_output_tok_s"]
     rows = [("tokenwire (continuous batching)", tw, 1.0)]
     if "hf_static_output_tok_s" in r:
-        rows.append((f"HF static batch {r['hf_static_best_batch']} (best)",
-                     r["hf_static_output_tok_s"], tw / r["hf_static_output_tok_s"]))
-        rows.append((f"HF one at a time ({r['hf_sequential_requests']} requests)",
-                     r["hf_sequential_output_tok_s"], tw / r["hf_sequential_output_tok_s"]))
-    print(f"\nworkload={r['workload']} model={r['model']} device={r['device']} "
-          f"dtype={r['dtype']} requests={r['num_requests']} "
-          f"prompt_tokens={r['prompt_tokens']} output_tokens={r['output_tokens']}")
+        rows.append(
+            (
+                f"HF static batch {r['hf_static_best_batch']} (best)",
+                r["hf_static_output_tok_s"],
+                tw / r["hf_static_output_tok_s"],
+            )
+        )
+        rows.append(
+            (
+                f"HF one at a time ({r['hf_sequential_requests']} requests)",
+                r["hf_sequential_output_tok_s"],
+                tw / r["hf_sequential_output_tok_s"],
+            )
+        )
+    print(
+        f"\nworkload={r['workload']} model={r['model']} device={r['device']} "
+        f"dtype={r['dtype']} requests={r['num_requests']} "
+        f"prompt_tokens={r['prompt_tokens']} output_tokens={r['output_tokens']}"
+    )
     print(f"{'engine':44s} {'output tok/s':>14s} {'tokenwire x':>12s}")
     for name, value, ratio in rows:
         print(f"{name:44s} {value:14.1f} {ratio:12.2f}")
-    print(f"engine overhead per step (schedule+prepare+update, median): "
-          f"{r['engine_overhead_ms_per_step']:.3f} ms over {r['num_steps']} steps\n")
+    print(
+        f"engine overhead per step (schedule+prepare+update, median): "
+        f"{r['engine_overhead_ms_per_step']:.3f} ms over {r['num_steps']} steps\n"
+    )
 
 
 def run_overhead(args: argparse.Namespace) -> int:
@@ -157,14 +197,22 @@ def run_overhead(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(TINY_OVERHEAD_CONFIG))
         recorder = StepRecorder()
-        llm = LLM(tmp, load_format="dummy", device="cpu", max_num_seqs=args.num_seqs,
-                  max_num_batched_tokens=max(2048, args.num_seqs * 32), observer=recorder)
+        llm = LLM(
+            tmp,
+            load_format="dummy",
+            device="cpu",
+            max_num_seqs=args.num_seqs,
+            max_num_batched_tokens=max(2048, args.num_seqs * 32),
+            observer=recorder,
+        )
         prompts = [[(7 * i + j) % 1000 + 3 for j in range(32)] for i in range(args.num_seqs)]
         params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=args.output_len)
         llm.generate(prompts, params, use_tqdm=False)
     full = [s for s in recorder.steps if s.num_seqs == args.num_seqs and s.phase == "decode"]
     result = {
-        "bench": "overhead", "num_seqs": args.num_seqs, "decode_steps": len(full),
+        "bench": "overhead",
+        "num_seqs": args.num_seqs,
+        "decode_steps": len(full),
         "engine_overhead_ms_per_step": round(_overhead_ms(full), 3),
         "schedule_ms": round(1e3 * statistics.median(s.schedule_time for s in full), 3),
         "prepare_ms": round(1e3 * statistics.median(s.prepare_time for s in full), 3),
@@ -172,10 +220,18 @@ def run_overhead(args: argparse.Namespace) -> int:
         "forward_ms": round(1e3 * statistics.median(s.forward_time for s in full), 3),
         "sample_ms": round(1e3 * statistics.median(s.sample_time for s in full), 3),
     }
-    print(f"\nengine overhead with {args.num_seqs} running sequences (tiny model, median of "
-          f"{len(full)} decode steps):")
-    for key in ("schedule_ms", "prepare_ms", "update_ms", "engine_overhead_ms_per_step",
-                "forward_ms", "sample_ms"):
+    print(
+        f"\nengine overhead with {args.num_seqs} running sequences (tiny model, median of "
+        f"{len(full)} decode steps):"
+    )
+    for key in (
+        "schedule_ms",
+        "prepare_ms",
+        "update_ms",
+        "engine_overhead_ms_per_step",
+        "forward_ms",
+        "sample_ms",
+    ):
         print(f"  {key:30s} {result[key]:8.3f}")
     print(json.dumps(result))
     return 0

@@ -53,8 +53,11 @@ def summarize(results: list[RequestResult], duration: float) -> dict[str, Any]:
     ttft = [r.chunks[0][0] - r.start for r in done]
     e2el = [r.end - r.start for r in done]
     itl = [b[0] - a[0] for r in done for a, b in zip(r.chunks, r.chunks[1:], strict=False)]
-    tpot = [(r.end - r.start - (r.chunks[0][0] - r.start)) / (r.output_tokens - 1)
-            for r in done if r.output_tokens > 1]
+    tpot = [
+        (r.end - r.start - (r.chunks[0][0] - r.start)) / (r.output_tokens - 1)
+        for r in done
+        if r.output_tokens > 1
+    ]
     output_tokens = sum(r.output_tokens for r in done)
     prompt_tokens = sum(r.prompt_len for r in done)
     summary: dict[str, Any] = {

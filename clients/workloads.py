@@ -33,8 +33,9 @@ def make_workload(name: str, vocab_size: int, num_requests: int | None = None) -
     max_id = min(10000, vocab_size - 1)
     if name == "mixed":
         n = num_requests or 256
-        prompts = [[rng.randint(0, max_id) for _ in range(rng.randint(100, 1024))]
-                   for _ in range(n)]
+        prompts = [
+            [rng.randint(0, max_id) for _ in range(rng.randint(100, 1024))] for _ in range(n)
+        ]
         output_lens = [rng.randint(100, 1024) for _ in range(n)]
     elif name == "fixed":
         n = num_requests or 256
@@ -42,8 +43,7 @@ def make_workload(name: str, vocab_size: int, num_requests: int | None = None) -
         output_lens = [128] * n
     elif name == "cpu":
         n = num_requests or 64
-        prompts = [[rng.randint(0, max_id) for _ in range(rng.randint(32, 256))]
-                   for _ in range(n)]
+        prompts = [[rng.randint(0, max_id) for _ in range(rng.randint(32, 256))] for _ in range(n)]
         output_lens = [rng.randint(32, 128) for _ in range(n)]
     else:
         raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}; got {name!r}")

@@ -46,7 +46,10 @@ class EngineCore:
         self.max_model_len = self.loaded.max_model_len
         self.vocab_size = self.loaded.arch.vocab_size
         self.runner = ModelRunner(
-            self.loaded, config.cache, config.scheduler.max_num_seqs, self.device,
+            self.loaded,
+            config.cache,
+            config.scheduler.max_num_seqs,
+            self.device,
             config.model.seed,
         )
         block_size = config.cache.block_size
@@ -86,8 +89,14 @@ class EngineCore:
             raise DuplicateRequestError(request_id)
         self.validate(prompt_token_ids, params)
         request = Request(
-            request_id, prompt_token_ids, params, self.loaded.eos_token_ids, self.max_model_len,
-            arrival_time=arrival_time, priority=priority, cache_salt=cache_salt,
+            request_id,
+            prompt_token_ids,
+            params,
+            self.loaded.eos_token_ids,
+            self.max_model_len,
+            arrival_time=arrival_time,
+            priority=priority,
+            cache_salt=cache_salt,
             hold_as=hold_as,
         )
         self.scheduler.add_request(request)
@@ -119,8 +128,15 @@ class EngineCore:
     ) -> list[EngineCoreOutput]:
         aborted = self.scheduler.abort_requests(request_ids, reason)
         self._report_finished()
-        return [EngineCoreOutput(r.request_id, [], finish_reason=reason,
-                                 num_cached_tokens=max(r.num_cached_tokens, 0)) for r in aborted]
+        return [
+            EngineCoreOutput(
+                r.request_id,
+                [],
+                finish_reason=reason,
+                num_cached_tokens=max(r.num_cached_tokens, 0),
+            )
+            for r in aborted
+        ]
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -146,15 +162,30 @@ class EngineCore:
         outputs = self.scheduler.update(so, mo)
         t3 = time.perf_counter()
         if self.observer is not None and not so.is_empty:
-            self._report_step(so, t1 - t0, mo.prepare_time, mo.forward_time, mo.sample_time,
-                              t3 - t2, started_ns, t3 - t0)
+            self._report_step(
+                so,
+                t1 - t0,
+                mo.prepare_time,
+                mo.forward_time,
+                mo.sample_time,
+                t3 - t2,
+                started_ns,
+                t3 - t0,
+            )
         self._report_finished()
         return outputs
 
     # ------------------------------------------------------------------ observer
     def _report_step(
-        self, so: SchedulerOutput, schedule: float, prepare: float, forward: float,
-        sample: float, update: float, started_ns: int, duration: float,
+        self,
+        so: SchedulerOutput,
+        schedule: float,
+        prepare: float,
+        forward: float,
+        sample: float,
+        update: float,
+        started_ns: int,
+        duration: float,
     ) -> None:
         assert self.observer is not None
         kv = self.kv_cache_manager
@@ -164,17 +195,28 @@ class EngineCore:
         else:
             phase = "prefill" if so.num_prefill_tokens else "decode"
         prefill_ids = frozenset(rid for rid, n in so.num_scheduled_tokens.items() if n > 1)
-        self.observer.on_step(StepStats(
-            step_id=so.step_id, phase=phase, num_seqs=len(so.num_scheduled_tokens),
-            num_prefill_tokens=so.num_prefill_tokens, num_decode_tokens=so.num_decode_tokens,
-            num_preemptions=len(so.preempted_req_ids),
-            kv_blocks_used=kv.num_blocks - kv.num_free_blocks,
-            kv_blocks_free=kv.num_free_blocks, kv_blocks_total=kv.num_blocks,
-            scheduled=dict(so.num_scheduled_tokens), prefill_req_ids=prefill_ids,
-            schedule_time=schedule, prepare_time=prepare, forward_time=forward,
-            sample_time=sample, update_time=update, started_at_ns=started_ns,
-            duration=duration,
-        ))
+        self.observer.on_step(
+            StepStats(
+                step_id=so.step_id,
+                phase=phase,
+                num_seqs=len(so.num_scheduled_tokens),
+                num_prefill_tokens=so.num_prefill_tokens,
+                num_decode_tokens=so.num_decode_tokens,
+                num_preemptions=len(so.preempted_req_ids),
+                kv_blocks_used=kv.num_blocks - kv.num_free_blocks,
+                kv_blocks_free=kv.num_free_blocks,
+                kv_blocks_total=kv.num_blocks,
+                scheduled=dict(so.num_scheduled_tokens),
+                prefill_req_ids=prefill_ids,
+                schedule_time=schedule,
+                prepare_time=prepare,
+                forward_time=forward,
+                sample_time=sample,
+                update_time=update,
+                started_at_ns=started_ns,
+                duration=duration,
+            )
+        )
 
     def _report_finished(self) -> None:
         finished = self.scheduler.pop_finished_requests()
@@ -184,13 +226,17 @@ class EngineCore:
 
     def _report_request(self, request: Request) -> None:
         assert self.observer is not None and request.finish_reason is not None
-        self.observer.on_request_finished(RequestStats(
-            request_id=request.request_id, arrival_time=request.arrival_time,
-            first_scheduled_time=request.first_scheduled_time,
-            first_token_time=request.first_token_time,
-            finished_time=request.finished_time or time.monotonic(),
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_output_tokens=request.num_output_tokens,
-            num_cached_tokens=max(request.num_cached_tokens, 0),
-            num_preemptions=request.num_preemptions, finish_reason=request.finish_reason,
-        ))
+        self.observer.on_request_finished(
+            RequestStats(
+                request_id=request.request_id,
+                arrival_time=request.arrival_time,
+                first_scheduled_time=request.first_scheduled_time,
+                first_token_time=request.first_token_time,
+                finished_time=request.finished_time or time.monotonic(),
+                num_prompt_tokens=request.num_prompt_tokens,
+                num_output_tokens=request.num_output_tokens,
+                num_cached_tokens=max(request.num_cached_tokens, 0),
+                num_preemptions=request.num_preemptions,
+                finish_reason=request.finish_reason,
+            )
+        )

@@ -58,8 +58,14 @@ class KVCache:
         arch: ModelArch, cache_config: CacheConfig, device: torch.device, dtype: torch.dtype
     ) -> KVCache:
         num_blocks = num_blocks_for(arch, cache_config, device, dtype)
-        shape = (arch.num_hidden_layers, 2, num_blocks, cache_config.block_size,
-                 arch.num_key_value_heads, arch.head_dim)
+        shape = (
+            arch.num_hidden_layers,
+            2,
+            num_blocks,
+            cache_config.block_size,
+            arch.num_key_value_heads,
+            arch.head_dim,
+        )
         # Zeroed: masked-out slots are multiplied by 0 in attention, and 0 * NaN garbage = NaN.
         storage = torch.zeros(shape, dtype=dtype, device=device)
         layers = [(storage[i, 0], storage[i, 1]) for i in range(arch.num_hidden_layers)]

@@ -54,15 +54,26 @@ class LLM:
         observer: EngineObserver | None = None,
     ) -> None:
         config = EngineConfig(
-            model=ModelConfig(model=model, tokenizer=tokenizer, dtype=dtype,
-                              max_model_len=max_model_len, load_format=load_format, seed=seed),
-            cache=CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching,
-                              kv_cache_memory_bytes=kv_cache_memory_bytes,
-                              num_blocks_override=num_blocks_override),
-            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
-                                      max_num_batched_tokens=max_num_batched_tokens,
-                                      policy=scheduling_policy,
-                                      enable_chunked_prefill=enable_chunked_prefill),
+            model=ModelConfig(
+                model=model,
+                tokenizer=tokenizer,
+                dtype=dtype,
+                max_model_len=max_model_len,
+                load_format=load_format,
+                seed=seed,
+            ),
+            cache=CacheConfig(
+                block_size=block_size,
+                enable_prefix_caching=enable_prefix_caching,
+                kv_cache_memory_bytes=kv_cache_memory_bytes,
+                num_blocks_override=num_blocks_override,
+            ),
+            scheduler=SchedulerConfig(
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                policy=scheduling_policy,
+                enable_chunked_prefill=enable_chunked_prefill,
+            ),
             device=device,
         )
         self.engine = EngineCore(config, observer)
@@ -109,14 +120,16 @@ class LLM:
     ) -> list[RequestOutput]:
         """Render each conversation with the model's chat template, then generate."""
         single = bool(messages) and isinstance(messages[0], dict)
-        conversations = [cast(Messages, messages)] if single else list(
-            cast(Sequence[Messages], messages))
+        conversations = (
+            [cast(Messages, messages)] if single else list(cast(Sequence[Messages], messages))
+        )
         tokenizer = self._require_tokenizer("messages")
         prompts = [apply_chat_template(tokenizer, conv) for conv in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
-    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None
-               ) -> Iterator[ChoiceDelta]:
+    def stream(
+        self, prompt: Prompt, sampling_params: SamplingParams | None = None
+    ) -> Iterator[ChoiceDelta]:
         """Generate one prompt, yielding per-step deltas (the CLI streams text from these)."""
         text, token_ids = self._tokenize(prompt)
         request_id = self._add(text, token_ids, sampling_params or SamplingParams(), 0)
@@ -139,8 +152,9 @@ class LLM:
             raise ParameterError(param, "this model has no tokenizer: pass token ids instead")
         return self.tokenizer
 
-    def _add(self, prompt: str | None, token_ids: list[int], params: SamplingParams,
-             priority: int) -> str:
+    def _add(
+        self, prompt: str | None, token_ids: list[int], params: SamplingParams, priority: int
+    ) -> str:
         request_id = str(next(self._counter))
         children = self._processor.add_request(request_id, prompt, token_ids, params)
         try:

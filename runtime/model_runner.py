@@ -91,13 +91,21 @@ class ModelRunner:
                 self.batch.release_row(state.row)
                 state.row = None
         for new in so.new_reqs:
-            self._add_request(new.request_id, new.prompt_token_ids, new.sampling_params,
-                              new.block_ids, new.num_computed_tokens)
+            self._add_request(
+                new.request_id,
+                new.prompt_token_ids,
+                new.sampling_params,
+                new.block_ids,
+                new.num_computed_tokens,
+            )
         cached = so.cached_reqs
         requests, batch = self.requests, self.batch
         for request_id, resumed, new_block_ids, num_computed in zip(
-            cached.request_ids, cached.resumed_from_preemption, cached.new_block_ids,
-            cached.num_computed_tokens, strict=True,
+            cached.request_ids,
+            cached.resumed_from_preemption,
+            cached.new_block_ids,
+            cached.num_computed_tokens,
+            strict=True,
         ):
             state = requests[request_id]
             if resumed:  # its old row was released at preemption
@@ -109,8 +117,12 @@ class ModelRunner:
             batch.append_blocks(state.row, new_block_ids)
 
     def _add_request(
-        self, request_id: str, prompt: list[int], params: SamplingParams,
-        block_ids: list[int], num_computed: int,
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        block_ids: list[int],
+        num_computed: int,
     ) -> None:
         generator = None
         if params.seed is not None:
@@ -120,11 +132,16 @@ class ModelRunner:
         stop_ids = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else self.eos_token_ids
         )
-        sampling = RowSamplingState(params=params, generator=generator,
-                                    prompt_token_ids=prompt, output_token_ids=output,
-                                    stop_token_ids_for_min_tokens=stop_ids)
-        state = CachedRequestState(request_id, list(prompt), output, params, list(block_ids),
-                                   sampling)
+        sampling = RowSamplingState(
+            params=params,
+            generator=generator,
+            prompt_token_ids=prompt,
+            output_token_ids=output,
+            stop_token_ids_for_min_tokens=stop_ids,
+        )
+        state = CachedRequestState(
+            request_id, list(prompt), output, params, list(block_ids), sampling
+        )
         state.row = self.batch.add_row(prompt, state.block_ids, num_computed)
         self.requests[request_id] = state
         if params.prompt_logprobs is not None:
@@ -161,14 +178,16 @@ class ModelRunner:
         out = self._sample(logits, sample_states, sample_rows)
         t3 = time.perf_counter()
         return ModelOutput(
-            req_ids=out[0], sampled_token_ids=out[1], logprobs=out[2],
-            prompt_logprobs=prompt_lps, prepare_time=t1 - t0, forward_time=t2 - t1,
+            req_ids=out[0],
+            sampled_token_ids=out[1],
+            logprobs=out[2],
+            prompt_logprobs=prompt_lps,
+            prepare_time=t1 - t0,
+            forward_time=t2 - t1,
             sample_time=t3 - t2,
         )
 
-    def _batch_order(
-        self, so: SchedulerOutput
-    ) -> tuple[list[CachedRequestState], np.ndarray, int]:
+    def _batch_order(self, so: SchedulerOutput) -> tuple[list[CachedRequestState], np.ndarray, int]:
         """Rows in batch order, decode rows (one query token) first: attention batches them."""
         scheduled = so.num_scheduled_tokens
         requests = self.requests
@@ -178,8 +197,9 @@ class ModelRunner:
         decodes = [rid for rid, n in scheduled.items() if n == 1]
         prefills = [rid for rid, n in scheduled.items() if n != 1]
         order = decodes + prefills
-        query_lens = np.fromiter((scheduled[rid] for rid in order), dtype=np.int64,
-                                 count=len(order))
+        query_lens = np.fromiter(
+            (scheduled[rid] for rid in order), dtype=np.int64, count=len(order)
+        )
         return [requests[rid] for rid in order], query_lens, len(decodes)
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
@@ -191,17 +211,23 @@ class ModelRunner:
         block_tables = self._to_device(a.block_tables)
         plan = None
         if dev.type == "cpu":
-            plan = build_cpu_plan(a.query_start_loc, a.seq_lens, block_tables, a.num_decodes,
-                                  self.block_size)
+            plan = build_cpu_plan(
+                a.query_start_loc, a.seq_lens, block_tables, a.num_decodes, self.block_size
+            )
         return AttentionMetadata(
-            num_tokens=len(a.input_ids), num_seqs=len(a.seq_lens), num_decodes=a.num_decodes,
+            num_tokens=len(a.input_ids),
+            num_seqs=len(a.seq_lens),
+            num_decodes=a.num_decodes,
             block_size=self.block_size,
             slot_mapping=self._to_device(a.slot_mapping),
             query_start_loc=self._to_device(a.query_start_loc),
             seq_lens=self._to_device(a.seq_lens),
-            block_tables=block_tables, max_query_len=a.max_query_len,
-            max_seq_len=a.max_seq_len, query_start_loc_np=a.query_start_loc,
-            seq_lens_np=a.seq_lens, cpu_plan=plan,
+            block_tables=block_tables,
+            max_query_len=a.max_query_len,
+            max_seq_len=a.max_seq_len,
+            query_start_loc_np=a.query_start_loc,
+            seq_lens_np=a.seq_lens,
+            cpu_plan=plan,
         )
 
     def _sample(
@@ -209,8 +235,9 @@ class ModelRunner:
     ) -> tuple[list[str], list[int], dict[str, TokenLogprobs]]:
         if not states:
             return [], [], {}
-        meta = build_sampling_metadata([s.sampling for s in states], self.vocab_size,
-                                       self.device, self.generator)
+        meta = build_sampling_metadata(
+            [s.sampling for s in states], self.vocab_size, self.device, self.generator
+        )
         result = self.sampler(logits, meta)
         tokens: list[int] = result.sampled_token_ids.tolist()  # the step's one host sync
         req_ids = [s.request_id for s in states]
@@ -225,8 +252,9 @@ class ModelRunner:
             for i, state in enumerate(states):
                 k = state.params.logprobs
                 if k is not None:
-                    logprobs[state.request_id] = TokenLogprobs(ids[i][: k + 1], lps[i][: k + 1],
-                                                               ranks[i])
+                    logprobs[state.request_id] = TokenLogprobs(
+                        ids[i][: k + 1], lps[i][: k + 1], ranks[i]
+                    )
         return req_ids, tokens, logprobs
 
     def _prompt_logprobs(

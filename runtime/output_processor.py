@@ -109,8 +109,9 @@ class OutputProcessor:
         Child ``i`` of a seeded request uses ``seed + i`` so choices differ but stay
         reproducible; children share the prompt's KV blocks through prefix caching.
         """
-        parent = _Parent(request_id, prompt, list(prompt_token_ids), params,
-                         num_unfinished=params.n)
+        parent = _Parent(
+            request_id, prompt, list(prompt_token_ids), params, num_unfinished=params.n
+        )
         if params.prompt_logprobs is not None:
             parent.prompt_logprobs = []
         children = []
@@ -163,9 +164,11 @@ class OutputProcessor:
             parent = choice.parent
             if not parent.started:
                 parent.started = True
-                step.started.append(RequestStarted(
-                    parent.request_id, len(parent.prompt_token_ids), output.num_cached_tokens
-                ))
+                step.started.append(
+                    RequestStarted(
+                        parent.request_id, len(parent.prompt_token_ids), output.num_cached_tokens
+                    )
+                )
             if choice.index == 0:
                 parent.num_cached_tokens = output.num_cached_tokens
                 if output.new_prompt_logprobs is not None:
@@ -204,8 +207,15 @@ class OutputProcessor:
         choice.text += text
         if not new_ids and choice.finish_reason is None:
             return None
-        return ChoiceDelta(choice.parent.request_id, choice.index, text, list(new_ids),
-                           logprobs, choice.finish_reason, choice.stop_reason)
+        return ChoiceDelta(
+            choice.parent.request_id,
+            choice.index,
+            text,
+            list(new_ids),
+            logprobs,
+            choice.finish_reason,
+            choice.stop_reason,
+        )
 
     def _convert_logprobs(
         self, choice: _Choice, new: list[TokenLogprobs] | None
@@ -221,8 +231,7 @@ class OutputProcessor:
     def _position(self, entry: TokenLogprobs) -> PositionLogprobs:
         """Chosen token first (with its true rank), then alternatives ranked 1..k."""
         position: PositionLogprobs = {}
-        for k, (token_id, logprob) in enumerate(zip(entry.token_ids, entry.logprobs,
-                                                    strict=True)):
+        for k, (token_id, logprob) in enumerate(zip(entry.token_ids, entry.logprobs, strict=True)):
             if token_id in position:
                 continue  # the chosen token is also among the top-k
             rank = entry.rank if k == 0 else k
@@ -230,27 +239,32 @@ class OutputProcessor:
             position[token_id] = Logprob(logprob, rank, text)
         return position
 
-    def _add_prompt_logprobs(
-        self, parent: _Parent, positions: list[TokenLogprobs | None]
-    ) -> None:
+    def _add_prompt_logprobs(self, parent: _Parent, positions: list[TokenLogprobs | None]) -> None:
         assert parent.prompt_logprobs is not None
-        parent.prompt_logprobs.extend(
-            None if p is None else self._position(p) for p in positions
-        )
+        parent.prompt_logprobs.extend(None if p is None else self._position(p) for p in positions)
 
     def _finish_parent(self, parent: _Parent) -> RequestOutput:
         del self._parents[parent.request_id]
         outputs = []
         for choice in parent.choices:
             self._children.pop(choice.child_id, None)
-            outputs.append(CompletionOutput(
-                index=choice.index, text=choice.text, token_ids=choice.token_ids,
-                cumulative_logprob=choice.cumulative_logprob, logprobs=choice.logprobs,
-                finish_reason=choice.finish_reason, stop_reason=choice.stop_reason,
-            ))
+            outputs.append(
+                CompletionOutput(
+                    index=choice.index,
+                    text=choice.text,
+                    token_ids=choice.token_ids,
+                    cumulative_logprob=choice.cumulative_logprob,
+                    logprobs=choice.logprobs,
+                    finish_reason=choice.finish_reason,
+                    stop_reason=choice.stop_reason,
+                )
+            )
         return RequestOutput(
-            request_id=parent.request_id, prompt=parent.prompt,
-            prompt_token_ids=parent.prompt_token_ids, outputs=outputs,
+            request_id=parent.request_id,
+            prompt=parent.prompt,
+            prompt_token_ids=parent.prompt_token_ids,
+            outputs=outputs,
             num_cached_tokens=parent.num_cached_tokens,
-            prompt_logprobs=parent.prompt_logprobs, finished=True,
+            prompt_logprobs=parent.prompt_logprobs,
+            finished=True,
         )

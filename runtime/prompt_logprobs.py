@@ -24,11 +24,10 @@ def prompt_logprobs_for_chunk(
     targets = torch.tensor(prompt_token_ids[start + 1 : stop + 1], device=logits.device)
     chosen = logprobs.gather(1, targets[:, None])
     ranks = (logprobs > chosen).sum(dim=-1) + 1
-    top_lp, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (chosen[:, :0],
-                                                                       targets[:, None][:, :0])
+    top_lp, top_ids = (
+        logprobs.topk(num_top, dim=-1) if num_top else (chosen[:, :0], targets[:, None][:, :0])
+    )
     ids = torch.cat([targets[:, None], top_ids], dim=1).tolist()
     lps = torch.cat([chosen, top_lp], dim=1).tolist()
-    out.extend(
-        TokenLogprobs(i, lp, r) for i, lp, r in zip(ids, lps, ranks.tolist(), strict=True)
-    )
+    out.extend(TokenLogprobs(i, lp, r) for i, lp, r in zip(ids, lps, ranks.tolist(), strict=True))
     return out

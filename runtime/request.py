@@ -89,8 +89,8 @@ class Request:
         self.stop_token_ids = frozenset(sampling_params.stop_token_ids)
         # Effective output budget: the user's max_tokens, capped by the context window.
         room = max_model_len - self.num_prompt_tokens
-        self.max_tokens = room if sampling_params.max_tokens is None else min(
-            sampling_params.max_tokens, room
+        self.max_tokens = (
+            room if sampling_params.max_tokens is None else min(sampling_params.max_tokens, room)
         )
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.priority = priority  # lower value is served first (vLLM convention)

@@ -179,8 +179,12 @@ class Scheduler:
         allocate = self.kv.allocate_slots
         num_scheduled = step.num_scheduled
         cached = step.cached
-        ids, resumed, blocks, computed = (cached.request_ids, cached.resumed_from_preemption,
-                                          cached.new_block_ids, cached.num_computed_tokens)
+        ids, resumed, blocks, computed = (
+            cached.request_ids,
+            cached.resumed_from_preemption,
+            cached.new_block_ids,
+            cached.num_computed_tokens,
+        )
         start_budget = budget = step.budget
         prefill = 0
         i = 0

@@ -90,8 +90,13 @@ class AsyncEngine:
     core: EngineCore
     tokenizer: Any
 
-    def __init__(self, config: EngineConfig, *, observer: EngineObserver | None = None,
-                 max_requests: int = 4096) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        observer: EngineObserver | None = None,
+        max_requests: int = 4096,
+    ) -> None:
         self.config = config
         self.observer = observer
         self.max_requests = max_requests
@@ -113,8 +118,9 @@ class AsyncEngine:
         self._idle = asyncio.Event()
         self._idle.set()
         loaded: asyncio.Future[None] = self._loop.create_future()
-        self._thread = threading.Thread(target=self._thread_main, args=(loaded,),
-                                        name="tokenwire-engine", daemon=True)
+        self._thread = threading.Thread(
+            target=self._thread_main, args=(loaded,), name="tokenwire-engine", daemon=True
+        )
         self._thread.start()
         await loaded
 
@@ -131,9 +137,13 @@ class AsyncEngine:
 
     async def warmup(self) -> None:
         """Run one tiny request end to end (first-step costs, allocator, caches)."""
-        stream = self.add_request("warmup", None, [1, 2, 3],
-                                  SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True),
-                                  before_ready=True)
+        stream = self.add_request(
+            "warmup",
+            None,
+            [1, 2, 3],
+            SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True),
+            before_ready=True,
+        )
         async for _ in stream:
             pass
         self.ready = True
@@ -206,8 +216,9 @@ class AsyncEngine:
         self._streams[request_id] = stream
         if self._idle is not None:
             self._idle.clear()
-        self._commands.put(_Add(request_id, prompt, prompt_token_ids, params, priority,
-                                cache_salt, hold_as))
+        self._commands.put(
+            _Add(request_id, prompt, prompt_token_ids, params, priority, cache_salt, hold_as)
+        )
         return stream
 
     def abort(self, request_id: str) -> bool:
@@ -271,14 +282,18 @@ class AsyncEngine:
             self._add(command)
 
     def _add(self, c: _Add) -> None:
-        children = self._processor.add_request(c.request_id, c.prompt, c.prompt_token_ids,
-                                               c.params)
+        children = self._processor.add_request(c.request_id, c.prompt, c.prompt_token_ids, c.params)
         try:
             for i, (child_id, child_params) in enumerate(children):
                 # Only choice 0 continues a session, so only its blocks are held.
-                self.core.add_request(child_id, c.prompt_token_ids, child_params,
-                                      priority=c.priority, cache_salt=c.cache_salt,
-                                      hold_as=c.hold_as if i == 0 else None)
+                self.core.add_request(
+                    child_id,
+                    c.prompt_token_ids,
+                    child_params,
+                    priority=c.priority,
+                    cache_salt=c.cache_salt,
+                    hold_as=c.hold_as if i == 0 else None,
+                )
         except Exception as exc:  # validated already; anything here is an engine fault
             self.core.abort_requests(self._processor.abort(c.request_id))
             self._publish(functools.partial(self._fail, c.request_id, exc))

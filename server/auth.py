@@ -17,8 +17,11 @@ import grpc
 from tokenwire.server.errors import ServiceError, abort
 
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
-UNAUTHENTICATED = ServiceError(grpc.StatusCode.UNAUTHENTICATED, "API_KEY_INVALID",
-                               "missing or invalid API key (authorization: Bearer <key>)")
+UNAUTHENTICATED = ServiceError(
+    grpc.StatusCode.UNAUTHENTICATED,
+    "API_KEY_INVALID",
+    "missing or invalid API key (authorization: Bearer <key>)",
+)
 
 
 def _digest(value: str) -> bytes:
@@ -66,8 +69,10 @@ def _denying(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         await abort(context, UNAUTHENTICATED)
         yield  # pragma: no cover - makes this an async generator
 
-    codec = dict(request_deserializer=handler.request_deserializer,
-                 response_serializer=handler.response_serializer)
+    codec = dict(
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
     if handler.unary_unary is not None:
         return grpc.unary_unary_rpc_method_handler(unary_out, **codec)
     if handler.unary_stream is not None:

@@ -53,8 +53,9 @@ def call_context(context: grpc.aio.ServicerContext, request_id: str = "") -> Cal
     """Request id from the message, else ``x-request-id``, else a fresh one."""
     rid = request_id or metadata_value(context, "x-request-id") or uuid.uuid4().hex
     if len(rid) > MAX_REQUEST_ID_CHARS or not rid.isprintable():
-        raise ParameterError("request_id", f"must be printable and at most "
-                                           f"{MAX_REQUEST_ID_CHARS} characters")
+        raise ParameterError(
+            "request_id", f"must be printable and at most {MAX_REQUEST_ID_CHARS} characters"
+        )
     raw_priority = metadata_value(context, "x-priority")
     try:
         priority = int(raw_priority) if raw_priority else 0

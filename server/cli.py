@@ -28,12 +28,18 @@ def _run_generate(args: argparse.Namespace) -> int:
     from tokenwire.runtime.tokenizer import apply_chat_template
 
     llm = LLM(args.model, device=args.device, dtype=args.dtype)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                            top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+    )
     prompt: str | list[int] = args.prompt
     if args.chat:
-        prompt = apply_chat_template(llm.get_tokenizer(),
-                                     [{"role": "user", "content": args.prompt}])
+        prompt = apply_chat_template(
+            llm.get_tokenizer(), [{"role": "user", "content": args.prompt}]
+        )
     for delta in llm.stream(prompt, params):
         sys.stdout.write(delta.text)
         sys.stdout.flush()
@@ -51,8 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
     _add_generate(sub)
     add_chat_parser(sub)
-    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench",
-                                                                       required=True)
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     add_bench_parsers(bench)
     return parser
 

@@ -56,8 +56,9 @@ def sampling_params(
     if len(stops) > limits.max_stop_sequences:
         raise ParameterError("stop", f"at most {limits.max_stop_sequences} stop sequences")
     if any(len(s) > limits.max_stop_sequence_chars for s in stops):
-        raise ParameterError("stop", f"a stop sequence is longer than "
-                                     f"{limits.max_stop_sequence_chars} characters")
+        raise ParameterError(
+            "stop", f"a stop sequence is longer than {limits.max_stop_sequence_chars} characters"
+        )
     return SamplingParams(
         n=n,
         temperature=_opt(sampling, "temperature", 1.0),
@@ -129,18 +130,23 @@ def logprobs_proto(
     for position in positions:
         items = list(position.items())
         chosen_id, chosen = items[0]
-        top = sorted((i for i in items if i[1].rank is not None and i[1].rank <= num_top),
-                     key=lambda i: i[1].rank or 0)
-        out.append(common_pb2.PositionLogprobs(
-            chosen=_token_logprob(chosen_id, chosen),
-            top=[_token_logprob(t, lp) for t, lp in top],
-        ))
+        top = sorted(
+            (i for i in items if i[1].rank is not None and i[1].rank <= num_top),
+            key=lambda i: i[1].rank or 0,
+        )
+        out.append(
+            common_pb2.PositionLogprobs(
+                chosen=_token_logprob(chosen_id, chosen),
+                top=[_token_logprob(t, lp) for t, lp in top],
+            )
+        )
     return out
 
 
 def _token_logprob(token_id: int, lp: Any) -> common_pb2.TokenLogprob:
-    return common_pb2.TokenLogprob(token_id=token_id, token=lp.decoded_token or "",
-                                   logprob=lp.logprob, rank=lp.rank or 0)
+    return common_pb2.TokenLogprob(
+        token_id=token_id, token=lp.decoded_token or "", logprob=lp.logprob, rank=lp.rank or 0
+    )
 
 
 def stop_fields(stop_reason: int | str | None) -> dict[str, Any]:
@@ -152,19 +158,28 @@ def stop_fields(stop_reason: int | str | None) -> dict[str, Any]:
 
 
 def token_delta(delta: ChoiceDelta, num_top: int | None) -> generation_pb2.TokenDelta:
-    return generation_pb2.TokenDelta(index=delta.index, text=delta.text,
-                                     token_ids=delta.token_ids,
-                                     logprobs=logprobs_proto(delta.logprobs, num_top))
+    return generation_pb2.TokenDelta(
+        index=delta.index,
+        text=delta.text,
+        token_ids=delta.token_ids,
+        logprobs=logprobs_proto(delta.logprobs, num_top),
+    )
 
 
 def choice_proto(c: CompletionOutput, num_top: int | None) -> generation_pb2.Choice:
-    return generation_pb2.Choice(index=c.index, text=c.text, token_ids=c.token_ids,
-                                 logprobs=logprobs_proto(c.logprobs, num_top),
-                                 finish_reason=finish_reason(c.finish_reason),
-                                 **stop_fields(c.stop_reason))
+    return generation_pb2.Choice(
+        index=c.index,
+        text=c.text,
+        token_ids=c.token_ids,
+        logprobs=logprobs_proto(c.logprobs, num_top),
+        finish_reason=finish_reason(c.finish_reason),
+        **stop_fields(c.stop_reason),
+    )
 
 
 def usage(output: RequestOutput) -> common_pb2.Usage:
-    return common_pb2.Usage(prompt_tokens=len(output.prompt_token_ids),
-                            completion_tokens=sum(len(c.token_ids) for c in output.outputs),
-                            cached_tokens=output.num_cached_tokens)
+    return common_pb2.Usage(
+        prompt_tokens=len(output.prompt_token_ids),
+        completion_tokens=sum(len(c.token_ids) for c in output.outputs),
+        cached_tokens=output.num_cached_tokens,
+    )

@@ -44,13 +44,21 @@ class ServiceError(Exception):
 
 
 def invalid_parameter(param: str, message: str) -> ServiceError:
-    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PARAMETER",
-                        f"{param}: {message}", {"param": param})
+    return ServiceError(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_PARAMETER",
+        f"{param}: {message}",
+        {"param": param},
+    )
 
 
 def model_not_found(name: str) -> ServiceError:
-    return ServiceError(grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND",
-                        f"model {name!r} is not served here", {"model": name})
+    return ServiceError(
+        grpc.StatusCode.NOT_FOUND,
+        "MODEL_NOT_FOUND",
+        f"model {name!r} is not served here",
+        {"model": name},
+    )
 
 
 def to_service_error(exc: BaseException, request_id: str | None = None) -> ServiceError:
@@ -58,24 +66,36 @@ def to_service_error(exc: BaseException, request_id: str | None = None) -> Servi
     if isinstance(exc, ServiceError):
         return exc
     if isinstance(exc, ContextLengthError):
-        return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "CONTEXT_LENGTH_EXCEEDED",
-                            str(exc), {"param": exc.param})
+        return ServiceError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "CONTEXT_LENGTH_EXCEEDED",
+            str(exc),
+            {"param": exc.param},
+        )
     if isinstance(exc, ParameterError):
-        return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PARAMETER", str(exc),
-                            {"param": exc.param})
+        return ServiceError(
+            grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PARAMETER", str(exc), {"param": exc.param}
+        )
     if isinstance(exc, DuplicateRequestError):
-        return ServiceError(grpc.StatusCode.ALREADY_EXISTS, "DUPLICATE_REQUEST_ID",
-                            "a request with this request_id is already in flight")
+        return ServiceError(
+            grpc.StatusCode.ALREADY_EXISTS,
+            "DUPLICATE_REQUEST_ID",
+            "a request with this request_id is already in flight",
+        )
     if isinstance(exc, QueueFullError):
-        return ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_FULL", str(exc),
-                            retry_after=exc.retry_after)
+        return ServiceError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_FULL", str(exc), retry_after=exc.retry_after
+        )
     if isinstance(exc, NotReadyError):
         return ServiceError(grpc.StatusCode.UNAVAILABLE, "NOT_READY", str(exc), retry_after=1.0)
     if isinstance(exc, DrainingError):
         return ServiceError(grpc.StatusCode.UNAVAILABLE, "SERVER_DRAINING", str(exc))
     if isinstance(exc, EngineDeadError):
-        return ServiceError(grpc.StatusCode.UNAVAILABLE, "ENGINE_DEAD",
-                            "the inference engine has failed; retry on another replica")
+        return ServiceError(
+            grpc.StatusCode.UNAVAILABLE,
+            "ENGINE_DEAD",
+            "the inference engine has failed; retry on another replica",
+        )
     logger.error("internal error (request_id=%s)", request_id, exc_info=exc)
     suffix = f" (request_id={request_id})" if request_id else ""
     return ServiceError(grpc.StatusCode.INTERNAL, "ENGINE_ERROR", f"internal error{suffix}")
@@ -85,8 +105,9 @@ def to_status_proto(err: ServiceError) -> status_pb2.Status:
     details: list[any_pb2.Any] = []
     if err.reason is not None:
         info = any_pb2.Any()
-        info.Pack(error_details_pb2.ErrorInfo(reason=err.reason, domain=DOMAIN,
-                                              metadata=err.metadata))
+        info.Pack(
+            error_details_pb2.ErrorInfo(reason=err.reason, domain=DOMAIN, metadata=err.metadata)
+        )
         details.append(info)
     if err.retry_after is not None:
         retry = any_pb2.Any()

@@ -27,24 +27,32 @@ Events = AsyncIterator[generation_pb2.GenerateStreamResponse]
 
 
 class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
-    def __init__(self, engine: AsyncEngine, model_name: str, limits: convert.Limits,
-                 sessions: SessionHandler) -> None:
+    def __init__(
+        self, engine: AsyncEngine, model_name: str, limits: convert.Limits, sessions: SessionHandler
+    ) -> None:
         self.engine = engine
         self.model_name = model_name
         self.limits = limits
         self.sessions = sessions
 
-    def _submit(self, call: CallContext, request: generation_pb2.GenerateRequest
-                ) -> tuple[RequestStream, int | None]:
+    def _submit(
+        self, call: CallContext, request: generation_pb2.GenerateRequest
+    ) -> tuple[RequestStream, int | None]:
         if request.model and request.model != self.model_name:
             raise model_not_found(request.model)
         prompt, token_ids = convert.tokenize_input(self.engine.tokenizer, request)
-        params = convert.sampling_params(request.sampling, request.stopping, request.output,
-                                         self.limits)
+        params = convert.sampling_params(
+            request.sampling, request.stopping, request.output, self.limits
+        )
         try:
-            stream = self.engine.add_request(call.internal_id, prompt, token_ids, params,
-                                             priority=call.priority,
-                                             cache_salt=request.cache_salt or None)
+            stream = self.engine.add_request(
+                call.internal_id,
+                prompt,
+                token_ids,
+                params,
+                priority=call.priority,
+                cache_salt=request.cache_salt or None,
+            )
         except ParameterError as exc:
             if exc.param != "prompt":
                 raise
@@ -53,8 +61,9 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             raise type(exc)(field, str(exc).removeprefix("prompt: ")) from None
         return stream, params.logprobs
 
-    async def Generate(self, request: generation_pb2.GenerateRequest,
-                       context: grpc.aio.ServicerContext) -> generation_pb2.GenerateResponse:
+    async def Generate(
+        self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> generation_pb2.GenerateResponse:
         call: CallContext | None = None
         stream: RequestStream | None = None
         try:
@@ -63,7 +72,8 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             await context.send_initial_metadata((("x-request-id", call.request_id),))
             output = await _final_output(stream)
             return generation_pb2.GenerateResponse(
-                request_id=call.request_id, model=self.model_name,
+                request_id=call.request_id,
+                model=self.model_name,
                 choices=[convert.choice_proto(c, num_top) for c in output.outputs],
                 usage=convert.usage(output),
             )
@@ -75,8 +85,9 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             if call is not None and stream is not None and not stream.done:
                 self.engine.abort(call.internal_id)
 
-    async def GenerateStream(self, request: generation_pb2.GenerateRequest,
-                             context: grpc.aio.ServicerContext) -> Events:
+    async def GenerateStream(
+        self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> Events:
         call: CallContext | None = None
         stream: RequestStream | None = None
         try:
@@ -93,15 +104,20 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             if call is not None and stream is not None and not stream.done:
                 self.engine.abort(call.internal_id)
 
-    async def _stream_events(self, call: CallContext, stream: RequestStream,
-                             num_top: int | None) -> Events:
+    async def _stream_events(
+        self, call: CallContext, stream: RequestStream, num_top: int | None
+    ) -> Events:
         counts: dict[int, int] = {}
         async for item in stream:
             if isinstance(item, RequestStarted):
-                yield generation_pb2.GenerateStreamResponse(start=generation_pb2.StreamStart(
-                    request_id=call.request_id, model=self.model_name,
-                    prompt_tokens=item.num_prompt_tokens,
-                    cached_tokens=item.num_cached_tokens))
+                yield generation_pb2.GenerateStreamResponse(
+                    start=generation_pb2.StreamStart(
+                        request_id=call.request_id,
+                        model=self.model_name,
+                        prompt_tokens=item.num_prompt_tokens,
+                        cached_tokens=item.num_cached_tokens,
+                    )
+                )
             elif isinstance(item, ChoiceDelta):
                 counts[item.index] = counts.get(item.index, 0) + len(item.token_ids)
                 for event in delta_events(item, num_top, counts[item.index]):
@@ -111,29 +127,40 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             else:
                 raise item.error
 
-    async def Cancel(self, request: generation_pb2.CancelRequest,
-                     context: grpc.aio.ServicerContext) -> generation_pb2.CancelResponse:
+    async def Cancel(
+        self, request: generation_pb2.CancelRequest, context: grpc.aio.ServicerContext
+    ) -> generation_pb2.CancelResponse:
         rid = internal_id(caller_of(context), request.request_id)
         return generation_pb2.CancelResponse(cancelled=self.engine.abort(rid))
 
-    async def Session(self, request_iterator: Any, context: grpc.aio.ServicerContext
-                      ) -> AsyncIterator[generation_pb2.SessionResponse]:
+    async def Session(
+        self, request_iterator: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[generation_pb2.SessionResponse]:
         # grpc.aio picks streaming handling by inspecting for an async generator function.
         async for message in self.sessions.run(request_iterator, context):
             yield message
 
 
-def delta_events(item: ChoiceDelta, num_top: int | None, completion_tokens: int
-                 ) -> list[generation_pb2.GenerateStreamResponse]:
+def delta_events(
+    item: ChoiceDelta, num_top: int | None, completion_tokens: int
+) -> list[generation_pb2.GenerateStreamResponse]:
     """A TokenDelta when it carries output, then a ChoiceEnd when the choice finished."""
     events = []
     if item.text or item.token_ids:
-        events.append(generation_pb2.GenerateStreamResponse(
-            delta=convert.token_delta(item, num_top)))
+        events.append(
+            generation_pb2.GenerateStreamResponse(delta=convert.token_delta(item, num_top))
+        )
     if item.finish_reason is not None:
-        events.append(generation_pb2.GenerateStreamResponse(end=generation_pb2.ChoiceEnd(
-            index=item.index, finish_reason=convert.finish_reason(item.finish_reason),
-            completion_tokens=completion_tokens, **convert.stop_fields(item.stop_reason))))
+        events.append(
+            generation_pb2.GenerateStreamResponse(
+                end=generation_pb2.ChoiceEnd(
+                    index=item.index,
+                    finish_reason=convert.finish_reason(item.finish_reason),
+                    completion_tokens=completion_tokens,
+                    **convert.stop_fields(item.stop_reason),
+                )
+            )
+        )
     return events
 
 

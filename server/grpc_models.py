@@ -14,8 +14,14 @@ from tokenwire.v1 import models_pb2, models_pb2_grpc
 
 
 class ModelService(models_pb2_grpc.ModelServiceServicer):
-    def __init__(self, engine: AsyncEngine, model_name: str, limits: Limits,
-                 max_sessions: int, auth_required: bool) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        model_name: str,
+        limits: Limits,
+        max_sessions: int,
+        auth_required: bool,
+    ) -> None:
         self.engine = engine
         self.model_name = model_name
         self.limits = limits
@@ -27,12 +33,16 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         loaded = core.loaded
         tokenizer = self.engine.tokenizer
         return models_pb2.ModelInfo(
-            name=self.model_name, architecture=loaded.arch.architecture,
-            max_context_tokens=core.max_model_len, vocab_size=core.vocab_size,
+            name=self.model_name,
+            architecture=loaded.arch.architecture,
+            max_context_tokens=core.max_model_len,
+            vocab_size=core.vocab_size,
             eos_token_ids=sorted(loaded.eos_token_ids),
             has_chat_template=bool(tokenizer is not None and tokenizer.chat_template),
-            max_n=self.limits.max_n, max_stop_sequences=self.limits.max_stop_sequences,
-            max_logprobs=MAX_LOGPROBS, dtype=str(loaded.dtype).removeprefix("torch."),
+            max_n=self.limits.max_n,
+            max_stop_sequences=self.limits.max_stop_sequences,
+            max_logprobs=MAX_LOGPROBS,
+            dtype=str(loaded.dtype).removeprefix("torch."),
         )
 
     def _check_model(self, name: str) -> None:
@@ -44,33 +54,40 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
             raise invalid_parameter("model", "this model has no tokenizer")
         return self.engine.tokenizer
 
-    async def ListModels(self, request: models_pb2.ListModelsRequest,
-                         context: grpc.aio.ServicerContext) -> models_pb2.ListModelsResponse:
+    async def ListModels(
+        self, request: models_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> models_pb2.ListModelsResponse:
         return models_pb2.ListModelsResponse(models=[self._info()])
 
-    async def GetModelInfo(self, request: models_pb2.GetModelInfoRequest,
-                           context: grpc.aio.ServicerContext) -> models_pb2.ModelInfo:
+    async def GetModelInfo(
+        self, request: models_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> models_pb2.ModelInfo:
         try:
             self._check_model(request.model)
             return self._info()
         except Exception as exc:
             await abort(context, to_service_error(exc))
 
-    async def GetServerInfo(self, request: models_pb2.GetServerInfoRequest,
-                            context: grpc.aio.ServicerContext) -> models_pb2.ServerInfo:
+    async def GetServerInfo(
+        self, request: models_pb2.GetServerInfoRequest, context: grpc.aio.ServicerContext
+    ) -> models_pb2.ServerInfo:
         core = self.engine.core
         sched = core.config.scheduler
         return models_pb2.ServerInfo(
-            version=importlib.metadata.version("tokenwire"), device=str(core.device),
+            version=importlib.metadata.version("tokenwire"),
+            device=str(core.device),
             kv_blocks_total=core.kv_cache_manager.num_blocks,
-            block_size=core.config.cache.block_size, max_num_seqs=sched.max_num_seqs,
+            block_size=core.config.cache.block_size,
+            max_num_seqs=sched.max_num_seqs,
             max_num_batched_tokens=sched.max_num_batched_tokens,
             prefix_caching=core.config.cache.enable_prefix_caching,
-            max_sessions=self.max_sessions, auth_required=self.auth_required,
+            max_sessions=self.max_sessions,
+            auth_required=self.auth_required,
         )
 
-    async def Tokenize(self, request: models_pb2.TokenizeRequest,
-                       context: grpc.aio.ServicerContext) -> models_pb2.TokenizeResponse:
+    async def Tokenize(
+        self, request: models_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> models_pb2.TokenizeResponse:
         try:
             self._check_model(request.model)
             tokenizer = self._tokenizer()
@@ -81,8 +98,9 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         except Exception as exc:
             await abort(context, to_service_error(exc))
 
-    async def Detokenize(self, request: models_pb2.DetokenizeRequest,
-                         context: grpc.aio.ServicerContext) -> models_pb2.DetokenizeResponse:
+    async def Detokenize(
+        self, request: models_pb2.DetokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> models_pb2.DetokenizeResponse:
         try:
             self._check_model(request.model)
             tokenizer = self._tokenizer()

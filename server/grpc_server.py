@@ -45,20 +45,32 @@ class GrpcServer:
         self.engine = engine
         self.settings = settings
         interceptors = [ApiKeyInterceptor(settings.api_keys)] if settings.api_keys else []
-        options = [("grpc.max_receive_message_length", settings.max_message_bytes),
-                   ("grpc.max_send_message_length", settings.max_message_bytes)]
+        options = [
+            ("grpc.max_receive_message_length", settings.max_message_bytes),
+            ("grpc.max_send_message_length", settings.max_message_bytes),
+        ]
         self.server = grpc.aio.server(interceptors=interceptors, options=options)
-        self.sessions = SessionHandler(engine, model_name, settings.limits,
-                                       settings.max_sessions, settings.session_idle_timeout)
+        self.sessions = SessionHandler(
+            engine,
+            model_name,
+            settings.limits,
+            settings.max_sessions,
+            settings.session_idle_timeout,
+        )
         generation_pb2_grpc.add_GenerationServiceServicer_to_server(
-            GenerationService(engine, model_name, settings.limits, self.sessions), self.server)
+            GenerationService(engine, model_name, settings.limits, self.sessions), self.server
+        )
         models_pb2_grpc.add_ModelServiceServicer_to_server(
-            ModelService(engine, model_name, settings.limits, settings.max_sessions,
-                         bool(settings.api_keys)), self.server)
+            ModelService(
+                engine, model_name, settings.limits, settings.max_sessions, bool(settings.api_keys)
+            ),
+            self.server,
+        )
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
-            (*SERVICE_NAMES, "grpc.health.v1.Health", reflection.SERVICE_NAME), self.server)
+            (*SERVICE_NAMES, "grpc.health.v1.Health", reflection.SERVICE_NAME), self.server
+        )
         self.port = 0
         engine.on_dead(self._engine_died)
 
@@ -70,15 +82,19 @@ class GrpcServer:
         """Bind and start; returns the bound port (useful with port 0)."""
         self.port = self.server.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
         if self.port == 0:
-            raise ValueError(f"cannot bind {self.settings.host}:{self.settings.port}: "
-                             "choose another --grpc-port")
+            raise ValueError(
+                f"cannot bind {self.settings.host}:{self.settings.port}: choose another --grpc-port"
+            )
         await self.set_serving(False)
         await self.server.start()
         return self.port
 
     async def set_serving(self, serving: bool) -> None:
-        status = (health_pb2.HealthCheckResponse.SERVING if serving
-                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, status)
 

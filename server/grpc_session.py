@@ -36,8 +36,14 @@ Out = asyncio.Queue[pb.SessionResponse | None]
 
 
 class SessionHandler:
-    def __init__(self, engine: AsyncEngine, model_name: str, limits: convert.Limits,
-                 max_sessions: int, idle_timeout: float) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        model_name: str,
+        limits: convert.Limits,
+        max_sessions: int,
+        idle_timeout: float,
+    ) -> None:
         self.engine = engine
         self.model_name = model_name
         self.limits = limits
@@ -50,13 +56,15 @@ class SessionHandler:
         return len(self._open)
 
     def notify_draining(self) -> None:
-        notice = pb.SessionNotice(kind=pb.NOTICE_KIND_DRAINING,
-                                  message="the server is shutting down")
+        notice = pb.SessionNotice(
+            kind=pb.NOTICE_KIND_DRAINING, message="the server is shutting down"
+        )
         for out in self._open.values():
             out.put_nowait(pb.SessionResponse(notice=notice))
 
-    async def run(self, requests: Any, context: grpc.aio.ServicerContext
-                  ) -> AsyncIterator[pb.SessionResponse]:
+    async def run(
+        self, requests: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.SessionResponse]:
         try:
             state = await self._open_session(requests, context)
         except Exception as exc:
@@ -66,9 +74,13 @@ class SessionHandler:
         session = _Session(self, state, out)
         reader = asyncio.create_task(session.read(requests))
         try:
-            yield pb.SessionResponse(opened=pb.SessionOpened(
-                session_id=state.session_id, model=self.model_name,
-                max_context_tokens=self.engine.core.max_model_len))
+            yield pb.SessionResponse(
+                opened=pb.SessionOpened(
+                    session_id=state.session_id,
+                    model=self.model_name,
+                    max_context_tokens=self.engine.core.max_model_len,
+                )
+            )
             while (message := await out.get()) is not None:
                 yield message
         finally:
@@ -78,23 +90,25 @@ class SessionHandler:
             await session.close()
             del self._open[state.session_id]
 
-    async def _open_session(self, requests: Any, context: grpc.aio.ServicerContext
-                            ) -> SessionState:
+    async def _open_session(self, requests: Any, context: grpc.aio.ServicerContext) -> SessionState:
         first = await anext(aiter(requests), None)
         if first is None or first.WhichOneof("message") != "open":
             raise invalid_parameter("open", "the first message of a session must be Open")
         if first.open.model and first.open.model != self.model_name:
             raise model_not_found(first.open.model)
         if len(self._open) >= self.max_sessions:
-            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, "TOO_MANY_SESSIONS",
-                               f"the server holds {self.max_sessions} sessions, its limit",
-                               retry_after=5.0)
+            raise ServiceError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "TOO_MANY_SESSIONS",
+                f"the server holds {self.max_sessions} sessions, its limit",
+                retry_after=5.0,
+            )
         # Validate the defaults once so a bad Open fails the call, not every turn.
-        convert.sampling_params(first.open.sampling, first.open.stopping, first.open.output,
-                                self.limits)
+        convert.sampling_params(
+            first.open.sampling, first.open.stopping, first.open.output, self.limits
+        )
         session_id = uuid.uuid4().hex
-        return SessionState(session_id, f"session/{caller_of(context)}/{session_id}",
-                            first.open)
+        return SessionState(session_id, f"session/{caller_of(context)}/{session_id}", first.open)
 
 
 class _Session:
@@ -118,8 +132,10 @@ class _Session:
                 turn = self.turn_task if self.turn_task and not self.turn_task.done() else None
                 waits: set[asyncio.Future[Any]] = {pending} if turn is None else {pending, turn}
                 done, _ = await asyncio.wait(
-                    waits, timeout=None if turn is not None else self.handler.idle_timeout,
-                    return_when=asyncio.FIRST_COMPLETED)
+                    waits,
+                    timeout=None if turn is not None else self.handler.idle_timeout,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
                 if pending not in done:
                     if turn is not None:
                         continue  # the turn ended: start the idle clock
@@ -145,14 +161,21 @@ class _Session:
         elif kind == "turn":
             self.state.turns += 1
             if self.turn_task is not None and not self.turn_task.done():
-                self._turn_error(self.state.turns, ServiceError(
-                    grpc.StatusCode.FAILED_PRECONDITION, "TURN_IN_PROGRESS",
-                    "a turn is already running: wait for its TurnEnd or send CancelTurn"))
+                self._turn_error(
+                    self.state.turns,
+                    ServiceError(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        "TURN_IN_PROGRESS",
+                        "a turn is already running: wait for its TurnEnd or send CancelTurn",
+                    ),
+                )
             else:
                 self.turn_task = asyncio.create_task(self._turn(message.turn, self.state.turns))
         else:
-            self._turn_error(self.state.turns, invalid_parameter(
-                "message", "Open may only be sent once, as the first message"))
+            self._turn_error(
+                self.state.turns,
+                invalid_parameter("message", "Open may only be sent once, as the first message"),
+            )
         return True
 
     async def _turn(self, turn: pb.SessionTurn, number: int) -> None:
@@ -161,9 +184,14 @@ class _Session:
         try:
             prompt, messages = state.prompt_for(engine.tokenizer, turn)
             params = convert.sampling_params(*state.options(turn), self.handler.limits)
-            stream = engine.add_request(request_id, None, prompt, params,
-                                        cache_salt=state.open.cache_salt or None,
-                                        hold_as=state.holder_id)
+            stream = engine.add_request(
+                request_id,
+                None,
+                prompt,
+                params,
+                cache_salt=state.open.cache_salt or None,
+                hold_as=state.holder_id,
+            )
         except Exception as exc:
             self._turn_error(number, to_service_error(exc, request_id))
             return
@@ -176,27 +204,51 @@ class _Session:
             self.turn_request = None
             engine.abort(request_id)
 
-    async def _stream_turn(self, stream: Any, number: int, prompt: list[int],
-                           messages: list[dict[str, str]] | None, num_top: int | None) -> None:
+    async def _stream_turn(
+        self,
+        stream: Any,
+        number: int,
+        prompt: list[int],
+        messages: list[dict[str, str]] | None,
+        num_top: int | None,
+    ) -> None:
         put = self.out.put_nowait
         async for item in stream:
             if isinstance(item, RequestStarted):
-                put(pb.SessionResponse(turn_started=pb.TurnStarted(
-                    turn=number, request_id=f"{self.state.session_id}/turn-{number}",
-                    prompt_tokens=item.num_prompt_tokens,
-                    cached_tokens=item.num_cached_tokens)))
+                put(
+                    pb.SessionResponse(
+                        turn_started=pb.TurnStarted(
+                            turn=number,
+                            request_id=f"{self.state.session_id}/turn-{number}",
+                            prompt_tokens=item.num_prompt_tokens,
+                            cached_tokens=item.num_cached_tokens,
+                        )
+                    )
+                )
             elif isinstance(item, ChoiceDelta):
                 if item.text or item.token_ids:
-                    put(pb.SessionResponse(delta=pb.TurnDelta(
-                        turn=number, delta=convert.token_delta(item, num_top))))
+                    put(
+                        pb.SessionResponse(
+                            delta=pb.TurnDelta(
+                                turn=number, delta=convert.token_delta(item, num_top)
+                            )
+                        )
+                    )
             elif isinstance(item, RequestFinished):
                 output = item.output
                 usage = convert.usage(output)
                 for c in output.outputs:
-                    put(pb.SessionResponse(turn_end=pb.TurnEnd(
-                        turn=number, index=c.index,
-                        finish_reason=convert.finish_reason(c.finish_reason),
-                        usage=usage, **convert.stop_fields(c.stop_reason))))
+                    put(
+                        pb.SessionResponse(
+                            turn_end=pb.TurnEnd(
+                                turn=number,
+                                index=c.index,
+                                finish_reason=convert.finish_reason(c.finish_reason),
+                                usage=usage,
+                                **convert.stop_fields(c.stop_reason),
+                            )
+                        )
+                    )
                 first = output.outputs[0]
                 self.state.commit(prompt, messages, first.text, first.token_ids)
                 self.engine.on_holder_evicted(self.state.holder_id, self._evicted)
@@ -204,17 +256,24 @@ class _Session:
                 raise item.error
 
     def _turn_error(self, number: int, err: ServiceError) -> None:
-        self.out.put_nowait(pb.SessionResponse(turn_end=pb.TurnEnd(
-            turn=number, finish_reason=convert.finish_reason(None),
-            error=to_status_proto(err))))
+        self.out.put_nowait(
+            pb.SessionResponse(
+                turn_end=pb.TurnEnd(
+                    turn=number,
+                    finish_reason=convert.finish_reason(None),
+                    error=to_status_proto(err),
+                )
+            )
+        )
 
     def _notice(self, kind: pb.NoticeKind, message: str) -> None:
-        self.out.put_nowait(pb.SessionResponse(notice=pb.SessionNotice(kind=kind,
-                                                                       message=message)))
+        self.out.put_nowait(pb.SessionResponse(notice=pb.SessionNotice(kind=kind, message=message)))
 
     def _evicted(self) -> None:
-        self._notice(pb.NOTICE_KIND_CONTEXT_EVICTED,
-                     "the session's KV cache was reclaimed; the next turn recomputes it")
+        self._notice(
+            pb.NOTICE_KIND_CONTEXT_EVICTED,
+            "the session's KV cache was reclaimed; the next turn recomputes it",
+        )
 
     async def close(self) -> None:
         """Abort a running turn and free the session's KV blocks."""

@@ -30,8 +30,12 @@ logger = logging.getLogger("tokenwire.serve")
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("serve", help="serve a model over gRPC")
-    p.add_argument("model", nargs="?", default=None,
-                   help="HF directory, .gguf file or config dir (default: SmolLM2-135M-Instruct)")
+    p.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="HF directory, .gguf file or config dir (default: SmolLM2-135M-Instruct)",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--grpc-port", type=int, default=50051)
     p.add_argument("--served-model-name", default=None)
@@ -42,24 +46,37 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--kv-cache-memory", type=int, default=DEFAULT_CPU_KV_BYTES,
-                   help="KV cache bytes on CPU")
-    p.add_argument("--num-gpu-blocks-override", type=int, default=None,
-                   help="fix the number of KV blocks (any device)")
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                   default=True)
+    p.add_argument(
+        "--kv-cache-memory", type=int, default=DEFAULT_CPU_KV_BYTES, help="KV cache bytes on CPU"
+    )
+    p.add_argument(
+        "--num-gpu-blocks-override",
+        type=int,
+        default=None,
+        help="fix the number of KV blocks (any device)",
+    )
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--load-format", default="auto",
-                   choices=["auto", "safetensors", "gguf", "dummy"])
+    p.add_argument(
+        "--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"]
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--api-key", action="append", default=None,
-                   help="required bearer key (repeatable; also TOKENWIRE_API_KEY)")
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        help="required bearer key (repeatable; also TOKENWIRE_API_KEY)",
+    )
     p.add_argument("--max-n", type=int, default=16)
     p.add_argument("--max-stop-sequences", type=int, default=16)
     p.add_argument("--max-message-bytes", type=int, default=16 << 20)
-    p.add_argument("--max-requests", type=int, default=4096,
-                   help="in-flight requests before RESOURCE_EXHAUSTED")
+    p.add_argument(
+        "--max-requests",
+        type=int,
+        default=4096,
+        help="in-flight requests before RESOURCE_EXHAUSTED",
+    )
     p.add_argument("--max-sessions", type=int, default=256)
     p.add_argument("--session-idle-timeout", type=float, default=600.0)
     p.add_argument("--shutdown-timeout", type=float, default=30.0)
@@ -68,17 +85,26 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
-        model=ModelConfig(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
-                          load_format=args.load_format, seed=args.seed,
-                          served_model_name=args.served_model_name),
-        cache=CacheConfig(block_size=args.block_size,
-                          enable_prefix_caching=args.enable_prefix_caching,
-                          kv_cache_memory_bytes=args.kv_cache_memory,
-                          gpu_memory_utilization=args.gpu_memory_utilization,
-                          num_blocks_override=args.num_gpu_blocks_override),
-        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs,
-                                  max_num_batched_tokens=args.max_num_batched_tokens,
-                                  policy=args.scheduling_policy),
+        model=ModelConfig(
+            model=args.model,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            load_format=args.load_format,
+            seed=args.seed,
+            served_model_name=args.served_model_name,
+        ),
+        cache=CacheConfig(
+            block_size=args.block_size,
+            enable_prefix_caching=args.enable_prefix_caching,
+            kv_cache_memory_bytes=args.kv_cache_memory,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            num_blocks_override=args.num_gpu_blocks_override,
+        ),
+        scheduler=SchedulerConfig(
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            policy=args.scheduling_policy,
+        ),
         device=args.device,
     )
 
@@ -88,9 +114,12 @@ def grpc_settings(args: argparse.Namespace) -> GrpcSettings:
     if not keys and os.environ.get("TOKENWIRE_API_KEY"):
         keys = [os.environ["TOKENWIRE_API_KEY"]]
     return GrpcSettings(
-        host=args.host, port=args.grpc_port, api_keys=tuple(keys),
+        host=args.host,
+        port=args.grpc_port,
+        api_keys=tuple(keys),
         limits=Limits(max_n=args.max_n, max_stop_sequences=args.max_stop_sequences),
-        max_message_bytes=args.max_message_bytes, max_sessions=args.max_sessions,
+        max_message_bytes=args.max_message_bytes,
+        max_sessions=args.max_sessions,
         session_idle_timeout=args.session_idle_timeout,
     )
 
@@ -100,13 +129,17 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ValueError("--tensor-parallel-size must be 1 (multi-device is not implemented)")
     config = engine_config(args)  # validates flags before any model work
     settings = grpc_settings(args)
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stdout,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
     return asyncio.run(_serve(config, settings, args.max_requests, args.shutdown_timeout))
 
 
-async def _serve(config: EngineConfig, settings: GrpcSettings, max_requests: int,
-                 shutdown_timeout: float) -> int:
+async def _serve(
+    config: EngineConfig, settings: GrpcSettings, max_requests: int, shutdown_timeout: float
+) -> int:
     from tokenwire.server.async_engine import AsyncEngine
 
     engine = AsyncEngine(config, max_requests=max_requests)
@@ -119,16 +152,23 @@ async def _serve(config: EngineConfig, settings: GrpcSettings, max_requests: int
         logger.warning("no --api-key configured: the server accepts every caller")
     await engine.warmup()
     await server.set_serving(True)
-    logger.info("serving model=%s device=%s dtype=%s kv_blocks=%d grpc=%s:%d", name,
-                core.device, str(core.loaded.dtype).removeprefix("torch."),
-                core.kv_cache_manager.num_blocks, settings.host, port)
+    logger.info(
+        "serving model=%s device=%s dtype=%s kv_blocks=%d grpc=%s:%d",
+        name,
+        core.device,
+        str(core.loaded.dtype).removeprefix("torch."),
+        core.kv_cache_manager.num_blocks,
+        settings.host,
+        port,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    logger.info("draining: up to %.0fs for %d in-flight requests", shutdown_timeout,
-                engine.num_in_flight)
+    logger.info(
+        "draining: up to %.0fs for %d in-flight requests", shutdown_timeout, engine.num_in_flight
+    )
     await server.drain(shutdown_timeout)
     await server.stop(grace=1.0)
     await engine.shutdown()

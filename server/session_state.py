@@ -30,15 +30,18 @@ class SessionState:
     tokens: list[int] = field(default_factory=list)  # raw mode: prompt + replies so far
     turns: int = 0  # turns received (numbering starts at 1)
 
-    def options(self, turn: generation_pb2.SessionTurn) -> tuple[
-        common_pb2.SamplingOptions, common_pb2.StoppingOptions, common_pb2.OutputOptions
-    ]:
-        return (convert.merge_options(self.open.sampling, turn.sampling),
-                convert.merge_options(self.open.stopping, turn.stopping),
-                convert.merge_options(self.open.output, turn.output))
+    def options(
+        self, turn: generation_pb2.SessionTurn
+    ) -> tuple[common_pb2.SamplingOptions, common_pb2.StoppingOptions, common_pb2.OutputOptions]:
+        return (
+            convert.merge_options(self.open.sampling, turn.sampling),
+            convert.merge_options(self.open.stopping, turn.stopping),
+            convert.merge_options(self.open.output, turn.output),
+        )
 
-    def prompt_for(self, tokenizer: Any, turn: generation_pb2.SessionTurn
-                   ) -> tuple[list[int], list[dict[str, str]] | None]:
+    def prompt_for(
+        self, tokenizer: Any, turn: generation_pb2.SessionTurn
+    ) -> tuple[list[int], list[dict[str, str]] | None]:
         """Token ids of this turn's whole transcript, and the chat messages it renders."""
         kind = turn.WhichOneof("input")
         if kind is None:
@@ -61,8 +64,13 @@ class SessionState:
         new = tokenizer(turn.text, add_special_tokens=special)["input_ids"]
         return [*self.tokens, *new], None
 
-    def commit(self, prompt: list[int], messages: list[dict[str, str]] | None,
-               reply_text: str, reply_tokens: list[int]) -> None:
+    def commit(
+        self,
+        prompt: list[int],
+        messages: list[dict[str, str]] | None,
+        reply_text: str,
+        reply_tokens: list[int],
+    ) -> None:
         """Record a finished (or cancelled) turn: its reply continues the transcript."""
         if messages is not None:
             self.mode = "chat"

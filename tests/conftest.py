@@ -20,24 +20,50 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # non-power-of-two head counts, qkv bias (Qwen2) and q/k norm (Qwen3).
 TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "llama": dict(
-        model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        tie_word_embeddings=False, rope_theta=10000.0,
+        model_type="llama",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        rope_theta=10000.0,
     ),
     "mistral": dict(
-        model_type="mistral", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=512,
-        tie_word_embeddings=False, rope_theta=10000.0, sliding_window=None,
+        model_type="mistral",
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        rope_theta=10000.0,
+        sliding_window=None,
     ),
     "qwen2": dict(
-        model_type="qwen2", hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512,
-        tie_word_embeddings=True, rope_theta=1000000.0,
+        model_type="qwen2",
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        rope_theta=1000000.0,
     ),
     "qwen3": dict(
-        model_type="qwen3", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, head_dim=32, max_position_embeddings=512,
-        tie_word_embeddings=True, rope_theta=1000000.0,
+        model_type="qwen3",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=32,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        rope_theta=1000000.0,
     ),
 }
 TINY_VOCAB = 512
@@ -52,7 +78,11 @@ def build_tiny_model(family: str, out_dir: Path, seed: int = 0, **overrides: Any
     kwargs.update(overrides)
     model_type = kwargs.pop("model_type")
     config = AutoConfig.for_model(
-        model_type, vocab_size=TINY_VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        model_type,
+        vocab_size=TINY_VOCAB,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
         **kwargs,
     )
     torch.manual_seed(seed)

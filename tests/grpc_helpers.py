@@ -76,8 +76,9 @@ class Spy:
     def wait(self, needle: str, timeout: float = 10.0) -> None:
         """Block until a call's first argument contains ``needle``."""
         with self.cond:
-            assert self.cond.wait_for(lambda: any(needle in c for c in self.calls), timeout), \
+            assert self.cond.wait_for(lambda: any(needle in c for c in self.calls), timeout), (
                 f"no call with {needle!r}: {self.calls}"
+            )
 
 
 def spy_on(monkeypatch: pytest.MonkeyPatch, obj: Any, name: str) -> Spy:
@@ -86,14 +87,17 @@ def spy_on(monkeypatch: pytest.MonkeyPatch, obj: Any, name: str) -> Spy:
     return spy
 
 
-def greedy_request(ids: list[int], max_tokens: int, request_id: str = "",
-                   **sampling: Any) -> generation_pb2.GenerateRequest:
+def greedy_request(
+    ids: list[int], max_tokens: int, request_id: str = "", **sampling: Any
+) -> generation_pb2.GenerateRequest:
     """A token-ids request; greedy unless ``sampling`` says otherwise, EOS ignored."""
     sampling.setdefault("temperature", 0.0)
     return generation_pb2.GenerateRequest(
-        token_ids=common_pb2.TokenIds(ids=ids), request_id=request_id,
+        token_ids=common_pb2.TokenIds(ids=ids),
+        request_id=request_id,
         sampling=common_pb2.SamplingOptions(**sampling),
-        stopping=common_pb2.StoppingOptions(max_tokens=max_tokens, ignore_eos=True))
+        stopping=common_pb2.StoppingOptions(max_tokens=max_tokens, ignore_eos=True),
+    )
 
 
 def delta_ids(events: Any) -> list[int]:

@@ -28,23 +28,41 @@ MODEL_NAME = "tiny"
 
 
 class ServerHarness:
-    def __init__(self, model_dir: Path | None, *, api_keys: tuple[str, ...] = (),
-                 observer: EngineObserver | None = None, max_num_seqs: int = 8,
-                 max_num_batched_tokens: int = 256, num_blocks: int | None = None,
-                 max_model_len: int | None = 256, max_requests: int = 64,
-                 session_idle_timeout: float = 600.0, max_sessions: int = 8,
-                 limits: Limits | None = None, warm: bool = True) -> None:
+    def __init__(
+        self,
+        model_dir: Path | None,
+        *,
+        api_keys: tuple[str, ...] = (),
+        observer: EngineObserver | None = None,
+        max_num_seqs: int = 8,
+        max_num_batched_tokens: int = 256,
+        num_blocks: int | None = None,
+        max_model_len: int | None = 256,
+        max_requests: int = 64,
+        session_idle_timeout: float = 600.0,
+        max_sessions: int = 8,
+        limits: Limits | None = None,
+        warm: bool = True,
+    ) -> None:
         self.config = EngineConfig(
-            model=ModelConfig(model=None if model_dir is None else str(model_dir),
-                              max_model_len=max_model_len, served_model_name=MODEL_NAME),
+            model=ModelConfig(
+                model=None if model_dir is None else str(model_dir),
+                max_model_len=max_model_len,
+                served_model_name=MODEL_NAME,
+            ),
             cache=CacheConfig(num_blocks_override=num_blocks),
-            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
-                                      max_num_batched_tokens=max_num_batched_tokens),
+            scheduler=SchedulerConfig(
+                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
+            ),
             device="cpu",
         )
-        self.settings = GrpcSettings(port=0, api_keys=api_keys, limits=limits or Limits(),
-                                     session_idle_timeout=session_idle_timeout,
-                                     max_sessions=max_sessions)
+        self.settings = GrpcSettings(
+            port=0,
+            api_keys=api_keys,
+            limits=limits or Limits(),
+            session_idle_timeout=session_idle_timeout,
+            max_sessions=max_sessions,
+        )
         self.observer = observer
         self.warm = warm  # False: stop before warm-up (the server is NOT_READY)
         self.max_requests = max_requests
@@ -59,8 +77,9 @@ class ServerHarness:
         return self
 
     async def _start(self) -> None:
-        self.engine = AsyncEngine(self.config, observer=self.observer,
-                                  max_requests=self.max_requests)
+        self.engine = AsyncEngine(
+            self.config, observer=self.observer, max_requests=self.max_requests
+        )
         await self.engine.start()
         self.core = self.engine.core
         self.server = GrpcServer(self.engine, MODEL_NAME, self.settings)

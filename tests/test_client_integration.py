@@ -34,8 +34,9 @@ def harness(tiny_model_factory: Callable[..., Path]) -> Iterator[ServerHarness]:
 def test_unary_equals_assembled_stream(harness: ServerHarness) -> None:
     with Client(harness.target, timeout=60) as client:
         unary = client.generate(PROMPT, max_tokens=12, temperature=0.0, n=2, seed=3)
-        streamed = assemble(list(client.stream(PROMPT, max_tokens=12, temperature=0.0, n=2,
-                                               seed=3)))
+        streamed = assemble(
+            list(client.stream(PROMPT, max_tokens=12, temperature=0.0, n=2, seed=3))
+        )
     assert [c.token_ids for c in unary.choices] == [c.token_ids for c in streamed.choices]
     assert all(len(c.token_ids) == 12 or c.finish_reason == "eos" for c in unary.choices)
     assert unary.usage.prompt_tokens == len(PROMPT)
@@ -55,9 +56,10 @@ def test_typed_errors(harness: ServerHarness) -> None:
 
 
 def test_session_reuses_context_and_cancels_a_turn(harness: ServerHarness) -> None:
-    with Client(harness.target, timeout=60) as client, client.session(
-        temperature=0.0, max_tokens=6
-    ) as session:
+    with (
+        Client(harness.target, timeout=60) as client,
+        client.session(temperature=0.0, max_tokens=6) as session,
+    ):
         first = list(session.send(token_ids=PROMPT * 2))
         second = list(session.send(token_ids=[40, 41, 42]))
         started = next(e for e in second if isinstance(e, r.TurnStart))
@@ -74,8 +76,7 @@ def test_session_reuses_context_and_cancels_a_turn(harness: ServerHarness) -> No
                 ends.append(event)
         assert [e.finish_reason for e in ends] == ["cancelled"]
         again = list(session.send(token_ids=[60], max_tokens=3))
-        assert next(e.finish_reason for e in again if isinstance(e, r.TurnEnd)) in (
-            "length", "eos")
+        assert next(e.finish_reason for e in again if isinstance(e, r.TurnEnd)) in ("length", "eos")
     harness.assert_idle()
 
 
@@ -84,8 +85,9 @@ def test_async_client_stream_and_cancel(harness: ServerHarness) -> None:
         async with AsyncClient(harness.target, timeout=60) as client:
             reasons = []
             cancelled = []
-            async for event in client.stream(PROMPT, max_tokens=200, ignore_eos=True,
-                                             request_id="cancel-me", temperature=0.0):
+            async for event in client.stream(
+                PROMPT, max_tokens=200, ignore_eos=True, request_id="cancel-me", temperature=0.0
+            ):
                 if isinstance(event, r.TextDelta) and not cancelled:
                     cancelled.append(await client.cancel("cancel-me"))
                 if isinstance(event, r.ChoiceEnd):

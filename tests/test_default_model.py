@@ -35,13 +35,14 @@ def test_capital_of_france_matches_hf_generate(llm: LLM) -> None:
     assert "Paris" in choice.text
     assert choice.finish_reason == FinishReason.EOS
     gguf = default_gguf_path()
-    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                              dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    ).eval()
     prompt = apply_chat_template(llm.get_tokenizer(), QUESTION)
     assert out.prompt_token_ids == prompt
     with torch.inference_mode():
         ref = hf.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False)
-    assert choice.token_ids == ref[0, len(prompt):].tolist()
+    assert choice.token_ids == ref[0, len(prompt) :].tolist()
     llm.engine.kv_cache_manager.check_invariants(idle=True)
 
 
@@ -55,8 +56,9 @@ def test_stop_strings_across_token_boundaries(llm: LLM) -> None:
         (" Par", False, "The capital of France is"),
         ("is Paris", True, "The capital of France is Paris"),
     ]:
-        params = SamplingParams(temperature=0.0, max_tokens=30, stop=[stop, "zzz"],
-                                include_stop_str_in_output=include)
+        params = SamplingParams(
+            temperature=0.0, max_tokens=30, stop=[stop, "zzz"], include_stop_str_in_output=include
+        )
         choice = llm.chat(QUESTION, params, use_tqdm=False)[0].outputs[0]
         assert choice.text == expected
         assert (choice.finish_reason, choice.stop_reason) == (FinishReason.STOP_SEQUENCE, stop)
@@ -79,7 +81,10 @@ def test_cli_generate_streams_the_answer() -> None:
     assert exe is not None
     result = subprocess.run(
         [exe, "generate", "--chat", "--max-tokens", "20", "What is the capital of France?"],
-        capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONSAFEPATH="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONSAFEPATH="1"),
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Paris" in result.stdout

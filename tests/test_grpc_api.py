@@ -34,8 +34,9 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-def request(ids: list[int] = PROMPT, max_tokens: int = 12, request_id: str = "",
-            **sampling: Any) -> generation_pb2.GenerateRequest:
+def request(
+    ids: list[int] = PROMPT, max_tokens: int = 12, request_id: str = "", **sampling: Any
+) -> generation_pb2.GenerateRequest:
     return greedy_request(ids, max_tokens, request_id, **sampling)
 
 
@@ -74,7 +75,8 @@ def events_of(events: list[generation_pb2.GenerateStreamResponse]) -> list[str]:
 
 # ---------------------------------------------------------------------------- generation
 def test_stream_equals_unary_and_has_the_event_structure(
-        harness: ServerHarness, gen: generation_pb2_grpc.GenerationServiceStub) -> None:
+    harness: ServerHarness, gen: generation_pb2_grpc.GenerationServiceStub
+) -> None:
     unary = gen.Generate(request(request_id="api-unary"))
     assert unary.request_id == "api-unary" and unary.model == MODEL_NAME
     [choice] = unary.choices
@@ -89,27 +91,37 @@ def test_stream_equals_unary_and_has_the_event_structure(
     assert kinds[0] == "start" and kinds[-1] == "usage"
     assert kinds.count("start") == 1 and kinds.count("usage") == 1
     assert kinds.count("end") == 1 and kinds.index("end") > max(
-        i for i, k in enumerate(kinds) if k == "delta")
+        i for i, k in enumerate(kinds) if k == "delta"
+    )
     start = events[0].start
     assert (start.request_id, start.model, start.prompt_tokens) == (
-        "api-stream", MODEL_NAME, len(PROMPT))
+        "api-stream",
+        MODEL_NAME,
+        len(PROMPT),
+    )
     assert delta_ids(events) == list(choice.token_ids)
     end = events[kinds.index("end")].end
     assert (end.index, end.finish_reason, end.completion_tokens) == (
-        0, common_pb2.FINISH_REASON_LENGTH, 12)
+        0,
+        common_pb2.FINISH_REASON_LENGTH,
+        12,
+    )
     assert events[-1].usage == unary.usage
     harness.assert_idle()
 
 
-def test_request_id_from_header_or_generated(gen: generation_pb2_grpc.GenerationServiceStub
-                                             ) -> None:
-    response, call = gen.Generate.with_call(request(max_tokens=2),
-                                            metadata=(("x-request-id", "from-header"),))
+def test_request_id_from_header_or_generated(
+    gen: generation_pb2_grpc.GenerationServiceStub,
+) -> None:
+    response, call = gen.Generate.with_call(
+        request(max_tokens=2), metadata=(("x-request-id", "from-header"),)
+    )
     assert response.request_id == "from-header"
     assert dict(call.initial_metadata())["x-request-id"] == "from-header"
     # The message's field wins over the header.
-    response = gen.Generate(request(max_tokens=2, request_id="from-body"),
-                            metadata=(("x-request-id", "from-header"),))
+    response = gen.Generate(
+        request(max_tokens=2, request_id="from-body"), metadata=(("x-request-id", "from-header"),)
+    )
     assert response.request_id == "from-body"
     # Neither: the server makes one up and still echoes it.
     stream = gen.GenerateStream(request(max_tokens=2))
@@ -122,7 +134,8 @@ def test_request_id_from_header_or_generated(gen: generation_pb2_grpc.Generation
 
 
 def test_n_choices_are_seeded_distinct_and_streamed(
-        harness: ServerHarness, gen: generation_pb2_grpc.GenerationServiceStub) -> None:
+    harness: ServerHarness, gen: generation_pb2_grpc.GenerationServiceStub
+) -> None:
     req = request(max_tokens=10, n=3, temperature=1.0, seed=1234)
     first = gen.Generate(req)
     assert [c.index for c in first.choices] == [0, 1, 2]
@@ -137,18 +150,21 @@ def test_n_choices_are_seeded_distinct_and_streamed(
     assert sorted(end.index for end in ends) == [0, 1, 2]  # exactly one end per choice
     assert events[-1].HasField("usage") and events[-1].usage.completion_tokens == 30
     for index in range(3):
-        streamed = [t for e in events if e.HasField("delta") and e.delta.index == index
-                    for t in e.delta.token_ids]
+        streamed = [
+            t
+            for e in events
+            if e.HasField("delta") and e.delta.index == index
+            for t in e.delta.token_ids
+        ]
         assert tuple(streamed) == ids[index]
-        end_at = next(i for i, e in enumerate(events) if e.HasField("end")
-                      and e.end.index == index)
-        assert not any(e.HasField("delta") and e.delta.index == index
-                       for e in events[end_at:])
+        end_at = next(i for i, e in enumerate(events) if e.HasField("end") and e.end.index == index)
+        assert not any(e.HasField("delta") and e.delta.index == index for e in events[end_at:])
     harness.assert_idle()
 
 
 def test_logprobs_report_chosen_and_top_alternatives(
-        gen: generation_pb2_grpc.GenerationServiceStub) -> None:
+    gen: generation_pb2_grpc.GenerationServiceStub,
+) -> None:
     req = request(max_tokens=6)
     req.output.logprobs = 4
     [choice] = gen.Generate(req).choices
@@ -174,7 +190,8 @@ def test_logprobs_report_chosen_and_top_alternatives(
     events = list(gen.GenerateStream(req))
     streamed = [p for e in events if e.HasField("delta") for p in e.delta.logprobs]
     assert [p.chosen.token_id for p in streamed] == [
-        p.chosen.token_id for p in gen.Generate(req).choices[0].logprobs]
+        p.chosen.token_id for p in gen.Generate(req).choices[0].logprobs
+    ]
     # logprobs = 0: the chosen token only.
     req.output.logprobs = 0
     [choice] = gen.Generate(req).choices
@@ -182,8 +199,9 @@ def test_logprobs_report_chosen_and_top_alternatives(
 
 
 @pytest.mark.parametrize("field", ["text", "chat"])
-def test_text_and_chat_need_a_tokenizer(gen: generation_pb2_grpc.GenerationServiceStub,
-                                        field: str) -> None:
+def test_text_and_chat_need_a_tokenizer(
+    gen: generation_pb2_grpc.GenerationServiceStub, field: str
+) -> None:
     req = generation_pb2.GenerateRequest()
     if field == "text":
         req.text = "hello"
@@ -209,10 +227,14 @@ def test_model_and_server_info(models: models_pb2_grpc.ModelServiceStub) -> None
 
 
 @pytest.mark.parametrize("method", ["Tokenize", "Detokenize"])
-def test_tokenize_without_a_tokenizer_is_invalid(models: models_pb2_grpc.ModelServiceStub,
-                                                 method: str) -> None:
-    req: Any = (models_pb2.TokenizeRequest(text="hi") if method == "Tokenize"
-                else models_pb2.DetokenizeRequest(token_ids=[5, 6]))
+def test_tokenize_without_a_tokenizer_is_invalid(
+    models: models_pb2_grpc.ModelServiceStub, method: str
+) -> None:
+    req: Any = (
+        models_pb2.TokenizeRequest(text="hi")
+        if method == "Tokenize"
+        else models_pb2.DetokenizeRequest(token_ids=[5, 6])
+    )
     with pytest.raises(grpc.RpcError) as err:
         getattr(models, method)(req)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -248,14 +270,24 @@ def test_fresh_server_is_not_serving_until_told(harness: ServerHarness) -> None:
 
 def test_reflection_lists_the_services(channel: grpc.Channel) -> None:
     stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-    replies = list(stub.ServerReflectionInfo(iter([
-        reflection_pb2.ServerReflectionRequest(list_services=""),
-        reflection_pb2.ServerReflectionRequest(
-            file_containing_symbol="tokenwire.v1.GenerationService"),
-    ])))
+    replies = list(
+        stub.ServerReflectionInfo(
+            iter(
+                [
+                    reflection_pb2.ServerReflectionRequest(list_services=""),
+                    reflection_pb2.ServerReflectionRequest(
+                        file_containing_symbol="tokenwire.v1.GenerationService"
+                    ),
+                ]
+            )
+        )
+    )
     names = {s.name for s in replies[0].list_services_response.service}
-    assert {"tokenwire.v1.GenerationService", "tokenwire.v1.ModelService",
-            "grpc.health.v1.Health"} <= names
+    assert {
+        "tokenwire.v1.GenerationService",
+        "tokenwire.v1.ModelService",
+        "grpc.health.v1.Health",
+    } <= names
     assert replies[1].file_descriptor_response.file_descriptor_proto  # descriptors served
 
 
@@ -271,9 +303,13 @@ def test_tokenize_round_trip_on_the_default_model() -> None:
             text = models.Detokenize(models_pb2.DetokenizeRequest(token_ids=tokens.token_ids))
             assert text.text == "Hello world"
             gen = generation_pb2_grpc.GenerationServiceStub(ch)
-            by_text = gen.Generate(generation_pb2.GenerateRequest(
-                text="Hello world", sampling=common_pb2.SamplingOptions(temperature=0.0),
-                stopping=common_pb2.StoppingOptions(max_tokens=5, ignore_eos=True)))
+            by_text = gen.Generate(
+                generation_pb2.GenerateRequest(
+                    text="Hello world",
+                    sampling=common_pb2.SamplingOptions(temperature=0.0),
+                    stopping=common_pb2.StoppingOptions(max_tokens=5, ignore_eos=True),
+                )
+            )
             by_ids = gen.Generate(request(list(tokens.token_ids), max_tokens=5))
             assert by_text.usage.prompt_tokens == len(tokens.token_ids)
             assert by_text.choices[0].token_ids == by_ids.choices[0].token_ids

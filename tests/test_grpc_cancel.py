@@ -32,16 +32,18 @@ BYSTANDER_TOKENS = 200  # long enough to overlap every scenario (checked)
 class Bystanders:
     """Greedy streams started before the scenario; ``check`` asserts their exact tokens."""
 
-    def __init__(self, channel: grpc.Channel, name: str, expected: list[int], count: int = 1
-                 ) -> None:
+    def __init__(
+        self, channel: grpc.Channel, name: str, expected: list[int], count: int = 1
+    ) -> None:
         stub = generation_pb2_grpc.GenerationServiceStub(channel)
         self.ids = [f"anon/bystander-{name}-{i}" for i in range(count)]
         self.expected = expected
         self.results: queue.Queue[list[int] | BaseException] = queue.Queue()
         self.threads = []
         for i in range(count):
-            call = stub.GenerateStream(request(BYSTANDER_PROMPT, BYSTANDER_TOKENS,
-                                               f"bystander-{name}-{i}"))
+            call = stub.GenerateStream(
+                request(BYSTANDER_PROMPT, BYSTANDER_TOKENS, f"bystander-{name}-{i}")
+            )
             assert next(call).HasField("start")  # running before the scenario starts
             thread = threading.Thread(target=self._collect, args=(call,))
             thread.start()
@@ -69,10 +71,10 @@ def recorder() -> Recorder:
 
 
 @pytest.fixture(scope="module")
-def harness(tiny_model_factory: Callable[..., Path], recorder: Recorder
-            ) -> Iterator[ServerHarness]:
-    h = ServerHarness(tiny_model_factory("llama"), observer=recorder, max_num_seqs=2,
-                      max_num_batched_tokens=32)
+def harness(tiny_model_factory: Callable[..., Path], recorder: Recorder) -> Iterator[ServerHarness]:
+    h = ServerHarness(
+        tiny_model_factory("llama"), observer=recorder, max_num_seqs=2, max_num_batched_tokens=32
+    )
     h.start()
     yield h
     recorder.release()
@@ -109,10 +111,15 @@ def assert_cancelled(recorder: Recorder, request_id: str) -> RequestStats:
     return stats
 
 
-def test_cancel_while_queued(harness: ServerHarness, recorder: Recorder, aborts: Spy,
-                             expected: list[int], channel: grpc.Channel,
-                             stub: generation_pb2_grpc.GenerationServiceStub,
-                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cancel_while_queued(
+    harness: ServerHarness,
+    recorder: Recorder,
+    aborts: Spy,
+    expected: list[int],
+    channel: grpc.Channel,
+    stub: generation_pb2_grpc.GenerationServiceStub,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     adds = spy_on(monkeypatch, harness.engine, "add_request")
     bystanders = Bystanders(channel, "queued", expected, count=2)  # both sequence slots
     call = stub.GenerateStream(request([11] * 8, 50, "queued"))
@@ -129,13 +136,17 @@ def test_cancel_while_queued(harness: ServerHarness, recorder: Recorder, aborts:
     assert assert_cancelled(recorder, "anon/queued").num_output_tokens == 0
 
 
-def test_cancel_during_prefill(harness: ServerHarness, recorder: Recorder, aborts: Spy,
-                               expected: list[int], channel: grpc.Channel,
-                               stub: generation_pb2_grpc.GenerationServiceStub) -> None:
+def test_cancel_during_prefill(
+    harness: ServerHarness,
+    recorder: Recorder,
+    aborts: Spy,
+    expected: list[int],
+    channel: grpc.Channel,
+    stub: generation_pb2_grpc.GenerationServiceStub,
+) -> None:
     bystanders = Bystanders(channel, "prefill", expected)
     recorder.hold("anon/prefill", nth=2)  # the second of ~7 prefill chunks
-    call = stub.GenerateStream(request([(13 * i) % 500 + 3 for i in range(200)], 20,
-                                       "prefill"))
+    call = stub.GenerateStream(request([(13 * i) % 500 + 3 for i in range(200)], 20, "prefill"))
     assert recorder.parked.wait(10)
     assert recorder.parked_at is not None and "anon/prefill" in recorder.parked_at.prefill_req_ids
     call.cancel()
@@ -148,9 +159,14 @@ def test_cancel_during_prefill(harness: ServerHarness, recorder: Recorder, abort
     assert assert_cancelled(recorder, "anon/prefill").num_output_tokens == 0
 
 
-def test_client_cancel_mid_decode(harness: ServerHarness, recorder: Recorder, aborts: Spy,
-                                  expected: list[int], channel: grpc.Channel,
-                                  stub: generation_pb2_grpc.GenerationServiceStub) -> None:
+def test_client_cancel_mid_decode(
+    harness: ServerHarness,
+    recorder: Recorder,
+    aborts: Spy,
+    expected: list[int],
+    channel: grpc.Channel,
+    stub: generation_pb2_grpc.GenerationServiceStub,
+) -> None:
     bystanders = Bystanders(channel, "decode", expected)
     recorder.hold("anon/decode", nth=3)
     call = stub.GenerateStream(request([21] * 6, 200, "decode"))
@@ -164,11 +180,14 @@ def test_client_cancel_mid_decode(harness: ServerHarness, recorder: Recorder, ab
     assert assert_cancelled(recorder, "anon/decode").num_output_tokens == 3
 
 
-def test_deadline_expiry_frees_the_request(harness: ServerHarness, recorder: Recorder,
-                                           aborts: Spy, expected: list[int],
-                                           channel: grpc.Channel,
-                                           stub: generation_pb2_grpc.GenerationServiceStub
-                                           ) -> None:
+def test_deadline_expiry_frees_the_request(
+    harness: ServerHarness,
+    recorder: Recorder,
+    aborts: Spy,
+    expected: list[int],
+    channel: grpc.Channel,
+    stub: generation_pb2_grpc.GenerationServiceStub,
+) -> None:
     bystanders = Bystanders(channel, "deadline", expected)
     recorder.hold("anon/deadline", nth=2)  # parked until the deadline has passed
     with pytest.raises(grpc.RpcError) as err:
@@ -182,10 +201,13 @@ def test_deadline_expiry_frees_the_request(harness: ServerHarness, recorder: Rec
     assert_cancelled(recorder, "anon/deadline")
 
 
-def test_cancel_rpc_from_another_channel(harness: ServerHarness, recorder: Recorder,
-                                         expected: list[int], channel: grpc.Channel,
-                                         stub: generation_pb2_grpc.GenerationServiceStub
-                                         ) -> None:
+def test_cancel_rpc_from_another_channel(
+    harness: ServerHarness,
+    recorder: Recorder,
+    expected: list[int],
+    channel: grpc.Channel,
+    stub: generation_pb2_grpc.GenerationServiceStub,
+) -> None:
     bystanders = Bystanders(channel, "rpc", expected)
     recorder.hold("anon/victim", nth=3)
     call = stub.GenerateStream(request([25] * 6, 200, "victim"))
@@ -206,13 +228,19 @@ def test_cancel_rpc_from_another_channel(harness: ServerHarness, recorder: Recor
     harness.assert_idle()
 
 
-def test_abrupt_disconnect(harness: ServerHarness, recorder: Recorder, aborts: Spy,
-                           expected: list[int], channel: grpc.Channel) -> None:
+def test_abrupt_disconnect(
+    harness: ServerHarness,
+    recorder: Recorder,
+    aborts: Spy,
+    expected: list[int],
+    channel: grpc.Channel,
+) -> None:
     bystanders = Bystanders(channel, "disconnect", expected)
     recorder.hold("anon/disconnect", nth=3)
     lost = harness.channel()
     call = generation_pb2_grpc.GenerationServiceStub(lost).GenerateStream(
-        request([27] * 6, 200, "disconnect"))
+        request([27] * 6, 200, "disconnect")
+    )
     assert next(call).HasField("start")
     assert recorder.parked.wait(10)
     lost.close()
@@ -223,30 +251,44 @@ def test_abrupt_disconnect(harness: ServerHarness, recorder: Recorder, aborts: S
     assert_cancelled(recorder, "anon/disconnect")
 
 
-def open_session(stub: generation_pb2_grpc.GenerationServiceStub
-                 ) -> tuple[queue.Queue[pb.SessionRequest | None], Any]:
+def open_session(
+    stub: generation_pb2_grpc.GenerationServiceStub,
+) -> tuple[queue.Queue[pb.SessionRequest | None], Any]:
     outbox: queue.Queue[pb.SessionRequest | None] = queue.Queue()
     call = stub.Session(iter(outbox.get, None))
-    outbox.put(pb.SessionRequest(open=pb.SessionOpen(
-        sampling=common_pb2.SamplingOptions(temperature=0.0),
-        stopping=common_pb2.StoppingOptions(ignore_eos=True))))
+    outbox.put(
+        pb.SessionRequest(
+            open=pb.SessionOpen(
+                sampling=common_pb2.SamplingOptions(temperature=0.0),
+                stopping=common_pb2.StoppingOptions(ignore_eos=True),
+            )
+        )
+    )
     assert next(call).HasField("opened")
     return outbox, call
 
 
-def start_turn(outbox: queue.Queue[pb.SessionRequest | None], call: Any, max_tokens: int
-               ) -> None:
-    outbox.put(pb.SessionRequest(turn=pb.SessionTurn(
-        token_ids=common_pb2.TokenIds(ids=[31] * 6),
-        stopping=common_pb2.StoppingOptions(max_tokens=max_tokens))))
+def start_turn(outbox: queue.Queue[pb.SessionRequest | None], call: Any, max_tokens: int) -> None:
+    outbox.put(
+        pb.SessionRequest(
+            turn=pb.SessionTurn(
+                token_ids=common_pb2.TokenIds(ids=[31] * 6),
+                stopping=common_pb2.StoppingOptions(max_tokens=max_tokens),
+            )
+        )
+    )
     assert next(call).HasField("turn_started") and next(call).HasField("delta")
 
 
-def test_cancel_the_session_call_mid_turn(harness: ServerHarness, recorder: Recorder,
-                                          aborts: Spy, expected: list[int],
-                                          channel: grpc.Channel,
-                                          stub: generation_pb2_grpc.GenerationServiceStub,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cancel_the_session_call_mid_turn(
+    harness: ServerHarness,
+    recorder: Recorder,
+    aborts: Spy,
+    expected: list[int],
+    channel: grpc.Channel,
+    stub: generation_pb2_grpc.GenerationServiceStub,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     releases = spy_on(monkeypatch, harness.engine, "release_holder")
     bystanders = Bystanders(channel, "session", expected)
     recorder.hold("/turn-1", nth=3)
@@ -259,14 +301,21 @@ def test_cancel_the_session_call_mid_turn(harness: ServerHarness, recorder: Reco
     recorder.release()
     bystanders.check(recorder)
     harness.assert_idle()
-    [turn] = [rid for rid in recorder.finished if rid.endswith("/turn-1")
-              and recorder.finished[rid].num_output_tokens == 3]
+    [turn] = [
+        rid
+        for rid in recorder.finished
+        if rid.endswith("/turn-1") and recorder.finished[rid].num_output_tokens == 3
+    ]
     assert_cancelled(recorder, turn)
 
 
 def test_close_mid_turn_finishes_the_turn_then_frees(
-        harness: ServerHarness, recorder: Recorder, expected: list[int],
-        channel: grpc.Channel, stub: generation_pb2_grpc.GenerationServiceStub) -> None:
+    harness: ServerHarness,
+    recorder: Recorder,
+    expected: list[int],
+    channel: grpc.Channel,
+    stub: generation_pb2_grpc.GenerationServiceStub,
+) -> None:
     bystanders = Bystanders(channel, "close", expected)
     recorder.hold("/turn-1", nth=3)
     outbox, call = open_session(stub)

@@ -24,13 +24,15 @@ from tokenwire.v1 import generation_pb2 as pb
 Code = grpc.StatusCode
 
 
-def request(ids: list[int] | None = None, max_tokens: int = 4, request_id: str = ""
-            ) -> pb.GenerateRequest:
+def request(
+    ids: list[int] | None = None, max_tokens: int = 4, request_id: str = ""
+) -> pb.GenerateRequest:
     return greedy_request([5, 6, 7] if ids is None else ids, max_tokens, request_id)
 
 
-def failure(call: Callable[[], Any]) -> tuple[grpc.RpcError, error_details_pb2.ErrorInfo | None,
-                                              list[Any]]:
+def failure(
+    call: Callable[[], Any],
+) -> tuple[grpc.RpcError, error_details_pb2.ErrorInfo | None, list[Any]]:
     """Run a call that must fail: (error, its ErrorInfo, all status details)."""
     with pytest.raises(grpc.RpcError) as caught:
         result = call()
@@ -39,8 +41,9 @@ def failure(call: Callable[[], Any]) -> tuple[grpc.RpcError, error_details_pb2.E
     return (caught.value, *details_of(caught.value))
 
 
-def expect(call: Callable[[], Any], code: grpc.StatusCode, reason: str
-           ) -> tuple[grpc.RpcError, error_details_pb2.ErrorInfo, list[Any]]:
+def expect(
+    call: Callable[[], Any], code: grpc.StatusCode, reason: str
+) -> tuple[grpc.RpcError, error_details_pb2.ErrorInfo, list[Any]]:
     err, info, details = failure(call)
     assert err.code() == code, err.details()
     assert info is not None and info.reason == reason
@@ -97,50 +100,65 @@ INVALID = [  # (the field ErrorInfo must name, a patch over a valid greedy reque
 ]
 
 
-@pytest.mark.parametrize(("param", "patch"), INVALID,
-                         ids=[f"{p}-{i}" for i, (p, _) in enumerate(INVALID)])
-def test_invalid_parameter_names_the_field(stub: generation_pb2_grpc.GenerationServiceStub,
-                                           param: str, patch: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("param", "patch"), INVALID, ids=[f"{p}-{i}" for i, (p, _) in enumerate(INVALID)]
+)
+def test_invalid_parameter_names_the_field(
+    stub: generation_pb2_grpc.GenerationServiceStub, param: str, patch: dict[str, Any]
+) -> None:
     req = request()
     if "token_ids" in patch:
         req.ClearField("token_ids")
     json_format.ParseDict({k: v for k, v in patch.items() if v is not None}, req)
     for method in (stub.Generate, stub.GenerateStream):
-        err, info, _ = expect(lambda m=method: m(req), Code.INVALID_ARGUMENT,
-                              "INVALID_PARAMETER")
+        err, info, _ = expect(lambda m=method: m(req), Code.INVALID_ARGUMENT, "INVALID_PARAMETER")
         assert info.metadata["param"] == param
         assert param in err.details()
 
 
 def test_bad_priority_header(stub: generation_pb2_grpc.GenerationServiceStub) -> None:
-    _, info, _ = expect(lambda: stub.Generate(request(), metadata=(("x-priority", "high"),)),
-                        Code.INVALID_ARGUMENT, "INVALID_PARAMETER")
+    _, info, _ = expect(
+        lambda: stub.Generate(request(), metadata=(("x-priority", "high"),)),
+        Code.INVALID_ARGUMENT,
+        "INVALID_PARAMETER",
+    )
     assert info.metadata["param"] == "x-priority"
 
 
 def test_context_length_exceeded(stub: generation_pb2_grpc.GenerationServiceStub) -> None:
-    _, info, _ = expect(lambda: stub.Generate(request([5] * 250, max_tokens=7)),
-                        Code.INVALID_ARGUMENT, "CONTEXT_LENGTH_EXCEEDED")
+    _, info, _ = expect(
+        lambda: stub.Generate(request([5] * 250, max_tokens=7)),
+        Code.INVALID_ARGUMENT,
+        "CONTEXT_LENGTH_EXCEEDED",
+    )
     assert info.metadata["param"] == "max_tokens"
-    _, info, _ = expect(lambda: stub.Generate(request([5] * 256)), Code.INVALID_ARGUMENT,
-                        "CONTEXT_LENGTH_EXCEEDED")
+    _, info, _ = expect(
+        lambda: stub.Generate(request([5] * 256)), Code.INVALID_ARGUMENT, "CONTEXT_LENGTH_EXCEEDED"
+    )
     assert info.metadata["param"] == "token_ids"
     assert stub.Generate(request([5] * 250, max_tokens=6)).usage.completion_tokens == 6
 
 
 # ---------------------------------------------------------------------------- NOT_FOUND
-def test_unknown_model(harness: ServerHarness,
-                       stub: generation_pb2_grpc.GenerationServiceStub) -> None:
+def test_unknown_model(
+    harness: ServerHarness, stub: generation_pb2_grpc.GenerationServiceStub
+) -> None:
     req = request()
     req.model = "no-such-model"
     _, info, _ = expect(lambda: stub.Generate(req), Code.NOT_FOUND, "MODEL_NOT_FOUND")
     assert info.metadata["model"] == "no-such-model"
     with harness.channel() as ch:
         models = models_pb2_grpc.ModelServiceStub(ch)
-        expect(lambda: models.GetModelInfo(models_pb2.GetModelInfoRequest(model="x")),
-               Code.NOT_FOUND, "MODEL_NOT_FOUND")
-        expect(lambda: models.Tokenize(models_pb2.TokenizeRequest(model="x", text="a")),
-               Code.NOT_FOUND, "MODEL_NOT_FOUND")
+        expect(
+            lambda: models.GetModelInfo(models_pb2.GetModelInfoRequest(model="x")),
+            Code.NOT_FOUND,
+            "MODEL_NOT_FOUND",
+        )
+        expect(
+            lambda: models.Tokenize(models_pb2.TokenizeRequest(model="x", text="a")),
+            Code.NOT_FOUND,
+            "MODEL_NOT_FOUND",
+        )
     opening = pb.SessionRequest(open=pb.SessionOpen(model="x"))
     expect(lambda: stub.Session(iter([opening])), Code.NOT_FOUND, "MODEL_NOT_FOUND")
     stub.Generate(request(), timeout=10)  # the empty name means the served model
@@ -149,27 +167,34 @@ def test_unknown_model(harness: ServerHarness,
 
 # ---------------------------------------------------------------------------- in-flight limits
 def test_duplicate_request_id_leaves_the_first_alone(
-        harness: ServerHarness, gate: Recorder, stub: generation_pb2_grpc.GenerationServiceStub
-        ) -> None:
+    harness: ServerHarness, gate: Recorder, stub: generation_pb2_grpc.GenerationServiceStub
+) -> None:
     want = list(stub.Generate(request(max_tokens=30)).choices[0].token_ids)
     gate.hold("anon/dup")
     first = stub.GenerateStream(request(max_tokens=30, request_id="dup"))
     assert next(first).HasField("start")
     assert gate.parked.wait(10)  # "dup" is in flight until released
     for method in (stub.Generate, stub.GenerateStream):
-        expect(lambda m=method: m(request(request_id="dup")), Code.ALREADY_EXISTS,
-               "DUPLICATE_REQUEST_ID")
+        expect(
+            lambda m=method: m(request(request_id="dup")),
+            Code.ALREADY_EXISTS,
+            "DUPLICATE_REQUEST_ID",
+        )
     gate.release()
     events = list(first)
     assert delta_ids(events) == want
     assert [e.end.finish_reason for e in events if e.HasField("end")] == [
-        common_pb2.FINISH_REASON_LENGTH]
+        common_pb2.FINISH_REASON_LENGTH
+    ]
     harness.assert_idle()
 
 
-def test_queue_full_carries_retry_info(harness: ServerHarness, gate: Recorder,
-                                       stub: generation_pb2_grpc.GenerationServiceStub,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_queue_full_carries_retry_info(
+    harness: ServerHarness,
+    gate: Recorder,
+    stub: generation_pb2_grpc.GenerationServiceStub,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     gate.hold("anon/held-0")
     held = [stub.GenerateStream(request(max_tokens=8, request_id="held-0"))]
     assert next(held[0]).HasField("start")
@@ -177,8 +202,7 @@ def test_queue_full_carries_retry_info(harness: ServerHarness, gate: Recorder,
     added = spy_on(monkeypatch, harness.engine, "add_request")
     held.append(stub.GenerateStream(request(max_tokens=8, request_id="held-1")))
     added.wait("anon/held-1")  # max_requests = 2 reached
-    _, _, details = expect(lambda: stub.Generate(request()), Code.RESOURCE_EXHAUSTED,
-                           "QUEUE_FULL")
+    _, _, details = expect(lambda: stub.Generate(request()), Code.RESOURCE_EXHAUSTED, "QUEUE_FULL")
     retry = error_details_pb2.RetryInfo()
     assert any(d.Unpack(retry) for d in details if d.Is(retry.DESCRIPTOR))
     assert retry.retry_delay.ToNanoseconds() > 0
@@ -189,13 +213,17 @@ def test_queue_full_carries_retry_info(harness: ServerHarness, gate: Recorder,
     harness.assert_idle()
 
 
-def test_deadline_exceeded(harness: ServerHarness, gate: Recorder,
-                           stub: generation_pb2_grpc.GenerationServiceStub,
-                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_deadline_exceeded(
+    harness: ServerHarness,
+    gate: Recorder,
+    stub: generation_pb2_grpc.GenerationServiceStub,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     aborts = spy_on(monkeypatch, harness.engine, "abort")
     gate.hold("anon/late")
-    err, info, _ = failure(lambda: stub.Generate(request(max_tokens=200, request_id="late"),
-                                                 timeout=0.5))
+    err, info, _ = failure(
+        lambda: stub.Generate(request(max_tokens=200, request_id="late"), timeout=0.5)
+    )
     assert err.code() == Code.DEADLINE_EXCEEDED and info is None
     aborts.wait("anon/late")  # the server gave up on the call while the engine was parked
     gate.release()
@@ -205,21 +233,25 @@ def test_deadline_exceeded(harness: ServerHarness, gate: Recorder,
 
 # ---------------------------------------------------------------------------- INTERNAL
 def test_unexpected_exception_is_internal_without_leaks(
-        harness: ServerHarness, stub: generation_pb2_grpc.GenerationServiceStub,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    harness: ServerHarness,
+    stub: generation_pb2_grpc.GenerationServiceStub,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     def explode(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("secret /path/x")
 
     monkeypatch.setattr(convert, "tokenize_input", explode)
     for method in (stub.Generate, stub.GenerateStream):
-        err, _, _ = expect(lambda m=method: m(request(request_id="boom-1")), Code.INTERNAL,
-                           "ENGINE_ERROR")
+        err, _, _ = expect(
+            lambda m=method: m(request(request_id="boom-1")), Code.INTERNAL, "ENGINE_ERROR"
+        )
         assert "boom-1" in err.details()
         assert "secret" not in err.details() and "/path" not in err.details()
     monkeypatch.undo()
     monkeypatch.setattr(harness.core, "add_request", explode)  # fails on the engine thread
-    err, _, _ = expect(lambda: stub.Generate(request(request_id="boom-2")), Code.INTERNAL,
-                       "ENGINE_ERROR")
+    err, _, _ = expect(
+        lambda: stub.Generate(request(request_id="boom-2")), Code.INTERNAL, "ENGINE_ERROR"
+    )
     assert "boom-2" in err.details() and "secret" not in err.details()
     monkeypatch.undo()
     harness.assert_idle()
@@ -282,7 +314,8 @@ def test_engine_death_is_unavailable(tiny_model_factory: Callable[..., Path]) ->
                 assert "secret" not in err.details() and "/path" not in err.details()
             # A dead engine leaves load balancing: health turns NOT_SERVING (watched, no poll).
             watch = health_pb2_grpc.HealthStub(ch).Watch(
-                health_pb2.HealthCheckRequest(service=""), timeout=30)
+                health_pb2.HealthCheckRequest(service=""), timeout=30
+            )
             assert any(r.status == health_pb2.HealthCheckResponse.NOT_SERVING for r in watch)
             watch.cancel()
     finally:
@@ -297,7 +330,8 @@ def test_not_ready_before_warm_up(tiny_model_factory: Callable[..., Path]) -> No
             stub = generation_pb2_grpc.GenerationServiceStub(ch)
             expect(lambda: stub.Generate(request()), Code.UNAVAILABLE, "NOT_READY")
             health = health_pb2_grpc.HealthStub(ch).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=10)
+                health_pb2.HealthCheckRequest(service=""), timeout=10
+            )
             assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
         harness.assert_idle()
     finally:
@@ -314,9 +348,11 @@ def _auth_request(method: Any) -> Any:
     return message
 
 
-METHODS = [(svc, m) for svc, module in (("GenerationService", pb),
-                                        ("ModelService", models_pb2))
-           for m in module.DESCRIPTOR.services_by_name[svc].methods]
+METHODS = [
+    (svc, m)
+    for svc, module in (("GenerationService", pb), ("ModelService", models_pb2))
+    for m in module.DESCRIPTOR.services_by_name[svc].methods
+]
 
 
 @pytest.fixture(scope="module")
@@ -327,20 +363,27 @@ def secured(tiny_model_factory: Callable[..., Path]) -> Iterator[ServerHarness]:
 
 
 @pytest.mark.parametrize("method", [m for _, m in METHODS], ids=[m.name for _, m in METHODS])
-def test_every_rpc_needs_a_valid_key(secured: ServerHarness, method: Any,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_rpc_needs_a_valid_key(
+    secured: ServerHarness, method: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     added = spy_on(monkeypatch, secured.engine, "add_request")
     with secured.channel() as ch:
-        stubs = {"GenerationService": generation_pb2_grpc.GenerationServiceStub(ch),
-                 "ModelService": models_pb2_grpc.ModelServiceStub(ch)}
+        stubs = {
+            "GenerationService": generation_pb2_grpc.GenerationServiceStub(ch),
+            "ModelService": models_pb2_grpc.ModelServiceStub(ch),
+        }
         rpc = getattr(stubs[method.containing_service.name], method.name)
 
         def call(*metadata: tuple[str, str]) -> Any:
             result = rpc(_auth_request(method), metadata=metadata)
             return list(result) if method.server_streaming else result
 
-        for bad in ((), (("authorization", "Bearer wrong-key-zz9"),),
-                    (("authorization", "k1"),), (("authorization", "Bearer "),)):
+        for bad in (
+            (),
+            (("authorization", "Bearer wrong-key-zz9"),),
+            (("authorization", "k1"),),
+            (("authorization", "Bearer "),),
+        ):
             err, _, _ = expect(lambda b=bad: call(*b), Code.UNAUTHENTICATED, "API_KEY_INVALID")
             assert "zz9" not in err.details() and "wrong-key" not in str(err.trailing_metadata())
         assert added.calls == []  # refused before any work

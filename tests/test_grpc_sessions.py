@@ -29,8 +29,9 @@ class Session:
         stub = generation_pb2_grpc.GenerationServiceStub(target)
         self.call = stub.Session(iter(self._outbox.get, None))
         open_fields.setdefault("sampling", GREEDY)
-        open_fields.setdefault("stopping", common_pb2.StoppingOptions(max_tokens=6,
-                                                                      ignore_eos=True))
+        open_fields.setdefault(
+            "stopping", common_pb2.StoppingOptions(max_tokens=6, ignore_eos=True)
+        )
         self.send(open=pb.SessionOpen(**open_fields))
 
     def send(self, **message: Any) -> None:
@@ -81,9 +82,14 @@ def ids(start: int, count: int) -> list[int]:
 
 def unary(channel: grpc.Channel, prompt: list[int], max_tokens: int) -> list[int]:
     stub = generation_pb2_grpc.GenerationServiceStub(channel)
-    reply = stub.Generate(pb.GenerateRequest(
-        token_ids=common_pb2.TokenIds(ids=prompt), sampling=GREEDY, cache_salt="unary",
-        stopping=common_pb2.StoppingOptions(max_tokens=max_tokens, ignore_eos=True)))
+    reply = stub.Generate(
+        pb.GenerateRequest(
+            token_ids=common_pb2.TokenIds(ids=prompt),
+            sampling=GREEDY,
+            cache_salt="unary",
+            stopping=common_pb2.StoppingOptions(max_tokens=max_tokens, ignore_eos=True),
+        )
+    )
     return list(reply.choices[0].token_ids)
 
 
@@ -106,8 +112,7 @@ def channel(harness: ServerHarness) -> Iterator[grpc.Channel]:
         yield ch
 
 
-def test_turns_reuse_the_cached_transcript(harness: ServerHarness,
-                                           channel: grpc.Channel) -> None:
+def test_turns_reuse_the_cached_transcript(harness: ServerHarness, channel: grpc.Channel) -> None:
     s = Session(channel, cache_salt="three-turns")
     assert s.opened().max_context_tokens == 256
     transcript: list[int] = []
@@ -133,8 +138,7 @@ def test_turns_reuse_the_cached_transcript(harness: ServerHarness,
     harness.assert_idle()  # Close released the held blocks
 
 
-def test_cache_salt_scopes_the_prefix_cache(harness: ServerHarness,
-                                            channel: grpc.Channel) -> None:
+def test_cache_salt_scopes_the_prefix_cache(harness: ServerHarness, channel: grpc.Channel) -> None:
     first_turn = ids(17, 40)
     cached = []
     for salt in ("salt-a", "salt-b", "salt-a"):
@@ -149,8 +153,9 @@ def test_cache_salt_scopes_the_prefix_cache(harness: ServerHarness,
     harness.assert_idle()
 
 
-def test_half_close_ends_the_session_and_frees_it(harness: ServerHarness,
-                                                  channel: grpc.Channel) -> None:
+def test_half_close_ends_the_session_and_frees_it(
+    harness: ServerHarness, channel: grpc.Channel
+) -> None:
     s = Session(channel)
     s.opened()
     s.turn(ids(5, 20))
@@ -161,8 +166,9 @@ def test_half_close_ends_the_session_and_frees_it(harness: ServerHarness,
     harness.assert_idle()
 
 
-def test_cancel_turn_mid_decode(harness: ServerHarness, channel: grpc.Channel, gate: Recorder,
-                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cancel_turn_mid_decode(
+    harness: ServerHarness, channel: grpc.Channel, gate: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
     aborts = spy_on(monkeypatch, harness.engine, "abort")
     s = Session(channel)
     s.opened()
@@ -190,7 +196,8 @@ def test_cancel_turn_mid_decode(harness: ServerHarness, channel: grpc.Channel, g
 
 
 def test_invalid_turn_reports_in_band_and_the_session_goes_on(
-        harness: ServerHarness, channel: grpc.Channel) -> None:
+    harness: ServerHarness, channel: grpc.Channel
+) -> None:
     s = Session(channel)
     s.opened()
     s.turn(ids(3, 10), sampling=common_pb2.SamplingOptions(temperature=-1.0))
@@ -249,8 +256,7 @@ def test_idle_timeout_closes_the_session(tiny_model_factory: Callable[..., Path]
         harness.stop()
 
 
-def test_context_eviction_under_memory_pressure(tiny_model_factory: Callable[..., Path]
-                                                ) -> None:
+def test_context_eviction_under_memory_pressure(tiny_model_factory: Callable[..., Path]) -> None:
     # 8 usable blocks of 16 = one 128-token sequence; sessions may pin at most 4 blocks.
     harness = ServerHarness(tiny_model_factory("llama"), num_blocks=9, max_model_len=128)
     harness.start()

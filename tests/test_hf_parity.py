@@ -47,14 +47,16 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
     out = []
     with torch.inference_mode():
         for p in prompts:
-            ids = model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                                 pad_token_id=0)
-            out.append(ids[0, len(p):].tolist())
+            ids = model.generate(
+                torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
+            )
+            out.append(ids[0, len(p) :].tolist())
     return out
 
 
-def run_engine(model_dir: Path, prompts: list[list[int]], **llm_kwargs: Any
-               ) -> tuple[list[list[int]], LLM, Recorder]:
+def run_engine(
+    model_dir: Path, prompts: list[list[int]], **llm_kwargs: Any
+) -> tuple[list[list[int]], LLM, Recorder]:
     recorder = Recorder()
     llm = LLM(str(model_dir), device="cpu", observer=recorder, **llm_kwargs)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
@@ -74,8 +76,11 @@ def references(tiny_model_factory: Callable[..., Path]) -> dict[str, Any]:
     refs = {}
     for family in FAMILIES:
         path = tiny_model_factory(family)
-        refs[family] = (path, hf_greedy(path, distinct_prompts()),
-                        hf_greedy(path, shared_prefix_prompts()))
+        refs[family] = (
+            path,
+            hf_greedy(path, distinct_prompts()),
+            hf_greedy(path, shared_prefix_prompts()),
+        )
     return refs
 
 
@@ -89,8 +94,7 @@ def test_batch_matches_hf(references: dict[str, Any], family: str) -> None:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_prefix_caching_shared_prefix_matches_hf(references: dict[str, Any], family: str
-                                                 ) -> None:
+def test_prefix_caching_shared_prefix_matches_hf(references: dict[str, Any], family: str) -> None:
     path, _, expected = references[family]
     recorder = Recorder()
     llm = LLM(str(path), device="cpu", observer=recorder)
@@ -107,11 +111,11 @@ def test_prefix_caching_shared_prefix_matches_hf(references: dict[str, Any], fam
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_chunked_prefill_small_budget_matches_hf(references: dict[str, Any], family: str
-                                                 ) -> None:
+def test_chunked_prefill_small_budget_matches_hf(references: dict[str, Any], family: str) -> None:
     path, expected, _ = references[family]
-    got, llm, recorder = run_engine(path, distinct_prompts(), max_num_batched_tokens=16,
-                                    enable_prefix_caching=False)
+    got, llm, recorder = run_engine(
+        path, distinct_prompts(), max_num_batched_tokens=16, enable_prefix_caching=False
+    )
     assert got == expected
     assert all(s.num_prefill_tokens + s.num_decode_tokens <= 16 for s in recorder.steps)
     assert any(s.phase == "mixed" for s in recorder.steps)
@@ -119,12 +123,12 @@ def test_chunked_prefill_small_budget_matches_hf(references: dict[str, Any], fam
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_tiny_kv_cache_preempts_and_matches_hf(references: dict[str, Any], family: str
-                                               ) -> None:
+def test_tiny_kv_cache_preempts_and_matches_hf(references: dict[str, Any], family: str) -> None:
     path, expected, _ = references[family]
     # 12 usable blocks of 16 tokens = 192 slots for 8 sequences that grow to ~100 tokens.
-    got, llm, recorder = run_engine(path, distinct_prompts(), num_blocks_override=13,
-                                    max_model_len=128)
+    got, llm, recorder = run_engine(
+        path, distinct_prompts(), num_blocks_override=13, max_model_len=128
+    )
     assert got == expected
     assert sum(s.num_preemptions for s in recorder.steps) > 0
     assert sum(r.num_preemptions for r in recorder.finished) > 0

@@ -51,20 +51,28 @@ def test_logprobs_match_hf_log_softmax(llm: LLM, model_dir: Path) -> None:
         for tid, lp in position.items():
             assert abs(lp.logprob - row[tid].item()) < 1e-4
     assert out.cumulative_logprob == pytest.approx(
-        sum(p[t].logprob for p, t in zip(out.logprobs, out.token_ids, strict=True)), abs=1e-4)
+        sum(p[t].logprob for p, t in zip(out.logprobs, out.token_ids, strict=True)), abs=1e-4
+    )
     assert_idle(llm)
 
 
 def test_seeded_request_same_alone_and_in_batch_of_16(llm: LLM) -> None:
-    seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=1234, max_tokens=24,
-                            ignore_eos=True)
+    seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=1234, max_tokens=24, ignore_eos=True)
     alone = llm.generate([PROMPT], seeded, use_tqdm=False)[0].outputs[0].token_ids
     others = [[(i * 31 + j) % 500 + 3 for j in range(4 + i)] for i in range(16)]
-    mixed = [SamplingParams(temperature=1.0, max_tokens=20 + i % 7, ignore_eos=True,
-                            seed=None if i % 3 else i, top_k=0 if i % 2 else 20)
-             for i in range(16)]
-    batch = llm.generate([*others[:9], PROMPT, *others[9:]], [*mixed[:9], seeded, *mixed[9:]],
-                         use_tqdm=False)
+    mixed = [
+        SamplingParams(
+            temperature=1.0,
+            max_tokens=20 + i % 7,
+            ignore_eos=True,
+            seed=None if i % 3 else i,
+            top_k=0 if i % 2 else 20,
+        )
+        for i in range(16)
+    ]
+    batch = llm.generate(
+        [*others[:9], PROMPT, *others[9:]], [*mixed[:9], seeded, *mixed[9:]], use_tqdm=False
+    )
     assert batch[9].outputs[0].token_ids == alone
     assert len({tuple(o.outputs[0].token_ids) for o in batch}) > 10  # really sampled
     assert_idle(llm)
@@ -91,16 +99,21 @@ def test_stop_token_ids_min_tokens_ignore_eos(llm: LLM) -> None:
     base = llm.generate([PROMPT], greedy, use_tqdm=False)[0].outputs[0].token_ids
     stop_id = base[4]
     first = base.index(stop_id)
-    stopped = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=12,
-                                                    stop_token_ids=[stop_id]),
-                           use_tqdm=False)[0].outputs[0]
+    stopped = llm.generate(
+        [PROMPT],
+        SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=[stop_id]),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert stopped.token_ids == base[: first + 1]
     assert (stopped.finish_reason, stopped.stop_reason) == (FinishReason.STOP_TOKEN, stop_id)
     # min_tokens masks stop ids until it is reached: the output runs past the first hit.
-    held = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=12,
-                                                 min_tokens=first + 2,
-                                                 stop_token_ids=[stop_id]),
-                        use_tqdm=False)[0].outputs[0]
+    held = llm.generate(
+        [PROMPT],
+        SamplingParams(
+            temperature=0.0, max_tokens=12, min_tokens=first + 2, stop_token_ids=[stop_id]
+        ),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert len(held.token_ids) >= first + 2
     assert stop_id not in held.token_ids[: first + 2]
     assert held.finish_reason in (FinishReason.STOP_TOKEN, FinishReason.LENGTH)
@@ -108,8 +121,7 @@ def test_stop_token_ids_min_tokens_ignore_eos(llm: LLM) -> None:
     eos = SamplingParams(temperature=0.0, max_tokens=6, logit_bias={2: 100.0})
     out = llm.generate([PROMPT], eos, use_tqdm=False)[0].outputs[0]
     assert (out.token_ids, out.finish_reason) == ([2], FinishReason.EOS)
-    ignore = SamplingParams(temperature=0.0, max_tokens=6, logit_bias={2: 100.0},
-                            ignore_eos=True)
+    ignore = SamplingParams(temperature=0.0, max_tokens=6, logit_bias={2: 100.0}, ignore_eos=True)
     out = llm.generate([PROMPT], ignore, use_tqdm=False)[0].outputs[0]
     assert (out.token_ids, out.finish_reason) == ([2] * 6, FinishReason.LENGTH)
     assert_idle(llm)
@@ -139,11 +151,17 @@ def test_prompt_logprobs_match_hf(llm: LLM, model_dir: Path) -> None:
 
 
 def test_priority_order_under_one_seat(model_dir: Path) -> None:
-    llm = LLM(str(model_dir), device="cpu", max_model_len=256, max_num_seqs=1,
-              scheduling_policy="priority")
+    llm = LLM(
+        str(model_dir),
+        device="cpu",
+        max_model_len=256,
+        max_num_seqs=1,
+        scheduling_policy="priority",
+    )
     params = SamplingParams(temperature=0.0, max_tokens=2)
-    outs = llm.generate([PROMPT, PROMPT[:5], PROMPT[:7]], params, use_tqdm=False,
-                        priority=[5, 0, 1])
+    outs = llm.generate(
+        [PROMPT, PROMPT[:5], PROMPT[:7]], params, use_tqdm=False, priority=[5, 0, 1]
+    )
     assert [len(o.outputs[0].token_ids) for o in outs] == [2, 2, 2]
 
 
@@ -168,8 +186,7 @@ def test_priority_order_under_one_seat(model_dir: Path) -> None:
         (dict(seed=-1), "seed"),
     ],
 )
-def test_invalid_sampling_params_name_the_parameter(kwargs: dict[str, object], param: str
-                                                    ) -> None:
+def test_invalid_sampling_params_name_the_parameter(kwargs: dict[str, object], param: str) -> None:
     with pytest.raises(ParameterError) as err:
         SamplingParams(**kwargs)  # type: ignore[arg-type]
     assert err.value.param == param and str(err.value).startswith(param)

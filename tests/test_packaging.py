@@ -15,8 +15,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = {"runtime": "tokenwire.runtime", "kernels": "tokenwire.kernels",
-           "server": "tokenwire.server", "clients": "tokenwire.clients"}
+FOLDERS = {
+    "runtime": "tokenwire.runtime",
+    "kernels": "tokenwire.kernels",
+    "server": "tokenwire.server",
+    "clients": "tokenwire.clients",
+}
 
 
 def source_modules() -> list[tuple[str, Path]]:
@@ -57,8 +61,9 @@ def test_top_level_kernels_never_resolves_into_repo() -> None:
         " if spec else 'none'))\n"
     )
     env = dict(os.environ, PYTHONSAFEPATH="1")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    )
     assert str(ROOT) not in result.stdout, result.stdout
     for name in ("runtime", "server", "clients"):
         spec = importlib.util.find_spec(name)

@@ -44,25 +44,41 @@ class FakeExecutor:
         return ModelOutput(req_ids=req_ids, sampled_token_ids=tokens)
 
 
-def make(num_blocks: int = 64, budget: int = 32, max_seqs: int = 8, policy: str = "fcfs",
-         caching: bool = True, max_model_len: int = 256) -> tuple[Scheduler, KVCacheManager]:
+def make(
+    num_blocks: int = 64,
+    budget: int = 32,
+    max_seqs: int = 8,
+    policy: str = "fcfs",
+    caching: bool = True,
+    max_model_len: int = 256,
+) -> tuple[Scheduler, KVCacheManager]:
     kv = KVCacheManager(num_blocks, BLOCK, caching)
-    sched = Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget,
-                                      policy=policy),  # type: ignore[arg-type]
-                      kv, max_model_len)
+    sched = Scheduler(
+        SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, policy=policy),  # type: ignore[arg-type]
+        kv,
+        max_model_len,
+    )
     return sched, kv
 
 
-def request(rid: str, prompt_len: int, max_tokens: int, priority: int = 0,
-            arrival: float = 0.0, first: int = 10) -> Request:
+def request(
+    rid: str,
+    prompt_len: int,
+    max_tokens: int,
+    priority: int = 0,
+    arrival: float = 0.0,
+    first: int = 10,
+) -> Request:
     prompt = [first + (i % 13) for i in range(prompt_len)]
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    return Request(rid, prompt, params, frozenset({EOS}), 256, arrival_time=arrival,
-                   priority=priority)
+    return Request(
+        rid, prompt, params, frozenset({EOS}), 256, arrival_time=arrival, priority=priority
+    )
 
 
-def run(sched: Scheduler, executor: FakeExecutor, max_steps: int = 10_000,
-        on_step: object = None) -> list[SchedulerOutput]:
+def run(
+    sched: Scheduler, executor: FakeExecutor, max_steps: int = 10_000, on_step: object = None
+) -> list[SchedulerOutput]:
     outputs = []
     for _ in range(max_steps):
         if not sched.has_unfinished_requests():
@@ -126,9 +142,12 @@ def test_preempted_request_is_resumed_with_full_block_list() -> None:
     resumed_seen = False
     while sched.has_unfinished_requests():
         so = sched.schedule()
-        for rid, resumed, blocks in zip(so.cached_reqs.request_ids,
-                                        so.cached_reqs.resumed_from_preemption,
-                                        so.cached_reqs.new_block_ids, strict=True):
+        for rid, resumed, blocks in zip(
+            so.cached_reqs.request_ids,
+            so.cached_reqs.resumed_from_preemption,
+            so.cached_reqs.new_block_ids,
+            strict=True,
+        ):
             if resumed:
                 resumed_seen = True
                 assert blocks == kv.get_block_ids(rid)
@@ -147,7 +166,8 @@ def test_abort_anywhere_frees_blocks(where: str) -> None:
         sched.update(so := sched.schedule(), executor.execute(so))
     victim = "b" if where == "waiting" else "a"
     assert sched.requests[victim].status == (
-        RequestStatus.WAITING if where == "waiting" else RequestStatus.RUNNING)
+        RequestStatus.WAITING if where == "waiting" else RequestStatus.RUNNING
+    )
     aborted = sched.abort_requests([victim])
     assert [r.request_id for r in aborted] == [victim]
     assert aborted[0].finish_reason == FinishReason.CANCELLED
@@ -177,11 +197,13 @@ def test_priority_policy_orders_admission_and_picks_victim() -> None:
 def test_eos_and_stop_token_and_context_length() -> None:
     sched, kv = make(max_model_len=12)
     r_eos = Request("eos", [5, 6, 7], SamplingParams(max_tokens=5), frozenset({EOS}), 12)
-    r_stop = Request("stop", [5, 6, 7], SamplingParams(max_tokens=5, stop_token_ids=[9]),
-                     frozenset({EOS}), 12)
+    r_stop = Request(
+        "stop", [5, 6, 7], SamplingParams(max_tokens=5, stop_token_ids=[9]), frozenset({EOS}), 12
+    )
     r_ctx = Request("ctx", [5] * 8, SamplingParams(max_tokens=None), frozenset({EOS}), 12)
-    r_min = Request("min", [5, 6, 7], SamplingParams(max_tokens=5, min_tokens=3),
-                    frozenset({EOS}), 12)
+    r_min = Request(
+        "min", [5, 6, 7], SamplingParams(max_tokens=5, min_tokens=3), frozenset({EOS}), 12
+    )
     for r in (r_eos, r_stop, r_ctx, r_min):
         sched.add_request(r)
     scripted = {"eos": [3, EOS], "stop": [9], "ctx": [4, 4, 4, 4], "min": [EOS, EOS, EOS]}
@@ -222,14 +244,35 @@ def test_shared_prefix_in_one_step_gets_prefix_hit() -> None:
     caching=st.booleans(),
     num_requests=st.integers(1, 8),
 )
-def test_random_workloads_keep_invariants(seed: int, num_blocks: int, budget: int,
-                                          max_seqs: int, policy: str, caching: bool,
-                                          num_requests: int) -> None:
+def test_random_workloads_keep_invariants(
+    seed: int,
+    num_blocks: int,
+    budget: int,
+    max_seqs: int,
+    policy: str,
+    caching: bool,
+    num_requests: int,
+) -> None:
     rng = random.Random(seed)
-    sched, kv = make(num_blocks=num_blocks, budget=budget, max_seqs=max_seqs, policy=policy,
-                     caching=caching, max_model_len=40)
-    reqs = [request(f"r{i}", rng.randint(1, 20), rng.randint(1, 12), rng.randint(0, 3),
-                    float(i), first=rng.choice([10, 10, 30])) for i in range(num_requests)]
+    sched, kv = make(
+        num_blocks=num_blocks,
+        budget=budget,
+        max_seqs=max_seqs,
+        policy=policy,
+        caching=caching,
+        max_model_len=40,
+    )
+    reqs = [
+        request(
+            f"r{i}",
+            rng.randint(1, 20),
+            rng.randint(1, 12),
+            rng.randint(0, 3),
+            float(i),
+            first=rng.choice([10, 10, 30]),
+        )
+        for i in range(num_requests)
+    ]
     for r in reqs:
         sched.add_request(r)
     executor = FakeExecutor(sched)

@@ -30,7 +30,9 @@ def server() -> Iterator[tuple[subprocess.Popen[str], str]]:
     assert exe is not None
     proc = subprocess.Popen(
         [exe, "serve", "--grpc-port", "0", "--shutdown-timeout", "60"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env=dict(os.environ, PYTHONSAFEPATH="1"),
     )
     assert proc.stdout is not None
@@ -55,9 +57,11 @@ def test_health_serving_and_paris(server: tuple[subprocess.Popen[str], str]) -> 
         status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status
         assert status == health_pb2.HealthCheckResponse.SERVING
     with Client(target, timeout=120) as client:
-        answer = client.generate(messages=[{"role": "user",
-                                            "content": "What is the capital of France?"}],
-                                 temperature=0.0, max_tokens=30)
+        answer = client.generate(
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            temperature=0.0,
+            max_tokens=30,
+        )
     assert "Paris" in answer.choices[0].text
     assert answer.usage.prompt_tokens > 0
 
@@ -65,8 +69,7 @@ def test_health_serving_and_paris(server: tuple[subprocess.Popen[str], str]) -> 
 def test_sigterm_drains_then_exits_zero(server: tuple[subprocess.Popen[str], str]) -> None:
     proc, target = server
     with Client(target, timeout=300) as client, grpc.insecure_channel(target) as channel:
-        watch = health_pb2_grpc.HealthStub(channel).Watch(
-            health_pb2.HealthCheckRequest(service=""))
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
         assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
         events = client.stream([1, 2, 3, 4], max_tokens=200, ignore_eos=True, temperature=0.0)
         first = next(events)  # the request is admitted and running
