@@ -12,6 +12,7 @@ import asyncio
 import json
 import random
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +44,8 @@ class _Timer:
         )
 
 
-def grpc_sender(target: str, api_key: str | None) -> tuple[Sender, Callable[[], Awaitable[None]]]:
+def grpc_sender(target: str, api_key: str | None, cache_salt: str
+                ) -> tuple[Sender, Callable[[], Awaitable[None]]]:
     import grpc
 
     from tokenwire.v1 import common_pb2, generation_pb2, generation_pb2_grpc
@@ -58,6 +60,7 @@ def grpc_sender(target: str, api_key: str | None) -> tuple[Sender, Callable[[], 
             token_ids=common_pb2.TokenIds(ids=prompt),
             sampling=common_pb2.SamplingOptions(temperature=0.0),
             stopping=common_pb2.StoppingOptions(max_tokens=output_len, ignore_eos=True),
+            cache_salt=cache_salt,
         )
         try:
             async for event in stub.GenerateStream(request, metadata=metadata):
@@ -157,6 +160,9 @@ def add_parser(bench: argparse._SubParsersAction) -> None:  # type: ignore[type-
         help="Poisson arrivals per second (default: all at once, bounded by --concurrency)",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache-salt", default=None,
+                   help="gRPC cache_salt for every request (default: fresh per run, so runs "
+                        "never reuse each other's prefix cache)")
     p.set_defaults(func=run_serve_bench)
 
 
@@ -169,7 +175,8 @@ async def _main(
     args: argparse.Namespace, prompts: list[list[int]], output_lens: list[int], workload: str
 ) -> int:
     if args.backend == "grpc":
-        send, close = grpc_sender(args.target, args.api_key)
+        salt = args.cache_salt if args.cache_salt is not None else uuid.uuid4().hex
+        send, close = grpc_sender(args.target, args.api_key, salt)
         target = f"grpc://{args.target}"
     else:
         send, close = openai_sender(args.base_url, args.model, args.api_key)
