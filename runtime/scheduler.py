@@ -18,38 +18,8 @@ from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.request import FinishReason, Request, RequestStatus
 from tokenwire.runtime.request_queue import make_queue
-from tokenwire.runtime.scheduler_output import (
-    CachedRequestData,
-    NewRequestData,
-    SchedulerOutput,
-)
-
-
-class _StepBuilder:
-    """Accumulates one step's decisions; turned into a frozen ``SchedulerOutput``."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.new_reqs: list[NewRequestData] = []
-        self.cached = CachedRequestData()
-        self.num_scheduled: dict[str, int] = {}
-        self.num_prefill_tokens = 0
-        self.num_decode_tokens = 0
-        self.preempted: list[Request] = []
-
-    def schedule(self, request: Request, num_tokens: int) -> None:
-        self.num_scheduled[request.request_id] = num_tokens
-        self.budget -= num_tokens
-        # Tokens before the prompt end are prefill; after it (decode or recompute) decode.
-        prefill = max(0, min(num_tokens, request.num_prompt_tokens - request.num_computed_tokens))
-        self.num_prefill_tokens += prefill
-        self.num_decode_tokens += num_tokens - prefill
-
-    def add_cached(self, request: Request, new_block_ids: list[int], resumed: bool) -> None:
-        self.cached.request_ids.append(request.request_id)
-        self.cached.resumed_from_preemption.append(resumed)
-        self.cached.new_block_ids.append(new_block_ids)
-        self.cached.num_computed_tokens.append(request.num_computed_tokens)
+from tokenwire.runtime.scheduler_output import NewRequestData, SchedulerOutput
+from tokenwire.runtime.step_builder import StepBuilder
 
 
 class Scheduler:
@@ -153,7 +123,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ schedule
     def schedule(self) -> SchedulerOutput:
-        step = _StepBuilder(self.config.max_num_batched_tokens)
+        step = StepBuilder(self.config.max_num_batched_tokens)
         self._schedule_running(step)
         # A step that had to preempt has no room for newcomers (vLLM v1 rule).
         if not step.preempted:
@@ -173,7 +143,7 @@ class Scheduler:
             preempted_req_ids=frozenset(r.request_id for r in step.preempted),
         )
 
-    def _schedule_running(self, step: _StepBuilder) -> None:
+    def _schedule_running(self, step: StepBuilder) -> None:
         # Hot path (every running request, every step): locals instead of attribute lookups.
         running = self.running
         allocate = self.kv.allocate_slots
@@ -214,7 +184,7 @@ class Scheduler:
         step.budget = budget
 
     def _allocate_or_preempt(
-        self, request: Request, num_new: int, step: _StepBuilder
+        self, request: Request, num_new: int, step: StepBuilder
     ) -> list[int] | None:
         """Free memory until the allocation fits (it just failed): first tables held by idle
         sessions, then preempt from the tail of ``running``."""
@@ -240,7 +210,7 @@ class Scheduler:
         self.num_preemptions_total += 1
         self.waiting.prepend(request)
 
-    def _schedule_waiting(self, step: _StepBuilder) -> None:
+    def _schedule_waiting(self, step: StepBuilder) -> None:
         max_seqs = self.config.max_num_seqs
         while self.waiting and step.budget > 0 and len(self.running) < max_seqs:
             request = self.waiting.peek()
@@ -267,7 +237,7 @@ class Scheduler:
             self._admit(request, new_block_ids, step)
             step.schedule(request, num_new)
 
-    def _admit(self, request: Request, block_ids: list[int], step: _StepBuilder) -> None:
+    def _admit(self, request: Request, block_ids: list[int], step: StepBuilder) -> None:
         resumed = request.status == RequestStatus.PREEMPTED
         request.status = RequestStatus.RUNNING
         if self.config.policy == "priority":
