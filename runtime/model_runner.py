@@ -39,6 +39,9 @@ class CachedRequestState:
     block_ids: list[int]
     sampling: RowSamplingState
     row: int | None = None  # None while preempted
+    # Next prompt position whose logprob is still unreported (a recompute after preemption
+    # must not report positions twice).
+    next_prompt_logprob: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -267,11 +270,16 @@ class ModelRunner:
             k = state.params.prompt_logprobs
             if k is None:
                 continue
-            start = int(a.seq_lens[i]) - int(a.query_start_loc[i + 1] - a.query_start_loc[i])
-            if start >= len(state.prompt_token_ids):
-                continue
             q0, q1 = int(a.query_start_loc[i]), int(a.query_start_loc[i + 1])
-            out[state.request_id] = prompt_logprobs_for_chunk(
+            start = int(a.seq_lens[i]) - (q1 - q0)
+            # This chunk reports prompt positions first..last (0 has no logprob: None).
+            first = 0 if start == 0 else start + 1
+            last = min(start + q1 - q0, len(state.prompt_token_ids) - 1)
+            if last < state.next_prompt_logprob:
+                continue  # nothing new (decode, or a recomputed stretch)
+            entries = prompt_logprobs_for_chunk(
                 self.model.compute_logits(hidden[q0:q1]), state.prompt_token_ids, start, k
             )
+            out[state.request_id] = entries[max(0, state.next_prompt_logprob - first) :]
+            state.next_prompt_logprob = last + 1
         return out

@@ -209,3 +209,25 @@ def test_model_dependent_validation(llm: LLM) -> None:
     with pytest.raises(ContextLengthError):
         llm.generate([[5] * 256], SamplingParams(max_tokens=None), use_tqdm=False)
     assert_idle(llm)
+
+
+def test_prompt_logprobs_survive_preemption(model_dir: Path) -> None:
+    # 6 usable blocks of 4 tokens: the three requests cannot all stay resident.
+    llm = LLM(
+        str(model_dir),
+        device="cpu",
+        max_model_len=24,
+        block_size=4,
+        num_blocks_override=7,
+        max_num_batched_tokens=8,
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=10, prompt_logprobs=1, ignore_eos=True)
+    prompts = [PROMPT, PROMPT[::-1], PROMPT[2:] + PROMPT[:2]]
+    recorder_free = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.engine.scheduler.num_preemptions_total > 0
+    for prompt, out in zip(prompts, recorder_free, strict=True):
+        assert out.prompt_logprobs is not None
+        assert len(out.prompt_logprobs) == len(prompt)  # each position exactly once
+        assert out.prompt_logprobs[0] is None
+        assert all(prompt[i] in out.prompt_logprobs[i] for i in range(1, len(prompt)))  # type: ignore[operator]
+    llm.engine.kv_cache_manager.check_invariants(idle=True)
