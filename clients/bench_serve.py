@@ -44,8 +44,9 @@ class _Timer:
         )
 
 
-def grpc_sender(target: str, api_key: str | None, cache_salt: str
-                ) -> tuple[Sender, Callable[[], Awaitable[None]]]:
+def grpc_sender(
+    target: str, api_key: str | None, cache_salt: str
+) -> tuple[Sender, Callable[[], Awaitable[None]]]:
     import grpc
 
     from tokenwire.v1 import common_pb2, generation_pb2, generation_pb2_grpc
@@ -74,7 +75,7 @@ def grpc_sender(target: str, api_key: str | None, cache_salt: str
 
 
 def openai_sender(
-    base_url: str, model: str, api_key: str | None
+    base_url: str, model: str, api_key: str | None, cache_salt: str
 ) -> tuple[Sender, Callable[[], Awaitable[None]]]:
     import httpx
 
@@ -91,6 +92,7 @@ def openai_sender(
             "temperature": 0.0,
             "ignore_eos": True,
             "stream_options": {"include_usage": True},
+            "cache_salt": cache_salt,  # vLLM's extension field; tokenwire's shim accepts it
         }
         reported = None
         try:
@@ -160,9 +162,13 @@ def add_parser(bench: argparse._SubParsersAction) -> None:  # type: ignore[type-
         help="Poisson arrivals per second (default: all at once, bounded by --concurrency)",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cache-salt", default=None,
-                   help="gRPC cache_salt for every request (default: fresh per run, so runs "
-                        "never reuse each other's prefix cache)")
+    p.add_argument(
+        "--cache-salt",
+        default=None,
+        help="cache_salt for every request (gRPC field; OpenAI backend: the "
+        "vLLM-style body field; default: fresh per run, so runs never reuse "
+        "each other's prefix cache)",
+    )
     p.set_defaults(func=run_serve_bench)
 
 
@@ -174,12 +180,12 @@ def run_serve_bench(args: argparse.Namespace) -> int:
 async def _main(
     args: argparse.Namespace, prompts: list[list[int]], output_lens: list[int], workload: str
 ) -> int:
+    salt = args.cache_salt if args.cache_salt is not None else uuid.uuid4().hex
     if args.backend == "grpc":
-        salt = args.cache_salt if args.cache_salt is not None else uuid.uuid4().hex
         send, close = grpc_sender(args.target, args.api_key, salt)
         target = f"grpc://{args.target}"
     else:
-        send, close = openai_sender(args.base_url, args.model, args.api_key)
+        send, close = openai_sender(args.base_url, args.model, args.api_key, salt)
         target = args.base_url
     try:
         await send(prompts[0][:16], 2)  # warm-up: connection set-up stays out of the figures

@@ -1,4 +1,5 @@
-"""``tokenwire`` command line: ``serve``, ``generate`` (offline), ``chat``, ``bench ...``."""
+"""``tokenwire`` command line: ``serve``, ``rest`` (the REST shim alone), ``generate`` (offline),
+``chat``, ``bench ...``."""
 
 from __future__ import annotations
 
@@ -50,11 +51,13 @@ def _run_generate(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from tokenwire.clients.bench_throughput import add_parsers as add_bench_parsers
     from tokenwire.clients.chat import add_chat_parser
+    from tokenwire.server.rest_server import add_rest_parser
     from tokenwire.server.serve import add_serve_parser
 
     parser = argparse.ArgumentParser(prog="tokenwire", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve_parser(sub)
+    add_rest_parser(sub)
     _add_generate(sub)
     add_chat_parser(sub)
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)

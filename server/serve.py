@@ -1,4 +1,8 @@
-"""``tokenwire serve [MODEL]``: load, warm up, serve gRPC until SIGTERM, then drain.
+"""``tokenwire serve [MODEL]``: load, warm up, serve gRPC (and REST) until SIGTERM, then drain.
+
+The OpenAI-compatible REST shim runs in the same event loop on ``--port`` (default 8000;
+``--port 0`` picks a free port, ``--disable-rest`` turns it off) and reaches the gRPC server
+over loopback through one shared channel. Both ports are bound before the model loads.
 
 Startup errors (bad flags, model not found, KV cache too small) exit non-zero before the
 server reports SERVING, with a message naming the flag to change. SIGTERM/SIGINT: health
@@ -24,12 +28,20 @@ from tokenwire.runtime.config import (
 )
 from tokenwire.server.convert import Limits
 from tokenwire.server.grpc_server import GrpcServer, GrpcSettings
+from tokenwire.server.rest_app import RestSettings
+from tokenwire.server.rest_server import (
+    RestServer,
+    add_rest_arguments,
+    loopback_target,
+    rest_settings,
+)
+from tokenwire.server.rest_upstream import Upstream
 
 logger = logging.getLogger("tokenwire.serve")
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("serve", help="serve a model over gRPC")
+    p = sub.add_parser("serve", help="serve a model over gRPC and OpenAI-compatible REST")
     p.add_argument(
         "model",
         nargs="?",
@@ -38,6 +50,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--grpc-port", type=int, default=50051)
+    p.add_argument("--port", type=int, default=8000, help="REST port (0: any free port)")
+    p.add_argument("--disable-rest", action="store_true", help="serve gRPC only")
+    add_rest_arguments(p)
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument("--device", default="auto")
@@ -129,37 +144,51 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ValueError("--tensor-parallel-size must be 1 (multi-device is not implemented)")
     config = engine_config(args)  # validates flags before any model work
     settings = grpc_settings(args)
+    rest = None if args.disable_rest else rest_settings(args, args.port)
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stdout,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
-    return asyncio.run(_serve(config, settings, args.max_requests, args.shutdown_timeout))
+    return asyncio.run(_serve(config, settings, rest, args.max_requests, args.shutdown_timeout))
 
 
 async def _serve(
-    config: EngineConfig, settings: GrpcSettings, max_requests: int, shutdown_timeout: float
+    config: EngineConfig,
+    settings: GrpcSettings,
+    rest_config: RestSettings | None,
+    max_requests: int,
+    shutdown_timeout: float,
 ) -> int:
     from tokenwire.server.async_engine import AsyncEngine
 
+    rest = RestServer(rest_config) if rest_config is not None else None
+    if rest is not None:
+        rest.bind()  # a taken --port fails before the model loads
     engine = AsyncEngine(config, max_requests=max_requests)
     await engine.start()  # loads the model on the engine thread
     core = engine.core
     name = core.loaded.served_model_name
     server = GrpcServer(engine, name, settings)
     port = await server.start()  # NOT_SERVING; requests get NOT_READY until warm
+    upstream = None
+    if rest is not None:
+        target = loopback_target(settings.host, port)
+        upstream = Upstream.connect(target, settings.max_message_bytes)
+        await rest.start(upstream)  # answers 503 NOT_READY until warm, like gRPC
     if not settings.api_keys:
         logger.warning("no --api-key configured: the server accepts every caller")
     await engine.warmup()
     await server.set_serving(True)
     logger.info(
-        "serving model=%s device=%s dtype=%s kv_blocks=%d grpc=%s:%d",
+        "serving model=%s device=%s dtype=%s kv_blocks=%d grpc=%s:%d rest=%s",
         name,
         core.device,
         str(core.loaded.dtype).removeprefix("torch."),
         core.kv_cache_manager.num_blocks,
         settings.host,
         port,
+        rest.url if rest is not None else "disabled",
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -169,7 +198,10 @@ async def _serve(
     logger.info(
         "draining: up to %.0fs for %d in-flight requests", shutdown_timeout, engine.num_in_flight
     )
-    await server.drain(shutdown_timeout)
+    await server.drain(shutdown_timeout)  # REST keeps answering: new calls get 503
+    if rest is not None and upstream is not None:
+        await rest.stop()
+        await upstream.close()
     await server.stop(grace=1.0)
     await engine.shutdown()
     logger.info("stopped")

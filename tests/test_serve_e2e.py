@@ -29,7 +29,7 @@ def server() -> Iterator[tuple[subprocess.Popen[str], str]]:
     exe = shutil.which("tokenwire", path=os.path.dirname(sys.executable))
     assert exe is not None
     proc = subprocess.Popen(
-        [exe, "serve", "--grpc-port", "0", "--shutdown-timeout", "60"],
+        [exe, "serve", "--grpc-port", "0", "--port", "0", "--shutdown-timeout", "60"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -1,0 +1,224 @@
+"""The OpenAI-compatible FastAPI app: routes, error handlers, middlewares.
+
+Holds no model, tokenizer or engine: every route is a translation onto the ``tokenwire.v1``
+gRPC API through ``Upstream``. Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``,
+``GET /v1/models``, ``GET /v1/models/{model}``, ``GET /health`` (the shim is up) and
+``GET /ready`` (the gRPC server reports SERVING), ``GET /openapi.json``. Errors always use
+the OpenAI envelope (never FastAPI's 422); a client that disconnects cancels its gRPC calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+from starlette.types import Receive, Scope, Send
+
+from tokenwire.server.rest_errors import RestError, from_rpc_error, from_validation_errors
+from tokenwire.server.rest_middleware import BodyLimitMiddleware, RequestIdMiddleware
+from tokenwire.server.rest_models import ChatCompletionRequest, CompletionRequest
+from tokenwire.server.rest_openapi import install_openapi
+from tokenwire.server.rest_requests import Translated, chat_request, completion_requests
+from tokenwire.server.rest_responses import JSON, chat_response, completion_response
+from tokenwire.server.rest_stream import ChatChunks, CompletionChunks, StreamSpec, sse_events
+from tokenwire.server.rest_upstream import OpenStreams, Upstream, call_options
+from tokenwire.v1 import models_pb2
+
+T = TypeVar("T")
+logger = logging.getLogger("tokenwire.rest")
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+@dataclass(frozen=True)
+class RestSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_body_bytes: int = 2 << 20
+    request_timeout: float | None = None  # gRPC deadline per request, seconds
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before the answer was ready."""
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` unless the client disconnects first; then cancel it (and its calls)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class SSEResponse(StreamingResponse):
+    """Streams the SSE body; cancels the gRPC calls however the response ends (even when
+    the client is gone before the body iterator ever started)."""
+
+    def __init__(self, streams: OpenStreams, content: Any, headers: dict[str, str]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=headers)
+        self.streams = streams
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.streams.cancel()
+
+
+class Routes:
+    def __init__(self, upstream: Upstream, settings: RestSettings) -> None:
+        self.upstream = upstream
+        self.settings = settings
+        self.started = int(time.time())
+
+    async def chat(self, request: Request, body: ChatCompletionRequest) -> Response:
+        return await self._generate(request, chat_request(body), bool(body.stream), "chat")
+
+    async def completions(self, request: Request, body: CompletionRequest) -> Response:
+        translated = completion_requests(body)
+        return await self._generate(request, translated, bool(body.stream), "completion")
+
+    async def _generate(
+        self, request: Request, translated: Translated, stream: bool, kind: str
+    ) -> Response:
+        rid: str = request.state.request_id
+        options = call_options(request.headers, rid, self.settings.request_timeout)
+        response_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{rid}"
+        created = int(time.time())
+        upstream = self.upstream
+        try:
+            if stream:
+                opened = upstream.open_streams(translated.requests, options)
+                streams = await until_disconnect(request, opened)
+            else:
+                unary = upstream.generate_all(translated.requests, options)
+                responses = await until_disconnect(request, unary)
+        except grpc.aio.AioRpcError as err:
+            raise from_rpc_error(err, translated.params) from None
+        if not stream:
+            if kind == "chat":
+                body = chat_response(response_id, created, responses[0], translated.logprobs)
+            else:
+                body = completion_response(
+                    response_id, created, responses, translated.n, translated.logprobs
+                )
+            return JSONResponse(body)
+        spec = StreamSpec(
+            response_id, created, translated.n, translated.logprobs, translated.include_usage
+        )
+        chunks = ChatChunks(spec) if kind == "chat" else CompletionChunks(spec)
+        events = sse_events(streams, chunks, translated.params)
+        return SSEResponse(streams, events, {"cache-control": "no-cache"})
+
+    async def list_models(self, request: Request) -> JSONResponse:
+        reply = await self._models_call(request, "ListModels", models_pb2.ListModelsRequest())
+        return JSONResponse({"object": "list", "data": [self._model(m) for m in reply.models]})
+
+    async def get_model(self, request: Request, model: str) -> JSONResponse:
+        info_request = models_pb2.GetModelInfoRequest(model=model)
+        return JSONResponse(
+            self._model(await self._models_call(request, "GetModelInfo", info_request))
+        )
+
+    async def _models_call(self, request: Request, method: str, message: Any) -> Any:
+        options = call_options(request.headers, request.state.request_id, 30.0)
+        try:
+            return await getattr(self.upstream.models, method)(
+                message, metadata=options.metadata, timeout=options.timeout
+            )
+        except grpc.aio.AioRpcError as err:
+            raise from_rpc_error(err, {"model": "model"}) from None
+
+    def _model(self, info: models_pb2.ModelInfo) -> JSON:
+        return {
+            "id": info.name,
+            "object": "model",
+            "created": self.started,
+            "owned_by": "tokenwire",
+            "root": info.name,
+            "parent": None,
+            "max_model_len": info.max_context_tokens,
+        }
+
+    async def health(self) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    async def ready(self) -> JSONResponse:
+        if await self.upstream.serving():
+            return JSONResponse({"status": "ready"})
+        raise RestError(503, "the inference server is not ready", "not_ready")
+
+
+def _error_response(err: RestError) -> JSONResponse:
+    return JSONResponse(err.body(), err.status, headers=err.response_headers())
+
+
+async def _on_rest_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RestError)
+    return _error_response(exc)
+
+
+async def _on_validation_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    return _error_response(from_validation_errors(exc.errors()))
+
+
+async def _on_http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = _HTTP_CODES.get(exc.status_code, "invalid_request")
+    err = RestError(exc.status_code, str(exc.detail), code, headers=dict(exc.headers or {}))
+    return _error_response(err)
+
+
+async def _on_client_gone(request: Request, exc: Exception) -> Response:
+    return Response(status_code=499)  # nobody reads it: the client is gone
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> Response:
+    logger.error("unexpected error (request_id=%s)", request.state.request_id, exc_info=exc)
+    return _error_response(RestError(500, "internal error", "internal_error"))
+
+
+def create_app(upstream: Upstream, settings: RestSettings) -> FastAPI:
+    app = FastAPI(
+        title="tokenwire OpenAI-compatible API",
+        version="1",
+        docs_url=None,
+        redoc_url=None,
+    )
+    routes = Routes(upstream, settings)
+    app.add_api_route("/v1/chat/completions", routes.chat, methods=["POST"])
+    app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
+    app.add_api_route("/v1/models", routes.list_models, methods=["GET"])
+    app.add_api_route("/v1/models/{model:path}", routes.get_model, methods=["GET"])
+    app.add_api_route("/health", routes.health, methods=["GET"])
+    app.add_api_route("/ready", routes.ready, methods=["GET"])
+    app.add_exception_handler(RestError, _on_rest_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(HTTPException, _on_http_error)
+    app.add_exception_handler(ClientGone, _on_client_gone)
+    app.add_exception_handler(Exception, _on_unexpected)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestIdMiddleware)  # outermost: every response carries the id
+    install_openapi(app)
+    return app

@@ -1,0 +1,190 @@
+"""REST errors: gRPC status / validation failures -> HTTP status + OpenAI error envelope.
+
+Envelope: ``{"error": {"message", "type", "param", "code"}}``. HTTP status follows the
+DESIGN §4 table from the gRPC code (and ``ErrorInfo.reason``); ``type`` follows the HTTP
+status (OpenAI's ``invalid_request_error``, ``authentication_error``, ...); ``code`` is the
+OpenAI code where one exists (``invalid_api_key``, ``model_not_found``,
+``context_length_exceeded``, ``rate_limit_exceeded``), else the reason in lower case.
+``param`` is the OpenAI field name (the proto name translated per request). Messages are
+passed through only from tokenwire's own statuses (ErrorInfo domain "tokenwire", which never
+carry a path, traceback or key); anything else gets a fixed message.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from google.rpc import error_details_pb2, status_pb2
+
+STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+_HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    429: "rate_limit_error",
+    499: "cancelled_error",
+    501: "not_implemented_error",
+    503: "service_unavailable_error",
+    504: "timeout_error",
+}
+_OPENAI_CODES = {
+    "API_KEY_INVALID": "invalid_api_key",
+    "MODEL_NOT_FOUND": "model_not_found",
+    "CONTEXT_LENGTH_EXCEEDED": "context_length_exceeded",
+    "QUEUE_FULL": "rate_limit_exceeded",
+    "TOO_MANY_SESSIONS": "rate_limit_exceeded",
+}
+_FALLBACK_MESSAGES = {
+    grpc.StatusCode.UNAVAILABLE: "the inference server is unavailable",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "the request timed out",
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "the request exceeds a server limit",
+    grpc.StatusCode.UNAUTHENTICATED: "missing or invalid API key",
+}
+
+
+def error_type(status: int) -> str:
+    if status in _TYPES:
+        return _TYPES[status]
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+@dataclass
+class RestError(Exception):
+    """An error with a definite HTTP status; raise it anywhere in a handler."""
+
+    status: int
+    message: str
+    code: str
+    param: str | None = None
+    retry_after: float | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": error_type(self.status),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response_headers(self) -> dict[str, str]:
+        headers = dict(self.headers)
+        if self.retry_after is not None:
+            headers["retry-after"] = str(max(1, math.ceil(self.retry_after)))
+        return headers
+
+    def sse_event(self) -> bytes:
+        """The in-stream form: an SSE ``data:`` event the OpenAI SDK raises as APIError."""
+        return b"data: " + json.dumps(self.body()).encode() + b"\n\n"
+
+
+def invalid(param: str | None, message: str, code: str = "invalid_value") -> RestError:
+    return RestError(400, message, code, param)
+
+
+@dataclass(frozen=True)
+class _Rich:
+    reason: str | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    retry_after: float | None = None
+    message: str | None = None  # only from tokenwire's own statuses
+
+
+def _rich_status(err: grpc.aio.AioRpcError) -> _Rich:
+    blob = None
+    for key, value in err.trailing_metadata() or ():
+        if key == STATUS_DETAILS_KEY and isinstance(value, bytes):
+            blob = value
+    if blob is None:
+        return _Rich()
+    try:
+        status = status_pb2.Status.FromString(blob)
+    except DecodeError:
+        return _Rich()
+    info, retry = error_details_pb2.ErrorInfo(), error_details_pb2.RetryInfo()
+    rich = _Rich()
+    for detail in status.details:
+        if detail.Is(info.DESCRIPTOR) and detail.Unpack(info) and info.domain == "tokenwire":
+            rich = _Rich(info.reason, dict(info.metadata), rich.retry_after, status.message)
+        elif detail.Is(retry.DESCRIPTOR) and detail.Unpack(retry):
+            delay = retry.retry_delay.ToTimedelta().total_seconds()
+            rich = _Rich(rich.reason, rich.metadata, delay, rich.message)
+    return rich
+
+
+def from_rpc_error(err: grpc.aio.AioRpcError, params: Mapping[str, str]) -> RestError:
+    """Translate a failed gRPC call; ``params`` maps proto field names to OpenAI ones."""
+    code = err.code()
+    rich = _rich_status(err)
+    status = _HTTP_STATUS.get(code, 500)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and rich.reason not in _OPENAI_CODES:
+        status = 413  # a message-size limit, not a full queue: retrying will not help
+    proto_param = rich.metadata.get("param")
+    param = params.get(proto_param, proto_param) if proto_param else None
+    message = rich.message or _FALLBACK_MESSAGES.get(code, "internal error")
+    if proto_param and param != proto_param:
+        message = message.replace(f"{proto_param}:", f"{param}:", 1)
+    reason = rich.reason or code.name
+    return RestError(
+        status,
+        message,
+        _OPENAI_CODES.get(reason, reason.lower()),
+        param,
+        rich.retry_after,
+    )
+
+
+def _loc_text(loc: Sequence[Any]) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+def from_validation_errors(errors: Sequence[Any]) -> RestError:
+    """A FastAPI/pydantic body validation failure -> 400 naming the field.
+
+    ``param`` is the top-level field (the full dotted path for an unknown or unsupported
+    nested field); the message names the full location.
+    """
+    if not errors:
+        return invalid(None, "invalid request body")
+    first = errors[0]
+    kind = str(first.get("type", ""))
+    loc = [p for p in first.get("loc", ()) if p != "body"]
+    if kind == "json_invalid":
+        return invalid(None, "the request body is not valid JSON", "invalid_json")
+    if not loc or kind in ("model_attributes_type", "dict_type", "model_type"):
+        return invalid(None, "the request body must be a JSON object", "invalid_type")
+    if kind == "extra_forbidden":
+        path = _loc_text(loc)
+        return invalid(path, f"unknown field {path!r}", "unknown_parameter")
+    if kind == "unsupported_parameter":
+        path = _loc_text(loc)
+        return invalid(path, f"{path}: {first.get('msg')}", "unsupported_parameter")
+    if kind == "missing":
+        return invalid(_loc_text(loc), f"{_loc_text(loc)}: field required", "missing_required")
+    msg = str(first.get("msg", "invalid value"))
+    return invalid(str(loc[0]), f"{_loc_text(loc)}: {msg}")

@@ -1,0 +1,163 @@
+"""OpenAI request bodies of the REST shim, as strict pydantic models.
+
+Strict: wrong JSON types are 400s, never coerced (``"0.5"`` is not a number). Every integer
+that travels in a proto field is range-checked here (uint32 ids, int32 top_k, uint64 seed),
+so the gRPC message can always be built; whether a value makes sense (temperature >= 0, ids
+inside the vocabulary, ...) is the gRPC server's call, in one place. Unknown fields are
+rejected by name; OpenAI fields tokenwire does not implement are accepted only as ``null``
+(or at their no-op value) and otherwise rejected by name, never silently ignored. ``user``
+(and ``safety_identifier``) are accepted and ignored: they only label the caller at OpenAI.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic_core import PydanticCustomError
+
+U32_MAX = 2**32 - 1
+U32 = Annotated[int, Field(ge=0, le=U32_MAX)]
+I32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+U64 = Annotated[int, Field(ge=0, le=2**64 - 1)]
+NonEmptyIds = Annotated[list[U32], Field(min_length=1)]
+
+
+def _reject(value: Any) -> None:
+    if value is not None:
+        raise PydanticCustomError(
+            "unsupported_parameter", "this parameter is not supported by tokenwire"
+        )
+
+
+def _reject_true(value: bool | None) -> bool | None:
+    if value:
+        raise PydanticCustomError("unsupported_parameter", "only false is supported by tokenwire")
+    return value
+
+
+# An OpenAI field tokenwire does not implement: only null passes.
+Unsupported = Annotated[
+    Any,
+    AfterValidator(_reject),
+    WithJsonSchema({"type": "null", "description": "not supported by tokenwire"}),
+]
+# A flag tokenwire does not implement: only false/null pass.
+FalseOnly = Annotated[bool | None, AfterValidator(_reject_true)]
+
+
+def _logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
+    for key in value or {}:
+        if not key.isdigit() or int(key) > U32_MAX:
+            raise PydanticCustomError(
+                "invalid_value", "keys must be token ids (decimal strings), got {key}", {"key": key}
+            )
+    return value
+
+
+LogitBias = Annotated[dict[str, float] | None, AfterValidator(_logit_bias)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+    continuous_usage_stats: Unsupported = None
+    include_obfuscation: FalseOnly = None
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    """``developer`` is OpenAI's newer name for ``system`` and is rendered as one."""
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: Unsupported = None
+    tool_calls: Unsupported = None
+    function_call: Unsupported = None
+    refusal: Unsupported = None
+    audio: Unsupported = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class CommonFields(_Strict):
+    """Fields shared by chat and completions, including vLLM's sampling extras."""
+
+    model: str
+    n: U32 | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: U64 | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: LogitBias = None
+    max_tokens: U32 | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = None  # accepted and ignored
+    safety_identifier: str | None = None  # accepted and ignored
+    # vLLM extras
+    top_k: I32 | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: U32 | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[U32] | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    cache_salt: str | None = Field(
+        default=None, description="requests with different salts never share prefix-cache blocks"
+    )
+    # OpenAI fields tokenwire does not implement
+    metadata: Unsupported = None
+    store: FalseOnly = None
+    service_tier: Unsupported = None
+    prompt_cache_key: Unsupported = None
+
+
+class ChatCompletionRequest(CommonFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: U32 | None = None
+    logprobs: bool | None = None
+    top_logprobs: U32 | None = None
+    tools: Unsupported = None
+    tool_choice: Unsupported = None
+    functions: Unsupported = None
+    function_call: Unsupported = None
+    parallel_tool_calls: Unsupported = None
+    response_format: Unsupported = None
+    audio: Unsupported = None
+    modalities: Unsupported = None
+    prediction: Unsupported = None
+    reasoning_effort: Unsupported = None
+    verbosity: Unsupported = None
+    web_search_options: Unsupported = None
+
+
+class CompletionRequest(CommonFields):
+    """``prompt``: a string, a list of strings, token ids, or a list of token-id lists.
+
+    ``max_tokens`` defaults to 16 as at OpenAI and in vLLM (chat: until EOS/context).
+    """
+
+    prompt: (
+        str
+        | Annotated[list[str], Field(min_length=1)]
+        | NonEmptyIds
+        | Annotated[list[NonEmptyIds], Field(min_length=1)]
+    )
+    logprobs: U32 | None = None
+    echo: FalseOnly = None
+    best_of: Unsupported = None
+    suffix: Unsupported = None

@@ -1,0 +1,138 @@
+"""OpenAI request models -> ``tokenwire.v1.GenerateRequest`` messages.
+
+Besides the protos, each translation returns the map from proto field names to the OpenAI
+names the client used, so a gRPC ``ErrorInfo.metadata["param"]`` comes back under the
+client's name (``chat`` -> ``messages``, ``logprobs`` -> ``top_logprobs``, ``max_tokens`` ->
+``max_completion_tokens`` when that is what was sent, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tokenwire.server.rest_errors import invalid
+from tokenwire.server.rest_models import ChatCompletionRequest, CommonFields, CompletionRequest
+from tokenwire.v1 import common_pb2, generation_pb2
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
+MAX_PROMPTS = 256  # prompts in one /v1/completions request (each is one gRPC request)
+
+_HEADER_PARAMS = {"request_id": "x-request-id"}
+
+
+@dataclass(frozen=True)
+class Translated:
+    """The gRPC request(s) of one OpenAI request and how to name its fields back."""
+
+    requests: list[generation_pb2.GenerateRequest]
+    params: Mapping[str, str]
+    n: int
+    logprobs: bool  # whether the client asked for logprobs
+    include_usage: bool = False
+
+
+def _sampling(body: CommonFields) -> common_pb2.SamplingOptions:
+    options = common_pb2.SamplingOptions(
+        n=body.n,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        min_p=body.min_p,
+        seed=body.seed,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty,
+    )
+    for key, bias in (body.logit_bias or {}).items():
+        options.logit_bias[int(key)] = bias
+    return options
+
+
+def _stopping(body: CommonFields, max_tokens: int | None) -> common_pb2.StoppingOptions:
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
+    return common_pb2.StoppingOptions(
+        max_tokens=max_tokens,
+        min_tokens=body.min_tokens,
+        stop=stop,
+        stop_token_ids=body.stop_token_ids or (),
+        ignore_eos=body.ignore_eos,
+        include_stop_str_in_output=body.include_stop_str_in_output,
+    )
+
+
+def _check_stream_options(body: CommonFields) -> bool:
+    if body.stream_options is not None and not body.stream:
+        raise invalid("stream_options", "stream_options is only allowed when stream is true")
+    return bool(body.stream_options and body.stream_options.include_usage)
+
+
+def chat_request(body: ChatCompletionRequest) -> Translated:
+    if body.max_tokens is not None and body.max_completion_tokens is not None:
+        raise invalid("max_tokens", "set max_completion_tokens or max_tokens, not both")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise invalid("top_logprobs", "top_logprobs requires logprobs to be true")
+    max_field = "max_tokens" if body.max_tokens is not None else "max_completion_tokens"
+    max_tokens = body.max_tokens if body.max_tokens is not None else body.max_completion_tokens
+    messages = [
+        common_pb2.ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text())
+        for m in body.messages
+    ]
+    request = generation_pb2.GenerateRequest(
+        model=body.model,
+        chat=common_pb2.ChatInput(messages=messages),
+        sampling=_sampling(body),
+        stopping=_stopping(body, max_tokens),
+        output=common_pb2.OutputOptions(
+            logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+            skip_special_tokens=body.skip_special_tokens,
+        ),
+        cache_salt=body.cache_salt or "",
+    )
+    params = {
+        **_HEADER_PARAMS,
+        "chat": "messages",
+        "input": "messages",
+        "logprobs": "top_logprobs",
+        "max_tokens": max_field,
+    }
+    return Translated(
+        [request], params, body.n or 1, bool(body.logprobs), _check_stream_options(body)
+    )
+
+
+def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if all(isinstance(p, int) for p in prompt):
+        return [prompt]  # type: ignore[list-item]
+    return list(prompt)  # type: ignore[arg-type]
+
+
+def completion_requests(body: CompletionRequest) -> Translated:
+    prompts = _prompts(body.prompt)
+    if len(prompts) > MAX_PROMPTS:
+        raise invalid("prompt", f"at most {MAX_PROMPTS} prompts per request")
+    max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+    sampling, stopping = _sampling(body), _stopping(body, max_tokens)
+    output = common_pb2.OutputOptions(
+        logprobs=body.logprobs, skip_special_tokens=body.skip_special_tokens
+    )
+    requests = []
+    for prompt in prompts:
+        request = generation_pb2.GenerateRequest(
+            model=body.model,
+            sampling=sampling,
+            stopping=stopping,
+            output=output,
+            cache_salt=body.cache_salt or "",
+        )
+        if isinstance(prompt, str):
+            request.text = prompt
+        else:
+            request.token_ids.ids.extend(prompt)
+        requests.append(request)
+    params = {**_HEADER_PARAMS, "text": "prompt", "token_ids": "prompt", "input": "prompt"}
+    return Translated(
+        requests, params, body.n or 1, body.logprobs is not None, _check_stream_options(body)
+    )

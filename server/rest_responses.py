@@ -1,0 +1,168 @@
+"""``tokenwire.v1`` answers -> OpenAI response bodies (plain JSON-ready dicts).
+
+Finish reasons: EOS, STOP_TOKEN and STOP_SEQUENCE -> "stop"; LENGTH, CONTEXT_LENGTH and
+TIME_LIMIT -> "length"; CANCELLED -> "abort" and ERROR -> "error" (vLLM's values for the
+cases OpenAI has no name for). Each choice also carries vLLM's ``stop_reason``: the stop
+string or stop token id that ended it, else null. Logprobs of -inf are reported as -9999.0
+(as vLLM does) so every body is valid JSON.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from tokenwire.v1 import common_pb2, generation_pb2
+
+JSON = dict[str, Any]
+
+_FINISH: dict[int, str] = {
+    common_pb2.FINISH_REASON_EOS: "stop",
+    common_pb2.FINISH_REASON_STOP_TOKEN: "stop",
+    common_pb2.FINISH_REASON_STOP_SEQUENCE: "stop",
+    common_pb2.FINISH_REASON_LENGTH: "length",
+    common_pb2.FINISH_REASON_CONTEXT_LENGTH: "length",
+    common_pb2.FINISH_REASON_TIME_LIMIT: "length",
+    common_pb2.FINISH_REASON_CANCELLED: "abort",
+    common_pb2.FINISH_REASON_ERROR: "error",
+}
+
+
+def finish_reason(reason: int) -> str | None:
+    return _FINISH.get(reason)
+
+
+def stop_reason(end: generation_pb2.ChoiceEnd | generation_pb2.Choice) -> str | int | None:
+    if end.stop_sequence:
+        return end.stop_sequence
+    if end.HasField("stop_token_id"):
+        return end.stop_token_id
+    return None
+
+
+def finite(logprob: float) -> float:
+    return logprob if math.isfinite(logprob) else -9999.0
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> JSON:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def sum_usage(usages: Sequence[common_pb2.Usage]) -> JSON:
+    return usage(
+        sum(u.prompt_tokens for u in usages),
+        sum(u.completion_tokens for u in usages),
+        sum(u.cached_tokens for u in usages),
+    )
+
+
+# ---------------------------------------------------------------------------- logprobs
+def token_name(lp: common_pb2.TokenLogprob) -> str:
+    """The token's text; ``token_id:<id>`` when it decodes to nothing (no tokenizer, or a
+    skipped special token), as vLLM's ``return_tokens_as_token_ids`` spells it."""
+    return lp.token or f"token_id:{lp.token_id}"
+
+
+def _chat_token(lp: common_pb2.TokenLogprob) -> JSON:
+    return {
+        "token": token_name(lp),
+        "logprob": finite(lp.logprob),
+        "bytes": list(lp.token.encode()),
+    }
+
+
+def chat_logprobs(positions: Sequence[common_pb2.PositionLogprobs]) -> list[JSON]:
+    """OpenAI chat ``logprobs.content``: one entry per generated token."""
+    return [
+        {**_chat_token(p.chosen), "top_logprobs": [_chat_token(t) for t in p.top]}
+        for p in positions
+    ]
+
+
+def completion_logprobs(
+    positions: Sequence[common_pb2.PositionLogprobs], offset: int
+) -> tuple[JSON, int]:
+    """OpenAI completions ``logprobs`` for these positions; text offsets start at ``offset``.
+
+    Returns the object and the offset after the last token. ``top_logprobs`` holds the top
+    alternatives and the chosen token (as vLLM reports them).
+    """
+    tokens, token_logprobs, top, offsets = [], [], [], []
+    for p in positions:
+        tokens.append(token_name(p.chosen))
+        token_logprobs.append(finite(p.chosen.logprob))
+        alternatives = {token_name(t): finite(t.logprob) for t in p.top}
+        alternatives.setdefault(token_name(p.chosen), finite(p.chosen.logprob))
+        top.append(alternatives)
+        offsets.append(offset)
+        offset += len(p.chosen.token)
+    body = {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top,
+        "text_offset": offsets,
+    }
+    return body, offset
+
+
+# ---------------------------------------------------------------------------- unary bodies
+def chat_response(
+    response_id: str, created: int, response: generation_pb2.GenerateResponse, logprobs: bool
+) -> JSON:
+    choices = []
+    for c in response.choices:
+        choices.append(
+            {
+                "index": c.index,
+                "message": {"role": "assistant", "content": c.text, "refusal": None},
+                "logprobs": {"content": chat_logprobs(c.logprobs), "refusal": None}
+                if logprobs
+                else None,
+                "finish_reason": finish_reason(c.finish_reason),
+                "stop_reason": stop_reason(c),
+            }
+        )
+    return {
+        "id": response_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": response.model,
+        "choices": choices,
+        "usage": sum_usage([response.usage]),
+    }
+
+
+def completion_response(
+    response_id: str,
+    created: int,
+    responses: Sequence[generation_pb2.GenerateResponse],
+    n: int,
+    logprobs: bool,
+) -> JSON:
+    """Prompt ``i``'s choice ``j`` becomes choice ``i * n + j``, as at OpenAI."""
+    choices = []
+    for i, response in enumerate(responses):
+        for c in response.choices:
+            choices.append(
+                {
+                    "index": i * n + c.index,
+                    "text": c.text,
+                    "logprobs": completion_logprobs(c.logprobs, 0)[0] if logprobs else None,
+                    "finish_reason": finish_reason(c.finish_reason),
+                    "stop_reason": stop_reason(c),
+                }
+            )
+    return {
+        "id": response_id,
+        "object": "text_completion",
+        "created": created,
+        "model": responses[0].model,
+        "choices": choices,
+        "usage": sum_usage([r.usage for r in responses]),
+    }

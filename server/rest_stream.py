@@ -1,0 +1,178 @@
+"""gRPC stream events -> OpenAI server-sent events.
+
+Chat: per choice a ``delta.role`` chunk first (at the gRPC Start event), content chunks (one
+per TokenDelta), one final chunk with an empty delta and ``finish_reason`` (at ChoiceEnd).
+Completions: text chunks and a final chunk per choice; prompt ``i``'s choice ``j`` is index
+``i * n + j``. With ``stream_options.include_usage`` every chunk carries ``"usage": null`` and
+a last chunk with no choices carries the usage of all prompts. Then ``data: [DONE]``. An
+error after the stream started becomes an SSE error event (the OpenAI envelope), then
+``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+import grpc
+
+from tokenwire.server.rest_errors import RestError, from_rpc_error
+from tokenwire.server.rest_responses import (
+    JSON,
+    chat_logprobs,
+    completion_logprobs,
+    finish_reason,
+    stop_reason,
+    sum_usage,
+)
+from tokenwire.server.rest_upstream import Event, OpenStreams
+from tokenwire.v1 import common_pb2, generation_pb2
+
+logger = logging.getLogger("tokenwire.rest")
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(payload: JSON) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    response_id: str
+    created: int
+    n: int
+    logprobs: bool
+    include_usage: bool
+
+
+class _Chunks:
+    """Chunk envelopes and usage bookkeeping shared by chat and completions."""
+
+    object_name = ""
+
+    def __init__(self, spec: StreamSpec) -> None:
+        self.spec = spec
+        self.model = ""
+        self.usages: list[common_pb2.Usage] = []
+
+    def chunk(self, choices: list[JSON], usage: JSON | None = None) -> bytes:
+        payload: JSON = {
+            "id": self.spec.response_id,
+            "object": self.object_name,
+            "created": self.spec.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if self.spec.include_usage:
+            payload["usage"] = usage
+        return sse(payload)
+
+    def on_event(self, prompt: int, event: Event) -> bytes:
+        kind = event.WhichOneof("event")
+        if kind == "start":
+            self.model = event.start.model
+            return self.on_start(prompt)
+        if kind == "delta":
+            return self.on_delta(prompt, event.delta)
+        if kind == "end":
+            return self.on_end(prompt, event.end)
+        if kind == "usage":
+            self.usages.append(event.usage)
+        return b""
+
+    def finish(self) -> bytes:
+        if not self.spec.include_usage:
+            return b""
+        return self.chunk([], sum_usage(self.usages))
+
+    def end_choice(self, index: int, end: generation_pb2.ChoiceEnd) -> JSON:
+        return {
+            "index": index,
+            "logprobs": None,
+            "finish_reason": finish_reason(end.finish_reason),
+            "stop_reason": stop_reason(end),
+        }
+
+    def on_start(self, prompt: int) -> bytes:
+        return b""
+
+    def on_delta(self, prompt: int, delta: generation_pb2.TokenDelta) -> bytes:
+        raise NotImplementedError
+
+    def on_end(self, prompt: int, end: generation_pb2.ChoiceEnd) -> bytes:
+        raise NotImplementedError
+
+
+class ChatChunks(_Chunks):
+    object_name = "chat.completion.chunk"
+
+    def on_start(self, prompt: int) -> bytes:
+        return b"".join(
+            self.chunk(
+                [
+                    {
+                        "index": j,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            )
+            for j in range(self.spec.n)
+        )
+
+    def on_delta(self, prompt: int, delta: generation_pb2.TokenDelta) -> bytes:
+        logprobs = {"content": chat_logprobs(delta.logprobs), "refusal": None}
+        choice = {
+            "index": delta.index,
+            "delta": {"content": delta.text},
+            "logprobs": logprobs if self.spec.logprobs else None,
+            "finish_reason": None,
+        }
+        return self.chunk([choice])
+
+    def on_end(self, prompt: int, end: generation_pb2.ChoiceEnd) -> bytes:
+        return self.chunk([{**self.end_choice(end.index, end), "delta": {}}])
+
+
+class CompletionChunks(_Chunks):
+    object_name = "text_completion"
+
+    def __init__(self, spec: StreamSpec) -> None:
+        super().__init__(spec)
+        self.offsets: dict[int, int] = {}  # text offset per choice index, for logprobs
+
+    def on_delta(self, prompt: int, delta: generation_pb2.TokenDelta) -> bytes:
+        index = prompt * self.spec.n + delta.index
+        logprobs = None
+        if self.spec.logprobs:
+            logprobs, self.offsets[index] = completion_logprobs(
+                delta.logprobs, self.offsets.get(index, 0)
+            )
+        choice = {"index": index, "text": delta.text, "logprobs": logprobs, "finish_reason": None}
+        return self.chunk([choice])
+
+    def on_end(self, prompt: int, end: generation_pb2.ChoiceEnd) -> bytes:
+        return self.chunk([{**self.end_choice(prompt * self.spec.n + end.index, end), "text": ""}])
+
+
+async def sse_events(
+    streams: OpenStreams, chunks: _Chunks, params: Mapping[str, str]
+) -> AsyncIterator[bytes]:
+    """The SSE body. Cancellation (the client went away) cancels every gRPC call."""
+    try:
+        async for prompt, event in streams.events():
+            piece = chunks.on_event(prompt, event)
+            if piece:
+                yield piece
+        tail = chunks.finish()
+        if tail:
+            yield tail
+    except grpc.aio.AioRpcError as err:
+        yield from_rpc_error(err, params).sse_event()
+    except Exception:
+        logger.exception("stream failed (request id in the response header)")
+        yield RestError(500, "internal error", "internal_error").sse_event()
+    yield DONE
