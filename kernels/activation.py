@@ -5,9 +5,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tokenwire.kernels.dispatch import use_triton
+
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for ``x = [..., 2 * I]`` laid out as gate then up -> [..., I]."""
+    if use_triton(x):
+        from tokenwire.kernels.activation_triton import silu_and_mul_triton
+
+        return silu_and_mul_triton(x)
     return silu_and_mul_ref(x)
 
 

@@ -6,8 +6,9 @@ num_kv_heads, head_dim]``; block 0 is the null block. ``paged_attention`` runs a
 
 - ``build_cpu_plan``: once per step, turns block tables into gather indices and masks.
 - ``paged_attention_ref``: the batched torch path (today's CPU hot path).
-- ``paged_attention``: public entry point; dispatches to the reference until a Triton kernel
-  exists.
+- ``paged_attention``: public entry point; dispatches to the Triton kernels
+  (``paged_attention_triton``) for CUDA tensors or under ``TRITON_INTERPRET=1``, else to the
+  reference.
 - ``paged_attention_dense_ref``: slow, obviously-correct oracle for tests.
 
 GQA convention (HF ``repeat_kv``): query head ``h`` reads KV head ``h // (Hq // Hkv)``.
@@ -25,6 +26,7 @@ from tokenwire.kernels.attention_metadata import (
     DecodeGroupPlan,
     PrefillSeqPlan,
 )
+from tokenwire.kernels.dispatch import use_triton
 
 # Decode rows are bucketed by padded context length so one group's gather wastes little:
 # buckets are 32 key positions wide below 256 and 12.5% wide above. Measured on 2 shared CPU
@@ -129,6 +131,10 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """Attention for every row of ``query`` [T, Hq, D] -> [T, Hq, D]."""
+    if use_triton(query):
+        from tokenwire.kernels.paged_attention_triton import paged_attention_triton
+
+        return paged_attention_triton(query, k_cache, v_cache, meta, scale)
     return paged_attention_ref(query, key, value, k_cache, v_cache, meta, scale)
 
 
@@ -241,18 +247,19 @@ def paged_attention_dense_ref(
     out = torch.zeros_like(query)
     block_size = k_cache.shape[1]
     num_heads, num_kv_heads = query.shape[1], k_cache.shape[2]
-    kv_head = torch.arange(num_heads) // (num_heads // num_kv_heads)
+    device = query.device  # any device: GPU tests use this oracle as the float32 reference
+    kv_head = torch.arange(num_heads, device=device) // (num_heads // num_kv_heads)
     for i in range(len(meta.query_start_loc_np) - 1):
         start = int(meta.query_start_loc_np[i])
         end = int(meta.query_start_loc_np[i + 1])
         seq_len = int(meta.seq_lens_np[i])
-        key_pos = torch.arange(seq_len)
+        key_pos = torch.arange(seq_len, device=device)
         blocks = meta.block_tables[i].to(torch.int64)[key_pos // block_size]
         offsets = key_pos % block_size
         k = k_cache[blocks, offsets].float()[:, kv_head]  # [seq_len, Hq, D]
         v = v_cache[blocks, offsets].float()[:, kv_head]
         scores = torch.einsum("qhd,khd->hqk", query[start:end].float(), k) * scale
-        query_pos = torch.arange(seq_len - (end - start), seq_len)
+        query_pos = torch.arange(seq_len - (end - start), seq_len, device=device)
         allowed = key_pos[None, :] <= query_pos[:, None]
         probs = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
         out[start:end] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)

@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import torch
 
+from tokenwire.kernels.dispatch import use_triton
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Normalize over the last dimension of ``x``."""
+    if use_triton(x):
+        from tokenwire.kernels.rmsnorm_triton import rms_norm_triton
+
+        return rms_norm_triton(x, weight, eps)
     return rms_norm_ref(x, weight, eps)
 
 
@@ -18,6 +24,10 @@ def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(rms_norm(x + residual), x + residual)``: the next residual and its norm."""
+    if use_triton(x):
+        from tokenwire.kernels.rmsnorm_triton import fused_add_rms_norm_triton
+
+        return fused_add_rms_norm_triton(x, residual, weight, eps)
     return fused_add_rms_norm_ref(x, residual, weight, eps)
 
 

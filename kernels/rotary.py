@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from tokenwire.kernels.dispatch import use_triton
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -86,6 +88,10 @@ def apply_rotary(
     q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate ``q`` [T, H, D] and ``k`` [T, Hkv, D] at int64 ``positions`` [T]."""
+    if use_triton(q):
+        from tokenwire.kernels.rotary_triton import apply_rotary_triton
+
+        return apply_rotary_triton(q, k, positions, cos_sin_cache)
     return apply_rotary_ref(q, k, positions, cos_sin_cache)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from tokenwire.kernels.dispatch import use_triton
+
 
 def store_kv(
     key: torch.Tensor,
@@ -19,6 +21,11 @@ def store_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Store ``key``/``value`` [T, Hkv, D] at ``slot_mapping[:T]`` (int64, -1 = skip)."""
+    if use_triton(key):
+        from tokenwire.kernels.store_kv_triton import store_kv_triton
+
+        store_kv_triton(key, value, k_cache, v_cache, slot_mapping)
+        return
     store_kv_ref(key, value, k_cache, v_cache, slot_mapping)
 
 

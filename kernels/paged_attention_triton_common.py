@@ -1,0 +1,73 @@
+"""Building blocks shared by the Triton decode and prefill attention kernels.
+
+Both kernels walk a sequence's context in tiles of ``BLOCK_N`` key positions. A tile may span
+several KV blocks, so each position looks up its own physical block in the block table
+(``block_tables[seq, pos // BLOCK_SIZE]``); the positions of one block are contiguous in the
+cache, so loads stay coalesced per ``head_dim`` row. Scores live in the log2 domain
+(``qk_scale = scale * log2(e)``) so the softmax uses ``exp2``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from tokenwire.kernels.triton_compat import patch_interpreter_scalar_index
+
+# Both attention kernels loop over runtime context lengths; see the shim's docstring.
+patch_interpreter_scalar_index()
+
+LOG2_E = 1.4426950408889634
+
+
+@triton.jit
+def load_kv_tile(  # type: ignore[no-untyped-def]
+    cache_ptr,
+    table_row_ptr,
+    pos,
+    pos_mask,
+    kv_head,
+    offs_d,
+    d_mask,
+    stride_block,
+    stride_slot,
+    stride_head,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """``[BLOCK_N, D_PAD]`` cache rows of ``kv_head`` at absolute positions ``pos``.
+
+    Masked positions read the null block's offset 0 address but load 0 instead.
+    """
+    block = tl.load(table_row_ptr + pos // BLOCK_SIZE, mask=pos_mask, other=0).to(tl.int64)
+    row = block * stride_block + (pos % BLOCK_SIZE) * stride_slot + kv_head * stride_head
+    ptrs = cache_ptr + row[:, None] + offs_d[None, :]
+    return tl.load(ptrs, mask=pos_mask[:, None] & d_mask[None, :], other=0.0)
+
+
+@triton.jit
+def online_softmax_step(  # type: ignore[no-untyped-def]
+    q,
+    k,
+    v,
+    allowed,
+    m_i,
+    l_i,
+    acc,
+    qk_scale,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Fold one key tile into the running ``(max, sum, acc)`` of each query row.
+
+    ``q`` [M, D], ``k``/``v`` [N, D], ``allowed`` [M, N] (False = masked). ``m_i`` is the
+    running max in log2 units, ``-inf`` while a row has seen no allowed key; such rows keep
+    ``l_i == 0`` and ``acc == 0`` (the ``m_safe`` shift avoids ``inf - inf``).
+    """
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    s = tl.where(allowed, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc

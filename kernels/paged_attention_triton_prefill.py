@@ -1,0 +1,176 @@
+"""Triton paged prefill attention: variable-length causal queries in one launch.
+
+Grid ``(num_prefill_tokens // BLOCK_Q + num_prefills, num_kv_heads)``. A program owns
+``BLOCK_Q = BLOCK_M // GROUP`` consecutive query tokens of one sequence times the ``GROUP``
+query heads sharing one KV head (row ``m`` is token ``m // GROUP``, head ``m % GROUP``), so
+each K/V tile is loaded once per group and non-power-of-two groups waste at most
+``BLOCK_M % GROUP`` rows. Query tiles of sequence ``s`` are numbered from
+``(query_start_loc[s] - query_start_loc[0]) // BLOCK_Q + s``: these ranges are disjoint and
+bounded by the grid size, so a program finds its sequence by binary search on device (no host
+sync, no per-step tile map) and programs past a sequence's last tile exit at once.
+
+Queries sit at absolute positions ``seq_len - query_len ..``, so prefix hits and later chunks of
+a chunked prefill attend to every cached position before them; keys are read from the paged
+cache (``store_kv`` already wrote this step's rows), walking ``[0, last query position]`` in
+tiles of ``BLOCK_N`` under the causal mask.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tokenwire.kernels.dispatch import next_power_of_2
+from tokenwire.kernels.paged_attention_triton_common import (
+    LOG2_E,
+    load_kv_tile,
+    online_softmax_step,
+)
+
+
+@triton.jit
+def _find_seq(qsl_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Largest ``s`` in ``[0, num_seqs)`` whose first query tile is ``<= tile``."""
+    base = tl.load(qsl_ptr)
+    lo = num_seqs * 0  # same (non-constexpr int32) type as hi: both are loop-carried
+    hi = num_seqs
+    while lo + 1 < hi:
+        mid = (lo + hi) // 2
+        if (tl.load(qsl_ptr + mid) - base) // BLOCK_Q + mid <= tile:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+# num_seqs is not specialized: Triton would turn a value of 1 into a constexpr, which cannot
+# be a loop-carried variable in ``_find_seq``.
+@triton.jit(do_not_specialize=["num_seqs"])
+def _prefill_kernel(  # type: ignore[no-untyped-def]
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    qsl_ptr,  # int32 [num_seqs + 1]; absolute row offsets into q/out
+    num_seqs,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_bt,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = _find_seq(qsl_ptr, tile, num_seqs, BLOCK_Q)
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    q_tile = tile - ((q_start - tl.load(qsl_ptr)) // BLOCK_Q + seq)
+    if q_tile * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_len = seq_len - q_len  # cached positions before this step's first query
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    tok = q_tile * BLOCK_Q + offs_m // GROUP  # query index within the sequence
+    heads = kv_head * GROUP + offs_m % GROUP
+    row_mask = (offs_m // GROUP < BLOCK_Q) & (tok < q_len)
+    rows = (q_start + tok).to(tl.int64)
+    q_ptrs = q_ptr + rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+    q_pos = context_len + tok
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    kv_end = tl.minimum(seq_len, context_len + (q_tile + 1) * BLOCK_Q)  # last query pos + 1
+    for tile_start in range(0, kv_end, BLOCK_N):
+        pos = tile_start + tl.arange(0, BLOCK_N)
+        pos_mask = pos < kv_end
+        k = load_kv_tile(
+            k_cache_ptr, table_row, pos, pos_mask, kv_head, offs_d, d_mask,
+            stride_cb, stride_cs, stride_ch, BLOCK_SIZE,
+        )  # fmt: skip
+        v = load_kv_tile(
+            v_cache_ptr, table_row, pos, pos_mask, kv_head, offs_d, d_mask,
+            stride_cb, stride_cs, stride_ch, BLOCK_SIZE,
+        )  # fmt: skip
+        allowed = (pos[None, :] <= q_pos[:, None]) & pos_mask[None, :]
+        m_i, l_i, acc = online_softmax_step(
+            q, k, v, allowed, m_i, l_i, acc, qk_scale, DOT_PRECISION
+        )
+
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    o_ptrs = out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
+
+
+def prefill_config(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps)``: common flash-attention tiles for Hopper, not yet
+    tuned on a GPU. float32 (tests) keeps the smaller tile to bound registers."""
+    if dtype != torch.float32 and head_dim > 64:
+        return 128, 64, 8
+    return 64, 64, 4
+
+
+def prefill_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    out: torch.Tensor,
+    scale: float,
+    num_tokens: int,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> None:
+    """Causal attention for the sequences of ``seq_lens`` (rows ``query_start_loc[i]:[i+1]``).
+
+    ``num_tokens`` (host int) is the number of query rows these sequences own; it only sizes
+    the grid. Results land in the same rows of ``out``.
+    """
+    num_seqs = seq_lens.shape[0]
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    group = query.shape[1] // num_kv_heads
+    default_m, default_n, warps = prefill_config(head_dim, query.dtype)
+    # Every tile holds at least one token of all GROUP heads; tl.dot needs >= 16 rows.
+    block_m = max(block_m or default_m, 16, next_power_of_2(group))
+    block_q = block_m // group
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads)
+    _prefill_kernel[grid](
+        query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
+        num_seqs,
+        scale * LOG2_E,
+        query.stride(0), query.stride(1),
+        out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_D=next_power_of_2(head_dim),
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        BLOCK_N=block_n or default_n,
+        BLOCK_SIZE=block_size,
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else None,
+        num_warps=warps,
+    )  # fmt: skip
