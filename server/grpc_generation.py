@@ -21,6 +21,8 @@ from tokenwire.server.call_context import internal_request_id as internal_id
 from tokenwire.server.errors import abort, model_not_found, to_service_error
 from tokenwire.server.grpc_session import SessionHandler
 from tokenwire.server.request_stream import RequestFailed, RequestFinished, RequestStream
+from tokenwire.server.telemetry_core import Telemetry
+from tokenwire.server.telemetry_record import RequestRecord
 from tokenwire.v1 import generation_pb2, generation_pb2_grpc
 
 Events = AsyncIterator[generation_pb2.GenerateStreamResponse]
@@ -28,15 +30,21 @@ Events = AsyncIterator[generation_pb2.GenerateStreamResponse]
 
 class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
     def __init__(
-        self, engine: AsyncEngine, model_name: str, limits: convert.Limits, sessions: SessionHandler
+        self,
+        engine: AsyncEngine,
+        model_name: str,
+        limits: convert.Limits,
+        sessions: SessionHandler,
+        telemetry: Telemetry,
     ) -> None:
         self.engine = engine
         self.model_name = model_name
         self.limits = limits
         self.sessions = sessions
+        self.telemetry = telemetry
 
     def _submit(
-        self, call: CallContext, request: generation_pb2.GenerateRequest
+        self, call: CallContext, request: generation_pb2.GenerateRequest, record: RequestRecord
     ) -> tuple[RequestStream, int | None]:
         if request.model and request.model != self.model_name:
             raise model_not_found(request.model)
@@ -44,6 +52,8 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         params = convert.sampling_params(
             request.sampling, request.stopping, request.output, self.limits
         )
+        chat = request.WhichOneof("input") == "chat"
+        self.telemetry.describe(record, params, chat, prompt)
         try:
             stream = self.engine.add_request(
                 call.internal_id,
@@ -59,6 +69,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             # The engine says "prompt"; the client sent it as this field of ``input``.
             field = request.WhichOneof("input") or "input"
             raise type(exc)(field, str(exc).removeprefix("prompt: ")) from None
+        self.telemetry.admit(record, params.n)
         return stream, params.logprobs
 
     async def Generate(
@@ -66,11 +77,17 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
     ) -> generation_pb2.GenerateResponse:
         call: CallContext | None = None
         stream: RequestStream | None = None
+        record: RequestRecord | None = None
+        status = "CANCELLED"  # unless the call ends otherwise
         try:
             call = call_context(context, request.request_id)
-            stream, num_top = self._submit(call, request)
+            record = self.telemetry.begin(call.request_id, call.internal_id, "generate")
+            self.telemetry.bind(record)
+            stream, num_top = self._submit(call, request, record)
             await context.send_initial_metadata((("x-request-id", call.request_id),))
             output = await _final_output(stream)
+            self.telemetry.record_completion(record, [c.text for c in output.outputs])
+            status = "OK"
             return generation_pb2.GenerateResponse(
                 request_id=call.request_id,
                 model=self.model_name,
@@ -78,34 +95,47 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
                 usage=convert.usage(output),
             )
         except Exception as exc:
-            await abort(context, to_service_error(exc, call.request_id if call else None))
+            err = to_service_error(exc, call.request_id if call else None)
+            status = err.code.name
+            await abort(context, err)
         finally:
             # Only this call's own, unfinished request: never an in-flight one with the same
             # id that made this call fail as a duplicate.
             if call is not None and stream is not None and not stream.done:
                 self.engine.abort(call.internal_id)
+            if record is not None:
+                self.telemetry.end(record, status)
 
     async def GenerateStream(
         self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> Events:
         call: CallContext | None = None
         stream: RequestStream | None = None
+        record: RequestRecord | None = None
+        status = "CANCELLED"  # unless the call ends otherwise
         try:
             call = call_context(context, request.request_id)
-            stream, num_top = self._submit(call, request)
+            record = self.telemetry.begin(call.request_id, call.internal_id, "generate_stream")
+            self.telemetry.bind(record)
+            stream, num_top = self._submit(call, request, record)
             await context.send_initial_metadata((("x-request-id", call.request_id),))
-            async for event in self._stream_events(call, stream, num_top):
+            async for event in self._stream_events(call, stream, num_top, record):
                 yield event
+            status = "OK"
         except Exception as exc:
-            await abort(context, to_service_error(exc, call.request_id if call else None))
+            err = to_service_error(exc, call.request_id if call else None)
+            status = err.code.name
+            await abort(context, err)
         finally:
             # Only this call's own, unfinished request: never an in-flight one with the same
             # id that made this call fail as a duplicate.
             if call is not None and stream is not None and not stream.done:
                 self.engine.abort(call.internal_id)
+            if record is not None:
+                self.telemetry.end(record, status)
 
     async def _stream_events(
-        self, call: CallContext, stream: RequestStream, num_top: int | None
+        self, call: CallContext, stream: RequestStream, num_top: int | None, record: RequestRecord
     ) -> Events:
         counts: dict[int, int] = {}
         async for item in stream:
@@ -123,6 +153,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
                 for event in delta_events(item, num_top, counts[item.index]):
                     yield event
             elif isinstance(item, RequestFinished):
+                self.telemetry.record_completion(record, [c.text for c in item.output.outputs])
                 yield generation_pb2.GenerateStreamResponse(usage=convert.usage(item.output))
             else:
                 raise item.error

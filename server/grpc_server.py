@@ -17,6 +17,7 @@ from tokenwire.server.convert import Limits
 from tokenwire.server.grpc_generation import GenerationService
 from tokenwire.server.grpc_models import ModelService
 from tokenwire.server.grpc_session import SessionHandler
+from tokenwire.server.telemetry_core import Telemetry
 from tokenwire.v1 import generation_pb2, generation_pb2_grpc, models_pb2, models_pb2_grpc
 
 logger = logging.getLogger("tokenwire.server")
@@ -41,10 +42,24 @@ class GrpcSettings:
 class GrpcServer:
     """Starts NOT_SERVING; ``set_serving(True)`` once the engine is warm."""
 
-    def __init__(self, engine: AsyncEngine, model_name: str, settings: GrpcSettings) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        model_name: str,
+        settings: GrpcSettings,
+        telemetry: Telemetry | None = None,
+    ) -> None:
         self.engine = engine
         self.settings = settings
-        interceptors = [ApiKeyInterceptor(settings.api_keys)] if settings.api_keys else []
+        if telemetry is None:  # request logs only: no metrics wiring, no tracing
+            telemetry = Telemetry()
+        if telemetry.metrics is None:
+            telemetry.attach(engine)
+        self.telemetry = telemetry
+        # The OTel interceptor runs first, so even a call refused by auth gets its RPC span.
+        interceptors = list(telemetry.grpc_interceptors())
+        if settings.api_keys:
+            interceptors.append(ApiKeyInterceptor(settings.api_keys))
         options = [
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
@@ -56,9 +71,11 @@ class GrpcServer:
             settings.limits,
             settings.max_sessions,
             settings.session_idle_timeout,
+            telemetry,
         )
         generation_pb2_grpc.add_GenerationServiceServicer_to_server(
-            GenerationService(engine, model_name, settings.limits, self.sessions), self.server
+            GenerationService(engine, model_name, settings.limits, self.sessions, telemetry),
+            self.server,
         )
         models_pb2_grpc.add_ModelServiceServicer_to_server(
             ModelService(

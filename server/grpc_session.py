@@ -30,6 +30,7 @@ from tokenwire.server.errors import (
 )
 from tokenwire.server.request_stream import RequestFailed, RequestFinished
 from tokenwire.server.session_state import SessionState
+from tokenwire.server.telemetry_core import Telemetry
 from tokenwire.v1 import generation_pb2 as pb
 
 Out = asyncio.Queue[pb.SessionResponse | None]
@@ -43,8 +44,10 @@ class SessionHandler:
         limits: convert.Limits,
         max_sessions: int,
         idle_timeout: float,
+        telemetry: Telemetry,
     ) -> None:
         self.engine = engine
+        self.telemetry = telemetry
         self.model_name = model_name
         self.limits = limits
         self.max_sessions = max_sessions
@@ -179,11 +182,18 @@ class _Session:
         return True
 
     async def _turn(self, turn: pb.SessionTurn, number: int) -> None:
-        state, engine = self.state, self.engine
+        state, engine, telemetry = self.state, self.engine, self.handler.telemetry
         request_id = f"{state.holder_id}/turn-{number}"
+        parent = telemetry.parent_from(turn.traceparent, turn.tracestate)
+        record = telemetry.begin(
+            f"{state.session_id}/turn-{number}", request_id, "session_turn", parent
+        )
+        telemetry.bind(record)  # this turn's task only
+        status = "CANCELLED"  # unless the turn ends otherwise
         try:
             prompt, messages = state.prompt_for(engine.tokenizer, turn)
             params = convert.sampling_params(*state.options(turn), self.handler.limits)
+            telemetry.describe(record, params, messages is not None, None)
             stream = engine.add_request(
                 request_id,
                 None,
@@ -192,17 +202,24 @@ class _Session:
                 cache_salt=state.open.cache_salt or None,
                 hold_as=state.holder_id,
             )
+            telemetry.admit(record, params.n)
         except Exception as exc:
-            self._turn_error(number, to_service_error(exc, request_id))
+            err = to_service_error(exc, request_id)
+            self._turn_error(number, err)
+            telemetry.end(record, err.code.name)
             return
         self.turn_request = request_id
         try:
             await self._stream_turn(stream, number, prompt, messages, params.logprobs)
+            status = "OK"
         except Exception as exc:
-            self._turn_error(number, to_service_error(exc, request_id))
+            err = to_service_error(exc, request_id)
+            status = err.code.name
+            self._turn_error(number, err)
         finally:
             self.turn_request = None
             engine.abort(request_id)
+            telemetry.end(record, status)
 
     async def _stream_turn(
         self,

@@ -3,7 +3,8 @@
 Holds no model, tokenizer or engine: every route is a translation onto the ``tokenwire.v1``
 gRPC API through ``Upstream``. Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``GET /v1/models``, ``GET /v1/models/{model}``, ``GET /health`` (the shim is up) and
-``GET /ready`` (the gRPC server reports SERVING), ``GET /openapi.json``. Errors always use
+``GET /ready`` (the gRPC server reports SERVING), ``GET /openapi.json``, and ``GET /metrics``
+(Prometheus text) when the host process provides metrics. Errors always use
 the OpenAI envelope (never FastAPI's 422); a client that disconnects cancels its gRPC calls.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -44,6 +45,8 @@ class RestSettings:
     port: int = 8000
     max_body_bytes: int = 2 << 20
     request_timeout: float | None = None  # gRPC deadline per request, seconds
+    # Prometheus text for ``GET /metrics`` (``tokenwire serve`` passes its registry's).
+    metrics: Callable[[], bytes] | None = None
 
 
 class ClientGone(Exception):
@@ -160,6 +163,11 @@ class Routes:
             "max_model_len": info.max_context_tokens,
         }
 
+    async def metrics(self) -> Response:
+        assert self.settings.metrics is not None
+        body = self.settings.metrics()
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
     async def health(self) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
@@ -213,6 +221,8 @@ def create_app(upstream: Upstream, settings: RestSettings) -> FastAPI:
     app.add_api_route("/v1/models/{model:path}", routes.get_model, methods=["GET"])
     app.add_api_route("/health", routes.health, methods=["GET"])
     app.add_api_route("/ready", routes.ready, methods=["GET"])
+    if settings.metrics is not None:
+        app.add_api_route("/metrics", routes.metrics, methods=["GET"], include_in_schema=False)
     app.add_exception_handler(RestError, _on_rest_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(HTTPException, _on_http_error)

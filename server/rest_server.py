@@ -11,18 +11,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import signal
 import socket
-import sys
 from collections.abc import Iterator
 
 import uvicorn
 
 from tokenwire.server.rest_app import RestSettings, create_app
 from tokenwire.server.rest_upstream import Upstream
+from tokenwire.server.telemetry_logging import LOG_FORMATS, configure_logging, get_logger
 
-logger = logging.getLogger("tokenwire.rest")
+logger = get_logger("tokenwire.rest")
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -144,17 +143,19 @@ def add_rest_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--grpc-target", default="127.0.0.1:50051", help="gRPC server HOST:PORT")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="auto",
+        help="json lines (default off a TTY) or console (default on a TTY)",
+    )
     add_rest_arguments(p)
     p.set_defaults(func=run_rest)
 
 
 def run_rest(args: argparse.Namespace) -> int:
     settings = rest_settings(args, args.port)
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stdout,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    configure_logging(args.log_format)
     return asyncio.run(_serve_rest(args.grpc_target, settings))
 
 

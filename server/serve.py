@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
-import sys
+from dataclasses import replace
+from typing import Any
+
+from prometheus_client import start_http_server
 
 from tokenwire.runtime.config import (
     DEFAULT_CPU_KV_BYTES,
@@ -36,8 +38,11 @@ from tokenwire.server.rest_server import (
     rest_settings,
 )
 from tokenwire.server.rest_upstream import Upstream
+from tokenwire.server.telemetry_core import Telemetry
+from tokenwire.server.telemetry_logging import LOG_FORMATS, configure_logging, get_logger
+from tokenwire.server.telemetry_tracing import add_tracing_arguments, tracing_settings
 
-logger = logging.getLogger("tokenwire.serve")
+logger = get_logger("tokenwire.serve")
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -95,6 +100,19 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument("--max-sessions", type=int, default=256)
     p.add_argument("--session-idle-timeout", type=float, default=600.0)
     p.add_argument("--shutdown-timeout", type=float, default=30.0)
+    p.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="auto",
+        help="json lines (default off a TTY) or console (default on a TTY)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus /metrics on this port (default: on the REST --port only)",
+    )
+    add_tracing_arguments(p)
     p.set_defaults(func=run_serve)
 
 
@@ -144,65 +162,101 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ValueError("--tensor-parallel-size must be 1 (multi-device is not implemented)")
     config = engine_config(args)  # validates flags before any model work
     settings = grpc_settings(args)
-    rest = None if args.disable_rest else rest_settings(args, args.port)
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stdout,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    return asyncio.run(_serve(config, settings, rest, args.max_requests, args.shutdown_timeout))
+    tracing = tracing_settings(args)
+    configure_logging(args.log_format)
+    telemetry = Telemetry(tracing)
+    rest = None
+    if not args.disable_rest:
+        rest = replace(rest_settings(args, args.port), metrics=telemetry.exposition)
+    try:
+        return asyncio.run(
+            _serve(
+                config,
+                settings,
+                rest,
+                telemetry,
+                args.max_requests,
+                args.shutdown_timeout,
+                args.metrics_port,
+            )
+        )
+    finally:
+        telemetry.shutdown()  # flush spans still in the exporter's queue
 
 
 async def _serve(
     config: EngineConfig,
     settings: GrpcSettings,
     rest_config: RestSettings | None,
+    telemetry: Telemetry,
     max_requests: int,
     shutdown_timeout: float,
+    metrics_port: int | None,
 ) -> int:
     from tokenwire.server.async_engine import AsyncEngine
 
     rest = RestServer(rest_config) if rest_config is not None else None
     if rest is not None:
         rest.bind()  # a taken --port fails before the model loads
-    engine = AsyncEngine(config, max_requests=max_requests)
+    engine = AsyncEngine(config, observer=telemetry, max_requests=max_requests)
     await engine.start()  # loads the model on the engine thread
+    telemetry.attach(engine)
     core = engine.core
     name = core.loaded.served_model_name
-    server = GrpcServer(engine, name, settings)
+    server = GrpcServer(engine, name, settings, telemetry)
     port = await server.start()  # NOT_SERVING; requests get NOT_READY until warm
     upstream = None
     if rest is not None:
         target = loopback_target(settings.host, port)
         upstream = Upstream.connect(target, settings.max_message_bytes)
         await rest.start(upstream)  # answers 503 NOT_READY until warm, like gRPC
+    metrics_server = _start_metrics_server(telemetry, settings.host, metrics_port)
     if not settings.api_keys:
         logger.warning("no --api-key configured: the server accepts every caller")
     await engine.warmup()
     await server.set_serving(True)
+    dtype = str(core.loaded.dtype).removeprefix("torch.")
+    rest_url = rest.url if rest is not None else "disabled"
+    grpc_address = f"{settings.host}:{port}"
     logger.info(
-        "serving model=%s device=%s dtype=%s kv_blocks=%d grpc=%s:%d rest=%s",
-        name,
-        core.device,
-        str(core.loaded.dtype).removeprefix("torch."),
-        core.kv_cache_manager.num_blocks,
-        settings.host,
-        port,
-        rest.url if rest is not None else "disabled",
+        f"serving model={name} device={core.device} dtype={dtype} "
+        f"kv_blocks={core.kv_cache_manager.num_blocks} grpc={grpc_address} rest={rest_url} ",
+        model=name,
+        device=str(core.device),
+        dtype=dtype,
+        kv_blocks=core.kv_cache_manager.num_blocks,
+        grpc=grpc_address,
+        rest=rest_url,
+        metrics_port=metrics_server.server_port if metrics_server is not None else None,
+        tracing=telemetry.settings.endpoint,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    logger.info(
-        "draining: up to %.0fs for %d in-flight requests", shutdown_timeout, engine.num_in_flight
-    )
+    logger.info("draining", timeout_s=shutdown_timeout, in_flight=engine.num_in_flight)
     await server.drain(shutdown_timeout)  # REST keeps answering: new calls get 503
     if rest is not None and upstream is not None:
         await rest.stop()
         await upstream.close()
+    if metrics_server is not None:
+        metrics_server.shutdown()
     await server.stop(grace=1.0)
     await engine.shutdown()
     logger.info("stopped")
     return 0
+
+
+def _start_metrics_server(telemetry: Telemetry, host: str, port: int | None) -> Any:
+    """Prometheus on its own port (for ``--disable-rest``); None without ``--metrics-port``."""
+    if port is None:
+        return None
+    assert telemetry.metrics is not None
+    try:
+        server, _ = start_http_server(port, addr=host, registry=telemetry.metrics.registry)
+    except OSError as exc:
+        raise ValueError(
+            f"cannot bind {host}:{port} ({exc.strerror}): choose another --metrics-port"
+        ) from None
+    return server

@@ -1,0 +1,221 @@
+"""``Telemetry``: the server's one telemetry object — engine observer, request records,
+Prometheus metrics, OpenTelemetry tracing (when configured) and the canonical log line.
+
+``tokenwire serve`` builds it, hands it to ``AsyncEngine`` as the observer and to the gRPC
+server; handlers call ``begin`` / ``describe`` / ``admit`` / ``end`` around each request.
+With tracing off there is no tracer, no span and no step record: the engine thread only
+updates a few Prometheus counters per step and, per finished request, its record.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import structlog
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.stats import RequestStats, StepStats
+from tokenwire.server.telemetry_logging import get_logger
+from tokenwire.server.telemetry_metrics import EngineGauges, EngineMetrics
+from tokenwire.server.telemetry_record import RequestRecord, summarize
+from tokenwire.server.telemetry_spans import SpanFactory, summary_attributes
+from tokenwire.server.telemetry_tracing import (
+    TracingSettings,
+    build_tracer_provider,
+)
+
+_PROPAGATOR = TraceContextTextMapPropagator()  # stateless
+
+
+class Telemetry:
+    def __init__(
+        self,
+        tracing: TracingSettings | None = None,
+        provider: TracerProvider | None = None,
+    ) -> None:
+        self.settings = tracing or TracingSettings()
+        if provider is None and self.settings.enabled:
+            provider = build_tracer_provider(self.settings)
+        self.provider = provider
+        self.spans = (
+            None if provider is None else SpanFactory(provider, self.settings.step_sample_ratio)
+        )
+        self.metrics: EngineMetrics | None = None
+        self.model_name = ""
+        self.wired = False  # True once the engine reports to this object
+        self._records: dict[str, RequestRecord] = {}
+        self.log = get_logger("tokenwire.request")
+
+    # ------------------------------------------------------------------ setup
+    def attach(self, engine: Any) -> None:
+        """Bind to a started ``AsyncEngine`` (model name, gauges)."""
+        core = engine.core
+        self.model_name = core.loaded.served_model_name
+        self.wired = engine.observer is self
+
+        def gauges() -> EngineGauges:
+            scheduler, kv = core.scheduler, core.kv_cache_manager
+            return EngineGauges(scheduler.num_running, scheduler.num_waiting, kv.usage)
+
+        self.metrics = EngineMetrics(self.model_name, gauges)
+
+    def grpc_interceptors(self) -> list[Any]:
+        """The OTel grpc.aio server interceptor (RPC spans, W3C context from metadata)."""
+        if self.provider is None:
+            return []
+        from opentelemetry.instrumentation.grpc import aio_server_interceptor
+
+        return [aio_server_interceptor(tracer_provider=self.provider)]
+
+    def exposition(self) -> bytes:
+        return b"" if self.metrics is None else self.metrics.exposition()
+
+    def shutdown(self) -> None:
+        """Flush and stop the span exporter."""
+        if self.provider is not None:
+            self.provider.shutdown()
+
+    # ------------------------------------------------------------------ engine observer
+    def on_step(self, stats: StepStats) -> None:
+        if self.metrics is not None:
+            self.metrics.on_step(stats)
+        if self.spans is not None:
+            self.spans.step_span(stats, self._lookup)
+
+    def on_request_finished(self, stats: RequestStats) -> None:
+        if self.metrics is not None:
+            self.metrics.on_request_finished(stats)
+        record = self._lookup(stats.request_id)
+        if record is not None and record.add_stats(stats):
+            self._finalize(record)
+
+    def _lookup(self, engine_id: str) -> RequestRecord | None:
+        record = self._records.get(engine_id)
+        if record is None and "#" in engine_id:  # choice i of an n > 1 request
+            record = self._records.get(engine_id.rpartition("#")[0])
+        return record
+
+    # ------------------------------------------------------------------ handlers (event loop)
+    def begin(
+        self, request_id: str, internal_id: str, kind: str, parent: Context | None = None
+    ) -> RequestRecord:
+        """Open a request's record (and its span, as a child of ``parent`` or the current
+        context — the RPC span)."""
+        record = RequestRecord(request_id, internal_id, kind)
+        record.attributes["model"] = self.model_name
+        if self.spans is not None:
+            span = self.spans.tracer.start_span(
+                "tokenwire.request",
+                context=parent,
+                attributes={
+                    "tokenwire.request_id": request_id,
+                    "tokenwire.request.kind": kind,
+                    "gen_ai.request.model": self.model_name,
+                },
+            )
+            ctx = span.get_span_context()
+            record.span = span
+            record.trace_id = trace.format_trace_id(ctx.trace_id)
+            record.span_id = trace.format_span_id(ctx.span_id)
+        if self.wired and internal_id not in self._records:  # a duplicate id fails anyway
+            self._records[internal_id] = record
+        return record
+
+    def describe(
+        self, record: RequestRecord, params: SamplingParams, chat: bool, prompt: str | None
+    ) -> None:
+        """GenAI request attributes once the request is parsed."""
+        if record.span is None:
+            return
+        attrs: dict[str, Any] = {
+            "gen_ai.operation.name": "chat" if chat else "text_completion",
+            "gen_ai.request.temperature": params.temperature,
+            "gen_ai.request.top_p": params.top_p,
+            "gen_ai.request.choice.count": params.n,
+        }
+        if params.max_tokens is not None:
+            attrs["gen_ai.request.max_tokens"] = params.max_tokens
+        if params.top_k:
+            attrs["gen_ai.request.top_k"] = params.top_k
+        if params.seed is not None:
+            attrs["gen_ai.request.seed"] = params.seed
+        if self.settings.include_content and prompt is not None:
+            attrs["gen_ai.prompt"] = prompt
+        record.span.set_attributes(attrs)
+
+    def admit(self, record: RequestRecord, num_engine_requests: int) -> None:
+        """The engine accepted the request: wait for that many engine records."""
+        record.admitted(num_engine_requests if self.wired else 0)
+
+    def record_completion(self, record: RequestRecord, texts: list[str]) -> None:
+        if record.span is not None and self.settings.include_content:
+            record.span.set_attribute("gen_ai.completion", texts)
+
+    def end(self, record: RequestRecord, status: str) -> None:
+        """The call ended with ``status`` (a gRPC status name)."""
+        if record.end_call(status):
+            self._finalize(record)
+
+    def bind(self, record: RequestRecord) -> None:
+        """Bind request_id / trace_id / span_id to every later log line of the current task
+        (grpc.aio runs each RPC, and the session runs each turn, in a task of its own)."""
+        structlog.contextvars.bind_contextvars(
+            request_id=record.request_id, trace_id=record.trace_id, span_id=record.span_id
+        )
+
+    def parent_from(self, traceparent: str, tracestate: str) -> Context | None:
+        """A per-turn W3C trace context (None: the current context, the RPC span)."""
+        if not traceparent or self.spans is None:
+            return None
+        return _PROPAGATOR.extract({"traceparent": traceparent, "tracestate": tracestate})
+
+    # ------------------------------------------------------------------ finalization
+    def _finalize(self, record: RequestRecord) -> None:
+        if self._records.get(record.internal_id) is record:
+            del self._records[record.internal_id]
+        summary = summarize(record.stats) if record.stats else None
+        if record.span is not None and self.spans is not None:
+            if summary is not None:
+                self.spans.request_children(record)
+                record.span.set_attributes(summary_attributes(summary))
+            steps = sorted({s.step_id for refs in record.steps.values() for s in refs})
+            record.span.set_attribute("tokenwire.step_ids", steps)
+            record.span.set_attribute("rpc.grpc.status", record.status or "")
+            if record.status != "OK":
+                record.span.set_status(trace.StatusCode.ERROR, record.status)
+            record.span.end()
+        fields: dict[str, Any] = {
+            "request_id": record.request_id,
+            "trace_id": record.trace_id,
+            "span_id": record.span_id,
+            "model": record.attributes["model"],
+            "kind": record.kind,
+            "status": record.status,
+        }
+        if summary is None:
+            fields["e2e_s"] = round(time.monotonic() - record.started, 6)
+        else:
+            fields.update(_summary_fields(summary))
+        self.log.info("request_finished", **fields)
+
+
+def _summary_fields(summary: Any) -> dict[str, Any]:
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(value, 6)
+
+    return {
+        "finish_reason": ",".join(summary.finish_reasons),
+        "prompt_tokens": summary.prompt_tokens,
+        "completion_tokens": summary.completion_tokens,
+        "cached_tokens": summary.cached_tokens,
+        "preemptions": summary.preemptions,
+        "queue_time_s": ms(summary.queue_time),
+        "ttft_s": ms(summary.ttft),
+        "tpot_s": ms(summary.tpot),
+        "e2e_s": ms(summary.e2e),
+    }

@@ -1,0 +1,142 @@
+"""Prometheus metrics with vLLM's names (``tokenwire:*``), in a registry the server owns.
+
+Counters and histograms are fed from the engine's plain records (``StepStats`` per step,
+``RequestStats`` per finished request) on the engine thread — a handful of locked adds per
+step. Gauges (running / waiting requests, KV cache usage) are read from the engine when
+Prometheus scrapes, so they are exact at idle. Every series carries ``model_name``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tokenwire.runtime.stats import RequestStats, StepStats
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# vLLM's buckets (seconds), trimmed to what a CPU or GPU server produces.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)  # fmt: skip
+ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+               0.75, 1.0, 2.5, 5.0, 10.0, 20.0)  # fmt: skip
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+               60.0, 120.0, 240.0, 480.0, 960.0, 1920.0)  # fmt: skip
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineGauges:
+    """What the scrape-time collector reads from the engine (plain numbers)."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # 0..1
+
+
+class _EngineStateCollector(Collector):
+    def __init__(self, model_name: str, read: Callable[[], EngineGauges | None]) -> None:
+        self.model_name = model_name
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        state = self.read()
+        if state is None:  # the engine is not loaded yet
+            return
+        for name, doc, value in (
+            ("num_requests_running", "Requests in model execution batches.", state.num_running),
+            ("num_requests_waiting", "Requests waiting to be processed.", state.num_waiting),
+            ("kv_cache_usage_perc", "KV cache usage; 1 means 100 percent.", state.kv_cache_usage),
+        ):
+            family = GaugeMetricFamily(f"tokenwire:{name}", doc, labels=["model_name"])
+            family.add_metric([self.model_name], float(value))
+            yield family
+
+
+class EngineMetrics:
+    """The server's Prometheus registry; ``on_step`` / ``on_request_finished`` feed it."""
+
+    def __init__(self, model_name: str, read_gauges: Callable[[], EngineGauges | None]) -> None:
+        self.registry = CollectorRegistry()
+        reg, labels = self.registry, ["model_name"]
+        ProcessCollector(registry=reg)
+        PlatformCollector(registry=reg)
+        reg.register(_EngineStateCollector(model_name, read_gauges))
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(f"tokenwire:{name}", doc, [*labels, *extra], registry=reg)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(f"tokenwire:{name}", doc, labels, registry=reg, buckets=buckets)
+
+        self._success = counter(
+            "request_success", "Finished requests by finish reason.", ("finish_reason",)
+        )
+        self._model = model_name
+        m = model_name
+        self.prompt_tokens = counter("prompt_tokens", "Prefill tokens processed.").labels(m)
+        self.generation_tokens = counter("generation_tokens", "Tokens generated.").labels(m)
+        self.preemptions = counter("num_preemptions", "Cumulative preemptions.").labels(m)
+        self.prefix_queries = counter(
+            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+        ).labels(m)
+        self.prefix_hits = counter(
+            "prefix_cache_hits", "Prompt tokens served from the prefix cache."
+        ).labels(m)
+        self.ttft = histogram(
+            "time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS
+        ).labels(m)
+        self.itl = histogram(
+            "inter_token_latency_seconds",
+            "Inter-token latency (a request's mean, once per token after the first).",
+            ITL_BUCKETS,
+        ).labels(m)
+        self.e2e = histogram(
+            "e2e_request_latency_seconds", "End-to-end request latency.", E2E_BUCKETS
+        ).labels(m)
+        self.queue = histogram(
+            "request_queue_time_seconds", "Time spent waiting before the first step.", E2E_BUCKETS
+        ).labels(m)
+        self.iteration_tokens = histogram(
+            "iteration_tokens_total", "Tokens scheduled per engine step.", TOKEN_BUCKETS
+        ).labels(m)
+
+    # ------------------------------------------------------------------ engine thread
+    def on_step(self, stats: StepStats) -> None:
+        self.iteration_tokens.observe(stats.num_prefill_tokens + stats.num_decode_tokens)
+        if stats.num_preemptions:
+            self.preemptions.inc(stats.num_preemptions)
+
+    def on_request_finished(self, stats: RequestStats) -> None:
+        self._success.labels(self._model, stats.finish_reason.value).inc()
+        self.prompt_tokens.inc(stats.num_prompt_tokens)
+        self.generation_tokens.inc(stats.num_output_tokens)
+        self.prefix_queries.inc(stats.num_prompt_tokens)
+        self.prefix_hits.inc(stats.num_cached_tokens)
+        self.e2e.observe(stats.finished_time - stats.arrival_time)
+        if stats.first_scheduled_time is not None:
+            self.queue.observe(stats.first_scheduled_time - stats.arrival_time)
+        if stats.first_token_time is not None:
+            self.ttft.observe(stats.first_token_time - stats.arrival_time)
+            if stats.num_output_tokens > 1:
+                mean = (stats.finished_time - stats.first_token_time) / (
+                    stats.num_output_tokens - 1
+                )
+                for _ in range(stats.num_output_tokens - 1):
+                    self.itl.observe(mean)
+
+    # ------------------------------------------------------------------ scrape
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every metric in the registry."""
+        return generate_latest(self.registry)

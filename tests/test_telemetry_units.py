@@ -1,0 +1,114 @@
+"""``Telemetry`` fed with plain engine records (no model): request records finalize exactly
+once whichever side ends last, step spans link to request spans, sampling and content flags
+hold, and metrics count what the records say."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
+
+from tokenwire.runtime.request import FinishReason
+from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.stats import RequestStats, StepStats
+from tokenwire.server.telemetry_core import Telemetry
+from tokenwire.server.telemetry_tracing import TracingSettings
+
+
+def make(
+    ratio: float = 1.0, content: bool = False, tracing: bool = True
+) -> tuple[Telemetry, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = None
+    if tracing:
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    settings = TracingSettings(
+        "http://unused:4317", step_sample_ratio=ratio, include_content=content
+    )
+    telemetry = Telemetry(settings if tracing else None, provider)
+    core = SimpleNamespace(
+        loaded=SimpleNamespace(served_model_name="m"),
+        scheduler=SimpleNamespace(num_running=0, num_waiting=0),
+        kv_cache_manager=SimpleNamespace(usage=0.0),
+    )
+    telemetry.attach(SimpleNamespace(core=core, observer=telemetry))
+    return telemetry, exporter
+
+
+def step(step_id: int, scheduled: dict[str, int], t0: float) -> StepStats:
+    prefill = sum(n for n in scheduled.values() if n > 1)
+    return StepStats(
+        step_id, "prefill" if prefill else "decode", len(scheduled), prefill,
+        sum(1 for n in scheduled.values() if n == 1), 0, 4, 60, 64, dict(scheduled),
+        frozenset(r for r, n in scheduled.items() if n > 1), 0.001, 0.001, 0.01, 0.001, 0.001,
+        time.time_ns() + int((t0 - time.monotonic()) * 1e9), 0.014,
+    )  # fmt: skip
+
+
+def finished(rid: str, t0: float, out: int = 3) -> RequestStats:
+    return RequestStats(rid, t0, t0 + 0.001, t0 + 0.02, t0 + 0.06, 10, out, 0, 0,
+                        FinishReason.LENGTH)  # fmt: skip
+
+
+def run_request(telemetry: Telemetry, rid: str, handler_first: bool) -> None:
+    record = telemetry.begin(rid, f"anon/{rid}", "generate")
+    telemetry.describe(record, SamplingParams(max_tokens=3, temperature=0.0), False, "secret")
+    telemetry.admit(record, 1)
+    t0 = time.monotonic()
+    for i, n in enumerate((10, 1, 1)):
+        telemetry.on_step(step(i, {f"anon/{rid}": n}, t0 + 0.02 * i))
+    if handler_first:  # e.g. a cancelled call: the engine reports afterwards
+        telemetry.end(record, "CANCELLED")
+        assert not record.finalized
+        telemetry.on_request_finished(finished(f"anon/{rid}", t0))
+    else:
+        telemetry.on_request_finished(finished(f"anon/{rid}", t0))
+        assert not record.finalized
+        telemetry.end(record, "OK")
+    assert record.finalized
+
+
+def test_request_tree_either_order() -> None:
+    for handler_first in (False, True):
+        telemetry, exporter = make()
+        run_request(telemetry, "r1", handler_first)
+        spans = exporter.get_finished_spans()
+        (req,) = [s for s in spans if s.name == "tokenwire.request"]
+        steps = [s for s in spans if s.name == "tokenwire.step"]
+        assert len(steps) == 3
+        assert all(s.links[0].context.span_id == req.context.span_id for s in steps)
+        children = sorted(
+            s.name for s in spans if s.parent and s.parent.span_id == req.context.span_id
+        )
+        assert children == ["tokenwire.decode", "tokenwire.prefill", "tokenwire.queue"]
+        assert req.attributes["tokenwire.step_ids"] == (0, 1, 2)
+        assert "gen_ai.prompt" not in req.attributes  # content is off by default
+        assert not telemetry._records  # nothing left behind
+
+
+def test_step_sampling_zero_and_content_flag() -> None:
+    telemetry, exporter = make(ratio=0.0, content=True)
+    run_request(telemetry, "r2", handler_first=False)
+    spans = exporter.get_finished_spans()
+    assert not [s for s in spans if s.name == "tokenwire.step"]
+    (req,) = [s for s in spans if s.name == "tokenwire.request"]
+    assert req.attributes["gen_ai.prompt"] == "secret"
+    assert req.attributes["tokenwire.step_ids"] == (0, 1, 2)  # still recorded
+
+
+def test_tracing_off_has_no_spans_and_metrics_count() -> None:
+    telemetry, _ = make(tracing=False)
+    assert telemetry.spans is None and telemetry.grpc_interceptors() == []
+    run_request(telemetry, "r3", handler_first=False)
+    families = {f.name: f for f in text_string_to_metric_families(telemetry.exposition().decode())}
+    value = {s.name: s.value for f in families.values() for s in f.samples}
+    assert value["tokenwire:prompt_tokens_total"] == 10
+    assert value["tokenwire:generation_tokens_total"] == 3
+    assert value["tokenwire:inter_token_latency_seconds_count"] == 2
+    assert value["tokenwire:iteration_tokens_total_count"] == 3
+    assert value["tokenwire:num_requests_running"] == 0
