@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 # editable install so the new module becomes importable.
 PKG_DIRS := $(shell find runtime kernels server clients protos -type d -not -name __pycache__ 2>/dev/null)
 
-.PHONY: dev test serve lint typecheck bench protos clean
+.PHONY: dev test serve lint typecheck bench protos clean gpu-check
 
 $(VENV)/.deps: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ typecheck: dev
 
 bench: dev
 	$(VENV)/bin/tokenwire bench throughput --workload cpu --compare hf
+
+# The one GPU check (issue 6; README "GPU check"). No `dev` prerequisite: the GPU box has no
+# registry, so it runs with its own python3; GPU_CHECK_ARGS=--smoke runs the plumbing on CPU.
+gpu-check:
+	$(if $(wildcard $(PY)),$(PY),python3) scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 # Regenerate the committed gRPC code; CI fails when the committed files drift from this.
 protos: dev

@@ -130,6 +130,8 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     device: str = "auto"
+    # CUDA only: run every step eagerly instead of replaying decode CUDA graphs.
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         if not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):

@@ -51,6 +51,8 @@ class EngineCore:
             config.scheduler.max_num_seqs,
             self.device,
             config.model.seed,
+            max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+            enforce_eager=config.enforce_eager,
         )
         block_size = config.cache.block_size
         capacity = (self.runner.num_blocks - 1) * block_size  # block 0 is the null block

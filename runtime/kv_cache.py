@@ -1,9 +1,10 @@
 """The paged KV cache tensors: per layer ``(k_cache, v_cache)``, each
 ``[num_blocks, block_size, num_kv_heads, head_dim]``. Block 0 is the null block.
 
-Sizing: on CPU from ``CacheConfig.kv_cache_memory_bytes``; on CUDA from
-``gpu_memory_utilization`` of the device's total memory minus what is already allocated
-(model weights) and a reserve for activations. ``num_blocks_override`` wins over both.
+Sizing: on CPU from ``CacheConfig.kv_cache_memory_bytes``; on CUDA the model runner profiles
+a forward pass and passes ``num_blocks`` in (``kv_cache_sizing``); without it, CUDA falls back
+to ``gpu_memory_utilization`` of the device's total memory minus what is already allocated
+(model weights) and a fixed activation reserve. ``num_blocks_override`` wins over all.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from tokenwire.runtime.config import CacheConfig
 from tokenwire.runtime.models.arch import ModelArch
 
-# CUDA activation reserve until the profiling forward lands with the GPU executor (bytes).
+# CUDA activation reserve when no profiled block count is passed in (bytes).
 _CUDA_ACTIVATION_RESERVE = 2 << 30
 
 
@@ -55,9 +56,15 @@ class KVCache:
 
     @staticmethod
     def allocate(
-        arch: ModelArch, cache_config: CacheConfig, device: torch.device, dtype: torch.dtype
+        arch: ModelArch,
+        cache_config: CacheConfig,
+        device: torch.device,
+        dtype: torch.dtype,
+        num_blocks: int | None = None,
     ) -> KVCache:
-        num_blocks = num_blocks_for(arch, cache_config, device, dtype)
+        """``num_blocks``: a count already sized for this device (CUDA profiling)."""
+        if num_blocks is None:
+            num_blocks = num_blocks_for(arch, cache_config, device, dtype)
         shape = (
             arch.num_hidden_layers,
             2,

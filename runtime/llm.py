@@ -51,6 +51,8 @@ class LLM:
         load_format: LoadFormat = "auto",
         kv_cache_memory_bytes: int = DEFAULT_CPU_KV_BYTES,
         num_blocks_override: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        enforce_eager: bool = False,
         observer: EngineObserver | None = None,
     ) -> None:
         config = EngineConfig(
@@ -67,6 +69,7 @@ class LLM:
                 enable_prefix_caching=enable_prefix_caching,
                 kv_cache_memory_bytes=kv_cache_memory_bytes,
                 num_blocks_override=num_blocks_override,
+                gpu_memory_utilization=gpu_memory_utilization,
             ),
             scheduler=SchedulerConfig(
                 max_num_seqs=max_num_seqs,
@@ -75,6 +78,7 @@ class LLM:
                 enable_chunked_prefill=enable_chunked_prefill,
             ),
             device=device,
+            enforce_eager=enforce_eager,
         )
         self.engine = EngineCore(config, observer)
         self.tokenizer = self.engine.loaded.tokenizer

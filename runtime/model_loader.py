@@ -7,7 +7,9 @@ Sources, by ``ModelConfig``:
 - (a) an HF directory: config.json + one or many ``*.safetensors`` (optionally a
   ``model.safetensors.index.json``), read memory-mapped with safetensors, never through
   transformers' ``from_pretrained``;
-- ``load_format="dummy"``: random weights from a config.json (directory or file).
+- ``load_format="dummy"``: random weights from a config.json (directory or file), or from a
+  bundled benchmark config selected by name (``llama-3.2-1b``, ``qwen3-0.6b``,
+  ``llama-3.1-8b``; see ``bundled_configs``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tokenwire.runtime.bundled_configs import BUNDLED_CONFIGS, bundled_config_path
 from tokenwire.runtime.config import ModelConfig
 from tokenwire.runtime.default_model import DEFAULT_SERVED_MODEL_NAME, default_gguf_path
 from tokenwire.runtime.gguf_convert import ensure_converted
@@ -105,12 +108,16 @@ def _resolve_source(model_config: ModelConfig) -> _Source:
             )
         return _hf_dir(ensure_converted(default_gguf_path()), DEFAULT_SERVED_MODEL_NAME)
     path = Path(model_config.model).expanduser()
+    fmt = model_config.load_format
     if not path.exists():
+        bundled = bundled_config_path(model_config.model) if fmt == "dummy" else None
+        if bundled is not None:
+            return _Source(bundled.parent, bundled, bundled.parent.name)
         raise ValueError(
             f"model: {model_config.model!r} does not exist (expected a local HF directory "
-            "with config.json + *.safetensors, or a .gguf file)"
+            "with config.json + *.safetensors, or a .gguf file; with --load-format dummy "
+            f"also one of the bundled configs: {', '.join(BUNDLED_CONFIGS)})"
         )
-    fmt = model_config.load_format
     if fmt == "dummy" and path.is_file():  # a bare config.json
         return _Source(path.parent, path, path.parent.name)
     if fmt == "gguf" or (fmt == "auto" and path.suffix == ".gguf"):

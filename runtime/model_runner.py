@@ -3,13 +3,16 @@
 ``execute_model(SchedulerOutput) -> ModelOutput``. The runner keeps its own per-request
 state (token ids, block table row, sampling generator) so only diffs cross the seam. Step
 inputs are gathered with vectorised numpy over persistent rows (``InputBatch``); the only
-host sync in a step is reading the sampled token ids.
+host sync in a step is reading the sampled token ids. On CUDA the forward goes through
+``CudaExecutor`` (profiled KV sizing, pinned staging buffers, decode CUDA graphs); the CPU
+path below is untouched by it.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -26,6 +29,9 @@ from tokenwire.runtime.sampler import Sampler
 from tokenwire.runtime.sampling_metadata import RowSamplingState, build_sampling_metadata
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.scheduler_output import SchedulerOutput
+
+if TYPE_CHECKING:
+    from tokenwire.runtime.cuda_executor import CudaExecutor
 
 
 @dataclass(slots=True)
@@ -59,13 +65,30 @@ class ModelRunner:
         max_num_seqs: int,
         device: torch.device,
         seed: int,
+        max_num_batched_tokens: int = 2048,
+        enforce_eager: bool = False,
     ) -> None:
         self.model = loaded.model
         self.vocab_size = loaded.arch.vocab_size
         self.eos_token_ids = loaded.eos_token_ids
         self.device = device
         self.block_size = cache_config.block_size
-        self.kv_cache = KVCache.allocate(loaded.arch, cache_config, device, loaded.dtype)
+        self._cuda: CudaExecutor | None = None
+        if device.type == "cuda":
+            from tokenwire.runtime.cuda_executor import CudaExecutor, cuda_kv_cache, graphs_enabled
+
+            self.kv_cache = cuda_kv_cache(
+                loaded,
+                cache_config,
+                max_num_seqs,
+                max_num_batched_tokens,
+                graphs_enabled(enforce_eager),
+            )
+            self._cuda = CudaExecutor(
+                loaded, self.kv_cache, max_num_seqs, max_num_batched_tokens, enforce_eager
+            )
+        else:
+            self.kv_cache = KVCache.allocate(loaded.arch, cache_config, device, loaded.dtype)
         self.batch = InputBatch(max_num_seqs, loaded.max_model_len, self.block_size)
         self.requests: dict[str, CachedRequestState] = {}
         self._num_prompt_logprob_reqs = 0  # live requests that asked for prompt logprobs
@@ -161,11 +184,15 @@ class ModelRunner:
         rows = np.fromiter((s.row for s in states), dtype=np.int64, count=len(states))
         arrays = self.batch.build(rows, query_lens, num_decodes)
         self.batch.num_computed[rows] += query_lens  # after this step's forward
-        meta = self._attention_metadata(arrays)
-        input_ids = self._to_device(arrays.input_ids)
-        positions = self._to_device(arrays.positions)
-        t1 = time.perf_counter()
-        hidden = self.model(input_ids, positions, self.kv_cache.layers, meta)
+        if self._cuda is not None:
+            t1 = time.perf_counter()
+            hidden = self._cuda.forward(arrays)  # graph replay or eager; enqueues only
+        else:
+            meta = self._attention_metadata(arrays)
+            input_ids = self._to_device(arrays.input_ids)
+            positions = self._to_device(arrays.positions)
+            t1 = time.perf_counter()
+            hidden = self.model(input_ids, positions, self.kv_cache.layers, meta)
         # A row samples when this step brings it up to date (not mid-way through a prefill).
         samples = arrays.seq_lens == self.batch.num_tokens[rows]
         if samples.all():

@@ -67,6 +67,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument(
+        "--enforce-eager", action="store_true", help="CUDA: run every step eagerly (no graphs)"
+    )
+    p.add_argument(
         "--kv-cache-memory", type=int, default=DEFAULT_CPU_KV_BYTES, help="KV cache bytes on CPU"
     )
     p.add_argument(
@@ -139,6 +142,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             policy=args.scheduling_policy,
         ),
         device=args.device,
+        enforce_eager=args.enforce_eager,
     )
 
 

@@ -1,0 +1,40 @@
+"""Bundled config.json files for the benchmark shapes, selectable by name with ``dummy`` weights.
+
+``--load-format dummy`` builds random weights from a config.json, so a GPU benchmark needs no
+model hub: ``tokenwire bench throughput llama-3.2-1b --load-format dummy``. The files under
+``model_configs/<name>/config.json`` are copies of the published Hugging Face configs (bf16)
+and ship as package data. A dummy model has no tokenizer: it takes token-id prompts only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_CONFIG_DIR = Path(__file__).resolve().parent / "model_configs"
+
+# Canonical name -> Hugging Face repository the config.json was copied from.
+BUNDLED_CONFIGS: dict[str, str] = {
+    "llama-3.2-1b": "meta-llama/Llama-3.2-1B",
+    "qwen3-0.6b": "Qwen/Qwen3-0.6B",
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
+}
+
+
+def canonical_name(name: str) -> str | None:
+    """The bundled name for ``name`` (case-insensitive; HF repo ids accepted), else None."""
+    key = name.strip().lower()
+    for canonical, repo in BUNDLED_CONFIGS.items():
+        if key in (canonical, repo.lower(), repo.split("/")[1].lower()):
+            return canonical
+    return None
+
+
+def bundled_config_path(name: str) -> Path | None:
+    """Path of the bundled config.json for ``name``; None when ``name`` is not bundled."""
+    canonical = canonical_name(name)
+    if canonical is None:
+        return None
+    path = _CONFIG_DIR / canonical / "config.json"
+    if not path.is_file():  # a wheel built without package data
+        raise FileNotFoundError(f"bundled config {path} is missing from the installation")
+    return path

@@ -1,0 +1,345 @@
+"""Stages of ``gpu_check.py``, each run in its own process: ``gpu_check_stages.py STAGE ...``.
+
+A stage appends one JSON record per finished measurement to ``--results`` (JSON lines), so a
+stage killed at its time limit keeps everything it measured before. ``--smoke`` swaps the
+CUDA device and the bundled benchmark shapes for the CPU and a tiny config, with tiny request
+counts, so the plumbing runs anywhere. Stages: ``attn_bw``, ``parity``, ``bench``, ``serve``
+(the kernel tests are plain pytest, launched by the orchestrator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tokenwire.runtime.config import DType
+
+REPO = Path(__file__).resolve().parents[1]
+# Tiny Llama for --smoke benches: the bundled shapes' stand-in (long context for `mixed`).
+SMOKE_CONFIG: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 1024,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "tie_word_embeddings": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+BENCH_MAX_MODEL_LEN = 4096  # mixed needs <= 1024 + 1024; a short table keeps copies small
+BENCH_BATCHED_TOKENS = 8192
+
+
+class Recorder:
+    def __init__(self, path: Path, stage: str) -> None:
+        self.path, self.stage = path, stage
+
+    def __call__(self, **record: Any) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"stage": self.stage, **record}) + "\n")
+
+
+def device_name(smoke: bool) -> str:
+    return "cpu" if smoke else "cuda"
+
+
+# ---------------------------------------------------------------------- (b) parity
+def _tiny_hf_model(out: Path) -> Path:
+    spec = importlib.util.spec_from_file_location("tw_conftest", REPO / "tests" / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    path: Path = conftest.build_tiny_model("llama", out)
+    return path
+
+
+def _greedy(model: Path, device: str, dtype: DType, eager: bool) -> list[list[int]]:
+    from tokenwire.runtime.llm import LLM
+    from tokenwire.runtime.sampling_params import SamplingParams
+
+    llm = LLM(
+        str(model), device=device, dtype=dtype, max_num_seqs=16, enforce_eager=eager,
+        num_blocks_override=256, max_model_len=512,
+    )  # fmt: skip
+    # Lengths straddle block boundaries; staggered output lengths make the decode batch
+    # shrink through several graph buckets (16 -> 8 -> 4 -> 2 -> 1) and pad rows.
+    prompts = [[(7 * i + 3 * j) % 500 + 3 for j in range(5 + 9 * i)] for i in range(12)]
+    params = [
+        SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4 + 3 * i) for i in range(12)
+    ]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def stage_parity(args: argparse.Namespace, record: Recorder) -> None:
+    dev = device_name(args.smoke)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = _tiny_hf_model(Path(tmp))
+        reference = _greedy(model, "cpu", "float32", eager=True)
+        cases: list[tuple[DType, bool]] = [
+            ("float32", True)
+        ]  # --smoke: the plumbing, CPU against CPU
+        if not args.smoke:
+            cases += [("float32", False), ("bfloat16", True), ("bfloat16", False)]
+        runs: dict[tuple[DType, bool], list[list[int]]] = {}
+        for dtype, eager in cases:
+            runs[(dtype, eager)] = _greedy(model, dev, dtype, eager)
+            mode = "eager" if eager else "graphs"
+            if dtype == "float32":
+                same = runs[(dtype, eager)] == reference
+                record(check=f"greedy {dev} float32 {mode} == cpu", ok=same)
+        if not args.smoke:
+            same = runs[("bfloat16", True)] == runs[("bfloat16", False)]
+            record(check=f"greedy {dev} bfloat16 graphs == eager", ok=same)
+
+
+# ---------------------------------------------------------------------- (a) kernel bandwidth
+def stage_attn_bw(args: argparse.Namespace, record: Recorder) -> None:
+    """Paged decode attention, batch 256 x context 1024, Llama-3.1-8B heads, bf16."""
+    if args.smoke:
+        record(kind="attn_bw", skipped="needs CUDA (smoke run)")
+        return
+    import numpy as np
+    import torch
+    import triton.testing
+
+    from tokenwire.kernels.attention_metadata import AttentionMetadata
+    from tokenwire.kernels.paged_attention_triton import paged_attention_triton
+
+    batch, ctx, hq, hkv, dim, bs = 256, 1024, 32, 8, 128, 16
+    dev, bf16 = torch.device("cuda"), torch.bfloat16
+    blocks = batch * ctx // bs
+    k_cache = torch.randn(blocks + 1, bs, hkv, dim, dtype=bf16, device=dev)
+    v_cache = torch.randn_like(k_cache)
+    tables = (1 + torch.randperm(blocks, device=dev)).to(torch.int32).view(batch, ctx // bs)
+    meta = AttentionMetadata(
+        num_tokens=batch, num_seqs=batch, num_decodes=batch, block_size=bs,
+        slot_mapping=torch.full((batch,), -1, dtype=torch.int64, device=dev),
+        query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=dev),
+        seq_lens=torch.full((batch,), ctx, dtype=torch.int32, device=dev),
+        block_tables=tables, max_query_len=1, max_seq_len=ctx,
+        query_start_loc_np=np.arange(batch + 1, dtype=np.int32),
+        seq_lens_np=np.full(batch, ctx, dtype=np.int32),
+    )  # fmt: skip
+    query = torch.randn(batch, hq, dim, dtype=bf16, device=dev)
+    ms = triton.testing.do_bench(
+        lambda: paged_attention_triton(query, k_cache, v_cache, meta, dim**-0.5)
+    )
+    moved = 2 * batch * ctx * hkv * dim * 2  # K and V bytes read; queries/outputs are tiny
+    record(kind="attn_bw", ms=round(ms, 4), tb_s=round(moved / ms / 1e9, 3),
+           fraction=round(moved / ms / 1e9 / 4.25, 3))  # fmt: skip
+
+
+# ---------------------------------------------------------------------- (c) offline bench
+def _bench_args(model: str, smoke: bool) -> argparse.Namespace:
+    from tokenwire.clients.bench_throughput import add_throughput_arguments
+
+    parser = argparse.ArgumentParser()
+    add_throughput_arguments(parser)
+    return parser.parse_args(
+        [
+            model, "--load-format", "dummy", "--device", device_name(smoke),
+            "--dtype", "float32" if smoke else "bfloat16",
+            "--max-model-len", str(BENCH_MAX_MODEL_LEN),
+            "--max-num-batched-tokens", str(BENCH_BATCHED_TOKENS), "--floor",
+        ]
+    )  # fmt: skip
+
+
+def _workload(name: str, vocab: int, smoke: bool) -> Any:
+    """The named workload; for --smoke its first 2 requests cut to 24 prompt + 8 output tokens."""
+    from tokenwire.clients.workloads import Workload, make_workload
+
+    w = make_workload(name, vocab, 2 if smoke else None)
+    if not smoke:
+        return w
+    return Workload(w.name, [p[:24] for p in w.prompts], [min(o, 8) for o in w.output_lens])
+
+
+def _timed_workload(llm: Any, workload: Any) -> float:
+    from tokenwire.clients.bench_throughput import _run_tokenwire
+
+    return _run_tokenwire(llm, workload)
+
+
+def stage_bench(args: argparse.Namespace, record: Recorder) -> None:
+    from tokenwire.clients.bench_throughput import (
+        StepRecorder,
+        build_llm,
+        floor_figures,
+        measure_tpot_ms,
+        release_device_memory,
+    )
+    from tokenwire.runtime.sampling_params import SamplingParams
+
+    bargs = _bench_args(args.model, args.smoke)
+    steps = StepRecorder()
+    start = time.perf_counter()
+    llm = build_llm(bargs, steps)
+    engine = llm.engine
+    record(kind="startup", model=args.model, seconds=round(time.perf_counter() - start, 2),
+           kv_blocks=engine.runner.num_blocks)  # fmt: skip
+    llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+    for name in ["mixed"] + (["fixed"] if args.hf else []):
+        workload = _workload(name, engine.vocab_size, args.smoke)
+        seconds = _timed_workload(llm, workload)
+        floor = floor_figures(engine.loaded, workload, bargs.max_num_seqs)
+        record(kind="throughput", model=args.model, workload=name,
+               output_tokens=workload.num_output_tokens, seconds=round(seconds, 3),
+               output_tok_s=round(workload.num_output_tokens / seconds, 1),
+               floor_output_tok_s=floor["floor_output_tok_s"])  # fmt: skip
+    tpot = measure_tpot_ms(llm, steps, 16 if args.smoke else 256)
+    record(kind="tpot", model=args.model, tpot_ms=round(tpot, 4),
+           tpot_floor_ms=floor["tpot_floor_ms"])  # fmt: skip
+    if args.hf:
+        loaded = engine.loaded
+        model_path, device, dtype, vocab = (
+            loaded.model_path,
+            engine.device,
+            loaded.dtype,
+            engine.vocab_size,
+        )
+        del llm, engine, loaded
+        release_device_memory(device)
+        _hf_static(args, model_path, device, dtype, vocab, record)
+
+
+def _hf_static(
+    args: argparse.Namespace, model_path: Path, device: Any, dtype: Any, vocab: int,
+    record: Recorder,
+) -> None:  # fmt: skip
+    from tokenwire.clients.hf_baseline import load_hf_model, run_static
+
+    workload = _workload("fixed", vocab, args.smoke)
+    model = load_hf_model(model_path, device, dtype)
+    result = run_static(model, workload, 2 if args.smoke else 256, device, args.hf_requests)
+    record(kind="hf_static", model=args.model, workload="fixed", batch=result.batch_size,
+           requests=result.num_requests, output_tok_s=round(result.output_tok_s, 1))  # fmt: skip
+
+
+# ---------------------------------------------------------------------- (d) served bench
+def _serve_command(model: str, port: int, smoke: bool) -> list[str]:
+    return [
+        sys.executable, "-c",
+        "import sys; from tokenwire.server.cli import main; sys.exit(main(sys.argv[1:]))",
+        "serve", model, "--load-format", "dummy", "--device", device_name(smoke),
+        "--dtype", "float32" if smoke else "bfloat16", "--disable-rest",
+        "--host", "127.0.0.1", "--grpc-port", str(port), "--log-format", "json",
+        "--max-model-len", str(BENCH_MAX_MODEL_LEN),
+        "--max-num-batched-tokens", str(BENCH_BATCHED_TOKENS),
+    ]  # fmt: skip
+
+
+def _wait_serving(proc: subprocess.Popen[str], timeout: float) -> str:
+    """Block until the server logs that it is serving; '' on success, else why not."""
+    ready = threading.Event()
+    tail: list[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail[:] = [*tail[-20:], line.rstrip()]
+            if "serving model=" in line:
+                ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while not ready.wait(0.2):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            return "server did not become ready: " + " | ".join(tail[-5:])
+    return ""
+
+
+def _serve_bench(port: int, vocab: int, smoke: bool) -> dict[str, Any]:
+    from tokenwire.clients.bench_serve import add_parser, run_serve_bench
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    add_parser(sub)
+    parser = next(iter(sub.choices.values()))
+    # --smoke: the `cpu` workload's short outputs (mixed's run to 1024 tokens).
+    workload, n, conc = ("cpu", "2", "2") if smoke else ("mixed", "256", "256")
+    bargs = parser.parse_args(
+        ["--target", f"127.0.0.1:{port}", "--workload", workload, "--num-requests", n,
+         "--concurrency", conc, "--vocab-size", str(vocab)]
+    )  # fmt: skip
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        run_serve_bench(bargs)
+    summary: dict[str, Any] = json.loads(out.getvalue().strip().splitlines()[-1])
+    return summary
+
+
+def stage_serve(args: argparse.Namespace, record: Recorder) -> None:
+    try:  # the server stack needs grpcio, structlog, opentelemetry, ...: skip without them
+        import tokenwire.clients.bench_serve
+        import tokenwire.server.serve  # noqa: F401
+    except ImportError as exc:
+        record(kind="serve", skipped=f"{type(exc).__name__}: {exc}")
+        return
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen(
+        _serve_command(args.model, port, args.smoke), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, env=os.environ.copy(),
+    )  # fmt: skip
+    try:
+        why = _wait_serving(proc, args.ready_timeout)
+        if why:
+            record(kind="serve", skipped=why[-2000:])
+            return
+        s = _serve_bench(port, args.vocab, args.smoke)
+        record(kind="serve", model=args.model, output_tok_s=s["output_throughput"],
+               concurrency=s["concurrency"], completed=s["completed"], failed=s["failed"],
+               median_ttft_ms=s["median_ttft_ms"], median_tpot_ms=s["median_tpot_ms"])  # fmt: skip
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("stage", choices=["attn_bw", "parity", "bench", "serve"])
+    p.add_argument("--results", type=Path, required=True)
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--model", default="llama-3.2-1b", help="bundled name or config dir")
+    p.add_argument("--hf", action="store_true", help="bench: fixed workload + HF static")
+    p.add_argument("--hf-requests", type=int, default=None, help="HF: first N requests only")
+    p.add_argument("--vocab", type=int, default=128256, help="serve: workload vocabulary")
+    p.add_argument("--ready-timeout", type=float, default=120.0)
+    args = p.parse_args(argv)
+    stages = {
+        "attn_bw": stage_attn_bw,
+        "parity": stage_parity,
+        "bench": stage_bench,
+        "serve": stage_serve,
+    }
+    stages[args.stage](args, Recorder(args.results, args.stage))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The summary of ``gpu_check.py``: issue 6's figures next to their targets and references.
+
+Each row: figure, measured value, target, reference (the H200 floor or HF's static batch
+measured in the same run) and a verdict: ``pass``, ``MISS`` (measured, below target) or
+``n/a`` (not measured: the stage failed, timed out or was skipped; see the stage table).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+# Issue 6's targets (H200, bf16, dummy weights, greedy, ignore_eos).
+MIXED_TARGET_TOK_S = {"llama-3.2-1b": 36_000, "qwen3-0.6b": 18_000, "llama-3.1-8b": 9_000}
+HF_RATIO_TARGET = {"llama-3.2-1b": 8.0, "llama-3.1-8b": 3.5}
+TPOT_TARGET_MS = {"llama-3.2-1b": 1.5, "llama-3.1-8b": 5.0}
+ATTN_FRACTION_TARGET = 0.70
+SERVE_RATIO_TARGET = 0.90
+
+
+class StageLike(Protocol):
+    name: str
+    status: str
+    seconds: float
+    detail: str
+    records: list[dict[str, Any]]
+
+
+def _row(
+    figure: str, value: float | None, target: str, ref: str, ok: bool | None, unit: str = ""
+) -> dict[str, Any]:
+    verdict = "n/a" if value is None or ok is None else ("pass" if ok else "MISS")
+    shown = "-" if value is None else f"{value:,.2f}{unit}"
+    return {"figure": figure, "value": value, "shown": shown, "target": target, "reference": ref,
+            "verdict": verdict}  # fmt: skip
+
+
+def _find(stages: Sequence[StageLike], kind: str, **match: Any) -> dict[str, Any] | None:
+    for s in stages:
+        for r in s.records:
+            if r.get("kind") == kind and all(r.get(k) == v for k, v in match.items()):
+                return r
+    return None
+
+
+def _bench_rows(stages: Sequence[StageLike], model: str, label: str) -> list[dict[str, Any]]:
+    """Rows of one bench stage; ``model`` as recorded (a path for --smoke), ``label`` shown."""
+    rows = []
+    mixed = _find(stages, "throughput", model=model, workload="mixed")
+    target = MIXED_TARGET_TOK_S.get(label)
+    value = mixed["output_tok_s"] if mixed else None
+    floor = mixed["floor_output_tok_s"] if mixed else None
+    ref = f"floor {floor:,.0f} ({value / floor:.0%})" if value and floor else "-"
+    ok = None if value is None or target is None else value >= target
+    rows.append(_row(f"mixed {label} output tok/s", value, f">= {target or '-'}", ref, ok))
+    fixed = _find(stages, "throughput", model=model, workload="fixed")
+    hf = _find(stages, "hf_static", model=model)
+    if fixed or hf or label in HF_RATIO_TARGET:
+        ratio = fixed["output_tok_s"] / hf["output_tok_s"] if fixed and hf else None
+        want = HF_RATIO_TARGET.get(label)
+        ref = f"HF static b{hf['batch']} {hf['output_tok_s']:,.0f} tok/s" if hf else "-"
+        ok = None if ratio is None or want is None else ratio >= want
+        rows.append(_row(f"fixed {label} vs HF static", ratio, f">= {want or '-'}x", ref, ok, "x"))
+    tpot = _find(stages, "tpot", model=model)
+    want_ms = TPOT_TARGET_MS.get(label)
+    if tpot or want_ms:
+        value = tpot["tpot_ms"] if tpot else None
+        ref = f"floor {tpot['tpot_floor_ms']:.2f} ms" if tpot else "-"
+        ok = None if value is None or want_ms is None else value <= want_ms
+        rows.append(_row(f"TPOT batch 1 {label} (ms)", value, f"<= {want_ms or '-'}", ref, ok))
+    return rows
+
+
+def summary_rows(stages: Sequence[StageLike]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for s in stages:
+        if s.name.startswith("kernels"):
+            rows.append(_row(f"{s.name} tests", None, "all pass", s.detail or "-", None))
+            rows[-1]["verdict"] = "pass" if s.status == "ok" else s.status
+        for r in s.records:
+            if "check" in r:
+                rows.append(_row(r["check"], None, "equal", "-", None))
+                rows[-1]["verdict"] = "pass" if r["ok"] else "FAIL"
+    attn = _find(stages, "attn_bw")
+    value = attn.get("fraction") if attn else None
+    ok = None if value is None else value >= ATTN_FRACTION_TARGET
+    ref = f"{attn['tb_s']} TB/s in {attn['ms']} ms" if attn and "ms" in attn else "-"
+    rows.append(_row("decode attention b256 ctx1024 8B, of 4.25 TB/s", value, ">= 0.70", ref, ok))
+    for s in stages:
+        if s.name.startswith("bench:"):
+            label = s.name.split(":")[1]
+            rows += _bench_rows([s], _model_key(s, label), label)
+    rows.append(_serve_row(stages))
+    return rows
+
+
+def _model_key(stage: StageLike, name: str) -> str:
+    """Records carry the --model argument (a path for the smoke config)."""
+    for r in stage.records:
+        if "model" in r:
+            return str(r["model"])
+    return name
+
+
+def _serve_row(stages: Sequence[StageLike]) -> dict[str, Any]:
+    serve = _find(stages, "serve")
+    if serve is None or "skipped" in serve:
+        row = _row("served / offline (mixed, c=256)", None, ">= 0.90", "-", None)
+        if serve is not None:
+            row["verdict"] = f"skipped: {serve['skipped'][:120]}"
+        return row
+    offline = _find(stages, "throughput", model=serve["model"], workload="mixed")
+    ratio = serve["output_tok_s"] / offline["output_tok_s"] if offline else None
+    ref = f"served {serve['output_tok_s']:,.0f} tok/s, {serve['failed']} failed"
+    ok = None if ratio is None else ratio >= SERVE_RATIO_TARGET and serve["failed"] == 0
+    return _row("served / offline (mixed, c=256)", ratio, ">= 0.90", ref, ok)
+
+
+def render_summary(stages: Sequence[StageLike], rows: list[dict[str, Any]]) -> str:
+    lines = ["", "stage                          status                       seconds"]
+    for s in stages:
+        lines.append(f"{s.name:30s} {s.status:28s} {s.seconds:7.1f}")
+    lines += ["", f"{'figure':50s} {'value':>12s} {'target':>10s}  {'verdict':8s} reference"]
+    for r in rows:
+        lines.append(
+            f"{r['figure'][:50]:50s} {r['shown']:>12s} {r['target']:>10s}  "
+            f"{r['verdict']:8s} {r['reference']}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,125 @@
+"""Bundled benchmark configs: exact shapes, selection by name, dummy models without a tokenizer,
+and the H200 floors derived from them (issue 6's published figures)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tokenwire.clients.roofline import decode_step_floor_s, model_cost, workload_floor
+from tokenwire.clients.workloads import make_workload
+from tokenwire.runtime.bundled_configs import BUNDLED_CONFIGS, bundled_config_path, canonical_name
+from tokenwire.runtime.config import ModelConfig
+from tokenwire.runtime.models.arch import ModelArch
+
+# name -> (architecture, hidden, layers, q heads, kv heads, head_dim, vocab, tied)
+EXPECTED = {
+    "llama-3.2-1b": ("LlamaForCausalLM", 2048, 16, 32, 8, 64, 128256, True),
+    "qwen3-0.6b": ("Qwen3ForCausalLM", 1024, 28, 16, 8, 128, 151936, True),
+    "llama-3.1-8b": ("LlamaForCausalLM", 4096, 32, 32, 8, 128, 128256, False),
+}
+
+
+def _arch(name: str) -> ModelArch:
+    path = bundled_config_path(name)
+    assert path is not None
+    return ModelArch.from_hf_config(json.loads(path.read_text()))
+
+
+@pytest.mark.parametrize("name", list(BUNDLED_CONFIGS))
+def test_bundled_config_loads_into_arch(name: str) -> None:
+    a = _arch(name)
+    got = (
+        a.architecture, a.hidden_size, a.num_hidden_layers, a.num_attention_heads,
+        a.num_key_value_heads, a.head_dim, a.vocab_size, a.tie_word_embeddings,
+    )  # fmt: skip
+    assert got == EXPECTED[name]
+    assert a.qk_norm == (name == "qwen3-0.6b")
+    if name.startswith("llama"):
+        assert dict(a.rope_scaling or ())["rope_type"] == "llama3"
+
+
+def test_names_and_hf_ids_resolve() -> None:
+    assert canonical_name("meta-llama/Llama-3.2-1B") == "llama-3.2-1b"
+    assert canonical_name("Qwen3-0.6B") == "qwen3-0.6b"
+    assert canonical_name("llama-3.1-8b") == "llama-3.1-8b"
+    assert canonical_name("gpt2") is None
+
+
+def test_loader_resolves_bundled_name_only_for_dummy() -> None:
+    from tokenwire.runtime.model_loader import _resolve_source
+
+    source = _resolve_source(ModelConfig(model="llama-3.2-1b", load_format="dummy"))
+    assert source.config_file == bundled_config_path("llama-3.2-1b")
+    assert source.served_name == "llama-3.2-1b"
+    with pytest.raises(ValueError, match=r"bundled configs: llama-3\.2-1b"):
+        _resolve_source(ModelConfig(model="no-such-model", load_format="dummy"))
+    with pytest.raises(ValueError, match="does not exist"):
+        _resolve_source(ModelConfig(model="llama-3.2-1b"))
+
+
+def _shrunk(name: str, out: Path) -> Path:
+    """The bundled config with tiny sizes; family flags (rope scaling, q/k norm, tying) kept."""
+    path = bundled_config_path(name)
+    assert path is not None
+    cfg: dict[str, Any] = json.loads(path.read_text())
+    cfg.update(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=1024,
+        bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+@pytest.mark.parametrize("name", list(BUNDLED_CONFIGS))
+def test_shrunken_bundled_config_runs_dummy_engine_with_token_ids(
+    name: str, tmp_path: Path
+) -> None:
+    from tokenwire.runtime.llm import LLM
+    from tokenwire.runtime.sampling_params import SamplingParams
+
+    llm = LLM(str(_shrunk(name, tmp_path)), load_format="dummy", device="cpu")
+    assert llm.get_tokenizer() is None  # no tokenizer files: token ids only
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=5)
+    outs = llm.generate([[5, 6, 7, 8], list(range(3, 40))], params, use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [5, 5]
+
+
+def test_hf_baseline_builds_dummy_model_from_config(tmp_path: Path) -> None:
+    from tokenwire.clients.hf_baseline import compare_hf
+
+    folder = _shrunk("llama-3.2-1b", tmp_path)
+    workload = make_workload("fixed", 512, 2)
+    workload = type(workload)(workload.name, [p[:16] for p in workload.prompts], [3, 3])
+    args = argparse.Namespace(hf_batch_sizes="2", hf_num_requests=None, hf_sequential_requests=0)
+    out = compare_hf(args, folder, torch.device("cpu"), torch.float32, workload)
+    assert out["hf_static_best_batch"] == 2 and out["hf_static_output_tok_s"] > 0
+    assert "hf_sequential_output_tok_s" not in out
+
+
+def test_floors_match_issue_figures() -> None:
+    """Issue 6: TPOT floors 0.58 / 3.5 ms; mixed floors ~72k (1B), ~36k (0.6B), ~13.7k (8B)."""
+    costs = {name: model_cost(_arch(name), 2) for name in BUNDLED_CONFIGS}
+    assert decode_step_floor_s(costs["llama-3.2-1b"], [0]) == pytest.approx(0.58e-3, rel=0.02)
+    assert decode_step_floor_s(costs["llama-3.1-8b"], [0]) == pytest.approx(3.53e-3, rel=0.02)
+    mixed = make_workload("mixed", 128256)
+    prompt_lens = [len(p) for p in mixed.prompts]
+    expected = {"llama-3.2-1b": 72_000, "qwen3-0.6b": 36_000, "llama-3.1-8b": 13_700}
+    for name, want in expected.items():
+        floor = workload_floor(costs[name], prompt_lens, mixed.output_lens, 256)
+        assert floor.output_tok_s == pytest.approx(want, rel=0.1), name
+        assert floor.decode_steps == max(mixed.output_lens)  # 256 requests fit 256 slots
+
+
+def test_decode_steps_list_scheduling() -> None:
+    from tokenwire.clients.roofline import decode_steps
+
+    assert decode_steps([5, 5, 5], 3) == 5
+    assert decode_steps([5, 5, 5], 1) == 15
+    assert decode_steps([4, 1, 1, 3], 2) == 5  # slot 2 runs 1, 1, then 3: ends at 5
