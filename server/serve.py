@@ -17,7 +17,7 @@ import asyncio
 import os
 import signal
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import start_http_server
 
@@ -42,6 +42,9 @@ from tokenwire.server.telemetry_core import Telemetry
 from tokenwire.server.telemetry_logging import LOG_FORMATS, configure_logging, get_logger
 from tokenwire.server.telemetry_tracing import add_tracing_arguments, tracing_settings
 
+if TYPE_CHECKING:
+    from tokenwire.server.async_engine import AsyncEngine
+
 logger = get_logger("tokenwire.serve")
 
 
@@ -58,33 +61,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument("--port", type=int, default=8000, help="REST port (0: any free port)")
     p.add_argument("--disable-rest", action="store_true", help="serve gRPC only")
     add_rest_arguments(p)
-    p.add_argument("--served-model-name", default=None)
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    p.add_argument("--device", default="auto")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument(
-        "--enforce-eager", action="store_true", help="CUDA: run every step eagerly (no graphs)"
-    )
-    p.add_argument(
-        "--kv-cache-memory", type=int, default=DEFAULT_CPU_KV_BYTES, help="KV cache bytes on CPU"
-    )
-    p.add_argument(
-        "--num-gpu-blocks-override",
-        type=int,
-        default=None,
-        help="fix the number of KV blocks (any device)",
-    )
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
-    p.add_argument("--tensor-parallel-size", type=int, default=1)
-    p.add_argument(
-        "--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"]
-    )
-    p.add_argument("--seed", type=int, default=0)
+    add_engine_arguments(p)
     p.add_argument(
         "--api-key",
         action="append",
@@ -117,6 +94,37 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     )
     add_tracing_arguments(p)
     p.set_defaults(func=run_serve)
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """Model, cache and scheduler flags (DESIGN §7)."""
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    p.add_argument("--device", default="auto")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument(
+        "--enforce-eager", action="store_true", help="CUDA: run every step eagerly (no graphs)"
+    )
+    p.add_argument(
+        "--kv-cache-memory", type=int, default=DEFAULT_CPU_KV_BYTES, help="KV cache bytes on CPU"
+    )
+    p.add_argument(
+        "--num-gpu-blocks-override",
+        type=int,
+        default=None,
+        help="fix the number of KV blocks (any device)",
+    )
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument(
+        "--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"]
+    )
+    p.add_argument("--seed", type=int, default=0)
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -219,9 +227,35 @@ async def _serve(
         logger.warning("no --api-key configured: the server accepts every caller")
     await engine.warmup()
     await server.set_serving(True)
+    _log_serving(engine, settings.host, port, rest, metrics_server, telemetry)
+    await _until_signal()
+    logger.info("draining", timeout_s=shutdown_timeout, in_flight=engine.num_in_flight)
+    await server.drain(shutdown_timeout)  # REST keeps answering: new calls get 503
+    if rest is not None and upstream is not None:
+        await rest.stop()
+        await upstream.close()
+    if metrics_server is not None:
+        metrics_server.shutdown()
+    await server.stop(grace=1.0)
+    await engine.shutdown()
+    logger.info("stopped")
+    return 0
+
+
+def _log_serving(
+    engine: AsyncEngine,
+    host: str,
+    port: int,
+    rest: RestServer | None,
+    metrics_server: Any,
+    telemetry: Telemetry,
+) -> None:
+    """The startup line: plain text for people and greps, the same facts as fields."""
+    core = engine.core
+    name = core.loaded.served_model_name
     dtype = str(core.loaded.dtype).removeprefix("torch.")
     rest_url = rest.url if rest is not None else "disabled"
-    grpc_address = f"{settings.host}:{port}"
+    grpc_address = f"{host}:{port}"
     logger.info(
         f"serving model={name} device={core.device} dtype={dtype} "
         f"kv_blocks={core.kv_cache_manager.num_blocks} grpc={grpc_address} rest={rest_url} ",
@@ -234,22 +268,14 @@ async def _serve(
         metrics_port=metrics_server.server_port if metrics_server is not None else None,
         tracing=telemetry.settings.endpoint,
     )
+
+
+async def _until_signal() -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    logger.info("draining", timeout_s=shutdown_timeout, in_flight=engine.num_in_flight)
-    await server.drain(shutdown_timeout)  # REST keeps answering: new calls get 503
-    if rest is not None and upstream is not None:
-        await rest.stop()
-        await upstream.close()
-    if metrics_server is not None:
-        metrics_server.shutdown()
-    await server.stop(grace=1.0)
-    await engine.shutdown()
-    logger.info("stopped")
-    return 0
 
 
 def _start_metrics_server(telemetry: Telemetry, host: str, port: int | None) -> Any:

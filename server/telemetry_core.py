@@ -157,8 +157,9 @@ class Telemetry:
             record.span.set_attribute("gen_ai.completion", texts)
 
     def end(self, record: RequestRecord, status: str) -> None:
-        """The call ended with ``status`` (a gRPC status name)."""
-        if record.end_call(status):
+        """The call ended with ``status`` (a gRPC status name). INTERNAL (an engine or server
+        fault) completes the record at once: its engine records may never arrive."""
+        if record.end_call(status, force=status == "INTERNAL"):
             self._finalize(record)
 
     def bind(self, record: RequestRecord) -> None:

@@ -92,10 +92,17 @@ class RequestRecord:
             self.stats.append(stats)
             return self._claim()
 
-    def end_call(self, status: str) -> bool:
-        """Handler: the call ended with ``status``. True when the record is now complete."""
+    def end_call(self, status: str, force: bool = False) -> bool:
+        """Handler: the call ended with ``status``. True when the record is now complete.
+
+        ``force``: complete now, without waiting for engine records that may never come
+        (an engine fault can end a request before the engine ever saw all its choices).
+        """
         with self.lock:
             self.status = status
+            if force and not self.finalized:
+                self.finalized = True
+                return True
             return self._claim()
 
     def _claim(self) -> bool:

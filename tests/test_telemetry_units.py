@@ -112,3 +112,16 @@ def test_tracing_off_has_no_spans_and_metrics_count() -> None:
     assert value["tokenwire:inter_token_latency_seconds_count"] == 2
     assert value["tokenwire:iteration_tokens_total_count"] == 3
     assert value["tokenwire:num_requests_running"] == 0
+
+
+def test_engine_fault_completes_the_record_without_engine_stats() -> None:
+    """An engine fault while adding an n=2 request: no engine record ever arrives, yet the
+    request span ends with ERROR and nothing stays behind."""
+    telemetry, exporter = make()
+    record = telemetry.begin("r3", "anon/r3", "generate")
+    telemetry.admit(record, 2)
+    telemetry.end(record, "INTERNAL")
+    assert record.finalized and not telemetry._records
+    (req,) = [s for s in exporter.get_finished_spans() if s.name == "tokenwire.request"]
+    assert not req.status.is_ok
+    telemetry.on_request_finished(finished("anon/r3#0", time.monotonic()))  # late: ignored
