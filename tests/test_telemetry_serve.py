@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import shutil
 import subprocess
@@ -209,6 +210,61 @@ def test_grpc_stream_trace_and_concurrent_steps(served: Served) -> None:
     assert both, "no step span is linked to both concurrent requests"
     assert attrs(both[0])["tokenwire.step.num_seqs"] >= 2  # type: ignore[operator]
     assert served.receiver.services == {"tokenwire"}
+
+
+def session_turns(target: str, turns: list[tuple[list[int], str]]) -> list[int]:
+    """One Session: each turn (token ids, traceparent) sent after the previous one ended;
+    returns each turn's cached_tokens from TurnStarted."""
+    outbox: queue.Queue[generation_pb2.SessionRequest | None] = queue.Queue()
+    outbox.put(generation_pb2.SessionRequest(open=generation_pb2.SessionOpen(
+        sampling=common_pb2.SamplingOptions(temperature=0.0),
+        stopping=common_pb2.StoppingOptions(max_tokens=3, ignore_eos=True),
+        cache_salt=uuid.uuid4().hex,
+    )))  # fmt: skip
+
+    def send_turn(ids: list[int], tp: str) -> None:
+        turn = generation_pb2.SessionTurn(token_ids=common_pb2.TokenIds(ids=ids), traceparent=tp)
+        outbox.put(generation_pb2.SessionRequest(turn=turn))
+
+    cached: list[int] = []
+    with grpc.insecure_channel(target) as channel:
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+        send_turn(*turns[0])
+        for response in stub.Session(iter(outbox.get, None), metadata=(AUTH,), timeout=120):
+            kind = response.WhichOneof("message")
+            if kind == "turn_started":
+                cached.append(response.turn_started.cached_tokens)
+            elif kind == "turn_end":
+                assert not response.turn_end.HasField("error")
+                if len(cached) == len(turns):
+                    outbox.put(generation_pb2.SessionRequest(close=generation_pb2.SessionClose()))
+                    outbox.put(None)
+                else:
+                    send_turn(*turns[len(cached)])
+    return cached
+
+
+def test_session_turn_spans(served: Served) -> None:
+    """One request span per turn, in the turn's own trace, parented by its traceparent."""
+    tps = [traceparent() for _ in range(2)]
+    first = list(range(40, 80))  # > 2 blocks, so turn 2 reuses the session's cached blocks
+    cached = session_turns(served.grpc_target, [(first, tps[0][0]), ([5, 6, 7], tps[1][0])])
+    assert cached[0] == 0 and cached[1] >= 32
+    for (_, trace_id, parent_id), turn_cached in zip(tps, cached, strict=True):
+        tid = bytes.fromhex(trace_id)
+        spans = served.receiver.wait_for(
+            lambda spans, tid=tid: any(
+                s.trace_id == tid and s.name == "tokenwire.request" for s in spans
+            )
+        )
+        (req,) = [s for s in spans if s.trace_id == tid and s.name == "tokenwire.request"]
+        assert req.parent_span_id == bytes.fromhex(parent_id)
+        a = attrs(req)
+        assert a["tokenwire.request.kind"] == "session_turn"
+        assert a["gen_ai.usage.output_tokens"] == 3
+        assert a["tokenwire.usage.cached_tokens"] == turn_cached
+        children = {s.name for s in spans if s.parent_span_id == req.span_id}
+        assert children == {"tokenwire.queue", "tokenwire.prefill", "tokenwire.decode"}
 
 
 def test_rest_stream_trace(served: Served) -> None:
