@@ -19,7 +19,11 @@ import uvicorn
 
 from tokenwire.server.rest_app import RestSettings, create_app
 from tokenwire.server.rest_upstream import Upstream
-from tokenwire.server.telemetry_logging import LOG_FORMATS, configure_logging, get_logger
+from tokenwire.server.telemetry_logging import (
+    add_log_format_argument,
+    configure_logging,
+    get_logger,
+)
 
 logger = get_logger("tokenwire.rest")
 
@@ -143,12 +147,7 @@ def add_rest_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--grpc-target", default="127.0.0.1:50051", help="gRPC server HOST:PORT")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument(
-        "--log-format",
-        choices=LOG_FORMATS,
-        default="auto",
-        help="json lines (default off a TTY) or console (default on a TTY)",
-    )
+    add_log_format_argument(p)
     add_rest_arguments(p)
     p.set_defaults(func=run_rest)
 

@@ -39,7 +39,11 @@ from tokenwire.server.rest_server import (
 )
 from tokenwire.server.rest_upstream import Upstream
 from tokenwire.server.telemetry_core import Telemetry
-from tokenwire.server.telemetry_logging import LOG_FORMATS, configure_logging, get_logger
+from tokenwire.server.telemetry_logging import (
+    add_log_format_argument,
+    configure_logging,
+    get_logger,
+)
 from tokenwire.server.telemetry_tracing import add_tracing_arguments, tracing_settings
 
 if TYPE_CHECKING:
@@ -80,12 +84,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument("--max-sessions", type=int, default=256)
     p.add_argument("--session-idle-timeout", type=float, default=600.0)
     p.add_argument("--shutdown-timeout", type=float, default=30.0)
-    p.add_argument(
-        "--log-format",
-        choices=LOG_FORMATS,
-        default="auto",
-        help="json lines (default off a TTY) or console (default on a TTY)",
-    )
+    add_log_format_argument(p)
     p.add_argument(
         "--metrics-port",
         type=int,

@@ -10,6 +10,7 @@ whatever is bound through ``structlog.contextvars`` (``request_id``, ``trace_id`
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from typing import Any, Literal
@@ -80,3 +81,12 @@ def configure_logging(fmt: LogFormat = "auto", level: int = logging.INFO) -> Non
 def get_logger(name: str) -> Any:
     """A structlog logger named ``name`` (the ``logger`` field)."""
     return structlog.stdlib.get_logger(name)
+
+
+def add_log_format_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="auto",
+        help="json lines (default off a TTY) or console (default on a TTY)",
+    )
