@@ -6,7 +6,9 @@ in ``finally`` so a cancelled, expired or failed call always frees its KV blocks
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -26,6 +28,16 @@ from tokenwire.server.telemetry_record import RequestRecord
 from tokenwire.v1 import generation_pb2, generation_pb2_grpc
 
 Events = AsyncIterator[generation_pb2.GenerateStreamResponse]
+
+
+@dataclass(frozen=True, slots=True)
+class _Submitted:
+    """A call whose request the engine accepted."""
+
+    call: CallContext
+    stream: RequestStream
+    num_top: int | None
+    record: RequestRecord
 
 
 class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
@@ -72,28 +84,24 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         self.telemetry.admit(record, params.n)
         return stream, params.logprobs
 
-    async def Generate(
-        self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext
-    ) -> generation_pb2.GenerateResponse:
+    @contextlib.asynccontextmanager
+    async def _request(
+        self, context: grpc.aio.ServicerContext, request: generation_pb2.GenerateRequest, kind: str
+    ) -> AsyncIterator[_Submitted]:
+        """One Generate/GenerateStream call around its body: submit, then map any failure to
+        its gRPC status, abort the engine request if unfinished, close the telemetry record."""
         call: CallContext | None = None
         stream: RequestStream | None = None
         record: RequestRecord | None = None
-        status = "CANCELLED"  # unless the call ends otherwise
+        status = "CANCELLED"  # unless the body completes or fails
         try:
             call = call_context(context, request.request_id)
-            record = self.telemetry.begin(call.request_id, call.internal_id, "generate")
+            record = self.telemetry.begin(call.request_id, call.internal_id, kind)
             self.telemetry.bind(record)
             stream, num_top = self._submit(call, request, record)
             await context.send_initial_metadata((("x-request-id", call.request_id),))
-            output = await _final_output(stream)
-            self.telemetry.record_completion(record, [c.text for c in output.outputs])
+            yield _Submitted(call, stream, num_top, record)
             status = "OK"
-            return generation_pb2.GenerateResponse(
-                request_id=call.request_id,
-                model=self.model_name,
-                choices=[convert.choice_proto(c, num_top) for c in output.outputs],
-                usage=convert.usage(output),
-            )
         except Exception as exc:
             err = to_service_error(exc, call.request_id if call else None)
             status = err.code.name
@@ -106,33 +114,26 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             if record is not None:
                 self.telemetry.end(record, status)
 
+    async def Generate(
+        self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> generation_pb2.GenerateResponse:
+        async with self._request(context, request, "generate") as sub:
+            output = await _final_output(sub.stream)
+            self.telemetry.record_completion(sub.record, [c.text for c in output.outputs])
+            return generation_pb2.GenerateResponse(
+                request_id=sub.call.request_id,
+                model=self.model_name,
+                choices=[convert.choice_proto(c, sub.num_top) for c in output.outputs],
+                usage=convert.usage(output),
+            )
+        raise AssertionError("unreachable: _request re-raises every failure as an abort")
+
     async def GenerateStream(
         self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> Events:
-        call: CallContext | None = None
-        stream: RequestStream | None = None
-        record: RequestRecord | None = None
-        status = "CANCELLED"  # unless the call ends otherwise
-        try:
-            call = call_context(context, request.request_id)
-            record = self.telemetry.begin(call.request_id, call.internal_id, "generate_stream")
-            self.telemetry.bind(record)
-            stream, num_top = self._submit(call, request, record)
-            await context.send_initial_metadata((("x-request-id", call.request_id),))
-            async for event in self._stream_events(call, stream, num_top, record):
+        async with self._request(context, request, "generate_stream") as sub:
+            async for event in self._stream_events(sub.call, sub.stream, sub.num_top, sub.record):
                 yield event
-            status = "OK"
-        except Exception as exc:
-            err = to_service_error(exc, call.request_id if call else None)
-            status = err.code.name
-            await abort(context, err)
-        finally:
-            # Only this call's own, unfinished request: never an in-flight one with the same
-            # id that made this call fail as a duplicate.
-            if call is not None and stream is not None and not stream.done:
-                self.engine.abort(call.internal_id)
-            if record is not None:
-                self.telemetry.end(record, status)
 
     async def _stream_events(
         self, call: CallContext, stream: RequestStream, num_top: int | None, record: RequestRecord
