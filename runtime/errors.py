@@ -25,3 +25,29 @@ class DuplicateRequestError(ValueError):
 
 class EngineDeadError(RuntimeError):
     """The engine loop failed and can no longer serve requests."""
+
+
+class QueueFullError(RuntimeError):
+    """Too many sequences (or tokenization jobs) in flight; retry after ``retry_after`` s."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class DrainingError(RuntimeError):
+    """The server is shutting down and accepts no new requests."""
+
+
+class NotReadyError(RuntimeError):
+    """The engine is still loading or warming up."""
+
+
+MAX_ECHO_CHARS = 256
+
+
+def clip(value: object, limit: int = MAX_ECHO_CHARS) -> str:
+    """``repr``-free text of client input for an error message, at most ``limit`` characters
+    plus an ellipsis: an error must never grow with what the client sent."""
+    text = str(value)
+    return text if len(text) <= limit else text[:limit] + "…"

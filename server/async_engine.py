@@ -21,7 +21,13 @@ from typing import Any
 
 from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.engine import EngineCore
-from tokenwire.runtime.errors import DuplicateRequestError, EngineDeadError
+from tokenwire.runtime.errors import (
+    DrainingError,
+    DuplicateRequestError,
+    EngineDeadError,
+    NotReadyError,
+    QueueFullError,
+)
 from tokenwire.runtime.output_processor import OutputProcessor, ProcessedStep
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.sampling_params import SamplingParams
@@ -33,22 +39,6 @@ from tokenwire.server.request_stream import (
 )
 
 logger = logging.getLogger("tokenwire.engine")
-
-
-class QueueFullError(RuntimeError):
-    """Too many requests in flight; retry after ``retry_after`` seconds."""
-
-    def __init__(self, limit: int, retry_after: float = 1.0) -> None:
-        super().__init__(f"the server has {limit} requests in flight, its limit")
-        self.retry_after = retry_after
-
-
-class DrainingError(RuntimeError):
-    """The server is shutting down and accepts no new requests."""
-
-
-class NotReadyError(RuntimeError):
-    """The engine is still loading or warming up."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +92,7 @@ class AsyncEngine:
         self.max_requests = max_requests
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}
+        self._num_seqs = 0  # sequences (choices) of the open streams: what admission counts
         self._eviction_listeners: dict[str, Callable[[], None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -166,6 +157,11 @@ class AsyncEngine:
     def num_in_flight(self) -> int:
         return len(self._streams)
 
+    @property
+    def num_seqs_in_flight(self) -> int:
+        """Sequences of the open streams (a request with ``n`` choices counts ``n``)."""
+        return self._num_seqs
+
     def is_idle(self) -> bool:
         """No stream open and the engine has no request (for tests and drain)."""
         return not self._streams and not self.core.has_unfinished_requests()
@@ -209,11 +205,15 @@ class AsyncEngine:
             raise DrainingError("the server is draining and accepts no new requests")
         if request_id in self._streams:
             raise DuplicateRequestError(request_id)
-        if len(self._streams) >= self.max_requests:
-            raise QueueFullError(self.max_requests)
+        if self._num_seqs + params.n > self.max_requests:
+            raise QueueFullError(
+                f"the server holds {self._num_seqs} sequences in flight and this request "
+                f"needs {params.n}; its limit is {self.max_requests}"
+            )
         self.core.validate(prompt_token_ids, params)  # reads immutable model facts only
-        stream = RequestStream(request_id)
+        stream = RequestStream(request_id, params.n)
         self._streams[request_id] = stream
+        self._num_seqs += params.n
         if self._idle is not None:
             self._idle.clear()
         self._commands.put(
@@ -224,8 +224,9 @@ class AsyncEngine:
     def abort(self, request_id: str) -> bool:
         """Cancel an in-flight request (its choices end with CANCELLED). Idempotent."""
         stream = self._streams.get(request_id)
-        if stream is None or stream.done:
+        if stream is None or stream.done or stream.abort_requested:
             return False
+        stream.abort_requested = True
         self._commands.put(_Abort(request_id))
         return True
 
@@ -329,6 +330,7 @@ class AsyncEngine:
         for output in step.finished:
             stream = streams.pop(output.request_id, None)
             if stream is not None:
+                self._num_seqs -= stream.num_seqs
                 stream.put(RequestFinished(output))
         self._mark_idle()
 
@@ -339,6 +341,7 @@ class AsyncEngine:
     def _fail(self, request_id: str, exc: BaseException) -> None:
         stream = self._streams.pop(request_id, None)
         if stream is not None:
+            self._num_seqs -= stream.num_seqs
             stream.put(RequestFailed(exc))
         self._mark_idle()
 

@@ -20,7 +20,7 @@ OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 UNAUTHENTICATED = ServiceError(
     grpc.StatusCode.UNAUTHENTICATED,
     "API_KEY_INVALID",
-    "missing or invalid API key (authorization: Bearer <key>)",
+    "missing or invalid API key (send exactly one header authorization: Bearer <key>)",
 )
 
 
@@ -28,14 +28,37 @@ def _digest(value: str) -> bytes:
     return hashlib.sha256(value.encode()).digest()
 
 
+def authorization_values(metadata: Any) -> list[str]:
+    """Every ``authorization`` value of the call's metadata, in order."""
+    values = []
+    for key, value in metadata or ():
+        if key == "authorization":
+            values.append(value.decode("latin-1") if isinstance(value, bytes) else str(value))
+    return values
+
+
+def bearer_token(metadata: Any) -> str | None:
+    """The key of the call's one ``authorization: Bearer <key>`` header (scheme matched
+    case-insensitively, RFC 7235); None when absent, malformed or sent more than once. Both
+    the key check and the caller identity use this one value."""
+    values = authorization_values(metadata)
+    if len(values) != 1:
+        return None
+    scheme, _, token = values[0].strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return token
+
+
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, api_keys: tuple[str, ...]) -> None:
         self._digests = tuple(_digest(k) for k in api_keys)
 
-    def is_valid(self, header: str | None) -> bool:
-        if header is None or not header.startswith("Bearer "):
+    def is_valid(self, token: str | None) -> bool:
+        if token is None:
             return False
-        candidate = _digest(header.removeprefix("Bearer ").strip())
+        candidate = _digest(token)
         valid = False
         for digest in self._digests:  # no early exit: time does not depend on which key
             valid |= hmac.compare_digest(candidate, digest)
@@ -50,11 +73,7 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or method.startswith(OPEN_PREFIXES):
             return handler
-        header = None
-        for key, value in handler_call_details.invocation_metadata or ():
-            if key == "authorization":
-                header = value.decode() if isinstance(value, bytes) else value
-        if self.is_valid(header):
+        if self.is_valid(bearer_token(handler_call_details.invocation_metadata)):
             return handler
         return _denying(handler)
 
@@ -69,8 +88,9 @@ def _denying(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         await abort(context, UNAUTHENTICATED)
         yield  # pragma: no cover - makes this an async generator
 
+    # The request is never parsed: a refused caller learns nothing from its bytes.
     codec = dict(
-        request_deserializer=handler.request_deserializer,
+        request_deserializer=_ignore,
         response_serializer=handler.response_serializer,
     )
     if handler.unary_unary is not None:
@@ -80,3 +100,7 @@ def _denying(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     if handler.stream_unary is not None:
         return grpc.stream_unary_rpc_method_handler(unary_out, **codec)
     return grpc.stream_stream_rpc_method_handler(stream_out, **codec)
+
+
+def _ignore(data: bytes) -> None:
+    return None

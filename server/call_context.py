@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import grpc
 
 from tokenwire.runtime.errors import ParameterError
+from tokenwire.server.auth import authorization_values, bearer_token
 
 MAX_REQUEST_ID_CHARS = 128
 
@@ -42,11 +43,15 @@ def metadata_value(context: grpc.aio.ServicerContext, key: str) -> str | None:
 
 
 def caller_of(context: grpc.aio.ServicerContext) -> str:
-    """The caller's identity: a hash prefix of its bearer key (never the key itself)."""
-    header = metadata_value(context, "authorization")
-    if not header:
+    """The caller's identity: a hash prefix of its bearer key (never the key itself), from
+    the same header value the API-key check reads; "anon" without one."""
+    metadata = context.invocation_metadata()
+    if len(authorization_values(metadata)) > 1:
+        raise ParameterError("authorization", "send at most one authorization header")
+    token = bearer_token(metadata)
+    if token is None:
         return "anon"
-    return hashlib.sha256(header.encode()).hexdigest()[:16]
+    return hashlib.sha256(token.encode()).hexdigest()[:16]
 
 
 def call_context(context: grpc.aio.ServicerContext, request_id: str = "") -> CallContext:

@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tokenwire.runtime.errors import ParameterError
+from tokenwire.runtime.errors import ParameterError, clip
 from tokenwire.runtime.output_processor import ChoiceDelta
 from tokenwire.runtime.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from tokenwire.runtime.request import FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams
-from tokenwire.runtime.tokenizer import apply_chat_template
+from tokenwire.runtime.tokenizer_pool import TokenizerPool, default_max_prompt_bytes
 from tokenwire.v1 import common_pb2, generation_pb2
 
 _FINISH = {
@@ -36,6 +36,18 @@ class Limits:
     max_n: int = 16
     max_stop_sequences: int = 16
     max_stop_sequence_chars: int = 256
+    # UTF-8 bytes of prompt text accepted before tokenizing; None: 32 per context token.
+    max_prompt_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_prompt_bytes is not None and self.max_prompt_bytes <= 0:
+            raise ValueError("--max-prompt-bytes must be > 0")
+
+    def prompt_bytes(self, max_model_len: int) -> int:
+        """The prompt-text limit in force for a model with this context length."""
+        if self.max_prompt_bytes is not None:
+            return self.max_prompt_bytes
+        return default_max_prompt_bytes(max_model_len)
 
 
 def _opt(message: Any, name: str, default: Any) -> Any:
@@ -89,30 +101,34 @@ def merge_options(base: Any, override: Any) -> Any:
     return merged
 
 
-def tokenize_input(tokenizer: Any, request: Any) -> tuple[str | None, list[int]]:
-    """The ``input`` oneof of a GenerateRequest -> (prompt text or None, token ids)."""
+async def tokenize_input(pool: TokenizerPool | None, request: Any) -> tuple[str | None, list[int]]:
+    """The ``input`` oneof of a GenerateRequest -> (prompt text or None, token ids).
+
+    Size checks come first and the tokenizer runs on ``pool``, never on the event loop."""
     kind = request.WhichOneof("input")
     if kind is None:
         raise ParameterError("input", "one of text, token_ids or chat is required")
     if kind == "token_ids":
         return None, list(request.token_ids.ids)
-    if tokenizer is None:
+    if pool is None:
         raise ParameterError(kind, "this model has no tokenizer: send token_ids")
     if kind == "text":
         if not request.text:
             raise ParameterError("text", "must not be empty")
-        return request.text, list(tokenizer(request.text)["input_ids"])
+        return request.text, await pool.encode("text", request.text)
     messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
-    return None, render_chat(tokenizer, messages)
+    return None, await render_chat(pool, messages)
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+async def render_chat(pool: TokenizerPool, messages: list[dict[str, str]]) -> list[int]:
     if not messages:
         raise ParameterError("chat", "needs at least one message")
     for m in messages:
         if m["role"] not in ("system", "user", "assistant"):
-            raise ParameterError("chat", f"role must be system, user or assistant: {m['role']!r}")
-    return apply_chat_template(tokenizer, messages)
+            raise ParameterError(
+                "chat", f"role must be system, user or assistant: {clip(m['role'])!r}"
+            )
+    return await pool.render_chat("chat", messages)
 
 
 # ---------------------------------------------------------------------------- outputs

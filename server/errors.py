@@ -19,13 +19,18 @@ from grpc_status import rpc_status
 
 from tokenwire.runtime.errors import (
     ContextLengthError,
+    DrainingError,
     DuplicateRequestError,
     EngineDeadError,
+    NotReadyError,
     ParameterError,
+    QueueFullError,
+    clip,
 )
-from tokenwire.server.async_engine import DrainingError, NotReadyError, QueueFullError
 
 DOMAIN = "tokenwire"
+# An error's text never grows with client input: the whole status must fit in the trailers.
+MAX_MESSAGE_CHARS = 1024
 logger = logging.getLogger("tokenwire.server")
 
 
@@ -56,8 +61,8 @@ def model_not_found(name: str) -> ServiceError:
     return ServiceError(
         grpc.StatusCode.NOT_FOUND,
         "MODEL_NOT_FOUND",
-        f"model {name!r} is not served here",
-        {"model": name},
+        f"model {clip(name)!r} is not served here",
+        {"model": clip(name)},
     )
 
 
@@ -106,7 +111,11 @@ def to_status_proto(err: ServiceError) -> status_pb2.Status:
     if err.reason is not None:
         info = any_pb2.Any()
         info.Pack(
-            error_details_pb2.ErrorInfo(reason=err.reason, domain=DOMAIN, metadata=err.metadata)
+            error_details_pb2.ErrorInfo(
+                reason=err.reason,
+                domain=DOMAIN,
+                metadata={k: clip(v) for k, v in err.metadata.items()},
+            )
         )
         details.append(info)
     if err.retry_after is not None:
@@ -116,7 +125,9 @@ def to_status_proto(err: ServiceError) -> status_pb2.Status:
         retry.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
         details.append(retry)
     code = getattr(code_pb2, err.code.name)
-    return status_pb2.Status(code=code, message=err.message, details=details)
+    return status_pb2.Status(
+        code=code, message=clip(err.message, MAX_MESSAGE_CHARS), details=details
+    )
 
 
 def to_grpc_status(err: ServiceError) -> grpc.Status:

@@ -16,6 +16,7 @@ import grpc
 from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.output_processor import ChoiceDelta, RequestStarted
 from tokenwire.runtime.outputs import RequestOutput
+from tokenwire.runtime.tokenizer_pool import TokenizerPool
 from tokenwire.server import convert
 from tokenwire.server.async_engine import AsyncEngine
 from tokenwire.server.call_context import CallContext, call_context, caller_of
@@ -46,21 +47,23 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         engine: AsyncEngine,
         model_name: str,
         limits: convert.Limits,
+        tokenizers: TokenizerPool | None,
         sessions: SessionHandler,
         telemetry: Telemetry,
     ) -> None:
         self.engine = engine
         self.model_name = model_name
         self.limits = limits
+        self.tokenizers = tokenizers
         self.sessions = sessions
         self.telemetry = telemetry
 
-    def _submit(
+    async def _submit(
         self, call: CallContext, request: generation_pb2.GenerateRequest, record: RequestRecord
     ) -> tuple[RequestStream, int | None]:
         if request.model and request.model != self.model_name:
             raise model_not_found(request.model)
-        prompt, token_ids = convert.tokenize_input(self.engine.tokenizer, request)
+        prompt, token_ids = await convert.tokenize_input(self.tokenizers, request)
         params = convert.sampling_params(
             request.sampling, request.stopping, request.output, self.limits
         )
@@ -98,7 +101,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             call = call_context(context, request.request_id)
             record = self.telemetry.begin(call.request_id, call.internal_id, kind)
             self.telemetry.bind(record)
-            stream, num_top = self._submit(call, request, record)
+            stream, num_top = await self._submit(call, request, record)
             await context.send_initial_metadata((("x-request-id", call.request_id),))
             yield _Submitted(call, stream, num_top, record)
             status = "OK"
@@ -162,7 +165,11 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
     async def Cancel(
         self, request: generation_pb2.CancelRequest, context: grpc.aio.ServicerContext
     ) -> generation_pb2.CancelResponse:
-        rid = internal_id(caller_of(context), request.request_id)
+        try:
+            rid = internal_id(caller_of(context), request.request_id)
+        except Exception as exc:
+            await abort(context, to_service_error(exc))
+        # True exactly once per request: the first Cancel of a request still in flight.
         return generation_pb2.CancelResponse(cancelled=self.engine.abort(rid))
 
     async def Session(

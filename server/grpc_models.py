@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib.metadata
+from typing import Any
 
 import grpc
 
 from tokenwire.runtime.sampling_params import MAX_LOGPROBS
+from tokenwire.runtime.tokenizer_pool import TokenizerPool
 from tokenwire.server.async_engine import AsyncEngine
 from tokenwire.server.convert import Limits
 from tokenwire.server.errors import abort, invalid_parameter, model_not_found, to_service_error
@@ -19,10 +21,12 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         engine: AsyncEngine,
         model_name: str,
         limits: Limits,
+        tokenizers: TokenizerPool | None,
         max_sessions: int,
         auth_required: bool,
     ) -> None:
         self.engine = engine
+        self.tokenizers = tokenizers
         self.model_name = model_name
         self.limits = limits
         self.max_sessions = max_sessions
@@ -49,10 +53,10 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         if name and name != self.model_name:
             raise model_not_found(name)
 
-    def _tokenizer(self) -> object:
-        if self.engine.tokenizer is None:
+    def _pool(self) -> TokenizerPool:
+        if self.tokenizers is None:
             raise invalid_parameter("model", "this model has no tokenizer")
-        return self.engine.tokenizer
+        return self.tokenizers
 
     async def ListModels(
         self, request: models_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
@@ -90,10 +94,10 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
     ) -> models_pb2.TokenizeResponse:
         try:
             self._check_model(request.model)
-            tokenizer = self._tokenizer()
+            pool = self._pool()
             special = request.add_special_tokens if request.HasField("add_special_tokens") else True
-            ids = tokenizer(request.text, add_special_tokens=special)["input_ids"]  # type: ignore[operator]
-            tokens = tokenizer.convert_ids_to_tokens(ids)  # type: ignore[attr-defined]
+            ids = await pool.encode("text", request.text, add_special_tokens=special)
+            tokens = await pool.run(pool.tokenizer.convert_ids_to_tokens, ids)
             return models_pb2.TokenizeResponse(token_ids=ids, tokens=tokens)
         except Exception as exc:
             await abort(context, to_service_error(exc))
@@ -103,12 +107,16 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
     ) -> models_pb2.DetokenizeResponse:
         try:
             self._check_model(request.model)
-            tokenizer = self._tokenizer()
+            pool = self._pool()
             vocab = self.engine.core.vocab_size
             if any(t >= vocab for t in request.token_ids):
                 raise invalid_parameter("token_ids", f"ids must lie in [0, {vocab})")
             skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
-            text = tokenizer.decode(list(request.token_ids), skip_special_tokens=skip)  # type: ignore[attr-defined]
+            text = await pool.run(_decode, pool.tokenizer, list(request.token_ids), skip)
             return models_pb2.DetokenizeResponse(text=text)
         except Exception as exc:
             await abort(context, to_service_error(exc))
+
+
+def _decode(tokenizer: Any, token_ids: list[int], skip_special_tokens: bool) -> str:
+    return str(tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))

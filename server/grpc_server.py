@@ -11,10 +11,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from tokenwire.runtime.tokenizer_pool import TokenizerPool
 from tokenwire.server.async_engine import AsyncEngine
 from tokenwire.server.auth import ApiKeyInterceptor
 from tokenwire.server.convert import Limits
 from tokenwire.server.grpc_generation import GenerationService
+from tokenwire.server.grpc_guard import MalformedRequestInterceptor
 from tokenwire.server.grpc_models import ModelService
 from tokenwire.server.grpc_session import SessionHandler
 from tokenwire.server.telemetry_core import Telemetry
@@ -58,28 +60,42 @@ class GrpcServer:
         self.telemetry = telemetry
         # The OTel interceptor runs first, so even a call refused by auth gets its RPC span.
         interceptors = list(telemetry.grpc_interceptors())
-        if settings.api_keys:
+        if settings.api_keys:  # before the decode guard: no key, no parsing
             interceptors.append(ApiKeyInterceptor(settings.api_keys))
+        interceptors.append(MalformedRequestInterceptor())
         options = [
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
         ]
         self.server = grpc.aio.server(interceptors=interceptors, options=options)
+        tokenizer = engine.tokenizer
+        self.tokenizers = None
+        if tokenizer is not None:
+            max_prompt_bytes = settings.limits.prompt_bytes(engine.core.max_model_len)
+            self.tokenizers = TokenizerPool(tokenizer, max_prompt_bytes)
         self.sessions = SessionHandler(
             engine,
             model_name,
             settings.limits,
+            self.tokenizers,
             settings.max_sessions,
             settings.session_idle_timeout,
             telemetry,
         )
         generation_pb2_grpc.add_GenerationServiceServicer_to_server(
-            GenerationService(engine, model_name, settings.limits, self.sessions, telemetry),
+            GenerationService(
+                engine, model_name, settings.limits, self.tokenizers, self.sessions, telemetry
+            ),
             self.server,
         )
         models_pb2_grpc.add_ModelServiceServicer_to_server(
             ModelService(
-                engine, model_name, settings.limits, settings.max_sessions, bool(settings.api_keys)
+                engine,
+                model_name,
+                settings.limits,
+                self.tokenizers,
+                settings.max_sessions,
+                bool(settings.api_keys),
             ),
             self.server,
         )
@@ -123,3 +139,5 @@ class GrpcServer:
 
     async def stop(self, grace: float = 1.0) -> None:
         await self.server.stop(grace)
+        if self.tokenizers is not None:
+            self.tokenizers.shutdown()

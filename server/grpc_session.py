@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from tokenwire.runtime.output_processor import ChoiceDelta, RequestStarted
+from tokenwire.runtime.tokenizer_pool import TokenizerPool
 from tokenwire.server import convert
 from tokenwire.server.async_engine import AsyncEngine
 from tokenwire.server.call_context import caller_of
@@ -28,6 +29,7 @@ from tokenwire.server.errors import (
     to_service_error,
     to_status_proto,
 )
+from tokenwire.server.grpc_guard import checked_messages
 from tokenwire.server.request_stream import RequestFailed, RequestFinished
 from tokenwire.server.session_state import SessionState
 from tokenwire.server.telemetry_core import Telemetry
@@ -42,11 +44,13 @@ class SessionHandler:
         engine: AsyncEngine,
         model_name: str,
         limits: convert.Limits,
+        tokenizers: TokenizerPool | None,
         max_sessions: int,
         idle_timeout: float,
         telemetry: Telemetry,
     ) -> None:
         self.engine = engine
+        self.tokenizers = tokenizers
         self.telemetry = telemetry
         self.model_name = model_name
         self.limits = limits
@@ -68,6 +72,7 @@ class SessionHandler:
     async def run(
         self, requests: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.SessionResponse]:
+        requests = checked_messages(requests)
         try:
             state = await self._open_session(requests, context)
         except Exception as exc:
@@ -86,6 +91,8 @@ class SessionHandler:
             )
             while (message := await out.get()) is not None:
                 yield message
+            if session.failure is not None:  # e.g. an undecodable client message
+                await abort(context, session.failure)
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -122,6 +129,7 @@ class _Session:
         self.out = out
         self.turn_task: asyncio.Task[None] | None = None
         self.turn_request: str | None = None
+        self.failure: ServiceError | None = None  # ends the call once the queue is drained
 
     async def read(self, requests: Any) -> None:
         """Consume client messages until Close, half-close or the idle timeout."""
@@ -144,10 +152,16 @@ class _Session:
                         continue  # the turn ended: start the idle clock
                     self._notice(pb.NOTICE_KIND_IDLE_TIMEOUT, "no turn within the idle timeout")
                     break
-                message, pending = pending.result(), None
+                try:
+                    message = pending.result()
+                except ServiceError as exc:
+                    self.failure = exc
+                    break
+                pending = None
                 if message is None or not self._handle(message):
                     break
-            if self.turn_task is not None:  # let a running turn finish before closing
+            if self.turn_task is not None and self.failure is None:
+                # let a running turn finish before closing
                 await self.turn_task
         finally:
             if pending is not None:
@@ -191,7 +205,7 @@ class _Session:
         telemetry.bind(record)  # this turn's task only
         status = "CANCELLED"  # unless the turn ends otherwise
         try:
-            prompt, messages = state.prompt_for(engine.tokenizer, turn)
+            prompt, messages = await state.prompt_for(self.handler.tokenizers, turn)
             params = convert.sampling_params(*state.options(turn), self.handler.limits)
             telemetry.describe(record, params, messages is not None, None)
             stream = engine.add_request(

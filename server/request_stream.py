@@ -35,8 +35,10 @@ StreamItem = RequestStarted | ChoiceDelta | RequestFinished | RequestFailed
 
 
 class RequestStream:
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, num_seqs: int = 1) -> None:
         self.request_id = request_id
+        self.num_seqs = num_seqs  # choices: what the stream holds of the admission limit
+        self.abort_requested = False  # Cancel answers ``true`` once per request
         self._items: deque[StreamItem] = deque()
         # Choice index -> its delta still waiting in ``_items`` (merge target).
         self._pending: dict[int, ChoiceDelta] = {}

@@ -74,12 +74,18 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     )
     p.add_argument("--max-n", type=int, default=16)
     p.add_argument("--max-stop-sequences", type=int, default=16)
+    p.add_argument(
+        "--max-prompt-bytes",
+        type=int,
+        default=None,
+        help="prompt text (UTF-8 bytes) refused before tokenizing; default 32 per context token",
+    )
     p.add_argument("--max-message-bytes", type=int, default=16 << 20)
     p.add_argument(
         "--max-requests",
         type=int,
         default=4096,
-        help="in-flight requests before RESOURCE_EXHAUSTED",
+        help="in-flight sequences before RESOURCE_EXHAUSTED (a request with n choices counts n)",
     )
     p.add_argument("--max-sessions", type=int, default=256)
     p.add_argument("--session-idle-timeout", type=float, default=600.0)
@@ -161,7 +167,11 @@ def grpc_settings(args: argparse.Namespace) -> GrpcSettings:
         host=args.host,
         port=args.grpc_port,
         api_keys=tuple(keys),
-        limits=Limits(max_n=args.max_n, max_stop_sequences=args.max_stop_sequences),
+        limits=Limits(
+            max_n=args.max_n,
+            max_stop_sequences=args.max_stop_sequences,
+            max_prompt_bytes=args.max_prompt_bytes,
+        ),
         max_message_bytes=args.max_message_bytes,
         max_sessions=args.max_sessions,
         session_idle_timeout=args.session_idle_timeout,

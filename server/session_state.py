@@ -13,9 +13,9 @@ reply's token ids are appended). The first turn decides; mixing is an error.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from tokenwire.runtime.errors import ParameterError
+from tokenwire.runtime.tokenizer_pool import TokenizerPool
 from tokenwire.server import convert
 from tokenwire.v1 import common_pb2, generation_pb2
 
@@ -39,8 +39,8 @@ class SessionState:
             convert.merge_options(self.open.output, turn.output),
         )
 
-    def prompt_for(
-        self, tokenizer: Any, turn: generation_pb2.SessionTurn
+    async def prompt_for(
+        self, tokenizers: TokenizerPool | None, turn: generation_pb2.SessionTurn
     ) -> tuple[list[int], list[dict[str, str]] | None]:
         """Token ids of this turn's whole transcript, and the chat messages it renders."""
         kind = turn.WhichOneof("input")
@@ -50,18 +50,18 @@ class SessionState:
         if self.mode is not None and mode != self.mode:
             raise ParameterError(kind, f"this session is a {self.mode} session")
         if kind == "user_message":
-            if tokenizer is None:
+            if tokenizers is None:
                 raise ParameterError("user_message", "this model has no tokenizer")
             messages = [*self.messages, {"role": "user", "content": turn.user_message}]
             if self.open.system_prompt and not self.messages:
                 messages.insert(0, {"role": "system", "content": self.open.system_prompt})
-            return convert.render_chat(tokenizer, messages), messages
+            return await convert.render_chat(tokenizers, messages), messages
         if kind == "token_ids":
             return [*self.tokens, *turn.token_ids.ids], None
-        if tokenizer is None:
+        if tokenizers is None:
             raise ParameterError("text", "this model has no tokenizer: send token_ids")
         special = not self.tokens  # special tokens (BOS) only at the start of the transcript
-        new = tokenizer(turn.text, add_special_tokens=special)["input_ids"]
+        new = await tokenizers.encode("text", turn.text, add_special_tokens=special)
         return [*self.tokens, *new], None
 
     def commit(

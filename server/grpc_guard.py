@@ -1,0 +1,115 @@
+"""Undecodable request bytes -> INVALID_ARGUMENT ``MALFORMED_REQUEST``, never UNKNOWN.
+
+grpc.aio decodes a request before any handler code runs and turns a ``DecodeError`` (garbage
+bytes, invalid UTF-8 in a string field) into UNKNOWN with the exception's class name and an
+ERROR traceback in the log. This interceptor gives every tokenwire method a deserializer that
+never raises (it returns ``MALFORMED`` instead) and a behaviour that answers that marker with
+INVALID_ARGUMENT and one WARNING line. It sits inside the API-key check, so a caller without
+a valid key gets UNAUTHENTICATED first, whatever it sent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from tokenwire.server.errors import ServiceError, abort
+
+GUARDED_PREFIX = "/tokenwire."
+logger = logging.getLogger("tokenwire.server")
+
+
+class _Malformed:
+    """Stands in for a request message whose bytes did not decode."""
+
+    def __repr__(self) -> str:
+        return "MALFORMED"
+
+
+MALFORMED = _Malformed()
+
+
+def malformed_error() -> ServiceError:
+    return ServiceError(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "MALFORMED_REQUEST",
+        "the request message could not be decoded (not a valid protobuf of this method's "
+        "request type, or a string field holding invalid UTF-8)",
+    )
+
+
+def _lenient(deserializer: Callable[[bytes], Any] | None, method: str) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        if deserializer is None:
+            return data
+        try:
+            return deserializer(data)
+        except Exception as exc:  # DecodeError, UnicodeDecodeError, ...
+            logger.warning(
+                "malformed request: %s (%d bytes, %s)", method, len(data), type(exc).__name__
+            )
+            return MALFORMED
+
+    return parse
+
+
+async def checked_messages(requests: Any) -> AsyncIterator[Any]:
+    """A client stream that raises ``malformed_error()`` at the first undecodable message."""
+    async for message in requests:
+        if message is MALFORMED:
+            raise malformed_error()
+        yield message
+
+
+def _guard_unary_in(behaviour: Callable[..., Any], streaming_out: bool) -> Callable[..., Any]:
+    if streaming_out:
+
+        async def stream_out(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            if request is MALFORMED:
+                await abort(context, malformed_error())
+            async for item in behaviour(request, context):
+                yield item
+
+        return stream_out
+
+    async def unary_out(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if request is MALFORMED:
+            await abort(context, malformed_error())
+        return await behaviour(request, context)
+
+    return unary_out
+
+
+def guard(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    codec = dict(
+        request_deserializer=_lenient(handler.request_deserializer, method),
+        response_serializer=handler.response_serializer,
+    )
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(
+            _guard_unary_in(handler.unary_unary, False), **codec
+        )
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(
+            _guard_unary_in(handler.unary_stream, True), **codec
+        )
+    # Client-streaming methods read their messages through ``checked_messages``.
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(handler.stream_unary, **codec)
+    return grpc.stream_stream_rpc_method_handler(handler.stream_stream, **codec)
+
+
+class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method or ""
+        if handler is None or not method.startswith(GUARDED_PREFIX):
+            return handler
+        return guard(handler, method)
