@@ -18,7 +18,7 @@ from tokenwire.runtime.config import (
     SchedulerConfig,
     SchedulingPolicy,
 )
-from tokenwire.runtime.engine import EngineCore
+from tokenwire.runtime.engine.core import EngineCore
 from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.output_processor import ChoiceDelta, OutputProcessor
 from tokenwire.runtime.outputs import RequestOutput

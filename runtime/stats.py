@@ -35,6 +35,7 @@ class StepStats:
     update_time: float
     started_at_ns: int
     duration: float
+    num_waiting: int = 0  # requests left in the waiting queue after scheduling
 
     @property
     def overhead_time(self) -> float:

@@ -4,10 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+
+class Tokenizer(Protocol):
+    """What tokenwire uses of a transformers tokenizer (``PreTrainedTokenizerBase``)."""
+
+    chat_template: Any
+
+    def __call__(self, text: Any, add_special_tokens: bool = True) -> Any: ...
+
+    def __len__(self) -> int: ...
+
+    def decode(self, token_ids: Any, skip_special_tokens: bool = False) -> Any: ...
+
+    def convert_ids_to_tokens(self, ids: Any) -> Any: ...
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
+
 
 # Any of these in a directory means transformers can build a tokenizer from it.
 _TOKENIZER_FILES = (
@@ -29,9 +46,7 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase | None:
     return tokenizer
 
 
-def apply_chat_template(
-    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, str]]
-) -> list[int]:
+def apply_chat_template(tokenizer: Tokenizer, messages: Sequence[Mapping[str, str]]) -> list[int]:
     """Render ``messages`` with the model's chat template (plus generation prompt) to ids."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("messages: this model's tokenizer has no chat template")

@@ -7,13 +7,12 @@ key nor the header ever appears in a log or an error message.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 
+from tokenwire.server.api_keys import KeyChecker, bearer_of
 from tokenwire.server.errors import ServiceError, abort
 
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
@@ -22,10 +21,6 @@ UNAUTHENTICATED = ServiceError(
     "API_KEY_INVALID",
     "missing or invalid API key (send exactly one header authorization: Bearer <key>)",
 )
-
-
-def _digest(value: str) -> bytes:
-    return hashlib.sha256(value.encode()).digest()
 
 
 def authorization_values(metadata: Any) -> list[str]:
@@ -41,28 +36,11 @@ def bearer_token(metadata: Any) -> str | None:
     """The key of the call's one ``authorization: Bearer <key>`` header (scheme matched
     case-insensitively, RFC 7235); None when absent, malformed or sent more than once. Both
     the key check and the caller identity use this one value."""
-    values = authorization_values(metadata)
-    if len(values) != 1:
-        return None
-    scheme, _, token = values[0].strip().partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        return None
-    return token
+    return bearer_of(authorization_values(metadata))
 
 
-class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, api_keys: tuple[str, ...]) -> None:
-        self._digests = tuple(_digest(k) for k in api_keys)
-
-    def is_valid(self, token: str | None) -> bool:
-        if token is None:
-            return False
-        candidate = _digest(token)
-        valid = False
-        for digest in self._digests:  # no early exit: time does not depend on which key
-            valid |= hmac.compare_digest(candidate, digest)
-        return valid
+class ApiKeyInterceptor(KeyChecker, grpc.aio.ServerInterceptor):
+    """Refuses every call without one valid ``authorization: Bearer <key>`` header."""
 
     async def intercept_service(
         self,

@@ -1,6 +1,6 @@
 """GenerationService servicer: Generate, GenerateStream, Cancel (Session lives beside it).
 
-Thin: parse -> ``AsyncEngine.add_request`` -> translate stream items. The engine abort sits
+Thin: parse -> ``EngineClient.add_request`` -> translate stream items. The engine abort sits
 in ``finally`` so a cancelled, expired or failed call always frees its KV blocks.
 """
 
@@ -13,17 +13,17 @@ from typing import Any
 
 import grpc
 
+from tokenwire.runtime.engine.protocol import EngineClient
+from tokenwire.runtime.engine.request_stream import RequestFailed, RequestFinished, RequestStream
 from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.output_processor import ChoiceDelta, RequestStarted
 from tokenwire.runtime.outputs import RequestOutput
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
 from tokenwire.server import convert
-from tokenwire.server.async_engine import AsyncEngine
 from tokenwire.server.call_context import CallContext, call_context, caller_of
 from tokenwire.server.call_context import internal_request_id as internal_id
 from tokenwire.server.errors import abort, model_not_found, to_service_error
 from tokenwire.server.grpc_session import SessionHandler
-from tokenwire.server.request_stream import RequestFailed, RequestFinished, RequestStream
 from tokenwire.server.telemetry_core import Telemetry
 from tokenwire.server.telemetry_record import RequestRecord
 from tokenwire.v1 import generation_pb2, generation_pb2_grpc
@@ -44,7 +44,7 @@ class _Submitted:
 class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: EngineClient,
         model_name: str,
         limits: convert.Limits,
         tokenizers: TokenizerPool | None,

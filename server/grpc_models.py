@@ -7,9 +7,9 @@ from typing import Any
 
 import grpc
 
+from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.sampling_params import MAX_LOGPROBS
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
-from tokenwire.server.async_engine import AsyncEngine
 from tokenwire.server.convert import Limits
 from tokenwire.server.errors import abort, invalid_parameter, model_not_found, to_service_error
 from tokenwire.v1 import models_pb2, models_pb2_grpc
@@ -18,7 +18,7 @@ from tokenwire.v1 import models_pb2, models_pb2_grpc
 class ModelService(models_pb2_grpc.ModelServiceServicer):
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: EngineClient,
         model_name: str,
         limits: Limits,
         tokenizers: TokenizerPool | None,
@@ -33,20 +33,19 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         self.auth_required = auth_required
 
     def _info(self) -> models_pb2.ModelInfo:
-        core = self.engine.core
-        loaded = core.loaded
+        info = self.engine.info
         tokenizer = self.engine.tokenizer
         return models_pb2.ModelInfo(
             name=self.model_name,
-            architecture=loaded.arch.architecture,
-            max_context_tokens=core.max_model_len,
-            vocab_size=core.vocab_size,
-            eos_token_ids=sorted(loaded.eos_token_ids),
+            architecture=info.architecture,
+            max_context_tokens=info.max_model_len,
+            vocab_size=info.vocab_size,
+            eos_token_ids=list(info.eos_token_ids),
             has_chat_template=bool(tokenizer is not None and tokenizer.chat_template),
             max_n=self.limits.max_n,
             max_stop_sequences=self.limits.max_stop_sequences,
             max_logprobs=MAX_LOGPROBS,
-            dtype=str(loaded.dtype).removeprefix("torch."),
+            dtype=info.dtype,
         )
 
     def _check_model(self, name: str) -> None:
@@ -75,16 +74,15 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
     async def GetServerInfo(
         self, request: models_pb2.GetServerInfoRequest, context: grpc.aio.ServicerContext
     ) -> models_pb2.ServerInfo:
-        core = self.engine.core
-        sched = core.config.scheduler
+        info = self.engine.info
         return models_pb2.ServerInfo(
             version=importlib.metadata.version("tokenwire"),
-            device=str(core.device),
-            kv_blocks_total=core.kv_cache_manager.num_blocks,
-            block_size=core.config.cache.block_size,
-            max_num_seqs=sched.max_num_seqs,
-            max_num_batched_tokens=sched.max_num_batched_tokens,
-            prefix_caching=core.config.cache.enable_prefix_caching,
+            device=info.device,
+            kv_blocks_total=info.num_kv_blocks,
+            block_size=info.block_size,
+            max_num_seqs=info.max_num_seqs,
+            max_num_batched_tokens=info.max_num_batched_tokens,
+            prefix_caching=info.enable_prefix_caching,
             max_sessions=self.max_sessions,
             auth_required=self.auth_required,
         )
@@ -108,7 +106,7 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         try:
             self._check_model(request.model)
             pool = self._pool()
-            vocab = self.engine.core.vocab_size
+            vocab = self.engine.info.vocab_size
             if any(t >= vocab for t in request.token_ids):
                 raise invalid_parameter("token_ids", f"ids must lie in [0, {vocab})")
             skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True

@@ -11,8 +11,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
-from tokenwire.server.async_engine import AsyncEngine
 from tokenwire.server.auth import ApiKeyInterceptor
 from tokenwire.server.convert import Limits
 from tokenwire.server.grpc_generation import GenerationService
@@ -46,7 +46,7 @@ class GrpcServer:
 
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: EngineClient,
         model_name: str,
         settings: GrpcSettings,
         telemetry: Telemetry | None = None,
@@ -71,7 +71,7 @@ class GrpcServer:
         tokenizer = engine.tokenizer
         self.tokenizers = None
         if tokenizer is not None:
-            max_prompt_bytes = settings.limits.prompt_bytes(engine.core.max_model_len)
+            max_prompt_bytes = settings.limits.prompt_bytes(engine.info.max_model_len)
             self.tokenizers = TokenizerPool(tokenizer, max_prompt_bytes)
         self.sessions = SessionHandler(
             engine,

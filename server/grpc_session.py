@@ -16,10 +16,11 @@ from typing import Any
 
 import grpc
 
+from tokenwire.runtime.engine.protocol import EngineClient
+from tokenwire.runtime.engine.request_stream import RequestFailed, RequestFinished
 from tokenwire.runtime.output_processor import ChoiceDelta, RequestStarted
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
 from tokenwire.server import convert
-from tokenwire.server.async_engine import AsyncEngine
 from tokenwire.server.call_context import caller_of
 from tokenwire.server.errors import (
     ServiceError,
@@ -30,7 +31,6 @@ from tokenwire.server.errors import (
     to_status_proto,
 )
 from tokenwire.server.grpc_guard import checked_messages
-from tokenwire.server.request_stream import RequestFailed, RequestFinished
 from tokenwire.server.session_state import SessionState
 from tokenwire.server.telemetry_core import Telemetry
 from tokenwire.v1 import generation_pb2 as pb
@@ -41,7 +41,7 @@ Out = asyncio.Queue[pb.SessionResponse | None]
 class SessionHandler:
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: EngineClient,
         model_name: str,
         limits: convert.Limits,
         tokenizers: TokenizerPool | None,
@@ -86,7 +86,7 @@ class SessionHandler:
                 opened=pb.SessionOpened(
                     session_id=state.session_id,
                     model=self.model_name,
-                    max_context_tokens=self.engine.core.max_model_len,
+                    max_context_tokens=self.engine.info.max_model_len,
                 )
             )
             while (message := await out.get()) is not None:

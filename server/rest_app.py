@@ -4,7 +4,8 @@ Holds no model, tokenizer or engine: every route is a translation onto the ``tok
 gRPC API through ``Upstream``. Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``GET /v1/models``, ``GET /v1/models/{model}``, ``GET /health`` (the shim is up) and
 ``GET /ready`` (the gRPC server reports SERVING), ``GET /openapi.json``, and ``GET /metrics``
-(Prometheus text) when the host process provides metrics. Errors always use
+(Prometheus text) when the host process provides metrics (behind the API key when keys are
+set). Errors always use
 the OpenAI envelope (never FastAPI's 422); a client that disconnects cancels its gRPC calls.
 """
 
@@ -24,6 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
+from tokenwire.server.api_keys import KeyChecker, bearer_of
 from tokenwire.server.rest_errors import RestError, from_rpc_error, from_validation_errors
 from tokenwire.server.rest_middleware import BodyLimitMiddleware, RequestIdMiddleware
 from tokenwire.server.rest_models import ChatCompletionRequest, CompletionRequest
@@ -47,6 +49,8 @@ class RestSettings:
     request_timeout: float | None = None  # gRPC deadline per request, seconds
     # Prometheus text for ``GET /metrics`` (``tokenwire serve`` passes its registry's).
     metrics: Callable[[], bytes] | None = None
+    # With keys, ``GET /metrics`` needs ``authorization: Bearer <key>`` like every gRPC call.
+    metrics_api_keys: tuple[str, ...] = ()
 
 
 class ClientGone(Exception):
@@ -54,18 +58,30 @@ class ClientGone(Exception):
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work`` unless the client disconnects first; then cancel it (and its calls)."""
+    """Await ``work`` unless the client disconnects first; then cancel it (and its gRPC
+    calls), wait until the cancellation has run, and raise ``ClientGone``."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnected(request.receive))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
+    except BaseException:  # this handler itself was cancelled
+        task.cancel()
         watcher.cancel()
-        if not task.done():
-            task.cancel()
-    if task.cancelled():
+        raise
+    watcher.cancel()
+    _consume(watcher)
+    if not task.done():  # the client went away first
+        task.cancel()  # takes effect when the task next runs: wait for that
+        await asyncio.wait({task})
+        _consume(task)
         raise ClientGone()
     return task.result()
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Mark a finished task's exception as retrieved (asyncio logs unretrieved ones)."""
+    if task.done() and not task.cancelled():
+        task.exception()
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -92,6 +108,7 @@ class Routes:
     def __init__(self, upstream: Upstream, settings: RestSettings) -> None:
         self.upstream = upstream
         self.settings = settings
+        self._metrics_keys = KeyChecker(settings.metrics_api_keys)
         self.started = int(time.time())
 
     async def chat(self, request: Request, body: ChatCompletionRequest) -> Response:
@@ -163,8 +180,16 @@ class Routes:
             "max_model_len": info.max_context_tokens,
         }
 
-    async def metrics(self) -> Response:
+    async def metrics(self, request: Request) -> Response:
         assert self.settings.metrics is not None
+        if self.settings.metrics_api_keys:
+            token = bearer_of(request.headers.getlist("authorization"))
+            if not self._metrics_keys.is_valid(token):
+                raise RestError(
+                    401,
+                    "missing or invalid API key (authorization: Bearer <key>)",
+                    "invalid_api_key",
+                )
         body = self.settings.metrics()
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -199,6 +224,10 @@ async def _on_http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _on_client_gone(request: Request, exc: Exception) -> Response:
+    logger.debug(
+        "client disconnected before the response (request_id=%s); its gRPC calls were cancelled",
+        request.state.request_id,
+    )
     return Response(status_code=499)  # nobody reads it: the client is gone
 
 

@@ -7,7 +7,12 @@ OpenAI code where one exists (``invalid_api_key``, ``model_not_found``,
 ``context_length_exceeded``, ``rate_limit_exceeded``), else the reason in lower case.
 ``param`` is the OpenAI field name (the proto name translated per request). Messages are
 passed through only from tokenwire's own statuses (ErrorInfo domain "tokenwire", which never
-carry a path, traceback or key); anything else gets a fixed message.
+carry a path, traceback or key), and only when the rich status agrees with the call's own code
+(grpc-core replaces the code when it drops a call, e.g. RESOURCE_EXHAUSTED for oversized
+trailers); anything else gets a fixed message. Only RESOURCE_EXHAUSTED with a rate-limit reason
+(QUEUE_FULL, TOO_MANY_SESSIONS) is a 429, which SDKs retry; any other RESOURCE_EXHAUSTED is a
+413. Client input quoted in a message is clipped (``clip``): an error never grows with what the
+client sent.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 
 STATUS_DETAILS_KEY = "grpc-status-details-bin"
+MAX_ECHO_CHARS = 256  # client input quoted in an error message (the gRPC side clips the same)
+MAX_MESSAGE_CHARS = 1024  # a gRPC status message passed through
 
 _HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -54,12 +61,21 @@ _OPENAI_CODES = {
     "QUEUE_FULL": "rate_limit_exceeded",
     "TOO_MANY_SESSIONS": "rate_limit_exceeded",
 }
+_RATE_LIMIT_REASONS = frozenset({"QUEUE_FULL", "TOO_MANY_SESSIONS"})
 _FALLBACK_MESSAGES = {
     grpc.StatusCode.UNAVAILABLE: "the inference server is unavailable",
     grpc.StatusCode.DEADLINE_EXCEEDED: "the request timed out",
     grpc.StatusCode.RESOURCE_EXHAUSTED: "the request exceeds a server limit",
     grpc.StatusCode.UNAUTHENTICATED: "missing or invalid API key",
 }
+
+
+def clip(value: object, limit: int = MAX_ECHO_CHARS) -> str:
+    """Client input for an error message: at most ``limit`` characters plus an ellipsis, and
+    always encodable as UTF-8 (a lone surrogate becomes its ``\\udxxx`` escape), so quoting it
+    can neither grow the error without bound nor make the error response itself fail."""
+    text = str(value)[: limit + 1].encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[:limit] + "\u2026"
 
 
 def error_type(status: int) -> str:
@@ -126,6 +142,8 @@ def _rich_status(err: grpc.aio.AioRpcError) -> _Rich:
         status = status_pb2.Status.FromString(blob)
     except DecodeError:
         return _Rich()
+    if status.code != err.code().value[0]:
+        return _Rich()  # not the status the server sent: grpc-core failed the call itself
     info, retry = error_details_pb2.ErrorInfo(), error_details_pb2.RetryInfo()
     rich = _Rich()
     for detail in status.details:
@@ -142,11 +160,14 @@ def from_rpc_error(err: grpc.aio.AioRpcError, params: Mapping[str, str]) -> Rest
     code = err.code()
     rich = _rich_status(err)
     status = _HTTP_STATUS.get(code, 500)
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and rich.reason not in _OPENAI_CODES:
-        status = 413  # a message-size limit, not a full queue: retrying will not help
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and rich.reason not in _RATE_LIMIT_REASONS:
+        status = 413  # a size limit (message, metadata), not a full queue: retrying won't help
     proto_param = rich.metadata.get("param")
     param = params.get(proto_param, proto_param) if proto_param else None
-    message = rich.message or _FALLBACK_MESSAGES.get(code, "internal error")
+    if rich.message:
+        message = clip(rich.message, MAX_MESSAGE_CHARS)
+    else:
+        message = _FALLBACK_MESSAGES.get(code, "internal error")
     if proto_param and param != proto_param:
         message = message.replace(f"{proto_param}:", f"{param}:", 1)
     reason = rich.reason or code.name
@@ -159,32 +180,40 @@ def from_rpc_error(err: grpc.aio.AioRpcError, params: Mapping[str, str]) -> Rest
     )
 
 
+NOT_UNICODE = "not valid Unicode text (a lone surrogate such as \\ud800)"
+
+
 def _loc_text(loc: Sequence[Any]) -> str:
-    return ".".join(str(part) for part in loc)
+    return ".".join(clip(part) for part in loc)  # a part may be a client's key
 
 
 def from_validation_errors(errors: Sequence[Any]) -> RestError:
     """A FastAPI/pydantic body validation failure -> 400 naming the field.
 
     ``param`` is the top-level field (the full dotted path for an unknown or unsupported
-    nested field); the message names the full location.
+    nested field); the message names the full location. Paths and messages are clipped: they
+    may quote the client's keys and values.
     """
     if not errors:
         return invalid(None, "invalid request body")
     first = errors[0]
     kind = str(first.get("type", ""))
     loc = [p for p in first.get("loc", ()) if p != "body"]
+    if kind == "invalid_unicode":  # the offending string's path inside the field
+        loc = [*loc, *first.get("ctx", {}).get("path", ())]
+    elif kind == "string_unicode":  # pydantic's own check (object keys, literals)
+        where = _loc_text(loc) if loc else "the request body"
+        return invalid(clip(loc[0]) if loc else None, f"{where}: {NOT_UNICODE}")
     if kind == "json_invalid":
         return invalid(None, "the request body is not valid JSON", "invalid_json")
     if not loc or kind in ("model_attributes_type", "dict_type", "model_type"):
         return invalid(None, "the request body must be a JSON object", "invalid_type")
+    path = _loc_text(loc)
     if kind == "extra_forbidden":
-        path = _loc_text(loc)
         return invalid(path, f"unknown field {path!r}", "unknown_parameter")
     if kind == "unsupported_parameter":
-        path = _loc_text(loc)
         return invalid(path, f"{path}: {first.get('msg')}", "unsupported_parameter")
     if kind == "missing":
-        return invalid(_loc_text(loc), f"{_loc_text(loc)}: field required", "missing_required")
-    msg = str(first.get("msg", "invalid value"))
-    return invalid(str(loc[0]), f"{_loc_text(loc)}: {msg}")
+        return invalid(path, f"{path}: field required", "missing_required")
+    msg = clip(first.get("msg", "invalid value"), MAX_MESSAGE_CHARS)
+    return invalid(clip(loc[0]), f"{path}: {msg}")

@@ -2,8 +2,10 @@
 
 ``RequestIdMiddleware`` takes the caller's ``x-request-id`` (or makes one), stores it in
 ``request.state.request_id`` and returns it as the ``x-request-id`` response header on every
-response, errors included. ``BodyLimitMiddleware`` answers 413 when ``content-length`` is over
-the limit, and stops reading a chunked body as soon as it grows past it.
+response, errors included. An id that is not printable ASCII or is longer than 128 characters
+(the gRPC server's rule: the id travels as gRPC metadata) is a 400 naming the header, sent with
+a fresh id. ``BodyLimitMiddleware`` answers 413 when ``content-length`` is over the limit, and
+stops reading a chunked body as soon as it grows past it.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from typing import Any
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tokenwire.server.rest_errors import RestError
+from tokenwire.server.rest_errors import RestError, invalid
 
 REQUEST_ID_HEADER = b"x-request-id"
+MAX_REQUEST_ID_CHARS = 128  # = tokenwire.server.call_context's (the shim imports no runtime)
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -36,9 +39,12 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send)
             return
         raw = _header(scope, REQUEST_ID_HEADER)
-        request_id = raw.decode("latin-1") if raw else uuid.uuid4().hex
+        if raw and not valid_request_id(raw):
+            await _send_error(send, bad_request_id(), {"x-request-id": uuid.uuid4().hex})
+            return
+        request_id = raw.decode("ascii") if raw else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
-        encoded = request_id.encode("latin-1")
+        encoded = request_id.encode("ascii")
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -49,6 +55,19 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+def valid_request_id(raw: bytes) -> bool:
+    text = raw.decode("latin-1")
+    return len(text) <= MAX_REQUEST_ID_CHARS and text.isascii() and text.isprintable()
+
+
+def bad_request_id() -> RestError:
+    return invalid(
+        "x-request-id",
+        f"header x-request-id must be printable ASCII, at most {MAX_REQUEST_ID_CHARS} characters",
+        "invalid_header",
+    )
 
 
 def too_large(limit: int) -> RestError:
@@ -83,11 +102,12 @@ class BodyLimitMiddleware:
         await self.app(scope, limited_receive, send)
 
 
-async def _send_error(send: Send, error: RestError) -> None:
+async def _send_error(send: Send, error: RestError, extra: dict[str, str] | None = None) -> None:
     body = json.dumps(error.body()).encode()
     headers: list[Any] = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
+        *((k.encode(), v.encode()) for k, v in (extra or {}).items()),
     ]  # uvicorn discards the unread body, so the client can finish sending and read this
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -7,14 +7,19 @@ inside the vocabulary, ...) is the gRPC server's call, in one place. Unknown fie
 rejected by name; OpenAI fields tokenwire does not implement are accepted only as ``null``
 (or at their no-op value) and otherwise rejected by name, never silently ignored. ``user``
 (and ``safety_identifier``) are accepted and ignored: they only label the caller at OpenAI.
+Every string anywhere in a request (fields, list items, content parts, keys) must be valid
+Unicode: JSON can spell a lone UTF-16 surrogate (``"\\ud800"``), which protobuf cannot encode,
+so it is a 400 naming the string's path, checked once for every field.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 from pydantic_core import PydanticCustomError
+
+from tokenwire.server.rest_errors import NOT_UNICODE, clip
 
 U32_MAX = 2**32 - 1
 U32 = Annotated[int, Field(ge=0, le=U32_MAX)]
@@ -50,12 +55,48 @@ def _logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
     for key in value or {}:
         if not key.isdigit() or int(key) > U32_MAX:
             raise PydanticCustomError(
-                "invalid_value", "keys must be token ids (decimal strings), got {key}", {"key": key}
+                "invalid_value",
+                "keys must be token ids (decimal strings), got {key}",
+                {"key": clip(key)},
             )
     return value
 
 
 LogitBias = Annotated[dict[str, float] | None, AfterValidator(_logit_bias)]
+
+
+def _is_text(value: str) -> bool:
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True
+
+
+def _bad_text_path(value: Any) -> tuple[str | int, ...] | None:
+    """Where in ``value`` (nested models, lists, dicts) a string that is not valid Unicode
+    sits: ``()`` for ``value`` itself, ``None`` when there is none."""
+    if isinstance(value, str):
+        return None if _is_text(value) else ()
+    items: Any
+    if isinstance(value, BaseModel):
+        items = ((name, getattr(value, name)) for name in type(value).model_fields)
+    elif isinstance(value, dict):
+        for key in value:
+            if isinstance(key, str) and not _is_text(key):
+                return (key,)
+        items = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        path = _bad_text_path(item)
+        if path is not None:
+            return (key, *path)
+    return None
 
 
 class _Strict(BaseModel):
@@ -124,6 +165,15 @@ class CommonFields(_Strict):
     store: FalseOnly = None
     service_tier: Unsupported = None
     prompt_cache_key: Unsupported = None
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        """Every field, including the subclasses' (``messages``, ``prompt``), all the way down."""
+        path = _bad_text_path(value)
+        if path is not None:
+            raise PydanticCustomError("invalid_unicode", NOT_UNICODE, {"path": path})
+        return value
 
 
 class ChatCompletionRequest(CommonFields):

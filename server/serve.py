@@ -16,8 +16,8 @@ import argparse
 import asyncio
 import os
 import signal
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import Any
 
 from prometheus_client import start_http_server
 
@@ -28,6 +28,7 @@ from tokenwire.runtime.config import (
     ModelConfig,
     SchedulerConfig,
 )
+from tokenwire.runtime.engine.async_engine import AsyncEngine
 from tokenwire.server.convert import Limits
 from tokenwire.server.grpc_server import GrpcServer, GrpcSettings
 from tokenwire.server.rest_app import RestSettings
@@ -45,9 +46,6 @@ from tokenwire.server.telemetry_logging import (
     get_logger,
 )
 from tokenwire.server.telemetry_tracing import add_tracing_arguments, tracing_settings
-
-if TYPE_CHECKING:
-    from tokenwire.server.async_engine import AsyncEngine
 
 logger = get_logger("tokenwire.serve")
 
@@ -95,7 +93,19 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         "--metrics-port",
         type=int,
         default=None,
-        help="serve Prometheus /metrics on this port (default: on the REST --port only)",
+        help="serve Prometheus /metrics on this port only, without auth (default: on the "
+        "REST --port, where it needs the API key when --api-key is set)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        default=None,
+        help="bind address of --metrics-port (default: --host); keep it internal",
+    )
+    p.add_argument(
+        "--engine-in-process",
+        action="store_true",
+        help="run the engine core on a thread of the server process (debugging) instead of "
+        "a process of its own",
     )
     add_tracing_arguments(p)
     p.set_defaults(func=run_serve)
@@ -178,6 +188,17 @@ def grpc_settings(args: argparse.Namespace) -> GrpcSettings:
     )
 
 
+@dataclass(frozen=True)
+class ServeOptions:
+    """Process-level serve flags (the engine's own are in ``EngineConfig``)."""
+
+    max_requests: int = 4096
+    shutdown_timeout: float = 30.0
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    engine_in_process: bool = False
+
+
 def run_serve(args: argparse.Namespace) -> int:
     if args.tensor_parallel_size != 1:
         raise ValueError("--tensor-parallel-size must be 1 (multi-device is not implemented)")
@@ -186,21 +207,20 @@ def run_serve(args: argparse.Namespace) -> int:
     tracing = tracing_settings(args)
     configure_logging(args.log_format)
     telemetry = Telemetry(tracing)
+    options = ServeOptions(
+        max_requests=args.max_requests,
+        shutdown_timeout=args.shutdown_timeout,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host or args.host,
+        engine_in_process=args.engine_in_process,
+    )
     rest = None
     if not args.disable_rest:
-        rest = replace(rest_settings(args, args.port), metrics=telemetry.exposition)
+        rest = rest_settings(args, args.port)
+        if options.metrics_port is None:  # else /metrics lives on its own port only
+            rest = replace(rest, metrics=telemetry.exposition, metrics_api_keys=settings.api_keys)
     try:
-        return asyncio.run(
-            _serve(
-                config,
-                settings,
-                rest,
-                telemetry,
-                args.max_requests,
-                args.shutdown_timeout,
-                args.metrics_port,
-            )
-        )
+        return asyncio.run(_serve(config, settings, rest, telemetry, options))
     finally:
         telemetry.shutdown()  # flush spans still in the exporter's queue
 
@@ -210,45 +230,62 @@ async def _serve(
     settings: GrpcSettings,
     rest_config: RestSettings | None,
     telemetry: Telemetry,
-    max_requests: int,
-    shutdown_timeout: float,
-    metrics_port: int | None,
+    options: ServeOptions,
 ) -> int:
-    from tokenwire.server.async_engine import AsyncEngine
-
     rest = RestServer(rest_config) if rest_config is not None else None
     if rest is not None:
         rest.bind()  # a taken --port fails before the model loads
-    engine = AsyncEngine(config, observer=telemetry, max_requests=max_requests)
-    await engine.start()  # loads the model on the engine thread
+    engine = AsyncEngine(
+        config,
+        observer=telemetry,
+        max_requests=options.max_requests,
+        in_process=options.engine_in_process,
+    )
+    stop = _signal_event()
+    await engine.start()  # the core loads the model (in its own process by default)
+    try:
+        return await _serve_started(engine, settings, rest, telemetry, options, stop)
+    finally:
+        await engine.shutdown()
+
+
+async def _serve_started(
+    engine: AsyncEngine,
+    settings: GrpcSettings,
+    rest: RestServer | None,
+    telemetry: Telemetry,
+    options: ServeOptions,
+    stop: asyncio.Event,
+) -> int:
     telemetry.attach(engine)
-    core = engine.core
-    name = core.loaded.served_model_name
-    server = GrpcServer(engine, name, settings, telemetry)
+    server = GrpcServer(engine, engine.info.served_model_name, settings, telemetry)
     port = await server.start()  # NOT_SERVING; requests get NOT_READY until warm
+    engine.on_dead(stop.set)  # a dead core: drain, then exit non-zero for the supervisor
     upstream = None
     if rest is not None:
         target = loopback_target(settings.host, port)
         upstream = Upstream.connect(target, settings.max_message_bytes)
         await rest.start(upstream)  # answers 503 NOT_READY until warm, like gRPC
-    metrics_server = _start_metrics_server(telemetry, settings.host, metrics_port)
+    metrics_server = _start_metrics_server(telemetry, options.metrics_host, options.metrics_port)
     if not settings.api_keys:
         logger.warning("no --api-key configured: the server accepts every caller")
-    await engine.warmup()
-    await server.set_serving(True)
-    _log_serving(engine, settings.host, port, rest, metrics_server, telemetry)
-    await _until_signal()
-    logger.info("draining", timeout_s=shutdown_timeout, in_flight=engine.num_in_flight)
-    await server.drain(shutdown_timeout)  # REST keeps answering: new calls get 503
+    if not engine.is_dead:
+        await engine.warmup()
+        await server.set_serving(True)
+        _log_serving(engine, settings.host, port, rest, metrics_server, telemetry)
+        await stop.wait()
+    if engine.is_dead:
+        logger.error("the engine core died; draining and exiting", exit_code=1)
+    logger.info("draining", timeout_s=options.shutdown_timeout, in_flight=engine.num_in_flight)
+    await server.drain(options.shutdown_timeout)  # REST keeps answering: new calls get 503
     if rest is not None and upstream is not None:
         await rest.stop()
         await upstream.close()
     if metrics_server is not None:
         metrics_server.shutdown()
     await server.stop(grace=1.0)
-    await engine.shutdown()
     logger.info("stopped")
-    return 0
+    return 1 if engine.is_dead else 0
 
 
 def _log_serving(
@@ -260,31 +297,31 @@ def _log_serving(
     telemetry: Telemetry,
 ) -> None:
     """The startup line: plain text for people and greps, the same facts as fields."""
-    core = engine.core
-    name = core.loaded.served_model_name
-    dtype = str(core.loaded.dtype).removeprefix("torch.")
+    info = engine.info
     rest_url = rest.url if rest is not None else "disabled"
     grpc_address = f"{host}:{port}"
     logger.info(
-        f"serving model={name} device={core.device} dtype={dtype} "
-        f"kv_blocks={core.kv_cache_manager.num_blocks} grpc={grpc_address} rest={rest_url} ",
-        model=name,
-        device=str(core.device),
-        dtype=dtype,
-        kv_blocks=core.kv_cache_manager.num_blocks,
+        f"serving model={info.served_model_name} device={info.device} dtype={info.dtype} "
+        f"kv_blocks={info.num_kv_blocks} grpc={grpc_address} rest={rest_url} ",
+        model=info.served_model_name,
+        device=info.device,
+        dtype=info.dtype,
+        kv_blocks=info.num_kv_blocks,
         grpc=grpc_address,
         rest=rest_url,
         metrics_port=metrics_server.server_port if metrics_server is not None else None,
         tracing=telemetry.settings.endpoint,
+        engine_core_pid=info.core_pid,
     )
 
 
-async def _until_signal() -> None:
+def _signal_event() -> asyncio.Event:
+    """Set on SIGTERM / SIGINT (and by whoever else decides the server must stop)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    return stop
 
 
 def _start_metrics_server(telemetry: Telemetry, host: str, port: int | None) -> Any:

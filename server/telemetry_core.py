@@ -1,9 +1,10 @@
 """``Telemetry``: the server's one telemetry object — engine observer, request records,
 Prometheus metrics, OpenTelemetry tracing (when configured) and the canonical log line.
 
-``tokenwire serve`` builds it, hands it to ``AsyncEngine`` as the observer and to the gRPC
+``tokenwire serve`` builds it, hands it to the engine client as the observer (step and
+request statistics arrive on the event loop, from the core's per-step records) and to the gRPC
 server; handlers call ``begin`` / ``describe`` / ``admit`` / ``end`` around each request.
-With tracing off there is no tracer, no span and no step record: the engine thread only
+With tracing off there is no tracer, no span and no step record: the event loop only
 updates a few Prometheus counters per step and, per finished request, its record.
 """
 
@@ -18,6 +19,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.stats import RequestStats, StepStats
 from tokenwire.server.telemetry_logging import get_logger
@@ -52,15 +54,15 @@ class Telemetry:
         self.log = get_logger("tokenwire.request")
 
     # ------------------------------------------------------------------ setup
-    def attach(self, engine: Any) -> None:
-        """Bind to a started ``AsyncEngine`` (model name, gauges)."""
-        core = engine.core
-        self.model_name = core.loaded.served_model_name
-        self.wired = engine.observer is self
+    def attach(self, engine: EngineClient) -> None:
+        """Bind to a started engine: model name, and gauges read from the stats snapshot the
+        engine publishes after every step (never from the scheduler itself)."""
+        self.model_name = engine.info.served_model_name
+        self.wired = getattr(engine, "observer", None) is self
 
         def gauges() -> EngineGauges:
-            scheduler, kv = core.scheduler, core.kv_cache_manager
-            return EngineGauges(scheduler.num_running, scheduler.num_waiting, kv.usage)
+            snap = engine.stats_snapshot()
+            return EngineGauges(snap.num_running, snap.num_waiting, snap.kv_cache_usage)
 
         self.metrics = EngineMetrics(self.model_name, gauges)
 

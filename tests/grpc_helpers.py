@@ -1,11 +1,14 @@
-"""Helpers shared by the gRPC server tests: an engine observer that records steps and can
-park the engine thread at a chosen step, a spy for engine methods, request builders and
-error-detail readers. Synchronisation is by events, never by sleeping."""
+"""Helpers shared by the gRPC server tests: an engine observer that records steps, a gate
+that parks the engine core (thread or process) at a chosen step, a spy for engine methods,
+request builders and error-detail readers. Synchronisation is by events, never by sleeping."""
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -17,39 +20,101 @@ from tokenwire.runtime.stats import RequestStats, StepStats
 from tokenwire.v1 import common_pb2, generation_pb2
 
 
+@dataclass(frozen=True)
+class ParkedStep:
+    """What the core's step looked like where the gate parked it."""
+
+    step_id: int
+    scheduled: dict[str, int]
+    prefill_req_ids: frozenset[str]
+    num_waiting: int
+
+
+class CoreGate:
+    """A core-side observer that parks the engine core at the n-th step serving a request
+    whose id contains a needle, until released. Built on multiprocessing primitives of the
+    spawn context, so the same object works on the core thread and, handed to the core
+    process when it is spawned, in the core process."""
+
+    def __init__(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._needle = ctx.Array("c", 512)  # empty: disarmed
+        self._nth = ctx.Value("i", 0)
+        self._seen = ctx.Value("i", 0)
+        self._parked_step = ctx.Array("c", 1 << 16)  # JSON of the parked step
+        self.parked = ctx.Event()
+        self._release = ctx.Event()
+
+    def arm(self, needle: str, nth: int) -> None:
+        self.parked.clear()
+        self._release.clear()
+        self._nth.value, self._seen.value = nth, 0
+        self._needle.value = needle.encode()
+
+    def release(self) -> None:
+        self._needle.value = b""
+        self._release.set()
+
+    @property
+    def parked_at(self) -> ParkedStep | None:
+        raw = self._parked_step.value
+        if not raw:
+            return None
+        data = json.loads(raw)
+        return ParkedStep(
+            data["step_id"], data["scheduled"], frozenset(data["prefill"]), data["waiting"]
+        )
+
+    def on_step(self, stats: StepStats) -> None:
+        needle = self._needle.value.decode()
+        if not needle:
+            return
+        self._seen.value += any(needle in rid for rid in stats.scheduled)
+        if self._seen.value < self._nth.value:
+            return
+        self._needle.value = b""
+        self._parked_step.value = json.dumps(
+            {
+                "step_id": stats.step_id,
+                "scheduled": stats.scheduled,
+                "prefill": sorted(stats.prefill_req_ids),
+                "waiting": stats.num_waiting,
+            }
+        ).encode()
+        self.parked.set()
+        self._release.wait(30)
+
+    def on_request_finished(self, stats: RequestStats) -> None:
+        pass
+
+
 class Recorder:
-    """Engine observer: records every step and finished request, and on request parks the
-    engine thread at the n-th step serving a request whose id contains ``needle`` (until
-    ``release``). While parked, the engine state may be read from the test thread."""
+    """Engine observer of the front: records every step and finished request (they arrive
+    from the core with each step's results). ``gate`` (handed to the engine as its core
+    observer) parks the core at the n-th step serving a request whose id contains ``needle``
+    (``hold``) until ``release``."""
 
     def __init__(self) -> None:
         self.steps: list[StepStats] = []
         self.finished: dict[str, RequestStats] = {}
-        self._match: Callable[[StepStats], bool] | None = None
-        self._release = threading.Event()
-        self.parked = threading.Event()
-        self.parked_at: StepStats | None = None
+        self.gate = CoreGate()
+
+    @property
+    def parked(self) -> Any:
+        return self.gate.parked
+
+    @property
+    def parked_at(self) -> ParkedStep | None:
+        return self.gate.parked_at
 
     def hold(self, needle: str, nth: int = 2) -> None:
-        seen = [0]
-
-        def match(stats: StepStats) -> bool:
-            seen[0] += any(needle in rid for rid in stats.scheduled)
-            return seen[0] >= nth
-
-        self.parked, self._release = threading.Event(), threading.Event()
-        self._match = match
+        self.gate.arm(needle, nth)
 
     def release(self) -> None:
-        self._match = None
-        self._release.set()
+        self.gate.release()
 
     def on_step(self, stats: StepStats) -> None:
         self.steps.append(stats)
-        if self._match is not None and self._match(stats):
-            self._match, self.parked_at = None, stats
-            self.parked.set()
-            self._release.wait(30)
 
     def on_request_finished(self, stats: RequestStats) -> None:
         self.finished[stats.request_id] = stats

@@ -1,9 +1,10 @@
 """A real tokenwire gRPC server on 127.0.0.1:<ephemeral> in a background thread.
 
-The server (grpc.aio + AsyncEngine + EngineCore on a tiny local model) runs on its own event
-loop thread; tests talk to it through generated stubs like any client. ``assert_idle`` waits
-for every stream to end (an event, not a sleep) and then checks that the engine is idle and
-every KV block is free.
+The server (grpc.aio + AsyncEngine) runs on its own event loop thread, and its engine core in
+a process of its own (as ``tokenwire serve`` runs it) or, with ``in_process=True``, on a
+thread. Tests talk to it through generated stubs like any client. ``assert_idle`` waits for
+every stream to end (an event, not a sleep) and then asks the core whether it is idle with
+every KV block free.
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ from typing import Any, TypeVar
 import grpc
 
 from tokenwire.runtime.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from tokenwire.runtime.engine.async_engine import AsyncEngine
+from tokenwire.runtime.engine.core import EngineCore
+from tokenwire.runtime.engine.inproc_client import InprocCoreClient
+from tokenwire.runtime.engine.protocol import IdleReport
 from tokenwire.runtime.stats import EngineObserver
-from tokenwire.server.async_engine import AsyncEngine
 from tokenwire.server.convert import Limits
 from tokenwire.server.grpc_server import GrpcServer, GrpcSettings
 
@@ -43,6 +47,7 @@ class ServerHarness:
         max_sessions: int = 8,
         limits: Limits | None = None,
         warm: bool = True,
+        in_process: bool = False,
     ) -> None:
         self.config = EngineConfig(
             model=ModelConfig(
@@ -64,6 +69,7 @@ class ServerHarness:
             max_sessions=max_sessions,
         )
         self.observer = observer
+        self.in_process = in_process  # False: the engine core runs in a process of its own
         self.warm = warm  # False: stop before warm-up (the server is NOT_READY)
         self.max_requests = max_requests
         self.loop = asyncio.new_event_loop()
@@ -78,10 +84,13 @@ class ServerHarness:
 
     async def _start(self) -> None:
         self.engine = AsyncEngine(
-            self.config, observer=self.observer, max_requests=self.max_requests
+            self.config,
+            observer=self.observer,
+            max_requests=self.max_requests,
+            in_process=self.in_process,
+            core_observer=getattr(self.observer, "gate", None),
         )
         await self.engine.start()
-        self.core = self.engine.core
         self.server = GrpcServer(self.engine, MODEL_NAME, self.settings)
         self.port = await self.server.start()
         if self.warm:
@@ -110,12 +119,23 @@ class ServerHarness:
         future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
         return future.result(timeout)
 
+    @property
+    def core(self) -> EngineCore:
+        """The engine core itself: in-process harnesses only (tests that inject faults)."""
+        client = self.engine.client
+        assert isinstance(client, InprocCoreClient) and client.core is not None
+        return client.core
+
+    @property
+    def core_pid(self) -> int:
+        return self.engine.info.core_pid
+
+    def kv_report(self, timeout: float = 30.0) -> IdleReport:
+        """The core's account of requests and KV blocks, after every earlier command."""
+        return self.run(self.engine.check_idle(timeout))
+
     def assert_idle(self, timeout: float = 30.0) -> None:
         """Every stream ended, no request in the engine, every KV block free."""
         assert self.run(self.engine.wait_idle(timeout)), "streams still open"
-        # The engine thread is parked on its command queue once idle, so reading its state
-        # from here is race-free.
-        assert not self.core.has_unfinished_requests()
-        self.core.kv_cache_manager.check_invariants(idle=True)
-        kv = self.core.kv_cache_manager
-        assert kv.num_free_blocks == kv.num_blocks
+        report = self.kv_report(timeout)
+        assert report.all_free, report

@@ -126,7 +126,7 @@ def test_cancel_while_queued(
     adds.wait("anon/queued")
     recorder.hold("bystander-queued-0", nth=2)  # by then the engine has queued it
     assert recorder.parked.wait(10)
-    assert harness.core.scheduler.num_waiting == 1
+    assert recorder.parked_at is not None and recorder.parked_at.num_waiting == 1
     call.cancel()
     aborts.wait("anon/queued")
     recorder.release()
@@ -223,7 +223,10 @@ def test_cancel_rpc_from_another_channel(
     assert call.code() == grpc.StatusCode.OK
     ends = [e.end for e in events if e.HasField("end")]
     assert [end.finish_reason for end in ends] == [common_pb2.FINISH_REASON_CANCELLED]
-    assert ends[0].completion_tokens == 3 and events[-1].usage.completion_tokens == 3
+    # The abort crosses to the core process asynchronously: it takes effect at the first
+    # step boundary after it arrives, so the parked step's token and at most one more.
+    assert 3 <= ends[0].completion_tokens <= 4
+    assert events[-1].usage.completion_tokens == ends[0].completion_tokens
     bystanders.check(recorder)
     harness.assert_idle()
 

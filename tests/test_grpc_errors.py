@@ -248,14 +248,32 @@ def test_unexpected_exception_is_internal_without_leaks(
         assert "boom-1" in err.details()
         assert "secret" not in err.details() and "/path" not in err.details()
     monkeypatch.undo()
-    monkeypatch.setattr(harness.core, "add_request", explode)  # fails on the engine thread
-    err, _, _ = expect(
-        lambda: stub.Generate(request(request_id="boom-2")), Code.INTERNAL, "ENGINE_ERROR"
-    )
-    assert "boom-2" in err.details() and "secret" not in err.details()
-    monkeypatch.undo()
     harness.assert_idle()
-    assert stub.Generate(request()).usage.completion_tokens == 4  # the engine lives on
+
+
+def test_engine_fault_on_one_request_is_internal(
+    tiny_model_factory: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request the core fails to add (an engine fault, injected on the in-process core)
+    ends INTERNAL without leaks; the engine serves the next request."""
+
+    def explode(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("secret /path/x")
+
+    harness = ServerHarness(tiny_model_factory("llama"), in_process=True).start()
+    try:
+        with harness.channel() as ch:
+            stub = generation_pb2_grpc.GenerationServiceStub(ch)
+            monkeypatch.setattr(harness.core, "add_request", explode)  # fails in the core
+            err, _, _ = expect(
+                lambda: stub.Generate(request(request_id="boom-2")), Code.INTERNAL, "ENGINE_ERROR"
+            )
+            assert "boom-2" in err.details() and "secret" not in err.details()
+            monkeypatch.undo()
+            harness.assert_idle()
+            assert stub.Generate(request()).usage.completion_tokens == 4  # the engine lives on
+    finally:
+        harness.stop()
 
 
 # ---------------------------------------------------------------------------- UNAVAILABLE
@@ -294,8 +312,10 @@ def test_draining_refuses_new_calls(tiny_model_factory: Callable[..., Path]) -> 
 
 
 def test_engine_death_is_unavailable(tiny_model_factory: Callable[..., Path]) -> None:
+    """The core's step raising (injected on the in-process core); a killed core process is
+    tested in test_engine_process.py."""
     gate = Recorder()
-    harness = ServerHarness(tiny_model_factory("llama"), observer=gate).start()
+    harness = ServerHarness(tiny_model_factory("llama"), observer=gate, in_process=True).start()
     try:
         with harness.channel() as ch:
             stub = generation_pb2_grpc.GenerationServiceStub(ch)

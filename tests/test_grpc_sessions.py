@@ -132,7 +132,7 @@ def test_turns_reuse_the_cached_transcript(harness: ServerHarness, channel: grpc
         assert (end.usage.prompt_tokens, end.usage.completion_tokens) == (len(transcript), 6)
         assert generated == unary(channel, transcript, 6)
         transcript += generated
-    assert harness.core.kv_cache_manager.num_held_blocks > 0  # the session holds its context
+    assert harness.kv_report().num_held_blocks > 0  # the session holds its context
     s.send(close=pb.SessionClose())
     assert s.ended()
     harness.assert_idle()  # Close released the held blocks
@@ -160,7 +160,7 @@ def test_half_close_ends_the_session_and_frees_it(
     s.opened()
     s.turn(ids(5, 20))
     s.finish_turn()
-    assert harness.core.kv_cache_manager.num_held_blocks > 0
+    assert harness.kv_report().num_held_blocks > 0
     s.half_close()
     assert s.ended()
     harness.assert_idle()
@@ -267,13 +267,13 @@ def test_context_eviction_under_memory_pressure(tiny_model_factory: Callable[...
             first = ids(11, 40)
             s.turn(first)
             _, reply, _ = s.finish_turn()
-            assert harness.core.kv_cache_manager.num_held_blocks == 3  # 45 computed tokens
+            assert harness.kv_report().num_held_blocks == 3  # 45 computed tokens
             # A request that needs all 8 blocks: the idle session's context must go.
             big = ids(4, 100)
             assert len(unary(channel, big, 20)) == 20
             kind, notice = _unpack(s.recv())
             assert (kind, notice.kind) == ("notice", pb.NOTICE_KIND_CONTEXT_EVICTED)
-            assert harness.core.kv_cache_manager.num_held_blocks == 0
+            assert harness.kv_report().num_held_blocks == 0
             # The next turn recomputes the transcript and answers as a fresh request would.
             transcript = [*first, *reply, 77, 78]
             s.turn([77, 78])

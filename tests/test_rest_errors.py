@@ -7,19 +7,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import grpc
 import httpx
 import pytest
+from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_helpers import Recorder, spy_on
 from rest_harness import RestHarness
 from server_harness import ServerHarness
 
 from tokenwire.server import convert, rest_app
+from tokenwire.server.rest_errors import STATUS_DETAILS_KEY, from_rpc_error
 
 
 def body(**fields: Any) -> dict[str, Any]:
@@ -66,6 +71,57 @@ def test_not_found(harness: ServerHarness, client: httpx.Client) -> None:
     assert error["type"] == "invalid_request_error" and "nope" in error["message"]
     error_of(client.get("/v1/models/nope"), 404, "model_not_found")
     harness.assert_idle()
+
+
+def test_long_model_name_is_404_never_429(harness: ServerHarness, client: httpx.Client) -> None:
+    """An error quoting a huge client value used to overflow gRPC's trailer limit; grpc-core
+    then failed the call as RESOURCE_EXHAUSTED, which the shim sent on as a retryable 429."""
+    name = "a" * 8000
+    chat = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for r in (
+        client.get(f"/v1/models/{name}"),
+        client.post("/v1/completions", json=body(model=name, max_tokens=2)),
+        client.post("/v1/chat/completions", json=chat),
+    ):
+        error = error_of(r, 404, "model_not_found")
+        assert len(error["message"]) < 400 and "a" * 257 not in r.text, error["message"][:80]
+    harness.assert_idle()
+
+
+def _rpc_error(code: grpc.StatusCode, status: status_pb2.Status | None) -> grpc.aio.AioRpcError:
+    trailing = grpc.aio.Metadata()
+    if status is not None:
+        trailing.add(STATUS_DETAILS_KEY, status.SerializeToString())
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, "details")
+
+
+def _status(code: int, reason: str, message: str = "boom") -> status_pb2.Status:
+    status = status_pb2.Status(code=code, message=message)
+    status.details.add().Pack(error_details_pb2.ErrorInfo(reason=reason, domain="tokenwire"))
+    return status
+
+
+def test_only_rate_limits_are_429() -> None:
+    """RESOURCE_EXHAUSTED is a 429 only with a rate-limit reason; a rich status that disagrees
+    with the call's code (grpc-core failed the call, e.g. oversized trailers) is not trusted;
+    passed-through messages are bounded."""
+    exhausted = grpc.StatusCode.RESOURCE_EXHAUSTED
+    for reason in ("QUEUE_FULL", "TOO_MANY_SESSIONS"):
+        err = from_rpc_error(
+            _rpc_error(exhausted, _status(code_pb2.RESOURCE_EXHAUSTED, reason)), {}
+        )
+        assert (err.status, err.code) == (429, "rate_limit_exceeded")
+    overflow = _status(code_pb2.NOT_FOUND, "MODEL_NOT_FOUND", "model 'aaa...' is not served")
+    for status in (overflow, None):  # the status the server sent did not come through
+        err = from_rpc_error(_rpc_error(exhausted, status), {"model": "model"})
+        assert (err.status, err.code, err.param) == (413, "resource_exhausted", None)
+        assert err.message == "the request exceeds a server limit"
+    odd = _status(code_pb2.RESOURCE_EXHAUSTED, "MODEL_NOT_FOUND")  # not a rate limit
+    assert from_rpc_error(_rpc_error(exhausted, odd), {}).status == 413
+    long = _status(code_pb2.NOT_FOUND, "MODEL_NOT_FOUND", "x" * 5000)
+    err = from_rpc_error(_rpc_error(grpc.StatusCode.NOT_FOUND, long), {})
+    assert (err.status, err.code) == (404, "model_not_found")
+    assert err.message == "x" * 1024 + "\u2026"
 
 
 def test_duplicate_request_id_is_409(
@@ -199,6 +255,55 @@ def test_disconnect_while_waiting_for_unary_cancels(
     assert client.post("/v1/completions", json=body(max_tokens=3)).status_code == 200
 
 
+class _LogEvent(logging.Handler):
+    """Sets ``seen`` once a record whose message contains ``needle`` is emitted (any thread)."""
+
+    def __init__(self, needle: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.needle = needle
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.needle in record.getMessage():
+            self.seen.set()
+
+
+def test_client_timing_out_on_unary_is_a_quiet_cancel(
+    harness: ServerHarness,
+    gate: Recorder,
+    rest: RestHarness,
+    client: httpx.Client,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A client that gives up on a non-streaming request (read timeout) used to get a 500 and
+    an "Exception in ASGI application" traceback (InvalidStateError) in the shim's log."""
+    aborts = spy_on(monkeypatch, harness.engine, "abort")
+    caplog.set_level(logging.DEBUG, logger="tokenwire.rest")
+    shim_log = logging.getLogger("tokenwire.rest")
+    gone = _LogEvent("client disconnected before the response (request_id=hang-up)")
+    shim_log.addHandler(gone)
+    gate.hold("anon/hang-up")
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(
+                f"{rest.url}/v1/completions",
+                json=body(max_tokens=40),
+                headers={"x-request-id": "hang-up"},
+                timeout=httpx.Timeout(30, read=1),
+            )
+        aborts.wait("anon/hang-up")  # the shim cancelled the gRPC call; the server aborted
+        assert gone.seen.wait(10)  # the shim's handler ran to its 499
+    finally:
+        shim_log.removeHandler(gone)
+        gate.release()
+    harness.assert_idle()
+    assert gate.finished["anon/hang-up"].finish_reason.name == "CANCELLED"
+    assert client.post("/v1/completions", json=body(max_tokens=3)).status_code == 200
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not errors, [f"{r.name}: {r.getMessage()}" for r in errors]
+
+
 def test_unreachable_grpc_server_is_503(harness: ServerHarness) -> None:
     with socket.socket() as probe:  # a port nobody listens on once the probe closes
         probe.bind(("127.0.0.1", 0))
@@ -283,7 +388,7 @@ def test_draining_is_503_and_in_flight_finishes(tiny_model_factory: Callable[...
 
 def test_engine_death_mid_stream_is_an_sse_error(tiny_model_factory: Callable[..., Path]) -> None:
     gate = Recorder()
-    harness = ServerHarness(tiny_model_factory("llama"), observer=gate).start()
+    harness = ServerHarness(tiny_model_factory("llama"), observer=gate, in_process=True).start()
     rest = RestHarness(harness).start()
     try:
         with httpx.Client(base_url=rest.url, timeout=60) as c:

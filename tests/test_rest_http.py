@@ -18,7 +18,7 @@ from grpc_helpers import greedy_request
 from rest_harness import RestHarness
 from server_harness import ServerHarness
 
-from tokenwire.server import grpc_generation
+from tokenwire.server import call_context, grpc_generation, rest_middleware
 from tokenwire.v1 import generation_pb2_grpc
 
 PROMPT = [5, 6, 7]
@@ -196,6 +196,41 @@ def test_bad_headers_are_400_naming_them(client: httpx.Client) -> None:
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
+BAD_REQUEST_IDS = {
+    "utf-8": "\u00fcn\u00ef".encode(),
+    "latin-1": "\u00fcn\u00ef".encode("latin-1"),
+    "too-long": b"r" * 129,
+    "tab": b"a\tb",
+}
+
+
+@pytest.mark.parametrize("raw", list(BAD_REQUEST_IDS.values()), ids=list(BAD_REQUEST_IDS))
+def test_bad_request_id_is_400_with_a_fresh_id(
+    harness: ServerHarness, client: httpx.Client, raw: bytes
+) -> None:
+    """The gRPC server's rule (printable ASCII, at most 128 characters), checked by the shim
+    before anything reaches gRPC: a 400 naming the header, never a 500 from grpc-core."""
+    assert rest_middleware.MAX_REQUEST_ID_CHARS == call_context.MAX_REQUEST_ID_CHARS
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1}
+    for r in (
+        client.post("/v1/completions", json=body, headers={"x-request-id": raw}),
+        client.get("/v1/models/tiny", headers={"x-request-id": raw}),
+    ):
+        assert r.status_code == 400, r.text
+        assert r.json()["error"] == {
+            "message": "header x-request-id must be printable ASCII, at most 128 characters",
+            "type": "invalid_request_error",
+            "param": "x-request-id",
+            "code": "invalid_header",
+        }
+        fresh = r.headers["x-request-id"]  # a generated id, not the rejected one
+        assert len(fresh) == 32 and fresh.isalnum()
+    longest = "r" * 128
+    r = client.post("/v1/completions", json=body, headers={"x-request-id": longest})
+    assert r.status_code == 200 and r.headers["x-request-id"] == longest
+    harness.assert_idle()
+
+
 def test_meta_routes(client: httpx.Client) -> None:
     assert client.get("/health").json() == {"status": "ok"}
     assert client.get("/ready").json() == {"status": "ready"}
@@ -300,6 +335,91 @@ def test_nested_and_unknown_fields(client: httpx.Client) -> None:
     error = chat({"role": "user", "content": [{"type": "text", "text": "hi"}]}, tools=None)
     assert (error["param"], error["code"]) == ("messages", "invalid_parameter")
     assert completion(client, max_tokens=1, echo=False, user="u").status_code == 200
+
+
+SURROGATES = [  # (route, patch, the failing string's path, the param named)
+    ("/v1/completions", {"prompt": "\ud800x"}, "prompt", "prompt"),
+    ("/v1/completions", {"prompt": ["ok", "x\udfff"]}, "prompt.1", "prompt"),
+    ("/v1/completions", {"model": "\ud800"}, "model", "model"),
+    ("/v1/completions", {"stop": "\udc00"}, "stop", "stop"),
+    ("/v1/completions", {"stop": ["a", "\ud800"]}, "stop.1", "stop"),
+    ("/v1/completions", {"cache_salt": "\ud800"}, "cache_salt", "cache_salt"),
+    ("/v1/completions", {"user": "\ud800"}, "user", "user"),
+    ("/v1/chat/completions", {"stop": ["\ud800"]}, "stop.0", "stop"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "\ud800"}]},
+        "messages.1.content",
+        "messages",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "\udbff"}]}]},
+        "messages.0.content.0.text",
+        "messages",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "patch", "where", "param"), SURROGATES, ids=[s[2] for s in SURROGATES]
+)
+def test_lone_surrogate_is_400_naming_the_field(
+    client: httpx.Client, path: str, patch: dict[str, Any], where: str, param: str
+) -> None:
+    """JSON can spell a lone UTF-16 surrogate, which no proto string can hold: a 400 naming
+    where it is, for every string field (lists and content parts included), never a 500."""
+    body: dict[str, Any] = {"model": "tiny", "max_tokens": 1}
+    body.update({"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {})
+    body.update({"prompt": PROMPT} if "chat" not in path else {})
+    body.update(patch)
+    raw = json.dumps(body).encode()  # ASCII with \u escapes: the surrogate stays lone
+    r = client.post(path, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["param"], error["code"]) == (param, "invalid_value")
+    assert error["message"].startswith(f"{where}: not valid Unicode")
+
+
+def test_surrogates_elsewhere_and_real_unicode(client: httpx.Client) -> None:
+    def post(body: dict[str, Any]) -> httpx.Response:
+        raw = json.dumps({"model": "tiny", "prompt": PROMPT, "max_tokens": 1, **body}).encode()
+        return client.post(
+            "/v1/completions", content=raw, headers={"content-type": "application/json"}
+        )
+
+    r = post({"\ud800": 1})  # an object key: pydantic's own check, before "unknown field"
+    assert r.status_code == 400 and r.json()["error"]["param"] is None
+    assert r.json()["error"]["message"].startswith("the request body: not valid Unicode")
+    chat = {"model": "tiny", "messages": [{"role": "\ud800", "content": "hi"}]}
+    r = client.post(
+        "/v1/chat/completions",
+        content=json.dumps(chat).encode(),
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    assert r.json()["error"]["message"].startswith("messages.0.role: not valid Unicode")
+    r = post({"logit_bias": {"\ud800": 1}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias"
+    # Valid non-ASCII text (a surrogate *pair* is one character) is fine.
+    r = post({"stop": ["\u00e9", "\ud83d\ude00"], "user": "\u00fc"})
+    assert r.status_code == 200, r.text
+
+
+def test_echoed_client_input_is_clipped(client: httpx.Client) -> None:
+    """The shim's own messages quote at most 256 characters of what the client sent."""
+    long = "b" * 8000
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi", long: 1}]}
+    for path, body in (
+        ("/v1/completions", {"model": "tiny", "prompt": PROMPT, long: 1}),
+        ("/v1/completions", {"model": "tiny", "prompt": PROMPT, "logit_bias": {long: 1}}),
+        ("/v1/chat/completions", chat),
+    ):
+        r = client.post(path, json=body)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert len(error["message"]) < 400 and len(error["param"]) < 300, error
+        assert "b" * 256 + "\u2026" in error["message"] and "b" * 257 not in r.text
 
 
 @pytest.mark.parametrize("raw", [b"{", b"[1]", b'"x"', b"5", b"null", b"", b"\xff\xfe"])

@@ -317,8 +317,17 @@ def test_logs_are_json_with_canonical_line(served: Served) -> None:
     assert line["e2e_s"] >= line["ttft_s"] >= line["queue_time_s"]
 
 
+def get_metrics(url: str) -> str:
+    """``/metrics`` of a server with API keys: the key is needed, as for any other call."""
+    refused = httpx.get(f"{url}/metrics", timeout=30)
+    assert refused.status_code == 401 and "tokenwire:" not in refused.text
+    reply = httpx.get(f"{url}/metrics", timeout=30, headers={AUTH[0]: AUTH[1]})
+    assert reply.status_code == 200
+    return reply.text
+
+
 def scrape(url: str) -> dict[str, float]:
-    text = httpx.get(f"{url}/metrics", timeout=30).text
+    text = get_metrics(url)
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -353,5 +362,5 @@ def test_metrics_after_known_workload(served: Served) -> None:
     assert delta("iteration_tokens_total_count") >= 6  # at least max_tokens steps
     for gauge in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
         assert after[f"tokenwire:{gauge}{{{m}}}"] == 0.0
-    text = httpx.get(f"{served.rest_url}/metrics", timeout=30).text
+    text = get_metrics(served.rest_url)
     assert "process_cpu_seconds_total" in text

@@ -12,6 +12,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
+from tokenwire.runtime.engine.protocol import EngineStatsSnapshot
 from tokenwire.runtime.request import FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.stats import RequestStats, StepStats
@@ -31,12 +32,12 @@ def make(
         "http://unused:4317", step_sample_ratio=ratio, include_content=content
     )
     telemetry = Telemetry(settings if tracing else None, provider)
-    core = SimpleNamespace(
-        loaded=SimpleNamespace(served_model_name="m"),
-        scheduler=SimpleNamespace(num_running=0, num_waiting=0),
-        kv_cache_manager=SimpleNamespace(usage=0.0),
+    engine = SimpleNamespace(
+        info=SimpleNamespace(served_model_name="m"),
+        stats_snapshot=EngineStatsSnapshot,
+        observer=telemetry,
     )
-    telemetry.attach(SimpleNamespace(core=core, observer=telemetry))
+    telemetry.attach(engine)  # type: ignore[arg-type]
     return telemetry, exporter
 
 

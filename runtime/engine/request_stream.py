@@ -1,7 +1,7 @@
-"""Per-request output stream between the engine thread and one asyncio consumer.
+"""Per-request output stream between the engine front and one asyncio consumer.
 
-All methods run on the event loop thread (the engine thread hands batches over with
-``call_soon_threadsafe``), so no locks are needed. The engine never waits on a consumer:
+All methods run on the event loop thread (the front hands each step over in one
+batch), so no locks are needed. The engine never waits on a consumer:
 when a client reads slowly, pending deltas of the same choice are merged in place, so a
 stream holds at most one pending delta per choice plus its start / end / final items.
 """

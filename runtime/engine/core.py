@@ -13,7 +13,8 @@ import torch
 
 from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.cpu_tuning import keep_freed_memory
-from tokenwire.runtime.errors import ContextLengthError, DuplicateRequestError, ParameterError
+from tokenwire.runtime.engine.validation import validate_request
+from tokenwire.runtime.errors import DuplicateRequestError
 from tokenwire.runtime.kv_cache_manager import KVCacheManager
 from tokenwire.runtime.model_loader import LoadedModel, load_model, resolve_dtype
 from tokenwire.runtime.model_runner import ModelRunner
@@ -104,26 +105,7 @@ class EngineCore:
         self.scheduler.add_request(request)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        if not prompt_token_ids:
-            raise ParameterError("prompt", "must contain at least one token")
-        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
-            raise ParameterError(
-                "prompt", f"token ids must lie in [0, {self.vocab_size}) (the vocabulary)"
-            )
-        params.validate_for_model(self.vocab_size)
-        num_prompt = len(prompt_token_ids)
-        if num_prompt >= self.max_model_len:
-            raise ContextLengthError(
-                "prompt",
-                f"{num_prompt} prompt tokens leave no room in the model's context of "
-                f"{self.max_model_len} tokens",
-            )
-        if params.max_tokens is not None and num_prompt + params.max_tokens > self.max_model_len:
-            raise ContextLengthError(
-                "max_tokens",
-                f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                f"model's context of {self.max_model_len} tokens",
-            )
+        validate_request(prompt_token_ids, params, self.vocab_size, self.max_model_len)
 
     def abort_requests(
         self, request_ids: list[str], reason: FinishReason = FinishReason.CANCELLED
@@ -217,6 +199,7 @@ class EngineCore:
                 update_time=update,
                 started_at_ns=started_ns,
                 duration=duration,
+                num_waiting=self.scheduler.num_waiting,
             )
         )
 

@@ -1,0 +1,323 @@
+"""``AsyncEngine``: the ``EngineClient`` every server front uses (vLLM v1's ``AsyncLLM``).
+
+It keeps the text side on the front's event loop: the tokenizer, ``n > 1`` fan-out,
+incremental detokenization, stop strings and per-request output streams. The engine core
+(scheduler, KV cache, model) runs behind a ``CoreClient``: in a process of its own by default,
+or on a thread (``in_process``). While the core computes the next step, the loop turns the
+previous step's token ids into text. One record per step carries every request's tokens, the
+step and request statistics (handed to ``observer`` here, on the loop) and a state snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+
+from tokenwire.runtime.config import EngineConfig
+from tokenwire.runtime.engine.core_client import CoreClient, make_core_client
+from tokenwire.runtime.engine.messages import (
+    AbortRequests,
+    AddRequest,
+    CheckIdle,
+    ChildRequest,
+    CoreFailed,
+    IdleReply,
+    ReleaseHolder,
+    StepResult,
+)
+from tokenwire.runtime.engine.protocol import EngineInfo, EngineStatsSnapshot, IdleReport
+from tokenwire.runtime.engine.request_stream import RequestFailed, RequestFinished, RequestStream
+from tokenwire.runtime.engine.validation import validate_request
+from tokenwire.runtime.errors import (
+    DrainingError,
+    DuplicateRequestError,
+    EngineDeadError,
+    NotReadyError,
+    QueueFullError,
+)
+from tokenwire.runtime.output_processor import OutputProcessor, ProcessedStep
+from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.stats import EngineObserver
+from tokenwire.runtime.tokenizer import Tokenizer, load_tokenizer
+
+logger = logging.getLogger("tokenwire.engine")
+
+
+class EngineFaultError(RuntimeError):
+    """The core failed to serve one request (an engine fault; the engine lives on)."""
+
+
+class AsyncEngine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        observer: EngineObserver | None = None,
+        max_requests: int = 4096,
+        in_process: bool = False,
+        core_observer: EngineObserver | None = None,
+    ) -> None:
+        self.config = config
+        self.observer = observer  # front side: sees every step's and request's statistics
+        self.max_requests = max_requests  # sequences in flight (a request counts n)
+        self.client: CoreClient = make_core_client(config, in_process, core_observer)
+        self.ready = False  # set after warm-up; until then requests get NOT_READY
+        self.draining = False
+        self._info: EngineInfo | None = None
+        self._tokenizer: Tokenizer | None = None
+        self._processor = OutputProcessor(None)
+        self._streams: dict[str, RequestStream] = {}
+        self._num_seqs = 0
+        self._eviction_listeners: dict[str, Callable[[], None]] = {}
+        self._on_dead: list[Callable[[], None]] = []
+        self._dead: str | None = None
+        self._closing = False
+        self._idle = asyncio.Event()  # set while no stream is open
+        self._idle.set()
+        self._snapshot = EngineStatsSnapshot()
+        self._idle_calls: dict[int, asyncio.Future[IdleReport]] = {}
+        self._call_ids = itertools.count()
+        self._output_task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def info(self) -> EngineInfo:
+        assert self._info is not None, "start() first"
+        return self._info
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        return self._tokenizer
+
+    @property
+    def is_dead(self) -> bool:
+        return self._dead is not None
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    @property
+    def num_seqs_in_flight(self) -> int:
+        """Sequences of the open streams (a request with ``n`` choices counts ``n``)."""
+        return self._num_seqs
+
+    def stats_snapshot(self) -> EngineStatsSnapshot:
+        return self._snapshot
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Start the core, wait until it has loaded the model, load the tokenizer."""
+        info = await self.client.start()
+        self._info = info
+        if info.tokenizer_path is not None:
+            self._tokenizer = await asyncio.to_thread(load_tokenizer, info.tokenizer_path)
+        self._processor = OutputProcessor(self._tokenizer)
+        total = info.num_kv_blocks
+        self._snapshot = EngineStatsSnapshot(kv_blocks_free=total, kv_blocks_total=total)
+        self._output_task = asyncio.create_task(self._output_loop(), name="tokenwire-outputs")
+
+    async def warmup(self) -> None:
+        """Run one tiny request end to end (first-step costs, allocator, caches)."""
+        stream = self.add_request(
+            "warmup",
+            None,
+            [1, 2, 3],
+            SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True),
+            before_ready=True,
+        )
+        async for _ in stream:
+            pass
+        self.ready = True
+
+    async def drain(self, timeout: float) -> None:
+        """Refuse new work, let in-flight requests finish up to ``timeout`` s, abort the rest."""
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            for request_id in list(self._streams):
+                self.abort(request_id)
+
+    async def shutdown(self) -> None:
+        self._closing = True
+        await self.client.shutdown()
+        if self._output_task is not None:
+            self._output_task.cancel()
+            await asyncio.gather(self._output_task, return_exceptions=True)
+
+    async def check_idle(self, timeout: float = 30.0) -> IdleReport:
+        """The core's own account of its state once every earlier command is applied."""
+        if self._dead is not None:
+            raise EngineDeadError(self._dead)
+        call_id = next(self._call_ids)
+        reply: asyncio.Future[IdleReport] = asyncio.get_running_loop().create_future()
+        self._idle_calls[call_id] = reply
+        self.client.send(CheckIdle(call_id))
+        try:
+            return await asyncio.wait_for(reply, timeout)
+        finally:
+            self._idle_calls.pop(call_id, None)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Every stream ended and the core has applied every command sent before (e.g. a
+        session's release); True if that happened within ``timeout``."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            await self.check_idle(timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    # ------------------------------------------------------------------ requests
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        hold_as: str | None = None,
+        before_ready: bool = False,
+    ) -> RequestStream:
+        """Validate and send to the core; raises before anything is sent."""
+        if self._dead is not None:
+            raise EngineDeadError(self._dead)
+        if not (self.ready or before_ready):
+            raise NotReadyError("the model is still loading or warming up")
+        if self.draining:
+            raise DrainingError("the server is draining and accepts no new requests")
+        if request_id in self._streams:
+            raise DuplicateRequestError(request_id)
+        if self._num_seqs + params.n > self.max_requests:
+            raise QueueFullError(
+                f"the server holds {self._num_seqs} sequences in flight and this request "
+                f"needs {params.n}; its limit is {self.max_requests}"
+            )
+        info = self.info
+        validate_request(prompt_token_ids, params, info.vocab_size, info.max_model_len)
+        children = self._processor.add_request(request_id, prompt, prompt_token_ids, params)
+        stream = RequestStream(request_id, params.n)
+        self._streams[request_id] = stream
+        self._num_seqs += params.n
+        self._idle.clear()
+        # Only choice 0 continues a session, so only its blocks are held.
+        self.client.send(
+            AddRequest(
+                request_id,
+                list(prompt_token_ids),
+                [
+                    ChildRequest(child_id, child_params, hold_as if i == 0 else None)
+                    for i, (child_id, child_params) in enumerate(children)
+                ],
+                priority,
+                cache_salt,
+            )
+        )
+        return stream
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel an in-flight request (its choices end CANCELLED). True once per request."""
+        stream = self._streams.get(request_id)
+        if stream is None or stream.done or stream.abort_requested:
+            return False
+        stream.abort_requested = True
+        children = self._processor.unfinished_children(request_id)
+        if children and self._dead is None:
+            self.client.send(AbortRequests(children))
+        return True
+
+    def release_holder(self, holder_id: str) -> None:
+        self._eviction_listeners.pop(holder_id, None)
+        if self._dead is None:
+            self.client.send(ReleaseHolder(holder_id))
+
+    def on_holder_evicted(self, holder_id: str, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when memory pressure drops the holder's blocks."""
+        self._eviction_listeners[holder_id] = callback
+
+    def on_dead(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the loop) if the engine core dies."""
+        self._on_dead.append(callback)
+
+    # ------------------------------------------------------------------ core outputs
+    async def _output_loop(self) -> None:
+        while True:
+            message = await self.client.get_output()
+            try:
+                if isinstance(message, StepResult):
+                    self._on_step(message)
+                elif isinstance(message, IdleReply):
+                    reply = self._idle_calls.pop(message.call_id, None)
+                    if reply is not None and not reply.done():
+                        reply.set_result(message.report)
+                elif isinstance(message, CoreFailed):
+                    if not self._closing:
+                        self._die(message.message)
+                    return
+            except Exception:
+                logger.exception("engine front failed to process a core output")
+                self._die("the engine front failed")
+                return
+
+    def _on_step(self, result: StepResult) -> None:
+        if self.observer is not None:
+            for step in result.steps:
+                self.observer.on_step(step)
+            for stats in result.finished:
+                self.observer.on_request_finished(stats)
+        if result.snapshot is not None:
+            self._snapshot = result.snapshot
+        processed = self._processor.process(result.outputs)
+        if processed.to_abort:  # stop strings: the choices already ended in the front
+            self.client.send(AbortRequests(processed.to_abort))
+        for fault in result.faults:
+            self._processor.abort(fault.request_id)
+            self._fail(fault.request_id, EngineFaultError(fault.message))
+        self._dispatch(processed)
+        for holder in result.evicted_holders:
+            callback = self._eviction_listeners.pop(holder, None)
+            if callback is not None:
+                callback()
+
+    def _dispatch(self, step: ProcessedStep) -> None:
+        streams = self._streams
+        for started in step.started:
+            if (stream := streams.get(started.request_id)) is not None:
+                stream.put(started)
+        for delta in step.deltas:
+            if (stream := streams.get(delta.request_id)) is not None:
+                stream.put(delta)
+        for output in step.finished:
+            stream = streams.pop(output.request_id, None)
+            if stream is not None:
+                self._num_seqs -= stream.num_seqs
+                stream.put(RequestFinished(output))
+        self._mark_idle()
+
+    def _mark_idle(self) -> None:
+        if not self._streams:
+            self._idle.set()
+
+    def _fail(self, request_id: str, exc: BaseException) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            self._num_seqs -= stream.num_seqs
+            stream.put(RequestFailed(exc))
+        self._mark_idle()
+
+    def _die(self, reason: str) -> None:
+        logger.error("engine core died: %s", reason)
+        self._dead = reason
+        for request_id in list(self._streams):
+            self._processor.abort(request_id)
+            self._fail(request_id, EngineDeadError(reason))
+        for reply in self._idle_calls.values():
+            if not reply.done():
+                reply.set_exception(EngineDeadError(reason))
+        for callback in self._on_dead:
+            callback()

@@ -1,0 +1,183 @@
+"""``CoreLoop``: the busy loop that drives an ``EngineCore`` from input records (vLLM v1's
+``EngineCoreProc`` loop), the same code on a thread of the front or in the core's own process.
+
+Each turn applies every queued input (blocking only while the core has nothing to do), runs
+one step when there is work, and sends one ``StepResult`` with the step's outputs, the step
+and request statistics the core reported, evicted session holders and a state snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from tokenwire.runtime.engine.core import EngineCore
+from tokenwire.runtime.engine.messages import (
+    AbortRequests,
+    AddRequest,
+    CheckIdle,
+    CoreInput,
+    CoreOutput,
+    IdleReply,
+    ReleaseHolder,
+    RequestFault,
+    Shutdown,
+    StepResult,
+)
+from tokenwire.runtime.engine.protocol import EngineInfo, EngineStatsSnapshot, IdleReport
+from tokenwire.runtime.outputs import EngineCoreOutput
+from tokenwire.runtime.stats import EngineObserver, RequestStats, StepStats
+
+Receive = Callable[[bool], list[CoreInput]]  # block -> the inputs queued now (>= 1 if block)
+Send = Callable[[CoreOutput], None]
+
+
+class StatsCollector:
+    """The core's observer: keeps what a step reported until the loop ships it, and passes
+    each event on to ``extra`` first (a core-side observer, e.g. a test's step gate)."""
+
+    def __init__(self, extra: EngineObserver | None = None) -> None:
+        self.extra = extra
+        self.steps: list[StepStats] = []
+        self.finished: list[RequestStats] = []
+
+    def on_step(self, stats: StepStats) -> None:
+        if self.extra is not None:
+            self.extra.on_step(stats)
+        self.steps.append(stats)
+
+    def on_request_finished(self, stats: RequestStats) -> None:
+        if self.extra is not None:
+            self.extra.on_request_finished(stats)
+        self.finished.append(stats)
+
+    def take(self) -> tuple[list[StepStats], list[RequestStats]]:
+        steps, finished = self.steps, self.finished
+        self.steps, self.finished = [], []
+        return steps, finished
+
+
+def engine_info(core: EngineCore) -> EngineInfo:
+    loaded, config = core.loaded, core.config
+    tokenizer_dir = config.model.tokenizer or str(loaded.model_path)
+    return EngineInfo(
+        served_model_name=loaded.served_model_name,
+        architecture=loaded.arch.architecture,
+        dtype=str(loaded.dtype).removeprefix("torch."),
+        device=str(core.device),
+        max_model_len=core.max_model_len,
+        vocab_size=core.vocab_size,
+        eos_token_ids=tuple(sorted(loaded.eos_token_ids)),
+        num_kv_blocks=core.kv_cache_manager.num_blocks,
+        block_size=config.cache.block_size,
+        max_num_seqs=config.scheduler.max_num_seqs,
+        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+        enable_prefix_caching=config.cache.enable_prefix_caching,
+        quantization=None,
+        tensor_parallel_size=config.parallel.tensor_parallel_size,
+        tokenizer_path=tokenizer_dir if loaded.tokenizer is not None else None,
+        core_pid=os.getpid(),
+    )
+
+
+def snapshot(core: EngineCore, step_id: int) -> EngineStatsSnapshot:
+    scheduler, kv = core.scheduler, core.kv_cache_manager
+    return EngineStatsSnapshot(
+        step_id=step_id,
+        num_running=scheduler.num_running,
+        num_waiting=scheduler.num_waiting,
+        kv_cache_usage=kv.usage,
+        kv_blocks_free=kv.num_free_blocks,
+        kv_blocks_total=kv.num_blocks,
+        num_held_blocks=kv.num_held_blocks,
+        prefix_cache_queries=kv.prefix_cache_queries,
+        prefix_cache_hits=kv.prefix_cache_hits,
+        num_preemptions=scheduler.num_preemptions_total,
+    )
+
+
+def idle_report(core: EngineCore) -> IdleReport:
+    kv = core.kv_cache_manager
+    try:
+        kv.check_invariants()
+        error = None
+    except AssertionError as exc:
+        error = str(exc)
+    return IdleReport(
+        has_unfinished_requests=core.has_unfinished_requests(),
+        num_free_blocks=kv.num_free_blocks,
+        num_blocks=kv.num_blocks,
+        num_held_blocks=kv.num_held_blocks,
+        invariant_error=error,
+    )
+
+
+class CoreLoop:
+    def __init__(
+        self, core: EngineCore, collector: StatsCollector, receive: Receive, send: Send
+    ) -> None:
+        self.core = core
+        self.collector = collector
+        self.receive = receive
+        self.send = send
+        self._step_id = 0
+        self._outputs: list[EngineCoreOutput] = []
+        self._faults: list[RequestFault] = []
+
+    def run(self) -> None:
+        """Until a ``Shutdown`` input; exceptions propagate (the caller reports them)."""
+        core = self.core
+        while True:
+            for message in self.receive(not core.has_unfinished_requests()):
+                if isinstance(message, Shutdown):
+                    return
+                self._apply(message)
+            if core.has_unfinished_requests():
+                self._outputs.extend(core.step())
+                self._step_id += 1
+            self._flush()
+
+    def _apply(self, message: CoreInput) -> None:
+        core = self.core
+        if isinstance(message, AddRequest):
+            self._add(message)
+        elif isinstance(message, AbortRequests):
+            self._outputs.extend(core.abort_requests(message.request_ids))
+        elif isinstance(message, ReleaseHolder):
+            core.release_holder(message.holder_id)
+        elif isinstance(message, CheckIdle):
+            self._flush()  # everything before the question goes out before the answer
+            self.send(IdleReply(message.call_id, idle_report(core)))
+
+    def _add(self, message: AddRequest) -> None:
+        added: list[str] = []
+        try:
+            for child in message.children:
+                self.core.add_request(
+                    child.request_id,
+                    message.prompt_token_ids,
+                    child.params,
+                    priority=message.priority,
+                    cache_salt=message.cache_salt,
+                    hold_as=child.hold_as,
+                )
+                added.append(child.request_id)
+        except Exception as exc:  # validated by the front already: an engine fault
+            self.core.abort_requests(added)  # their outputs are dropped: the request failed
+            self._faults.append(RequestFault(message.request_id, type(exc).__name__))
+
+    def _flush(self) -> None:
+        steps, finished = self.collector.take()
+        evicted = self.core.pop_evicted_holders()
+        if not (self._outputs or steps or finished or evicted or self._faults):
+            return
+        result = StepResult(
+            outputs=self._outputs,
+            steps=steps,
+            finished=finished,
+            evicted_holders=evicted,
+            faults=self._faults,
+            snapshot=snapshot(self.core, self._step_id),
+        )
+        self._outputs, self._faults = [], []
+        self.send(result)

@@ -1,0 +1,103 @@
+"""The plain records that cross between the front and the engine core.
+
+Only token ids, parameters and statistics cross; text stays in the front. In-process the
+records are handed over as objects; between processes ``codec`` encodes them with msgspec.
+One ``StepResult`` per engine step carries every request's new tokens, the step's and the
+finished requests' statistics, and the state snapshot the gauges read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenwire.runtime.engine.protocol import EngineInfo, EngineStatsSnapshot, IdleReport
+from tokenwire.runtime.outputs import EngineCoreOutput
+from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.stats import RequestStats, StepStats
+
+
+# ---------------------------------------------------------------------------- front -> core
+@dataclass(frozen=True, slots=True)
+class ChildRequest:
+    """One choice of a request, as the engine core schedules it (``n == 1``)."""
+
+    request_id: str
+    params: SamplingParams
+    hold_as: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AddRequest:
+    """A request's choices, added together: all of them or, on a fault, none."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    children: list[ChildRequest]
+    priority: int = 0
+    cache_salt: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AbortRequests:
+    request_ids: list[str]  # engine-side (child) ids
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseHolder:
+    holder_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckIdle:
+    """Answered with an ``IdleReport`` once every earlier input has been applied."""
+
+    call_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    pass
+
+
+CoreInput = AddRequest | AbortRequests | ReleaseHolder | CheckIdle | Shutdown
+
+
+# ---------------------------------------------------------------------------- core -> front
+@dataclass(frozen=True, slots=True)
+class RequestFault:
+    """Adding a request failed inside the core (an engine fault, never a bad parameter)."""
+
+    request_id: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    outputs: list[EngineCoreOutput] = field(default_factory=list)
+    steps: list[StepStats] = field(default_factory=list)
+    finished: list[RequestStats] = field(default_factory=list)
+    evicted_holders: list[str] = field(default_factory=list)
+    faults: list[RequestFault] = field(default_factory=list)
+    snapshot: EngineStatsSnapshot | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CoreStarted:
+    info: EngineInfo
+
+
+@dataclass(frozen=True, slots=True)
+class IdleReply:
+    call_id: int
+    report: IdleReport
+
+
+@dataclass(frozen=True, slots=True)
+class CoreFailed:
+    """The core cannot go on: it failed to start (``startup``) or its loop crashed."""
+
+    message: str
+    startup: bool = False
+
+
+CoreOutput = StepResult | CoreStarted | IdleReply | CoreFailed

@@ -1,0 +1,130 @@
+"""The seam between fronts (gRPC server, REST via gRPC, benchmarks) and the engine.
+
+A front sees only ``EngineClient``, the plain ``EngineInfo`` record it publishes once started,
+and the ``EngineStatsSnapshot`` it publishes after every step. Whether the engine core runs on
+a thread of this process or in a process of its own is the client's business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from tokenwire.runtime.engine.request_stream import RequestStream
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """Facts about the served model and engine, fixed once the core has loaded the model."""
+
+    served_model_name: str
+    architecture: str
+    dtype: str
+    device: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    num_kv_blocks: int
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enable_prefix_caching: bool
+    quantization: str | None
+    tensor_parallel_size: int
+    # Where the front loads the tokenizer (and chat template) from; None: token ids only.
+    tokenizer_path: str | None
+    core_pid: int  # the process running the engine core (this one when in-process)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStatsSnapshot:
+    """Scheduler and KV-cache state after a step, for gauges (counters are cumulative)."""
+
+    step_id: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    kv_blocks_free: int = 0
+    kv_blocks_total: int = 0
+    num_held_blocks: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up
+    prefix_cache_hits: int = 0  # prompt tokens found
+    num_preemptions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class IdleReport:
+    """The core's own account of its state, asked for after every earlier command applied."""
+
+    has_unfinished_requests: bool
+    num_free_blocks: int
+    num_blocks: int
+    num_held_blocks: int
+    invariant_error: str | None  # None: tables, ref counts and free queue agree
+
+    @property
+    def all_free(self) -> bool:
+        """No request, no held table, every block free, invariants intact."""
+        return (
+            not self.has_unfinished_requests
+            and self.num_free_blocks == self.num_blocks
+            and self.num_held_blocks == 0
+            and self.invariant_error is None
+        )
+
+
+class EngineClient(Protocol):
+    """What every front uses. Methods run on the front's event loop; ``add_request`` raises
+    ``ParameterError``, ``DuplicateRequestError``, ``QueueFullError``, ``NotReadyError``,
+    ``DrainingError`` or ``EngineDeadError`` before anything is queued."""
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+    @property
+    def tokenizer(self) -> Tokenizer | None: ...
+
+    @property
+    def is_dead(self) -> bool: ...
+
+    @property
+    def num_in_flight(self) -> int: ...
+
+    async def start(self) -> None: ...
+
+    async def warmup(self) -> None: ...
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        hold_as: str | None = None,
+    ) -> RequestStream: ...
+
+    def abort(self, request_id: str) -> bool: ...
+
+    def release_holder(self, holder_id: str) -> None: ...
+
+    def on_holder_evicted(self, holder_id: str, callback: Callable[[], None]) -> None: ...
+
+    def on_dead(self, callback: Callable[[], None]) -> None: ...
+
+    def stats_snapshot(self) -> EngineStatsSnapshot: ...
+
+    async def check_idle(self, timeout: float = 30.0) -> IdleReport: ...
+
+    async def wait_idle(self, timeout: float) -> bool: ...
+
+    async def drain(self, timeout: float) -> None: ...
+
+    async def shutdown(self) -> None: ...

@@ -1,0 +1,33 @@
+"""Token-level request checks against the model's immutable facts (vocabulary, context).
+
+Both sides of the engine seam run them: the front before it admits a request (so a bad one
+fails its call at once, before anything crosses to the core) and ``EngineCore.add_request``.
+"""
+
+from __future__ import annotations
+
+from tokenwire.runtime.errors import ContextLengthError, ParameterError
+from tokenwire.runtime.sampling_params import SamplingParams
+
+
+def validate_request(
+    prompt_token_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int
+) -> None:
+    if not prompt_token_ids:
+        raise ParameterError("prompt", "must contain at least one token")
+    if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab_size:
+        raise ParameterError("prompt", f"token ids must lie in [0, {vocab_size}) (the vocabulary)")
+    params.validate_for_model(vocab_size)
+    num_prompt = len(prompt_token_ids)
+    if num_prompt >= max_model_len:
+        raise ContextLengthError(
+            "prompt",
+            f"{num_prompt} prompt tokens leave no room in the model's context of "
+            f"{max_model_len} tokens",
+        )
+    if params.max_tokens is not None and num_prompt + params.max_tokens > max_model_len:
+        raise ContextLengthError(
+            "max_tokens",
+            f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+            f"model's context of {max_model_len} tokens",
+        )
