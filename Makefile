@@ -30,7 +30,8 @@ $(VENV)/.installed: $(VENV)/.deps $(PKG_DIRS)
 
 dev: $(VENV)/.installed
 
-test: dev
+# The README's test command (CI runs it on a clean clone): lint and type-check, then tests.
+test: lint typecheck
 	$(PY) -m pytest -q
 
 serve: dev

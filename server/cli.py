@@ -51,7 +51,7 @@ def _run_generate(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from tokenwire.clients.bench_throughput import add_parsers as add_bench_parsers
     from tokenwire.clients.chat import add_chat_parser
-    from tokenwire.server.rest_server import add_rest_parser
+    from tokenwire.server.rest.server import add_rest_parser
     from tokenwire.server.serve import add_serve_parser
 
     parser = argparse.ArgumentParser(prog="tokenwire", description=__doc__)

@@ -29,23 +29,23 @@ from tokenwire.runtime.config import (
     SchedulerConfig,
 )
 from tokenwire.runtime.engine.async_engine import AsyncEngine
-from tokenwire.server.convert import Limits
-from tokenwire.server.grpc_server import GrpcServer, GrpcSettings
-from tokenwire.server.rest_app import RestSettings
-from tokenwire.server.rest_server import (
+from tokenwire.server.grpc.convert import Limits
+from tokenwire.server.grpc.server import GrpcServer, GrpcSettings
+from tokenwire.server.rest.app import RestSettings
+from tokenwire.server.rest.server import (
     RestServer,
     add_rest_arguments,
     loopback_target,
     rest_settings,
 )
-from tokenwire.server.rest_upstream import Upstream
-from tokenwire.server.telemetry_core import Telemetry
-from tokenwire.server.telemetry_logging import (
+from tokenwire.server.rest.upstream import Upstream
+from tokenwire.server.telemetry.core import Telemetry
+from tokenwire.server.telemetry.logs import (
     add_log_format_argument,
     configure_logging,
     get_logger,
 )
-from tokenwire.server.telemetry_tracing import add_tracing_arguments, tracing_settings
+from tokenwire.server.telemetry.tracing import add_tracing_arguments, tracing_settings
 
 logger = get_logger("tokenwire.serve")
 

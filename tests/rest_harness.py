@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from server_harness import ServerHarness
 
-from tokenwire.server.rest_app import RestSettings
-from tokenwire.server.rest_server import RestServer
-from tokenwire.server.rest_upstream import Upstream
+from tokenwire.server.rest.app import RestSettings
+from tokenwire.server.rest.server import RestServer
+from tokenwire.server.rest.upstream import Upstream
 
 
 class RestHarness:

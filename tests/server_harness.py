@@ -24,8 +24,8 @@ from tokenwire.runtime.engine.core import EngineCore
 from tokenwire.runtime.engine.inproc_client import InprocCoreClient
 from tokenwire.runtime.engine.protocol import IdleReport
 from tokenwire.runtime.stats import EngineObserver
-from tokenwire.server.convert import Limits
-from tokenwire.server.grpc_server import GrpcServer, GrpcSettings
+from tokenwire.server.grpc.convert import Limits
+from tokenwire.server.grpc.server import GrpcServer, GrpcSettings
 
 T = TypeVar("T")
 MODEL_NAME = "tiny"

@@ -20,7 +20,7 @@ from grpc_helpers import delta_ids, details_of, greedy_request
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from server_harness import MODEL_NAME, ServerHarness
 
-from tokenwire.server.grpc_server import GrpcServer, GrpcSettings
+from tokenwire.server.grpc.server import GrpcServer, GrpcSettings
 from tokenwire.v1 import (
     common_pb2,
     generation_pb2,

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_helpers import Recorder, delta_ids, details_of, greedy_request, spy_on
 from server_harness import ServerHarness
 
-from tokenwire.server import convert
+from tokenwire.server.grpc import convert
 from tokenwire.v1 import common_pb2, generation_pb2_grpc, models_pb2, models_pb2_grpc
 from tokenwire.v1 import generation_pb2 as pb
 

@@ -23,8 +23,9 @@ from grpc_helpers import Recorder, spy_on
 from rest_harness import RestHarness
 from server_harness import ServerHarness
 
-from tokenwire.server import convert, rest_app
-from tokenwire.server.rest_errors import STATUS_DETAILS_KEY, from_rpc_error
+from tokenwire.server.grpc import convert
+from tokenwire.server.rest import app as rest_app
+from tokenwire.server.rest.errors import STATUS_DETAILS_KEY, from_rpc_error
 
 
 def body(**fields: Any) -> dict[str, Any]:

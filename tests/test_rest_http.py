@@ -18,7 +18,9 @@ from grpc_helpers import greedy_request
 from rest_harness import RestHarness
 from server_harness import ServerHarness
 
-from tokenwire.server import call_context, grpc_generation, rest_middleware
+from tokenwire.server.grpc import call_context
+from tokenwire.server.grpc import generation as grpc_generation
+from tokenwire.server.rest import middleware as rest_middleware
 from tokenwire.v1 import generation_pb2_grpc
 
 PROMPT = [5, 6, 7]
@@ -244,7 +246,7 @@ def test_meta_routes(client: httpx.Client) -> None:
 def test_shim_imports_no_runtime() -> None:
     """The shim holds no model, tokenizer or engine: it never even imports the runtime."""
     code = (
-        "import sys, tokenwire.server.rest_app, tokenwire.server.rest_server\n"
+        "import sys, tokenwire.server.rest.app, tokenwire.server.rest.server\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')\n"
         "       or m.startswith('tokenwire.runtime')]\n"
         "assert not bad, bad\n"

@@ -16,8 +16,8 @@ from tokenwire.runtime.engine.protocol import EngineStatsSnapshot
 from tokenwire.runtime.request import FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.stats import RequestStats, StepStats
-from tokenwire.server.telemetry_core import Telemetry
-from tokenwire.server.telemetry_tracing import TracingSettings
+from tokenwire.server.telemetry.core import Telemetry
+from tokenwire.server.telemetry.tracing import TracingSettings
 
 
 def make(

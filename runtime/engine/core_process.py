@@ -83,7 +83,7 @@ def run_core_process(
     def receive(block: bool) -> list[CoreInput]:
         if block:
             inputs.poll()
-        messages = []
+        messages: list[CoreInput] = []
         while True:
             try:
                 frame = inputs.recv(zmq.NOBLOCK, copy=False)
@@ -188,8 +188,9 @@ class MPCoreClient:
     async def get_output(self) -> CoreOutput:
         assert self._exited is not None
         if not self._exited.done():
-            receiving = asyncio.ensure_future(self._outputs.recv(copy=False))
-            await asyncio.wait({receiving, self._exited}, return_when=asyncio.FIRST_COMPLETED)
+            receiving: asyncio.Future[Any] = asyncio.ensure_future(self._outputs.recv(copy=False))
+            waits: set[asyncio.Future[Any]] = {receiving, self._exited}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             if receiving.done():
                 return self._out_codec.decode_output(receiving.result().buffer)
             receiving.cancel()

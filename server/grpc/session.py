@@ -20,9 +20,9 @@ from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.engine.request_stream import RequestFailed, RequestFinished
 from tokenwire.runtime.output_processor import ChoiceDelta, RequestStarted
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
-from tokenwire.server import convert
-from tokenwire.server.call_context import caller_of
-from tokenwire.server.errors import (
+from tokenwire.server.grpc import convert
+from tokenwire.server.grpc.call_context import caller_of
+from tokenwire.server.grpc.errors import (
     ServiceError,
     abort,
     invalid_parameter,
@@ -30,9 +30,9 @@ from tokenwire.server.errors import (
     to_service_error,
     to_status_proto,
 )
-from tokenwire.server.grpc_guard import checked_messages
-from tokenwire.server.session_state import SessionState
-from tokenwire.server.telemetry_core import Telemetry
+from tokenwire.server.grpc.guard import checked_messages
+from tokenwire.server.grpc.session_state import SessionState
+from tokenwire.server.telemetry.core import Telemetry
 from tokenwire.v1 import generation_pb2 as pb
 
 Out = asyncio.Queue[pb.SessionResponse | None]

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 from pydantic_core import PydanticCustomError
 
-from tokenwire.server.rest_errors import NOT_UNICODE, clip
+from tokenwire.server.rest.errors import NOT_UNICODE, clip
 
 U32_MAX = 2**32 - 1
 U32 = Annotated[int, Field(ge=0, le=U32_MAX)]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
-from tokenwire.server import convert
+from tokenwire.server.grpc import convert
 from tokenwire.v1 import common_pb2, generation_pb2
 
 

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from tokenwire.server.rest_app import RestSettings, create_app
-from tokenwire.server.rest_upstream import Upstream
-from tokenwire.server.telemetry_logging import (
+from tokenwire.server.rest.app import RestSettings, create_app
+from tokenwire.server.rest.upstream import Upstream
+from tokenwire.server.telemetry.logs import (
     add_log_format_argument,
     configure_logging,
     get_logger,

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from tokenwire.server.rest_errors import RestError, from_rpc_error
-from tokenwire.server.rest_responses import (
+from tokenwire.server.rest.errors import RestError, from_rpc_error
+from tokenwire.server.rest.responses import (
     JSON,
     chat_logprobs,
     completion_logprobs,
@@ -27,7 +27,7 @@ from tokenwire.server.rest_responses import (
     stop_reason,
     sum_usage,
 )
-from tokenwire.server.rest_upstream import Event, OpenStreams
+from tokenwire.server.rest.upstream import Event, OpenStreams
 from tokenwire.v1 import common_pb2, generation_pb2
 
 logger = logging.getLogger("tokenwire.rest")

@@ -17,7 +17,7 @@ from typing import TypeAlias
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tokenwire.server.rest_errors import invalid
+from tokenwire.server.rest.errors import invalid
 from tokenwire.v1 import generation_pb2, generation_pb2_grpc, models_pb2_grpc
 
 FORWARDED_HEADERS = ("authorization", "traceparent", "tracestate", "x-priority")

@@ -26,14 +26,14 @@ from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
 from tokenwire.server.api_keys import KeyChecker, bearer_of
-from tokenwire.server.rest_errors import RestError, from_rpc_error, from_validation_errors
-from tokenwire.server.rest_middleware import BodyLimitMiddleware, RequestIdMiddleware
-from tokenwire.server.rest_models import ChatCompletionRequest, CompletionRequest
-from tokenwire.server.rest_openapi import install_openapi
-from tokenwire.server.rest_requests import Translated, chat_request, completion_requests
-from tokenwire.server.rest_responses import JSON, chat_response, completion_response
-from tokenwire.server.rest_stream import ChatChunks, CompletionChunks, StreamSpec, sse_events
-from tokenwire.server.rest_upstream import OpenStreams, Upstream, call_options
+from tokenwire.server.rest.errors import RestError, from_rpc_error, from_validation_errors
+from tokenwire.server.rest.middleware import BodyLimitMiddleware, RequestIdMiddleware
+from tokenwire.server.rest.models import ChatCompletionRequest, CompletionRequest
+from tokenwire.server.rest.openapi import install_openapi
+from tokenwire.server.rest.requests import Translated, chat_request, completion_requests
+from tokenwire.server.rest.responses import JSON, chat_response, completion_response
+from tokenwire.server.rest.stream import ChatChunks, CompletionChunks, StreamSpec, sse_events
+from tokenwire.server.rest.upstream import OpenStreams, Upstream, call_options
 from tokenwire.v1 import models_pb2
 
 T = TypeVar("T")

@@ -17,10 +17,10 @@ from typing import Any
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tokenwire.server.rest_errors import RestError, invalid
+from tokenwire.server.rest.errors import RestError, invalid
 
 REQUEST_ID_HEADER = b"x-request-id"
-MAX_REQUEST_ID_CHARS = 128  # = tokenwire.server.call_context's (the shim imports no runtime)
+MAX_REQUEST_ID_CHARS = 128  # = tokenwire.server.grpc.call_context's (the shim imports no runtime)
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:

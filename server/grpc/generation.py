@@ -19,13 +19,13 @@ from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.output_processor import ChoiceDelta, RequestStarted
 from tokenwire.runtime.outputs import RequestOutput
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
-from tokenwire.server import convert
-from tokenwire.server.call_context import CallContext, call_context, caller_of
-from tokenwire.server.call_context import internal_request_id as internal_id
-from tokenwire.server.errors import abort, model_not_found, to_service_error
-from tokenwire.server.grpc_session import SessionHandler
-from tokenwire.server.telemetry_core import Telemetry
-from tokenwire.server.telemetry_record import RequestRecord
+from tokenwire.server.grpc import convert
+from tokenwire.server.grpc.call_context import CallContext, call_context, caller_of
+from tokenwire.server.grpc.call_context import internal_request_id as internal_id
+from tokenwire.server.grpc.errors import abort, model_not_found, to_service_error
+from tokenwire.server.grpc.session import SessionHandler
+from tokenwire.server.telemetry.core import Telemetry
+from tokenwire.server.telemetry.record import RequestRecord
 from tokenwire.v1 import generation_pb2, generation_pb2_grpc
 
 Events = AsyncIterator[generation_pb2.GenerateStreamResponse]

@@ -13,13 +13,13 @@ from grpc_reflection.v1alpha import reflection
 
 from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
-from tokenwire.server.auth import ApiKeyInterceptor
-from tokenwire.server.convert import Limits
-from tokenwire.server.grpc_generation import GenerationService
-from tokenwire.server.grpc_guard import MalformedRequestInterceptor
-from tokenwire.server.grpc_models import ModelService
-from tokenwire.server.grpc_session import SessionHandler
-from tokenwire.server.telemetry_core import Telemetry
+from tokenwire.server.grpc.auth import ApiKeyInterceptor
+from tokenwire.server.grpc.convert import Limits
+from tokenwire.server.grpc.generation import GenerationService
+from tokenwire.server.grpc.guard import MalformedRequestInterceptor
+from tokenwire.server.grpc.models import ModelService
+from tokenwire.server.grpc.session import SessionHandler
+from tokenwire.server.telemetry.core import Telemetry
 from tokenwire.v1 import generation_pb2, generation_pb2_grpc, models_pb2, models_pb2_grpc
 
 logger = logging.getLogger("tokenwire.server")

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from tokenwire.server.errors import ServiceError, abort
+from tokenwire.server.grpc.errors import ServiceError, abort
 
 GUARDED_PREFIX = "/tokenwire."
 logger = logging.getLogger("tokenwire.server")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import grpc
 
 from tokenwire.runtime.errors import ParameterError
-from tokenwire.server.auth import authorization_values, bearer_token
+from tokenwire.server.grpc.auth import authorization_values, bearer_token
 
 MAX_REQUEST_ID_CHARS = 128
 

@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Link, SpanContext, Tracer
 
 from tokenwire.runtime.stats import RequestStats, StepStats
-from tokenwire.server.telemetry_record import RequestRecord, RequestSummary, StepRef
+from tokenwire.server.telemetry.record import RequestRecord, RequestSummary, StepRef
 
 STEPS_PER_ENGINE_TRACE = 1000
 INSTRUMENTATION = "tokenwire.server"

@@ -10,8 +10,8 @@ import grpc
 from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.sampling_params import MAX_LOGPROBS
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
-from tokenwire.server.convert import Limits
-from tokenwire.server.errors import abort, invalid_parameter, model_not_found, to_service_error
+from tokenwire.server.grpc.convert import Limits
+from tokenwire.server.grpc.errors import abort, invalid_parameter, model_not_found, to_service_error
 from tokenwire.v1 import models_pb2, models_pb2_grpc
 
 

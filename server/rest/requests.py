@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tokenwire.server.rest_errors import invalid
-from tokenwire.server.rest_models import ChatCompletionRequest, CommonFields, CompletionRequest
+from tokenwire.server.rest.errors import invalid
+from tokenwire.server.rest.models import ChatCompletionRequest, CommonFields, CompletionRequest
 from tokenwire.v1 import common_pb2, generation_pb2
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions

@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 
 from tokenwire.server.api_keys import KeyChecker, bearer_of
-from tokenwire.server.errors import ServiceError, abort
+from tokenwire.server.grpc.errors import ServiceError, abort
 
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 UNAUTHENTICATED = ServiceError(

@@ -22,11 +22,11 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.stats import RequestStats, StepStats
-from tokenwire.server.telemetry_logging import get_logger
-from tokenwire.server.telemetry_metrics import EngineGauges, EngineMetrics
-from tokenwire.server.telemetry_record import RequestRecord, summarize
-from tokenwire.server.telemetry_spans import SpanFactory, summary_attributes
-from tokenwire.server.telemetry_tracing import (
+from tokenwire.server.telemetry.logs import get_logger
+from tokenwire.server.telemetry.metrics import EngineGauges, EngineMetrics
+from tokenwire.server.telemetry.record import RequestRecord, summarize
+from tokenwire.server.telemetry.spans import SpanFactory, summary_attributes
+from tokenwire.server.telemetry.tracing import (
     TracingSettings,
     build_tracer_provider,
 )

@@ -1,0 +1,1 @@
+"""The gRPC API: services, sessions, auth, decode guard, errors and proto conversion."""

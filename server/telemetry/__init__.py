@@ -1,0 +1,1 @@
+"""Telemetry: OpenTelemetry traces, Prometheus metrics, structlog logs."""
