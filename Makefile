@@ -9,8 +9,9 @@ export PYTHONSAFEPATH := 1
 export TOKENIZERS_PARALLELISM := false
 
 # Package folders: adding a module changes a folder's mtime, which re-runs the (strict)
-# editable install so the new module becomes importable.
-PKG_DIRS := $(shell find runtime kernels server clients protos -type d -not -name __pycache__ 2>/dev/null)
+# editable install so the new module becomes importable. `bench/` and `protos/`, not `bench`
+# and `protos`: those are phony targets, which a prerequisite of the same name would run.
+PKG_DIRS := $(shell find runtime kernels server clients bench/ protos/ -type d -not -name __pycache__ 2>/dev/null)
 
 .PHONY: dev test serve lint typecheck bench protos clean gpu-check
 
@@ -46,7 +47,7 @@ lint: dev
 typecheck: dev
 	cd build/__editable__.tokenwire-*/ && $(CURDIR)/$(VENV)/bin/mypy \
 		--config-file $(CURDIR)/pyproject.toml tokenwire/runtime tokenwire/kernels \
-		tokenwire/server tokenwire/clients
+		tokenwire/server tokenwire/clients tokenwire/bench
 
 bench: dev
 	$(VENV)/bin/tokenwire bench throughput --workload cpu --compare hf

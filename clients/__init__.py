@@ -1,1 +1,1 @@
-"""tokenwire clients and benchmark tools."""
+"""tokenwire clients: the typed gRPC client library (sync and async, sessions) and chat REPL."""

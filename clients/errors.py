@@ -2,7 +2,9 @@
 
 Every non-OK tokenwire status carries an ``ErrorInfo{reason, domain: "tokenwire", metadata}``
 (``metadata["param"]`` names a bad parameter) and, for QUEUE_FULL, a ``RetryInfo``. The
-exception class follows the reason when there is one, else the status code.
+exception class follows the reason when there is one, else the status code. ``reason`` is the
+string as sent ("QUEUE_FULL"); ``error_reason`` is the same as a ``tokenwire.v1.ErrorReason``
+(UNSPECIFIED when absent or unknown to this client version).
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import grpc
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
+
+from tokenwire.v1 import errors_pb2
+from tokenwire.v1.reasons import parse_reason
 
 REQUEST_ID_KEY = "x-request-id"
 
@@ -43,6 +48,11 @@ class TokenwireError(Exception):
         self.retry_after = retry_after
         self.request_id = request_id
         self.metadata: dict[str, str] = dict(metadata or {})
+
+    @property
+    def error_reason(self) -> errors_pb2.ErrorReason:
+        """``reason`` as the enum; ERROR_REASON_UNSPECIFIED when absent or unknown here."""
+        return parse_reason(self.reason)
 
     def __str__(self) -> str:
         label = self.reason or self.code.name
@@ -107,18 +117,19 @@ class CancelledError(TokenwireError):
     default_code = grpc.StatusCode.CANCELLED
 
 
-_BY_REASON: dict[str, type[TokenwireError]] = {
-    "INVALID_PARAMETER": InvalidArgumentError,
-    "CONTEXT_LENGTH_EXCEEDED": ContextLengthExceededError,
-    "API_KEY_INVALID": AuthenticationError,
-    "MODEL_NOT_FOUND": ModelNotFoundError,
-    "DUPLICATE_REQUEST_ID": DuplicateRequestError,
-    "QUEUE_FULL": QueueFullError,
-    "TOO_MANY_SESSIONS": QueueFullError,
-    "SERVER_DRAINING": UnavailableError,
-    "NOT_READY": UnavailableError,
-    "ENGINE_DEAD": UnavailableError,
-    "ENGINE_ERROR": InternalError,
+# Reasons not listed here (MALFORMED_REQUEST, TURN_IN_PROGRESS, unknown ones) follow the code.
+_BY_REASON: dict[errors_pb2.ErrorReason, type[TokenwireError]] = {
+    errors_pb2.ERROR_REASON_INVALID_PARAMETER: InvalidArgumentError,
+    errors_pb2.ERROR_REASON_CONTEXT_LENGTH_EXCEEDED: ContextLengthExceededError,
+    errors_pb2.ERROR_REASON_API_KEY_INVALID: AuthenticationError,
+    errors_pb2.ERROR_REASON_MODEL_NOT_FOUND: ModelNotFoundError,
+    errors_pb2.ERROR_REASON_DUPLICATE_REQUEST_ID: DuplicateRequestError,
+    errors_pb2.ERROR_REASON_QUEUE_FULL: QueueFullError,
+    errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS: QueueFullError,
+    errors_pb2.ERROR_REASON_SERVER_DRAINING: UnavailableError,
+    errors_pb2.ERROR_REASON_NOT_READY: UnavailableError,
+    errors_pb2.ERROR_REASON_ENGINE_DEAD: UnavailableError,
+    errors_pb2.ERROR_REASON_ENGINE_ERROR: InternalError,
 }
 
 # RESOURCE_EXHAUSTED without a QUEUE_FULL reason is usually a message-size limit: no retry hint.
@@ -179,7 +190,7 @@ def _parse_details(status: status_pb2.Status) -> _Details:
 def _build(
     code: grpc.StatusCode, message: str, details: _Details, request_id: str | None
 ) -> TokenwireError:
-    cls = _BY_REASON.get(details.reason or "") or _BY_CODE.get(code, TokenwireError)
+    cls = _BY_REASON.get(parse_reason(details.reason)) or _BY_CODE.get(code, TokenwireError)
     return cls(
         message,
         code=code,

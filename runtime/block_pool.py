@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 
-NULL_BLOCK_ID = 0
+from tokenwire.kernels.kv_layout import NULL_BLOCK_ID
 
 
 class KVBlock:

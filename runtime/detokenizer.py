@@ -25,11 +25,11 @@ transformers 5 skips it for BPE tokenizers anyway.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer as RustTokenizer
 
 from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.tokenizer import Tokenizer
 
 REPLACEMENT_CHAR = "\ufffd"
 # Prompt tokens decoded as context before the first output token, so that the output's first
@@ -40,7 +40,7 @@ PROMPT_CONTEXT_TOKENS = 6
 DecodeFn = Callable[[list[int]], str]
 
 
-def make_decode_fn(tokenizer: Any, skip_special_tokens: bool) -> DecodeFn:
+def make_decode_fn(tokenizer: Tokenizer | RustTokenizer, skip_special_tokens: bool) -> DecodeFn:
     """``ids -> text`` through the tokenizer's Rust backend when it has one.
 
     ``tokenizer`` is a transformers tokenizer or a ``tokenizers.Tokenizer``; going straight to
@@ -48,7 +48,7 @@ def make_decode_fn(tokenizer: Any, skip_special_tokens: bool) -> DecodeFn:
     generated token).
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    target = backend if isinstance(backend, Tokenizer) else tokenizer
+    target = backend if isinstance(backend, RustTokenizer) else tokenizer
 
     def decode(ids: list[int]) -> str:
         return str(target.decode(ids, skip_special_tokens=skip_special_tokens))
@@ -56,7 +56,7 @@ def make_decode_fn(tokenizer: Any, skip_special_tokens: bool) -> DecodeFn:
     return decode
 
 
-def decode_token(tokenizer: Any, token_id: int) -> str:
+def decode_token(tokenizer: Tokenizer | RustTokenizer, token_id: int) -> str:
     """Text of one token on its own, for ``Logprob.decoded_token``.
 
     Same as vLLM (``tokenizer.decode([token_id])``): special tokens are kept, a leading-space
@@ -157,7 +157,10 @@ class IncrementalDetokenizer:
     """
 
     def __init__(
-        self, tokenizer: Any, prompt_token_ids: Sequence[int], params: SamplingParams
+        self,
+        tokenizer: Tokenizer | RustTokenizer,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
     ) -> None:
         decode = make_decode_fn(tokenizer, params.skip_special_tokens)
         self._stream = _TokenStream(decode, _prompt_context(decode, prompt_token_ids))

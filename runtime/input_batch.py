@@ -1,7 +1,7 @@
 """Persistent per-row host buffers for building a step's inputs without per-token Python loops.
 
 Each active request owns one row of ``token_ids`` ([max_rows, max_model_len] int32) and of
-``block_table`` ([max_rows, max_blocks_per_seq] int32, padded with the null block 0). Rows
+``block_table`` ([max_rows, max_blocks_per_seq] int32, padded with the null block). Rows
 are reused: a finished or preempted request returns its row to the free list. Step inputs
 (positions, slot_mapping, gathered token ids, block tables) come from vectorised numpy
 indexing over these rows.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-NULL_BLOCK = 0
+from tokenwire.kernels.kv_layout import NULL_BLOCK_ID
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +36,9 @@ class InputBatch:
         self.block_size = block_size
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.token_ids = np.zeros((max_rows, max_model_len), dtype=np.int32)
-        self.block_table = np.zeros((max_rows, self.max_blocks_per_seq), dtype=np.int32)
+        self.block_table = np.full(
+            (max_rows, self.max_blocks_per_seq), NULL_BLOCK_ID, dtype=np.int32
+        )
         self.num_blocks = np.zeros(max_rows, dtype=np.int32)
         self.num_computed = np.zeros(max_rows, dtype=np.int64)
         self.num_tokens = np.zeros(max_rows, dtype=np.int64)  # prompt + output tokens known
@@ -49,6 +51,7 @@ class InputBatch:
         row = self._free_rows.pop()
         self.token_ids[row, : len(token_ids)] = token_ids
         self.num_blocks[row] = 0
+        self.block_table[row] = NULL_BLOCK_ID  # a reused row keeps no stale block ids
         self.append_blocks(row, block_ids)
         self.num_computed[row] = num_computed
         self.num_tokens[row] = len(token_ids)

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 from tqdm import tqdm
 
-from tokenwire.runtime.config import (
-    DEFAULT_CPU_KV_BYTES,
-    CacheConfig,
-    DType,
-    EngineConfig,
-    LoadFormat,
-    ModelConfig,
-    SchedulerConfig,
-    SchedulingPolicy,
-)
 from tokenwire.runtime.engine.core import EngineCore
+from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.output_processor import ChoiceDelta, OutputProcessor
 from tokenwire.runtime.outputs import RequestOutput
@@ -34,56 +26,23 @@ class LLM:
     """An in-process engine for batch generation. Not thread-safe."""
 
     def __init__(
-        self,
-        model: str | None = None,
-        *,
-        tokenizer: str | None = None,
-        dtype: DType = "auto",
-        device: str = "auto",
-        max_model_len: int | None = None,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 2048,
-        block_size: int = 16,
-        enable_prefix_caching: bool = True,
-        enable_chunked_prefill: bool = True,
-        scheduling_policy: SchedulingPolicy = "fcfs",
-        seed: int = 0,
-        load_format: LoadFormat = "auto",
-        kv_cache_memory_bytes: int = DEFAULT_CPU_KV_BYTES,
-        num_blocks_override: int | None = None,
-        gpu_memory_utilization: float = 0.9,
-        enforce_eager: bool = False,
-        observer: EngineObserver | None = None,
+        self, model: str | None = None, *, observer: EngineObserver | None = None, **kwargs: Any
     ) -> None:
-        config = EngineConfig(
-            model=ModelConfig(
-                model=model,
-                tokenizer=tokenizer,
-                dtype=dtype,
-                max_model_len=max_model_len,
-                load_format=load_format,
-                seed=seed,
-            ),
-            cache=CacheConfig(
-                block_size=block_size,
-                enable_prefix_caching=enable_prefix_caching,
-                kv_cache_memory_bytes=kv_cache_memory_bytes,
-                num_blocks_override=num_blocks_override,
-                gpu_memory_utilization=gpu_memory_utilization,
-            ),
-            scheduler=SchedulerConfig(
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens,
-                policy=scheduling_policy,
-                enable_chunked_prefill=enable_chunked_prefill,
-            ),
-            device=device,
-            enforce_eager=enforce_eager,
-        )
+        """``kwargs``: any ``EngineArgs`` field (the ``tokenwire serve`` flags, snake_case:
+        ``max_model_len=``, ``num_gpu_blocks_override=``, ...); an unknown one is a
+        ``TypeError``, a bad value a ``ValueError`` naming its flag."""
+        config = EngineArgs(model=model, **kwargs).create_engine_config()
         self.engine = EngineCore(config, observer)
         self.tokenizer = self.engine.loaded.tokenizer
         self._processor = OutputProcessor(self.tokenizer)
         self._counter = itertools.count()
+
+    @classmethod
+    def from_engine_args(
+        cls, engine_args: EngineArgs, observer: EngineObserver | None = None
+    ) -> LLM:
+        fields = {f.name: getattr(engine_args, f.name) for f in dataclasses.fields(engine_args)}
+        return cls(observer=observer, **fields)
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer

@@ -18,7 +18,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -28,10 +28,7 @@ from tokenwire.runtime.default_model import DEFAULT_SERVED_MODEL_NAME, default_g
 from tokenwire.runtime.gguf_convert import ensure_converted
 from tokenwire.runtime.models.arch import ModelArch, token_id_tuple
 from tokenwire.runtime.models.llama import LlamaForCausalLM, build_model
-from tokenwire.runtime.tokenizer import load_tokenizer
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+from tokenwire.runtime.tokenizer import Tokenizer, load_tokenizer
 
 _INDEX_FILE = "model.safetensors.index.json"
 _DEFAULT_INIT_STD = 0.02  # HF initializer_range default
@@ -42,7 +39,7 @@ class LoadedModel:
     model: LlamaForCausalLM  # eval mode, on ``device`` in ``dtype``
     arch: ModelArch
     model_path: Path  # HF-format directory (the GGUF cache directory for GGUF sources)
-    tokenizer: PreTrainedTokenizerBase | None  # None when the directory holds no tokenizer
+    tokenizer: Tokenizer | None  # None when the directory holds no tokenizer
     # Union of generation_config.json and config.json eos_token_id (see ``_eos_token_ids``).
     eos_token_ids: frozenset[int]
     max_model_len: int

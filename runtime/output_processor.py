@@ -9,7 +9,6 @@ final ``RequestOutput`` once every choice of a request has finished.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from tokenwire.runtime.detokenizer import IncrementalDetokenizer, decode_token
 from tokenwire.runtime.model_output import TokenLogprobs
@@ -22,6 +21,7 @@ from tokenwire.runtime.outputs import (
 )
 from tokenwire.runtime.request import FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.tokenizer import Tokenizer
 
 
 @dataclass(slots=True)
@@ -92,7 +92,7 @@ def child_request_id(request_id: str, index: int, n: int) -> str:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Any | None) -> None:
+    def __init__(self, tokenizer: Tokenizer | None) -> None:
         self.tokenizer = tokenizer
         self._parents: dict[str, _Parent] = {}
         self._children: dict[str, _Choice] = {}

@@ -21,7 +21,8 @@ class RequestStatus(enum.IntEnum):
 
 
 class FinishReason(enum.StrEnum):
-    """Why a choice ended. Finer than OpenAI's; ``openai`` maps to "stop"/"length"."""
+    """Why a choice ended. Finer than OpenAI's: the REST shim (``server/rest/responses.py``)
+    maps these to OpenAI's ``finish_reason`` values."""
 
     LENGTH = "length"  # max_tokens reached
     CONTEXT_LENGTH = "context_length"  # prompt + output reached max_model_len
@@ -31,14 +32,6 @@ class FinishReason(enum.StrEnum):
     TIME_LIMIT = "time_limit"
     CANCELLED = "cancelled"
     ERROR = "error"
-
-    @property
-    def openai(self) -> str:
-        if self in (FinishReason.LENGTH, FinishReason.CONTEXT_LENGTH):
-            return "length"
-        if self in (FinishReason.CANCELLED, FinishReason.ERROR, FinishReason.TIME_LIMIT):
-            return "abort"
-        return "stop"
 
 
 class Request:

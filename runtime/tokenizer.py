@@ -11,19 +11,24 @@ if TYPE_CHECKING:
 
 
 class Tokenizer(Protocol):
-    """What tokenwire uses of a transformers tokenizer (``PreTrainedTokenizerBase``)."""
+    """What tokenwire calls on a tokenizer: the members of transformers'
+    ``PreTrainedTokenizerBase`` that the engine front, the gRPC services and the offline ``LLM``
+    use (encode, decode, token strings, chat template). Nothing else may be assumed."""
 
-    chat_template: Any
+    @property
+    def chat_template(self) -> str | dict[str, str] | None: ...  # Jinja text, or named ones
 
-    def __call__(self, text: Any, add_special_tokens: bool = True) -> Any: ...
+    def __call__(
+        self, text: str | list[str], *, add_special_tokens: bool = True
+    ) -> Mapping[str, Any]: ...  # a BatchEncoding: ["input_ids"] holds the ids
 
-    def __len__(self) -> int: ...
+    def decode(
+        self, token_ids: list[int], skip_special_tokens: bool = False
+    ) -> str | list[str]: ...
 
-    def decode(self, token_ids: Any, skip_special_tokens: bool = False) -> Any: ...
+    def convert_ids_to_tokens(self, ids: list[int]) -> str | list[str]: ...
 
-    def convert_ids_to_tokens(self, ids: Any) -> Any: ...
-
-    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
+    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: Any) -> object: ...
 
 
 # Any of these in a directory means transformers can build a tokenizer from it.
@@ -48,7 +53,7 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase | None:
 
 def apply_chat_template(tokenizer: Tokenizer, messages: Sequence[Mapping[str, str]]) -> list[int]:
     """Render ``messages`` with the model's chat template (plus generation prompt) to ids."""
-    if not getattr(tokenizer, "chat_template", None):
+    if not tokenizer.chat_template:
         raise ValueError("messages: this model's tokenizer has no chat template")
     rendered: Any = tokenizer.apply_chat_template(
         [dict(m) for m in messages], add_generation_prompt=True, tokenize=True

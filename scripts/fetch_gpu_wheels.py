@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Download the wheels the H200 box lacks for the served benchmark into ``.whl/``.
 
-The runtime (``tokenwire.runtime``/``kernels``/``clients`` offline bench) imports only torch,
+The runtime (``tokenwire.runtime``/``kernels``/``bench`` offline benchmarks) imports only torch,
 numpy, triton, tqdm, tokenizers, transformers and safetensors: all already on the box, so
 stages (a)-(c) of ``gpu_check.py`` need no wheels. The server stack does: this walks the
 dependency closure of its packages *as installed in this venv* (same versions as tested
@@ -26,6 +26,7 @@ ROOTS = (
     "googleapis-common-protos", "structlog", "opentelemetry-api", "opentelemetry-sdk",
     "opentelemetry-exporter-otlp-proto-grpc", "opentelemetry-exporter-otlp-proto-http",
     "opentelemetry-instrumentation-grpc", "fastapi", "uvicorn", "httptools",
+    "msgspec", "pyzmq",  # the engine-core process transport
 )  # fmt: skip
 # On the box already (KINDS.md, 2026-11-17), at versions that satisfy our stack.
 BOX_HAS = frozenset(

@@ -41,6 +41,7 @@ PACKAGE_DIRS = {
     "kernels": "kernels",
     "server": "server",
     "clients": "clients",
+    "bench": "bench",
     "v1": "protos/tokenwire/v1",
 }
 

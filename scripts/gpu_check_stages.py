@@ -10,9 +10,7 @@ counts, so the plumbing runs anywhere. Stages: ``attn_bw``, ``parity``, ``bench`
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
-import io
 import json
 import os
 import subprocess
@@ -24,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tokenwire.bench.throughput import ThroughputConfig
     from tokenwire.runtime.config import DType
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,7 +76,7 @@ def _greedy(model: Path, device: str, dtype: DType, eager: bool) -> list[list[in
 
     llm = LLM(
         str(model), device=device, dtype=dtype, max_num_seqs=16, enforce_eager=eager,
-        num_blocks_override=256, max_model_len=512,
+        num_gpu_blocks_override=256, max_model_len=512,
     )  # fmt: skip
     # Lengths straddle block boundaries; staggered output lengths make the decode batch
     # shrink through several graph buckets (16 -> 8 -> 4 -> 2 -> 1) and pad rows.
@@ -121,6 +120,7 @@ def stage_attn_bw(args: argparse.Namespace, record: Recorder) -> None:
     import torch
     import triton.testing
 
+    from tokenwire.bench.roofline import lookup_device
     from tokenwire.kernels.attention_metadata import AttentionMetadata
     from tokenwire.kernels.paged_attention_triton import paged_attention_triton
 
@@ -144,29 +144,30 @@ def stage_attn_bw(args: argparse.Namespace, record: Recorder) -> None:
         lambda: paged_attention_triton(query, k_cache, v_cache, meta, dim**-0.5)
     )
     moved = 2 * batch * ctx * hkv * dim * 2  # K and V bytes read; queries/outputs are tiny
-    record(kind="attn_bw", ms=round(ms, 4), tb_s=round(moved / ms / 1e9, 3),
-           fraction=round(moved / ms / 1e9 / 4.25, 3))  # fmt: skip
+    # Against the roofline table's bandwidth for this device (H200: the measured 4.25 TB/s).
+    ceilings = lookup_device(torch.cuda.get_device_name())
+    peak = None if ceilings is None else ceilings.bandwidth / 1e12
+    tb_s = moved / ms / 1e9
+    record(kind="attn_bw", ms=round(ms, 4), tb_s=round(tb_s, 3),
+           peak_tb_s=peak, fraction=None if peak is None else round(tb_s / peak, 3))  # fmt: skip
 
 
 # ---------------------------------------------------------------------- (c) offline bench
-def _bench_args(model: str, smoke: bool) -> argparse.Namespace:
-    from tokenwire.clients.bench_throughput import add_throughput_arguments
+def _bench_config(model: str, smoke: bool) -> ThroughputConfig:
+    from tokenwire.bench.throughput import ThroughputConfig
+    from tokenwire.runtime.engine_args import EngineArgs
 
-    parser = argparse.ArgumentParser()
-    add_throughput_arguments(parser)
-    return parser.parse_args(
-        [
-            model, "--load-format", "dummy", "--device", device_name(smoke),
-            "--dtype", "float32" if smoke else "bfloat16",
-            "--max-model-len", str(BENCH_MAX_MODEL_LEN),
-            "--max-num-batched-tokens", str(BENCH_BATCHED_TOKENS), "--floor",
-        ]
+    engine = EngineArgs(
+        model=model, load_format="dummy", device=device_name(smoke),
+        dtype="float32" if smoke else "bfloat16", max_model_len=BENCH_MAX_MODEL_LEN,
+        max_num_batched_tokens=BENCH_BATCHED_TOKENS,
     )  # fmt: skip
+    return ThroughputConfig(engine=engine)
 
 
 def _workload(name: str, vocab: int, smoke: bool) -> Any:
     """The named workload; for --smoke its first 2 requests cut to 24 prompt + 8 output tokens."""
-    from tokenwire.clients.workloads import Workload, make_workload
+    from tokenwire.bench.workloads import Workload, make_workload
 
     w = make_workload(name, vocab, 2 if smoke else None)
     if not smoke:
@@ -175,25 +176,26 @@ def _workload(name: str, vocab: int, smoke: bool) -> Any:
 
 
 def _timed_workload(llm: Any, workload: Any) -> float:
-    from tokenwire.clients.bench_throughput import _run_tokenwire
+    from tokenwire.bench.throughput import run_workload
 
-    return _run_tokenwire(llm, workload)
+    return run_workload(llm, workload)
 
 
 def stage_bench(args: argparse.Namespace, record: Recorder) -> None:
-    from tokenwire.clients.bench_throughput import (
+    from tokenwire.bench.throughput import (
         StepRecorder,
         build_llm,
+        floor_device,
         floor_figures,
         measure_tpot_ms,
         release_device_memory,
     )
     from tokenwire.runtime.sampling_params import SamplingParams
 
-    bargs = _bench_args(args.model, args.smoke)
+    config = _bench_config(args.model, args.smoke)
     steps = StepRecorder()
     start = time.perf_counter()
-    llm = build_llm(bargs, steps)
+    llm = build_llm(config.engine, steps)
     engine = llm.engine
     record(kind="startup", model=args.model, seconds=round(time.perf_counter() - start, 2),
            kv_blocks=engine.runner.num_blocks)  # fmt: skip
@@ -201,7 +203,9 @@ def stage_bench(args: argparse.Namespace, record: Recorder) -> None:
     for name in ["mixed"] + (["fixed"] if args.hf else []):
         workload = _workload(name, engine.vocab_size, args.smoke)
         seconds = _timed_workload(llm, workload)
-        floor = floor_figures(engine.loaded, workload, bargs.max_num_seqs)
+        # The floor of the device it runs on (H200: issue 6's); null on the CPU (--smoke).
+        ceilings = floor_device(engine.device)
+        floor = floor_figures(engine.loaded, workload, config.engine.max_num_seqs, ceilings)
         record(kind="throughput", model=args.model, workload=name,
                output_tokens=workload.num_output_tokens, seconds=round(seconds, 3),
                output_tok_s=round(workload.num_output_tokens / seconds, 1),
@@ -226,7 +230,7 @@ def _hf_static(
     args: argparse.Namespace, model_path: Path, device: Any, dtype: Any, vocab: int,
     record: Recorder,
 ) -> None:  # fmt: skip
-    from tokenwire.clients.hf_baseline import load_hf_model, run_static
+    from tokenwire.bench.hf_baseline import load_hf_model, run_static
 
     workload = _workload("fixed", vocab, args.smoke)
     model = load_hf_model(model_path, device, dtype)
@@ -269,27 +273,20 @@ def _wait_serving(proc: subprocess.Popen[str], timeout: float) -> str:
 
 
 def _serve_bench(port: int, vocab: int, smoke: bool) -> dict[str, Any]:
-    from tokenwire.clients.bench_serve import add_parser, run_serve_bench
+    from tokenwire.bench.serve import ServeBenchConfig, serve_bench_summary
 
-    sub = argparse.ArgumentParser().add_subparsers()
-    add_parser(sub)
-    parser = next(iter(sub.choices.values()))
     # --smoke: the `cpu` workload's short outputs (mixed's run to 1024 tokens).
-    workload, n, conc = ("cpu", "2", "2") if smoke else ("mixed", "256", "256")
-    bargs = parser.parse_args(
-        ["--target", f"127.0.0.1:{port}", "--workload", workload, "--num-requests", n,
-         "--concurrency", conc, "--vocab-size", str(vocab)]
+    workload, n, conc = ("cpu", 2, 2) if smoke else ("mixed", 256, 256)
+    config = ServeBenchConfig(
+        target=f"127.0.0.1:{port}", workload=workload, num_requests=n, concurrency=conc,
+        vocab_size=vocab,
     )  # fmt: skip
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        run_serve_bench(bargs)
-    summary: dict[str, Any] = json.loads(out.getvalue().strip().splitlines()[-1])
-    return summary
+    return serve_bench_summary(config)
 
 
 def stage_serve(args: argparse.Namespace, record: Recorder) -> None:
     try:  # the server stack needs grpcio, structlog, opentelemetry, ...: skip without them
-        import tokenwire.clients.bench_serve
+        import tokenwire.bench.serve
         import tokenwire.server.serve  # noqa: F401
     except ImportError as exc:
         record(kind="serve", skipped=f"{type(exc).__name__}: {exc}")

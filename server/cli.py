@@ -7,19 +7,20 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from tokenwire.runtime.engine_args import EngineArgs
+
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("generate", help="generate text offline and stream it to stdout")
     p.add_argument("prompt", help="prompt text (a user message with --chat)")
-    p.add_argument("--model", default=None, help="HF directory or .gguf (default: SmolLM2)")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
+    # Every engine flag; the model is --model here (the positional is the prompt), and
+    # --seed seeds the engine's sampling generator (and dummy weights).
+    EngineArgs.add_cli_args(p, model_positional=False)
     p.set_defaults(func=_run_generate)
 
 
@@ -28,13 +29,12 @@ def _run_generate(args: argparse.Namespace) -> int:
     from tokenwire.runtime.sampling_params import SamplingParams
     from tokenwire.runtime.tokenizer import apply_chat_template
 
-    llm = LLM(args.model, device=args.device, dtype=args.dtype)
+    llm = LLM.from_engine_args(EngineArgs.from_cli_args(args))
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
-        seed=args.seed,
     )
     prompt: str | list[int] = args.prompt
     if args.chat:
@@ -49,7 +49,7 @@ def _run_generate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tokenwire.clients.bench_throughput import add_parsers as add_bench_parsers
+    from tokenwire.bench.cli import add_parsers as add_bench_parsers
     from tokenwire.clients.chat import add_chat_parser
     from tokenwire.server.rest.server import add_rest_parser
     from tokenwire.server.serve import add_serve_parser

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 from dataclasses import dataclass, replace
@@ -21,14 +22,10 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
-from tokenwire.runtime.config import (
-    DEFAULT_CPU_KV_BYTES,
-    CacheConfig,
-    EngineConfig,
-    ModelConfig,
-    SchedulerConfig,
-)
+from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.engine.async_engine import AsyncEngine
+from tokenwire.runtime.engine_args import EngineArgs
+from tokenwire.runtime.errors import EngineDeadError
 from tokenwire.server.grpc.convert import Limits
 from tokenwire.server.grpc.server import GrpcServer, GrpcSettings
 from tokenwire.server.rest.app import RestSettings
@@ -52,18 +49,12 @@ logger = get_logger("tokenwire.serve")
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("serve", help="serve a model over gRPC and OpenAI-compatible REST")
-    p.add_argument(
-        "model",
-        nargs="?",
-        default=None,
-        help="HF directory, .gguf file or config dir (default: SmolLM2-135M-Instruct)",
-    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--grpc-port", type=int, default=50051)
     p.add_argument("--port", type=int, default=8000, help="REST port (0: any free port)")
     p.add_argument("--disable-rest", action="store_true", help="serve gRPC only")
     add_rest_arguments(p)
-    add_engine_arguments(p)
+    EngineArgs.add_cli_args(p)  # MODEL and every engine flag (runtime/engine_args.py)
     p.add_argument(
         "--api-key",
         action="append",
@@ -111,64 +102,6 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.set_defaults(func=run_serve)
 
 
-def add_engine_arguments(p: argparse.ArgumentParser) -> None:
-    """Model, cache and scheduler flags (DESIGN §7)."""
-    p.add_argument("--served-model-name", default=None)
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    p.add_argument("--device", default="auto")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument(
-        "--enforce-eager", action="store_true", help="CUDA: run every step eagerly (no graphs)"
-    )
-    p.add_argument(
-        "--kv-cache-memory", type=int, default=DEFAULT_CPU_KV_BYTES, help="KV cache bytes on CPU"
-    )
-    p.add_argument(
-        "--num-gpu-blocks-override",
-        type=int,
-        default=None,
-        help="fix the number of KV blocks (any device)",
-    )
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
-    p.add_argument("--tensor-parallel-size", type=int, default=1)
-    p.add_argument(
-        "--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"]
-    )
-    p.add_argument("--seed", type=int, default=0)
-
-
-def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=ModelConfig(
-            model=args.model,
-            dtype=args.dtype,
-            max_model_len=args.max_model_len,
-            load_format=args.load_format,
-            seed=args.seed,
-            served_model_name=args.served_model_name,
-        ),
-        cache=CacheConfig(
-            block_size=args.block_size,
-            enable_prefix_caching=args.enable_prefix_caching,
-            kv_cache_memory_bytes=args.kv_cache_memory,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            num_blocks_override=args.num_gpu_blocks_override,
-        ),
-        scheduler=SchedulerConfig(
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            policy=args.scheduling_policy,
-        ),
-        device=args.device,
-        enforce_eager=args.enforce_eager,
-    )
-
-
 def grpc_settings(args: argparse.Namespace) -> GrpcSettings:
     keys = list(args.api_key or [])
     if not keys and os.environ.get("TOKENWIRE_API_KEY"):
@@ -200,9 +133,8 @@ class ServeOptions:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    if args.tensor_parallel_size != 1:
-        raise ValueError("--tensor-parallel-size must be 1 (multi-device is not implemented)")
-    config = engine_config(args)  # validates flags before any model work
+    # Validates every engine flag before any model work (--tensor-parallel-size: only 1).
+    config = EngineArgs.from_cli_args(args).create_engine_config()
     settings = grpc_settings(args)
     tracing = tracing_settings(args)
     configure_logging(args.log_format)
@@ -269,7 +201,7 @@ async def _serve_started(
     metrics_server = _start_metrics_server(telemetry, options.metrics_host, options.metrics_port)
     if not settings.api_keys:
         logger.warning("no --api-key configured: the server accepts every caller")
-    if not engine.is_dead:
+    with contextlib.suppress(EngineDeadError):  # a core dying now is handled below
         await engine.warmup()
         await server.set_serving(True)
         _log_serving(engine, settings.host, port, rest, metrics_server, telemetry)

@@ -3,7 +3,6 @@ and the H200 floors derived from them (issue 6's published figures)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -11,8 +10,15 @@ from typing import Any
 import pytest
 import torch
 
-from tokenwire.clients.roofline import decode_step_floor_s, model_cost, workload_floor
-from tokenwire.clients.workloads import make_workload
+from tokenwire.bench.roofline import (
+    DEVICES,
+    H200,
+    decode_step_floor_s,
+    lookup_device,
+    model_cost,
+    workload_floor,
+)
+from tokenwire.bench.workloads import make_workload
 from tokenwire.runtime.bundled_configs import BUNDLED_CONFIGS, bundled_config_path, canonical_name
 from tokenwire.runtime.config import ModelConfig
 from tokenwire.runtime.models.arch import ModelArch
@@ -92,34 +98,91 @@ def test_shrunken_bundled_config_runs_dummy_engine_with_token_ids(
 
 
 def test_hf_baseline_builds_dummy_model_from_config(tmp_path: Path) -> None:
-    from tokenwire.clients.hf_baseline import compare_hf
+    from tokenwire.bench.hf_baseline import HfBaselineConfig, compare_hf
 
     folder = _shrunk("llama-3.2-1b", tmp_path)
     workload = make_workload("fixed", 512, 2)
     workload = type(workload)(workload.name, [p[:16] for p in workload.prompts], [3, 3])
-    args = argparse.Namespace(hf_batch_sizes="2", hf_num_requests=None, hf_sequential_requests=0)
-    out = compare_hf(args, folder, torch.device("cpu"), torch.float32, workload)
+    config = HfBaselineConfig(batch_sizes=(2,), num_requests=None, sequential_requests=0)
+    out = compare_hf(config, folder, torch.device("cpu"), torch.float32, workload)
     assert out["hf_static_best_batch"] == 2 and out["hf_static_output_tok_s"] > 0
     assert "hf_sequential_output_tok_s" not in out
 
 
 def test_floors_match_issue_figures() -> None:
-    """Issue 6: TPOT floors 0.58 / 3.5 ms; mixed floors ~72k (1B), ~36k (0.6B), ~13.7k (8B)."""
+    """Issue 6 (H200): TPOT floors 0.58 / 3.5 ms; mixed floors ~72k (1B), ~36k (0.6B),
+    ~13.7k (8B)."""
     costs = {name: model_cost(_arch(name), 2) for name in BUNDLED_CONFIGS}
-    assert decode_step_floor_s(costs["llama-3.2-1b"], [0]) == pytest.approx(0.58e-3, rel=0.02)
-    assert decode_step_floor_s(costs["llama-3.1-8b"], [0]) == pytest.approx(3.53e-3, rel=0.02)
+    one_b, eight_b = costs["llama-3.2-1b"], costs["llama-3.1-8b"]
+    assert decode_step_floor_s(one_b, [0], H200) == pytest.approx(0.58e-3, rel=0.02)
+    assert decode_step_floor_s(eight_b, [0], H200) == pytest.approx(3.53e-3, rel=0.02)
     mixed = make_workload("mixed", 128256)
     prompt_lens = [len(p) for p in mixed.prompts]
     expected = {"llama-3.2-1b": 72_000, "qwen3-0.6b": 36_000, "llama-3.1-8b": 13_700}
     for name, want in expected.items():
-        floor = workload_floor(costs[name], prompt_lens, mixed.output_lens, 256)
+        floor = workload_floor(costs[name], prompt_lens, mixed.output_lens, 256, H200)
         assert floor.output_tok_s == pytest.approx(want, rel=0.1), name
         assert floor.decode_steps == max(mixed.output_lens)  # 256 requests fit 256 slots
 
 
 def test_decode_steps_list_scheduling() -> None:
-    from tokenwire.clients.roofline import decode_steps
+    from tokenwire.bench.roofline import decode_steps
 
     assert decode_steps([5, 5, 5], 3) == 5
     assert decode_steps([5, 5, 5], 1) == 15
     assert decode_steps([4, 1, 1, 3], 2) == 5  # slot 2 runs 1, 1, then 3: ends at 5
+
+
+def test_roofline_table_picks_the_device_by_cuda_name() -> None:
+    """H200 floors use the figures measured on the benchmark box (issue 6, gpu_check);
+    every other device its datasheet's; unknown devices (the CPU) have no floor."""
+    assert H200.bandwidth == 4.25e12 and H200.flops == 790e12 and H200.basis == "measured"
+    assert H200.hbm_bytes_s == 4.8e12  # datasheet
+    names = {
+        "NVIDIA H200": "H200",
+        "NVIDIA H200 NVL": "H200-NVL",
+        "NVIDIA H100 80GB HBM3": "H100-SXM",
+        "NVIDIA H100 PCIe": "H100-PCIe",
+        "NVIDIA H100 NVL": "H100-NVL",
+        "NVIDIA A100-SXM4-80GB": "A100-80GB-SXM",
+        "NVIDIA A100 80GB PCIe": "A100-80GB-PCIe",
+        "NVIDIA A100-SXM4-40GB": "A100-40GB",
+        "NVIDIA L40S": "L40S",
+        "NVIDIA L4": "L4",
+        "h100-sxm": "H100-SXM",  # a table name, as --floor-device takes it
+    }
+    for cuda_name, entry in names.items():
+        found = lookup_device(cuda_name)
+        assert found is not None and found.name == entry, cuda_name
+    for other in ("cpu", "NVIDIA L40", "NVIDIA GH200 480GB", "AMD Instinct MI300X", ""):
+        assert lookup_device(other) is None, other
+    for d in DEVICES:
+        assert d.bandwidth > 0.2e12 and d.flops > 100e12 and d.basis in ("measured", "datasheet")
+    assert len({d.name for d in DEVICES}) == len(DEVICES)
+
+
+def test_throughput_floor_is_unknown_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    from tokenwire.bench.throughput import floor_device, floor_figures, print_table
+
+    arch = _arch("llama-3.2-1b")
+    loaded = type("Loaded", (), {"arch": arch, "dtype": torch.bfloat16})()
+    workload = make_workload("cpu", 1000, 4)
+    assert floor_device(torch.device("cpu")) is None
+    unknown = floor_figures(loaded, workload, 256, None)
+    assert unknown["floor_output_tok_s"] is None and unknown["tpot_floor_ms"] is None
+    assert unknown["weight_bytes_per_step"] > 0
+    h200 = floor_figures(loaded, workload, 256, floor_device(torch.device("cpu"), "H200"))
+    assert h200["floor_device"] == "H200" and h200["floor_output_tok_s"] > 0
+    assert h200["tpot_floor_ms"] == pytest.approx(0.58, rel=0.03)
+    with pytest.raises(ValueError, match="--floor-device"):
+        floor_device(torch.device("cpu"), "TPUv5")
+    row = {
+        "workload": "cpu", "model": "m", "device": "cpu", "dtype": "float32", "num_requests": 4,
+        "prompt_tokens": 1, "output_tokens": 1, "tokenwire_output_tok_s": 10.0,
+        "engine_overhead_ms_per_step": 1.0, "num_steps": 3,
+    }  # fmt: skip
+    print_table({**row, **unknown})
+    assert "unknown" in capsys.readouterr().out
+    print_table({**row, **h200})
+    out = capsys.readouterr().out
+    assert "H200 floor (4.25 TB/s, 790 TFLOP/s)" in out and "unknown" not in out

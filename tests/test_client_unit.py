@@ -19,6 +19,7 @@ from tokenwire.clients import results as r
 from tokenwire.clients.chat import TurnStats, chat_turn
 from tokenwire.clients.sync_session import SyncSession
 from tokenwire.v1 import common_pb2 as pb
+from tokenwire.v1 import errors_pb2
 from tokenwire.v1 import generation_pb2 as gen
 
 # ---------------------------------------------------------------------- request building
@@ -165,6 +166,16 @@ def test_error_table(code: grpc.StatusCode, reason: str | None, cls: type) -> No
     assert type(err) is cls and isinstance(err, e.TokenwireError)
     assert (err.code, err.reason, err.message, err.request_id) == (code, reason, "boom", "rid")
     assert err.retry_after == (2.5 if reason == "QUEUE_FULL" else None)
+    expected = errors_pb2.ErrorReason.Value(f"ERROR_REASON_{reason or 'UNSPECIFIED'}")
+    assert err.error_reason == expected
+
+
+def test_unknown_reason_follows_the_code() -> None:
+    """A reason this client does not know (a newer server's) keeps its string, maps to
+    ERROR_REASON_UNSPECIFIED, and the class follows the status code."""
+    err = e.from_rpc_error(rich_error(C.UNAVAILABLE, "SOMETHING_NEW"))
+    assert type(err) is e.UnavailableError and err.reason == "SOMETHING_NEW"
+    assert err.error_reason == errors_pb2.ERROR_REASON_UNSPECIFIED
 
 
 def test_invalid_parameter_names_the_param() -> None:

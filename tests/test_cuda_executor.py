@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tokenwire.kernels.cuda_graph_buckets import PAD_SEQ_LEN, PAD_SLOT, decode_batch_buckets
+from tokenwire.kernels.kv_layout import NULL_BLOCK_ID
 from tokenwire.kernels.paged_attention import build_cpu_plan
 from tokenwire.runtime.config import CacheConfig, EngineConfig, ModelConfig
 from tokenwire.runtime.cuda_graphs import DecodeGraphs, decode_bucket, write_padded_decode
@@ -81,16 +82,32 @@ def test_decode_bucket_only_for_pure_decode_that_fits() -> None:
 
 
 def test_write_padded_decode_pads_rows_past_the_batch() -> None:
+    """The padding rule: rows ``[n, bucket)`` become token 0 at position 0, slot -1 (no KV
+    write) and seq_len 0 (no KV read); rows past the bucket are left alone."""
     host = {name: np.full(8, 99, dtype=np.int64) for name in ("input_ids", "positions")}
     host |= {"slot_mapping": np.full(8, 99, dtype=np.int64)}
     host |= {"seq_lens": np.full(8, 99, dtype=np.int32)}
     write_padded_decode(host, _decode_arrays(3), 4)
     assert host["input_ids"].tolist() == [10, 11, 12, 0, 99, 99, 99, 99]
-    assert host["positions"][:4].tolist() == [20, 21, 22, 0]
-    assert host["slot_mapping"][:4].tolist() == [40, 41, 42, PAD_SLOT]
-    assert host["seq_lens"][:4].tolist() == [21, 22, 23, PAD_SEQ_LEN]
+    assert host["positions"].tolist() == [20, 21, 22, 0, 99, 99, 99, 99]
+    assert host["slot_mapping"].tolist() == [40, 41, 42, -1, 99, 99, 99, 99]
+    assert host["seq_lens"].tolist() == [21, 22, 23, 0, 99, 99, 99, 99]
+    assert (PAD_SLOT, PAD_SEQ_LEN) == (-1, 0)
+    write_padded_decode(host, _decode_arrays(1), 8)  # a smaller batch re-pads stale rows
+    assert host["slot_mapping"].tolist() == [40, *[-1] * 7]
+    assert host["seq_lens"].tolist() == [21, *[0] * 7]
     with pytest.raises(ValueError, match="does not fit"):
         write_padded_decode(host, _decode_arrays(5), 4)
+
+
+def test_input_batch_pads_block_tables_with_the_null_block() -> None:
+    """A reused row keeps none of its previous owner's block ids."""
+    batch = InputBatch(max_rows=1, max_model_len=64, block_size=16)
+    row = batch.add_row(list(range(40)), [5, 6, 7], 0)
+    assert batch.block_table[row].tolist() == [5, 6, 7, NULL_BLOCK_ID]
+    batch.release_row(row)
+    row = batch.add_row([1, 2], [9], 0)
+    assert batch.block_table[row].tolist() == [9, NULL_BLOCK_ID, NULL_BLOCK_ID, NULL_BLOCK_ID]
 
 
 def test_host_staging_round_trip_on_cpu() -> None:
@@ -145,13 +162,18 @@ def test_enforce_eager_config_and_flag() -> None:
     assert EngineConfig().enforce_eager is False
     import argparse
 
-    from tokenwire.server.serve import add_serve_parser, engine_config
+    from tokenwire.runtime.engine_args import EngineArgs
+    from tokenwire.server.serve import add_serve_parser
 
     sub = argparse.ArgumentParser().add_subparsers()
     add_serve_parser(sub)
     parser = sub.choices["serve"]
-    assert engine_config(parser.parse_args(["--enforce-eager"])).enforce_eager is True
-    assert engine_config(parser.parse_args([])).enforce_eager is False
+
+    def config(argv: list[str]) -> EngineConfig:
+        return EngineArgs.from_cli_args(parser.parse_args(argv)).create_engine_config()
+
+    assert config(["--enforce-eager"]).enforce_eager is True
+    assert config([]).enforce_eager is False
 
 
 # ------------------------------------------------------------------ executor paths on CPU

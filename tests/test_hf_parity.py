@@ -127,7 +127,7 @@ def test_tiny_kv_cache_preempts_and_matches_hf(references: dict[str, Any], famil
     path, expected, _ = references[family]
     # 12 usable blocks of 16 tokens = 192 slots for 8 sequences that grow to ~100 tokens.
     got, llm, recorder = run_engine(
-        path, distinct_prompts(), num_blocks_override=13, max_model_len=128
+        path, distinct_prompts(), num_gpu_blocks_override=13, max_model_len=128
     )
     assert got == expected
     assert sum(s.num_preemptions for s in recorder.steps) > 0

@@ -263,28 +263,47 @@ def test_decode_split_kv(num_splits: int) -> None:
 
 
 def test_decode_padded_to_cuda_graph_bucket() -> None:
-    """Rows padded by ``pad_decode_batch`` (seq_len 0, slot -1, null block table) attend to
-    nothing and give zeros; real rows are unchanged."""
+    """Rows padded as a decode CUDA-graph replay pads them (``write_padded_decode``: seq_len 0,
+    slot -1) attend to nothing and give zeros; real rows are unchanged. As in a replay, the
+    static block-table buffer keeps stale block ids past each real row's blocks and in the
+    padded rows: attention must never read them."""
+    from tokenwire.runtime.cuda_graphs import write_padded_decode
+    from tokenwire.runtime.input_batch import StepArrays
+
     query, _, _, k_cache, v_cache, meta = make_attention_batch(DECODES, 8, 2, 64)
-    bucket = buckets.padded_batch_size(len(DECODES), buckets.decode_batch_buckets(16))
+    n = len(DECODES)
+    bucket = buckets.padded_batch_size(n, buckets.decode_batch_buckets(16))
     assert bucket == 8
-    padded = buckets.pad_decode_batch(
-        np.zeros(5), np.zeros(5), meta.slot_mapping.cpu().numpy(), meta.seq_lens_np,
-        meta.block_tables.cpu().numpy(), bucket, num_block_columns=32,
+    tables = meta.block_tables.cpu().numpy()
+    arrays = StepArrays(
+        input_ids=np.zeros(n, dtype=np.int64), positions=np.zeros(n, dtype=np.int64),
+        slot_mapping=meta.slot_mapping.cpu().numpy(), query_start_loc=meta.query_start_loc_np,
+        seq_lens=meta.seq_lens_np, block_tables=tables, num_decodes=n, max_query_len=1,
+        max_seq_len=meta.max_seq_len,
     )  # fmt: skip
+    # Every buffer holds an earlier step's values; padding must neutralise them all.
+    host = {name: np.full(bucket, 3, dtype=np.int64)
+            for name in ("input_ids", "positions", "slot_mapping")}  # fmt: skip
+    host["seq_lens"] = np.full(bucket, 3, dtype=np.int32)
+    write_padded_decode(host, arrays, bucket)
+    stale = torch.Generator().manual_seed(5)
+    static_tables = torch.randint(1, k_cache.shape[0], (bucket, 32), generator=stale)
+    static_tables = static_tables.to(torch.int32)
+    static_tables[:n, : tables.shape[1]] = torch.from_numpy(tables)
+    query_start_loc = np.arange(bucket + 1, dtype=np.int32)  # constant in the static buffers
     padded_meta = AttentionMetadata(
         num_tokens=bucket,
         num_seqs=bucket,
         num_decodes=bucket,
         block_size=meta.block_size,
-        slot_mapping=torch.from_numpy(padded.slot_mapping).to(DEVICE),
-        query_start_loc=torch.from_numpy(padded.query_start_loc).to(DEVICE),
-        seq_lens=torch.from_numpy(padded.seq_lens).to(DEVICE),
-        block_tables=torch.from_numpy(padded.block_tables).to(DEVICE),
+        slot_mapping=torch.from_numpy(host["slot_mapping"]).to(DEVICE),
+        query_start_loc=torch.from_numpy(query_start_loc).to(DEVICE),
+        seq_lens=torch.from_numpy(host["seq_lens"]).to(DEVICE),
+        block_tables=static_tables.to(DEVICE),
         max_query_len=1,
         max_seq_len=meta.max_seq_len,
-        query_start_loc_np=padded.query_start_loc,
-        seq_lens_np=padded.seq_lens,
+        query_start_loc_np=query_start_loc,
+        seq_lens_np=host["seq_lens"],
     )
     padded_query = torch.cat([query, rand(3, 8, 64, gen=new_gen(9))])
     out = paged_attention_triton(padded_query, k_cache, v_cache, padded_meta, 0.125, num_splits=4)

@@ -218,7 +218,7 @@ def test_prompt_logprobs_survive_preemption(model_dir: Path) -> None:
         device="cpu",
         max_model_len=24,
         block_size=4,
-        num_blocks_override=7,
+        num_gpu_blocks_override=7,
         max_num_batched_tokens=8,
     )
     params = SamplingParams(temperature=0.0, max_tokens=10, prompt_logprobs=1, ignore_eos=True)

@@ -20,6 +20,7 @@ FOLDERS = {
     "kernels": "tokenwire.kernels",
     "server": "tokenwire.server",
     "clients": "tokenwire.clients",
+    "bench": "tokenwire.bench",
 }
 
 
@@ -65,6 +66,6 @@ def test_top_level_kernels_never_resolves_into_repo() -> None:
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True
     )
     assert str(ROOT) not in result.stdout, result.stdout
-    for name in ("runtime", "server", "clients"):
+    for name in ("runtime", "server", "clients", "bench"):
         spec = importlib.util.find_spec(name)
         assert spec is None or str(ROOT) not in str(spec.origin), name

@@ -21,6 +21,7 @@ from server_harness import ServerHarness
 from tokenwire.server.grpc import call_context
 from tokenwire.server.grpc import generation as grpc_generation
 from tokenwire.server.rest import middleware as rest_middleware
+from tokenwire.server.rest import requests as rest_requests
 from tokenwire.v1 import generation_pb2_grpc
 
 PROMPT = [5, 6, 7]
@@ -201,7 +202,7 @@ def test_bad_headers_are_400_naming_them(client: httpx.Client) -> None:
 BAD_REQUEST_IDS = {
     "utf-8": "\u00fcn\u00ef".encode(),
     "latin-1": "\u00fcn\u00ef".encode("latin-1"),
-    "too-long": b"r" * 129,
+    "too-long": b"r" * 125,
     "tab": b"a\tb",
 }
 
@@ -210,9 +211,12 @@ BAD_REQUEST_IDS = {
 def test_bad_request_id_is_400_with_a_fresh_id(
     harness: ServerHarness, client: httpx.Client, raw: bytes
 ) -> None:
-    """The gRPC server's rule (printable ASCII, at most 128 characters), checked by the shim
-    before anything reaches gRPC: a 400 naming the header, never a 500 from grpc-core."""
-    assert rest_middleware.MAX_REQUEST_ID_CHARS == call_context.MAX_REQUEST_ID_CHARS
+    """The gRPC server's rule (printable ASCII, at most 128 characters, less room for a
+    prompt index), checked by the shim before anything reaches gRPC: a 400 naming the
+    header, never a 500 from grpc-core."""
+    # The longest id the shim accepts still fits the gRPC rule once a prompt index is added.
+    longest = "a" * rest_middleware.MAX_REQUEST_ID_CHARS + f"-{rest_requests.MAX_PROMPTS - 1}"
+    assert len(longest) <= call_context.MAX_REQUEST_ID_CHARS
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1}
     for r in (
         client.post("/v1/completions", json=body, headers={"x-request-id": raw}),
@@ -220,14 +224,14 @@ def test_bad_request_id_is_400_with_a_fresh_id(
     ):
         assert r.status_code == 400, r.text
         assert r.json()["error"] == {
-            "message": "header x-request-id must be printable ASCII, at most 128 characters",
+            "message": "header x-request-id must be printable ASCII, at most 124 characters",
             "type": "invalid_request_error",
             "param": "x-request-id",
             "code": "invalid_header",
         }
         fresh = r.headers["x-request-id"]  # a generated id, not the rejected one
         assert len(fresh) == 32 and fresh.isalnum()
-    longest = "r" * 128
+    longest = "r" * rest_middleware.MAX_REQUEST_ID_CHARS
     r = client.post("/v1/completions", json=body, headers={"x-request-id": longest})
     assert r.status_code == 200 and r.headers["x-request-id"] == longest
     harness.assert_idle()

@@ -128,8 +128,9 @@ class AsyncEngine:
             SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True),
             before_ready=True,
         )
-        async for _ in stream:
-            pass
+        async for item in stream:
+            if isinstance(item, RequestFailed):
+                raise item.error
         self.ready = True
 
     async def drain(self, timeout: float) -> None:

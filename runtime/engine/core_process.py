@@ -67,7 +67,11 @@ def run_core_process(
     from tokenwire.runtime.engine.core import EngineCore
     from tokenwire.runtime.engine.core_loop import CoreLoop, StatsCollector, engine_info
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the front's: it drains first
+    # The front owns the lifetime: Ctrl-C, or a SIGTERM sent to the whole process group
+    # (systemd, a terminal), starts its drain, during which the core must keep stepping. The
+    # core ends on the front's Shutdown, or at once when the front is gone (parent pipe).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _watch_parent(parent_pipe)
     logging.basicConfig(level=logging.WARNING, format=_LOG_FORMAT)
     context = zmq.Context()

@@ -14,11 +14,12 @@ import grpc
 
 from tokenwire.server.api_keys import KeyChecker, bearer_of
 from tokenwire.server.grpc.errors import ServiceError, abort
+from tokenwire.v1 import errors_pb2
 
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 UNAUTHENTICATED = ServiceError(
     grpc.StatusCode.UNAUTHENTICATED,
-    "API_KEY_INVALID",
+    errors_pb2.ERROR_REASON_API_KEY_INVALID,
     "missing or invalid API key (send exactly one header authorization: Bearer <key>)",
 )
 

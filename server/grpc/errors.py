@@ -2,6 +2,7 @@
 
 Every non-OK status carries a ``google.rpc.Status`` whose details hold an
 ``ErrorInfo{reason, domain: "tokenwire", metadata}`` (plus ``RetryInfo`` for QUEUE_FULL).
+``reason`` is a ``tokenwire.v1.ErrorReason``; the wire carries its bare name ("QUEUE_FULL").
 Unexpected exceptions become INTERNAL with a generic message naming the request id; the
 details go to the server log only. No message carries a path, traceback or secret.
 """
@@ -27,6 +28,8 @@ from tokenwire.runtime.errors import (
     QueueFullError,
     clip,
 )
+from tokenwire.v1 import errors_pb2
+from tokenwire.v1.reasons import reason_name
 
 DOMAIN = "tokenwire"
 # An error's text never grows with client input: the whole status must fit in the trailers.
@@ -39,7 +42,7 @@ class ServiceError(Exception):
     """An error with a definite status; raise it anywhere in a handler."""
 
     code: grpc.StatusCode
-    reason: str | None
+    reason: errors_pb2.ErrorReason
     message: str
     metadata: dict[str, str] = field(default_factory=dict)
     retry_after: float | None = None
@@ -51,7 +54,7 @@ class ServiceError(Exception):
 def invalid_parameter(param: str, message: str) -> ServiceError:
     return ServiceError(
         grpc.StatusCode.INVALID_ARGUMENT,
-        "INVALID_PARAMETER",
+        errors_pb2.ERROR_REASON_INVALID_PARAMETER,
         f"{param}: {message}",
         {"param": param},
     )
@@ -60,7 +63,7 @@ def invalid_parameter(param: str, message: str) -> ServiceError:
 def model_not_found(name: str) -> ServiceError:
     return ServiceError(
         grpc.StatusCode.NOT_FOUND,
-        "MODEL_NOT_FOUND",
+        errors_pb2.ERROR_REASON_MODEL_NOT_FOUND,
         f"model {clip(name)!r} is not served here",
         {"model": clip(name)},
     )
@@ -73,51 +76,64 @@ def to_service_error(exc: BaseException, request_id: str | None = None) -> Servi
     if isinstance(exc, ContextLengthError):
         return ServiceError(
             grpc.StatusCode.INVALID_ARGUMENT,
-            "CONTEXT_LENGTH_EXCEEDED",
+            errors_pb2.ERROR_REASON_CONTEXT_LENGTH_EXCEEDED,
             str(exc),
             {"param": exc.param},
         )
     if isinstance(exc, ParameterError):
         return ServiceError(
-            grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PARAMETER", str(exc), {"param": exc.param}
+            grpc.StatusCode.INVALID_ARGUMENT,
+            errors_pb2.ERROR_REASON_INVALID_PARAMETER,
+            str(exc),
+            {"param": exc.param},
         )
     if isinstance(exc, DuplicateRequestError):
         return ServiceError(
             grpc.StatusCode.ALREADY_EXISTS,
-            "DUPLICATE_REQUEST_ID",
+            errors_pb2.ERROR_REASON_DUPLICATE_REQUEST_ID,
             "a request with this request_id is already in flight",
         )
     if isinstance(exc, QueueFullError):
         return ServiceError(
-            grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_FULL", str(exc), retry_after=exc.retry_after
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            errors_pb2.ERROR_REASON_QUEUE_FULL,
+            str(exc),
+            retry_after=exc.retry_after,
         )
     if isinstance(exc, NotReadyError):
-        return ServiceError(grpc.StatusCode.UNAVAILABLE, "NOT_READY", str(exc), retry_after=1.0)
+        return ServiceError(
+            grpc.StatusCode.UNAVAILABLE,
+            errors_pb2.ERROR_REASON_NOT_READY,
+            str(exc),
+            retry_after=1.0,
+        )
     if isinstance(exc, DrainingError):
-        return ServiceError(grpc.StatusCode.UNAVAILABLE, "SERVER_DRAINING", str(exc))
+        return ServiceError(
+            grpc.StatusCode.UNAVAILABLE, errors_pb2.ERROR_REASON_SERVER_DRAINING, str(exc)
+        )
     if isinstance(exc, EngineDeadError):
         return ServiceError(
             grpc.StatusCode.UNAVAILABLE,
-            "ENGINE_DEAD",
+            errors_pb2.ERROR_REASON_ENGINE_DEAD,
             "the inference engine has failed; retry on another replica",
         )
     logger.error("internal error (request_id=%s)", request_id, exc_info=exc)
     suffix = f" (request_id={request_id})" if request_id else ""
-    return ServiceError(grpc.StatusCode.INTERNAL, "ENGINE_ERROR", f"internal error{suffix}")
+    return ServiceError(
+        grpc.StatusCode.INTERNAL, errors_pb2.ERROR_REASON_ENGINE_ERROR, f"internal error{suffix}"
+    )
 
 
 def to_status_proto(err: ServiceError) -> status_pb2.Status:
-    details: list[any_pb2.Any] = []
-    if err.reason is not None:
-        info = any_pb2.Any()
-        info.Pack(
-            error_details_pb2.ErrorInfo(
-                reason=err.reason,
-                domain=DOMAIN,
-                metadata={k: clip(v) for k, v in err.metadata.items()},
-            )
+    info = any_pb2.Any()
+    info.Pack(
+        error_details_pb2.ErrorInfo(
+            reason=reason_name(err.reason),
+            domain=DOMAIN,
+            metadata={k: clip(v) for k, v in err.metadata.items()},
         )
-        details.append(info)
+    )
+    details = [info]
     if err.retry_after is not None:
         retry = any_pb2.Any()
         delay = duration_pb2.Duration()

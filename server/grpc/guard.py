@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from tokenwire.server.grpc.errors import ServiceError, abort
+from tokenwire.v1 import errors_pb2
 
 GUARDED_PREFIX = "/tokenwire."
 logger = logging.getLogger("tokenwire.server")
@@ -35,7 +36,7 @@ MALFORMED = _Malformed()
 def malformed_error() -> ServiceError:
     return ServiceError(
         grpc.StatusCode.INVALID_ARGUMENT,
-        "MALFORMED_REQUEST",
+        errors_pb2.ERROR_REASON_MALFORMED_REQUEST,
         "the request message could not be decoded (not a valid protobuf of this method's "
         "request type, or a string field holding invalid UTF-8)",
     )

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import importlib.metadata
-from typing import Any
 
 import grpc
 
 from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.sampling_params import MAX_LOGPROBS
+from tokenwire.runtime.tokenizer import Tokenizer
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
 from tokenwire.server.grpc.convert import Limits
 from tokenwire.server.grpc.errors import abort, invalid_parameter, model_not_found, to_service_error
@@ -116,5 +116,5 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
             await abort(context, to_service_error(exc))
 
 
-def _decode(tokenizer: Any, token_ids: list[int], skip_special_tokens: bool) -> str:
+def _decode(tokenizer: Tokenizer, token_ids: list[int], skip_special_tokens: bool) -> str:
     return str(tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))

@@ -33,6 +33,7 @@ from tokenwire.server.grpc.errors import (
 from tokenwire.server.grpc.guard import checked_messages
 from tokenwire.server.grpc.session_state import SessionState
 from tokenwire.server.telemetry.core import Telemetry
+from tokenwire.v1 import errors_pb2
 from tokenwire.v1 import generation_pb2 as pb
 
 Out = asyncio.Queue[pb.SessionResponse | None]
@@ -109,7 +110,7 @@ class SessionHandler:
         if len(self._open) >= self.max_sessions:
             raise ServiceError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                "TOO_MANY_SESSIONS",
+                errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS,
                 f"the server holds {self.max_sessions} sessions, its limit",
                 retry_after=5.0,
             )
@@ -182,7 +183,7 @@ class _Session:
                     self.state.turns,
                     ServiceError(
                         grpc.StatusCode.FAILED_PRECONDITION,
-                        "TURN_IN_PROGRESS",
+                        errors_pb2.ERROR_REASON_TURN_IN_PROGRESS,
                         "a turn is already running: wait for its TurnEnd or send CancelTurn",
                     ),
                 )

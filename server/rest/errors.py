@@ -27,6 +27,9 @@ import grpc
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 
+from tokenwire.v1 import errors_pb2
+from tokenwire.v1.reasons import parse_reason
+
 STATUS_DETAILS_KEY = "grpc-status-details-bin"
 MAX_ECHO_CHARS = 256  # client input quoted in an error message (the gRPC side clips the same)
 MAX_MESSAGE_CHARS = 1024  # a gRPC status message passed through
@@ -54,14 +57,16 @@ _TYPES = {
     503: "service_unavailable_error",
     504: "timeout_error",
 }
-_OPENAI_CODES = {
-    "API_KEY_INVALID": "invalid_api_key",
-    "MODEL_NOT_FOUND": "model_not_found",
-    "CONTEXT_LENGTH_EXCEEDED": "context_length_exceeded",
-    "QUEUE_FULL": "rate_limit_exceeded",
-    "TOO_MANY_SESSIONS": "rate_limit_exceeded",
+_OPENAI_CODES: dict[errors_pb2.ErrorReason, str] = {
+    errors_pb2.ERROR_REASON_API_KEY_INVALID: "invalid_api_key",
+    errors_pb2.ERROR_REASON_MODEL_NOT_FOUND: "model_not_found",
+    errors_pb2.ERROR_REASON_CONTEXT_LENGTH_EXCEEDED: "context_length_exceeded",
+    errors_pb2.ERROR_REASON_QUEUE_FULL: "rate_limit_exceeded",
+    errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS: "rate_limit_exceeded",
 }
-_RATE_LIMIT_REASONS = frozenset({"QUEUE_FULL", "TOO_MANY_SESSIONS"})
+_RATE_LIMIT_REASONS = frozenset(
+    {errors_pb2.ERROR_REASON_QUEUE_FULL, errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS}
+)
 _FALLBACK_MESSAGES = {
     grpc.StatusCode.UNAVAILABLE: "the inference server is unavailable",
     grpc.StatusCode.DEADLINE_EXCEEDED: "the request timed out",
@@ -125,7 +130,7 @@ def invalid(param: str | None, message: str, code: str = "invalid_value") -> Res
 
 @dataclass(frozen=True)
 class _Rich:
-    reason: str | None = None
+    reason: str | None = None  # ErrorInfo.reason as sent (a newer server's may be unknown here)
     metadata: Mapping[str, str] = field(default_factory=dict)
     retry_after: float | None = None
     message: str | None = None  # only from tokenwire's own statuses
@@ -159,8 +164,9 @@ def from_rpc_error(err: grpc.aio.AioRpcError, params: Mapping[str, str]) -> Rest
     """Translate a failed gRPC call; ``params`` maps proto field names to OpenAI ones."""
     code = err.code()
     rich = _rich_status(err)
+    reason = parse_reason(rich.reason)
     status = _HTTP_STATUS.get(code, 500)
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and rich.reason not in _RATE_LIMIT_REASONS:
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and reason not in _RATE_LIMIT_REASONS:
         status = 413  # a size limit (message, metadata), not a full queue: retrying won't help
     proto_param = rich.metadata.get("param")
     param = params.get(proto_param, proto_param) if proto_param else None
@@ -170,11 +176,11 @@ def from_rpc_error(err: grpc.aio.AioRpcError, params: Mapping[str, str]) -> Rest
         message = _FALLBACK_MESSAGES.get(code, "internal error")
     if proto_param and param != proto_param:
         message = message.replace(f"{proto_param}:", f"{param}:", 1)
-    reason = rich.reason or code.name
+    openai_code = _OPENAI_CODES.get(reason) or (rich.reason or code.name).lower()
     return RestError(
         status,
         message,
-        _OPENAI_CODES.get(reason, reason.lower()),
+        openai_code,
         param,
         rich.retry_after,
     )

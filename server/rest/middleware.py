@@ -20,7 +20,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tokenwire.server.rest.errors import RestError, invalid
 
 REQUEST_ID_HEADER = b"x-request-id"
-MAX_REQUEST_ID_CHARS = 128  # = tokenwire.server.grpc.call_context's (the shim imports no runtime)
+# The gRPC server takes ids of up to 128 characters; a request with several prompts sends
+# ``<id>-<prompt index>`` per prompt (up to 256 prompts: 4 more characters).
+MAX_REQUEST_ID_CHARS = 128 - len("-255")
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:

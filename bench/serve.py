@@ -3,11 +3,11 @@
 Fixed concurrency (``--concurrency``) or Poisson arrivals (``--request-rate``), the DESIGN §9
 workloads sent as token ids with ``ignore_eos`` so every request produces exactly its output
 length. Metrics and JSON keys follow ``vllm bench serve``; the same tool measures vLLM.
+Everything here takes a frozen ``ServeBenchConfig``; ``bench/cli.py`` builds it from the flags.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random
@@ -15,14 +15,32 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from tqdm import tqdm
 
-from tokenwire.clients.serve_metrics import RequestResult, summarize
-from tokenwire.clients.workloads import WORKLOADS, make_workload
+from tokenwire.bench.serve_metrics import RequestResult, summarize
+from tokenwire.bench.workloads import make_workload
 
 Sender = Callable[[list[int], int], Awaitable[RequestResult]]
+
+
+@dataclass(frozen=True)
+class ServeBenchConfig:
+    """One ``bench serve`` run against a running endpoint."""
+
+    backend: Literal["grpc", "openai"] = "grpc"
+    target: str = "127.0.0.1:50051"  # gRPC host:port
+    base_url: str = "http://127.0.0.1:8000"  # OpenAI-compatible base URL
+    model: str = ""  # model name for the OpenAI backend
+    api_key: str | None = None
+    workload: str = "cpu"
+    num_requests: int | None = None
+    vocab_size: int = 49152  # token ids are drawn below this
+    concurrency: int = 16
+    request_rate: float | None = None  # Poisson arrivals/s; None: all at once
+    seed: int = 0  # arrival times
+    cache_salt: str | None = None  # None: fresh per run (no prefix-cache reuse across runs)
 
 
 @dataclass
@@ -144,53 +162,33 @@ async def _run_load(
     return list(results), time.perf_counter() - start
 
 
-def add_parser(bench: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = bench.add_parser("serve", help="online load against a running endpoint")
-    p.add_argument("--backend", choices=["grpc", "openai"], default="grpc")
-    p.add_argument("--target", default="127.0.0.1:50051", help="gRPC host:port")
-    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="OpenAI base URL")
-    p.add_argument("--model", default="", help="model name for the OpenAI backend")
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--workload", choices=WORKLOADS, default="cpu")
-    p.add_argument("--num-requests", type=int, default=None)
-    p.add_argument("--vocab-size", type=int, default=49152)
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument(
-        "--request-rate",
-        type=float,
-        default=None,
-        help="Poisson arrivals per second (default: all at once, bounded by --concurrency)",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--cache-salt",
-        default=None,
-        help="cache_salt for every request (gRPC field; OpenAI backend: the "
-        "vLLM-style body field; default: fresh per run, so runs never reuse "
-        "each other's prefix cache)",
-    )
-    p.set_defaults(func=run_serve_bench)
+def serve_bench_summary(config: ServeBenchConfig) -> dict[str, Any]:
+    """Run the load and return the JSON record (vLLM's result keys)."""
+    workload = make_workload(config.workload, config.vocab_size, config.num_requests)
+    return asyncio.run(_main(config, workload.prompts, workload.output_lens, workload.name))
 
 
-def run_serve_bench(args: argparse.Namespace) -> int:
-    workload = make_workload(args.workload, args.vocab_size, args.num_requests)
-    return asyncio.run(_main(args, workload.prompts, workload.output_lens, workload.name))
+def run_serve_bench(config: ServeBenchConfig) -> int:
+    summary = serve_bench_summary(config)
+    _print_table(summary)
+    print(json.dumps(summary))
+    return 0 if summary["failed"] == 0 else 1
 
 
 async def _main(
-    args: argparse.Namespace, prompts: list[list[int]], output_lens: list[int], workload: str
-) -> int:
-    salt = args.cache_salt if args.cache_salt is not None else uuid.uuid4().hex
-    if args.backend == "grpc":
-        send, close = grpc_sender(args.target, args.api_key, salt)
-        target = f"grpc://{args.target}"
+    config: ServeBenchConfig, prompts: list[list[int]], output_lens: list[int], workload: str
+) -> dict[str, Any]:
+    salt = config.cache_salt if config.cache_salt is not None else uuid.uuid4().hex
+    if config.backend == "grpc":
+        send, close = grpc_sender(config.target, config.api_key, salt)
+        target = f"grpc://{config.target}"
     else:
-        send, close = openai_sender(args.base_url, args.model, args.api_key, salt)
-        target = args.base_url
+        send, close = openai_sender(config.base_url, config.model, config.api_key, salt)
+        target = config.base_url
     try:
         await send(prompts[0][:16], 2)  # warm-up: connection set-up stays out of the figures
         results, duration = await _run_load(
-            send, prompts, output_lens, args.concurrency, args.request_rate, args.seed
+            send, prompts, output_lens, config.concurrency, config.request_rate, config.seed
         )
     finally:
         await close()
@@ -198,16 +196,14 @@ async def _main(
     summary.update(
         {
             "bench": "serve",
-            "backend": args.backend,
+            "backend": config.backend,
             "target": target,
             "workload": workload,
-            "concurrency": args.concurrency,
-            "request_rate": args.request_rate,
+            "concurrency": config.concurrency,
+            "request_rate": config.request_rate,
         }
     )
-    _print_table(summary)
-    print(json.dumps(summary))
-    return 0 if summary["failed"] == 0 else 1
+    return summary
 
 
 def _print_table(s: dict[str, Any]) -> None:

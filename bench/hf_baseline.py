@@ -10,7 +10,6 @@ directly on the device; random weights do not change the cost of a forward pass.
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,21 @@ from typing import Any
 
 import torch
 
-from tokenwire.clients.workloads import Workload
+from tokenwire.bench.workloads import Workload
+
+
+@dataclass(frozen=True)
+class HfBaselineConfig:
+    """``--compare hf``: static batch sizes to try (the best is reported), how many requests
+    the static runs take (None: all) and the one-at-a-time run takes (0 skips it)."""
+
+    batch_sizes: tuple[int, ...] = (16, 32)
+    num_requests: int | None = None
+    sequential_requests: int = 8
+
+    def __post_init__(self) -> None:
+        if not self.batch_sizes or min(self.batch_sizes) <= 0:
+            raise ValueError(f"--hf-batch-sizes must be positive integers, got {self.batch_sizes}")
 
 
 @dataclass(frozen=True)
@@ -48,18 +61,17 @@ def load_hf_model(model_dir: Path, device: torch.device, dtype: torch.dtype) -> 
 
 
 def compare_hf(
-    args: argparse.Namespace,
+    config: HfBaselineConfig,
     model_dir: Path,
     device: torch.device,
     dtype: torch.dtype,
     workload: Workload,
 ) -> dict[str, Any]:
     """HF baselines for ``--compare hf``: best static batch, and one at a time unless
-    ``--hf-sequential-requests 0``. ``--hf-num-requests`` bounds the static runs."""
+    ``sequential_requests`` is 0. ``num_requests`` bounds the static runs."""
     model = load_hf_model(model_dir, device, dtype)
     statics = [
-        run_static(model, workload, int(b), device, args.hf_num_requests)
-        for b in args.hf_batch_sizes.split(",")
+        run_static(model, workload, b, device, config.num_requests) for b in config.batch_sizes
     ]
     best = max(statics, key=lambda r: r.output_tok_s)
     out: dict[str, Any] = {
@@ -68,8 +80,8 @@ def compare_hf(
         "hf_static_requests": best.num_requests,
         "hf_static_by_batch": {str(r.batch_size): round(r.output_tok_s, 2) for r in statics},
     }
-    if args.hf_sequential_requests > 0:
-        seq = run_sequential(model, workload, args.hf_sequential_requests, device)
+    if config.sequential_requests > 0:
+        seq = run_sequential(model, workload, config.sequential_requests, device)
         out["hf_sequential_output_tok_s"] = round(seq.output_tok_s, 2)
         out["hf_sequential_requests"] = seq.num_requests
     return out

@@ -1,0 +1,180 @@
+"""``tokenwire bench throughput|overhead|serve``: the command-line edge of the benchmarks.
+
+The only module of the package that sees ``argparse``: each command's flags become a frozen
+config (``ThroughputConfig``, ``OverheadConfig``, ``ServeBenchConfig``) and the benchmark runs
+on that. The offline benchmarks take every engine flag (``EngineArgs``), like ``serve``.
+Benchmark modules import torch, so they load only when their command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from tokenwire.bench.roofline import DEVICES
+from tokenwire.bench.workloads import WORKLOADS
+from tokenwire.runtime.bundled_configs import BUNDLED_CONFIGS
+from tokenwire.runtime.engine_args import EngineArgs
+
+if TYPE_CHECKING:
+    from tokenwire.bench.overhead import OverheadConfig
+    from tokenwire.bench.serve import ServeBenchConfig
+    from tokenwire.bench.throughput import ThroughputConfig
+
+
+def add_parsers(bench: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    s = bench.add_parser("serve", help="online load against a running endpoint")
+    add_serve_bench_arguments(s)
+    s.set_defaults(func=_serve)
+    t = bench.add_parser("throughput", help="offline engine throughput (optionally vs HF)")
+    add_throughput_arguments(t)
+    t.set_defaults(func=_throughput)
+    o = bench.add_parser("overhead", help="engine overhead per step on a tiny model")
+    add_overhead_arguments(o)
+    o.set_defaults(func=_overhead)
+
+
+# ---------------------------------------------------------------------- throughput
+def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", choices=WORKLOADS, default="cpu")
+    p.add_argument("--num-requests", type=int, default=None)
+    p.add_argument("--compare", choices=["none", "hf"], default="none")
+    p.add_argument(
+        "--hf-sequential-requests",
+        type=int,
+        default=8,
+        help="HF one-at-a-time runs only this many requests (it is slow; 0 skips it)",
+    )
+    p.add_argument("--hf-batch-sizes", default="16,32", help="comma-separated static batches")
+    p.add_argument(
+        "--hf-num-requests",
+        type=int,
+        default=None,
+        help="HF static batches run only the first N requests (default: all)",
+    )
+    p.add_argument(
+        "--floor-device",
+        choices=[d.name for d in DEVICES],
+        default=None,
+        help="roofline ceilings to report the floor against (default: the CUDA device's; "
+        "'unknown' on the CPU or a device not in the table)",
+    )
+    p.add_argument(
+        "--tpot", type=int, default=0, help="also measure batch-1 TPOT over this many tokens"
+    )
+    EngineArgs.add_cli_args(
+        p,
+        model_help="model path, or with --load-format dummy a bundled config name "
+        f"({', '.join(BUNDLED_CONFIGS)}); default: SmolLM2",
+    )
+
+
+def throughput_config(args: argparse.Namespace) -> ThroughputConfig:
+    from tokenwire.bench.hf_baseline import HfBaselineConfig
+    from tokenwire.bench.throughput import ThroughputConfig
+
+    try:
+        batch_sizes = tuple(int(b) for b in args.hf_batch_sizes.split(","))
+    except ValueError:
+        raise ValueError(
+            f"--hf-batch-sizes must be comma-separated integers, got {args.hf_batch_sizes!r}"
+        ) from None
+    return ThroughputConfig(
+        engine=EngineArgs.from_cli_args(args),
+        workload=args.workload,
+        num_requests=args.num_requests,
+        compare=args.compare,
+        hf=HfBaselineConfig(
+            batch_sizes=batch_sizes,
+            num_requests=args.hf_num_requests,
+            sequential_requests=args.hf_sequential_requests,
+        ),
+        floor_device=args.floor_device,
+        tpot=args.tpot,
+    )
+
+
+def _throughput(args: argparse.Namespace) -> int:
+    from tokenwire.bench.throughput import run_throughput
+
+    return run_throughput(throughput_config(args))
+
+
+# ---------------------------------------------------------------------- overhead
+def add_overhead_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--num-seqs",
+        type=int,
+        default=None,
+        help="running sequences (default: --max-num-seqs)",
+    )
+    p.add_argument("--output-len", type=int, default=64)
+    EngineArgs.add_cli_args(
+        p, model_help="model (default: a tiny random Llama, whose forward pass is nearly free)"
+    )
+
+
+def overhead_config(args: argparse.Namespace) -> OverheadConfig:
+    from tokenwire.bench.overhead import OverheadConfig
+
+    return OverheadConfig(
+        engine=EngineArgs.from_cli_args(args), num_seqs=args.num_seqs, output_len=args.output_len
+    )
+
+
+def _overhead(args: argparse.Namespace) -> int:
+    from tokenwire.bench.overhead import run_overhead
+
+    return run_overhead(overhead_config(args))
+
+
+# ---------------------------------------------------------------------- serve
+def add_serve_bench_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=["grpc", "openai"], default="grpc")
+    p.add_argument("--target", default="127.0.0.1:50051", help="gRPC host:port")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="OpenAI base URL")
+    p.add_argument("--model", default="", help="model name for the OpenAI backend")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--workload", choices=WORKLOADS, default="cpu")
+    p.add_argument("--num-requests", type=int, default=None)
+    p.add_argument("--vocab-size", type=int, default=49152)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=None,
+        help="Poisson arrivals per second (default: all at once, bounded by --concurrency)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--cache-salt",
+        default=None,
+        help="cache_salt for every request (gRPC field; OpenAI backend: the "
+        "vLLM-style body field; default: fresh per run, so runs never reuse "
+        "each other's prefix cache)",
+    )
+
+
+def serve_bench_config(args: argparse.Namespace) -> ServeBenchConfig:
+    from tokenwire.bench.serve import ServeBenchConfig
+
+    return ServeBenchConfig(
+        backend=args.backend,
+        target=args.target,
+        base_url=args.base_url,
+        model=args.model,
+        api_key=args.api_key,
+        workload=args.workload,
+        num_requests=args.num_requests,
+        vocab_size=args.vocab_size,
+        concurrency=args.concurrency,
+        request_rate=args.request_rate,
+        seed=args.seed,
+        cache_salt=args.cache_salt,
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from tokenwire.bench.serve import run_serve_bench
+
+    return run_serve_bench(serve_bench_config(args))

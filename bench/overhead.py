@@ -1,0 +1,104 @@
+"""``tokenwire bench overhead``: the engine's own bookkeeping per step (schedule + input
+preparation + update), measured with many running sequences on a model whose forward pass is
+nearly free (a tiny random Llama unless a model is given)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenwire.bench.throughput import StepRecorder, build_llm, overhead_ms
+from tokenwire.runtime.engine_args import EngineArgs, flag_of
+from tokenwire.runtime.sampling_params import SamplingParams
+
+# A tiny Llama for measuring engine bookkeeping, where the forward pass is nearly free.
+TINY_OVERHEAD_CONFIG: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 1024,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "tie_word_embeddings": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+PROMPT_LEN = 32
+
+
+@dataclass(frozen=True)
+class OverheadConfig:
+    """One ``bench overhead`` run. ``engine.model=None``: the tiny config, dummy weights."""
+
+    engine: EngineArgs = field(default_factory=EngineArgs)
+    num_seqs: int | None = None  # running sequences (default: ``engine.max_num_seqs``)
+    output_len: int = 64
+
+
+def overhead_result(config: OverheadConfig) -> dict[str, Any]:
+    engine = config.engine
+    num_seqs = engine.max_num_seqs if config.num_seqs is None else config.num_seqs
+    if num_seqs > engine.max_num_seqs:
+        raise ValueError(
+            f"--num-seqs {num_seqs} cannot all run: raise {flag_of('max_num_seqs')} "
+            f"(now {engine.max_num_seqs})"
+        )
+    recorder = StepRecorder()
+    with tempfile.TemporaryDirectory() as tmp:
+        if engine.model is None:
+            (Path(tmp) / "config.json").write_text(json.dumps(TINY_OVERHEAD_CONFIG))
+            engine = dataclasses.replace(engine, model=tmp, load_format="dummy")
+        llm = build_llm(engine, recorder)
+        vocab = llm.engine.vocab_size
+        span = min(1000, vocab - 3)
+        prompts = [[(7 * i + j) % span + 3 for j in range(PROMPT_LEN)] for i in range(num_seqs)]
+        params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=config.output_len)
+        llm.generate(prompts, params, use_tqdm=False)
+        del llm
+    full = [s for s in recorder.steps if s.num_seqs == num_seqs and s.phase == "decode"]
+    if not full:
+        raise ValueError(
+            f"no decode step ran all {num_seqs} sequences at once: raise --output-len or "
+            f"the KV cache ({flag_of('kv_cache_memory_bytes')})"
+        )
+    return {
+        "bench": "overhead",
+        "num_seqs": num_seqs,
+        "decode_steps": len(full),
+        "engine_overhead_ms_per_step": round(overhead_ms(full), 3),
+        "schedule_ms": round(1e3 * statistics.median(s.schedule_time for s in full), 3),
+        "prepare_ms": round(1e3 * statistics.median(s.prepare_time for s in full), 3),
+        "update_ms": round(1e3 * statistics.median(s.update_time for s in full), 3),
+        "forward_ms": round(1e3 * statistics.median(s.forward_time for s in full), 3),
+        "sample_ms": round(1e3 * statistics.median(s.sample_time for s in full), 3),
+    }
+
+
+def run_overhead(config: OverheadConfig) -> int:
+    result = overhead_result(config)
+    model = config.engine.model or "tiny model"
+    print(
+        f"\nengine overhead with {result['num_seqs']} running sequences ({model}, median of "
+        f"{result['decode_steps']} decode steps):"
+    )
+    for key in (
+        "schedule_ms",
+        "prepare_ms",
+        "update_ms",
+        "engine_overhead_ms_per_step",
+        "forward_ms",
+        "sample_ms",
+    ):
+        print(f"  {key:30s} {result[key]:8.3f}")
+    print(json.dumps(result))
+    return 0

@@ -1,0 +1,297 @@
+"""One definition of every engine flag (vLLM's ``EngineArgs``).
+
+``EngineArgs`` is a frozen dataclass with one field per engine setting. Each field is declared
+once, here: its command-line flag, type, choices and help text; its default is read from the
+field of the config dataclass that holds it (``runtime/config.py``), so there is no second copy
+of a default. ``tokenwire serve``, ``generate``, ``bench throughput``, ``bench overhead`` and
+``LLM(**kwargs)`` all go through it, so every flag works everywhere with the same name:
+
+    parser = argparse.ArgumentParser()
+    EngineArgs.add_cli_args(parser)
+    config = EngineArgs.from_cli_args(parser.parse_args()).create_engine_config()
+
+Validation stays in the config dataclasses; ``create_engine_config`` re-raises their
+``ValueError`` with the config field replaced by the flag to change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import dataclasses
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, get_args
+
+from tokenwire.runtime.config import (
+    CacheConfig,
+    DType,
+    EngineConfig,
+    LoadFormat,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    SchedulingPolicy,
+)
+
+_CONFIGS = (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, EngineConfig)
+
+
+@dataclass(frozen=True)
+class FlagSpec:
+    """How one ``EngineArgs`` field appears on the command line and in the config."""
+
+    config: type  # the config dataclass holding this setting (and its default)
+    config_field: str
+    help: str
+    flag: str | None = None  # default: ``--`` + the field name with dashes
+    type: Callable[[str], Any] | None = None
+    choices: tuple[str, ...] | None = None
+    action: str | builtins.type[argparse.Action] | None = None
+    metavar: str | None = None
+
+
+def _config_default(config: type, name: str) -> Any:
+    for f in dataclasses.fields(config):
+        if f.name == name:
+            if f.default is dataclasses.MISSING:
+                raise TypeError(f"{config.__name__}.{name} has no plain default")
+            return f.default
+    raise TypeError(f"{config.__name__} has no field {name!r}")
+
+
+def _arg(
+    config: type,
+    config_field: str,
+    help: str,
+    *,
+    flag: str | None = None,
+    type: Callable[[str], Any] | None = None,
+    choices: tuple[str, ...] | None = None,
+    action: str | type[argparse.Action] | None = None,
+    metavar: str | None = None,
+) -> Any:
+    spec = FlagSpec(config, config_field, help, flag, type, choices, action, metavar)
+    return dataclasses.field(default=_config_default(config, config_field), metadata={"flag": spec})
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """Every engine setting, with the defaults of the config dataclasses."""
+
+    model: str | None = _arg(
+        ModelConfig,
+        "model",
+        "HF directory, .gguf file, or config dir / bundled config name with "
+        "--load-format dummy (default: the embedded SmolLM2-135M-Instruct)",
+    )
+    tokenizer: str | None = _arg(
+        ModelConfig, "tokenizer", "tokenizer directory (default: the model's own)", type=str
+    )
+    served_model_name: str | None = _arg(
+        ModelConfig,
+        "served_model_name",
+        "name clients use in `model` (default: the model directory or file name)",
+        type=str,
+    )
+    dtype: DType = _arg(  # noqa: RUF009 (returns an immutable str)
+        ModelConfig,
+        "dtype",
+        "weights and activations: auto = float32 on CPU, bfloat16 on CUDA",
+        choices=get_args(DType),
+    )
+    device: str = _arg(EngineConfig, "device", "auto, cpu, cuda or cuda:N", type=str)
+    max_model_len: int | None = _arg(
+        ModelConfig, "max_model_len", "context length (default: the model's own)", type=int
+    )
+    max_num_seqs: int = _arg(
+        SchedulerConfig, "max_num_seqs", "sequences scheduled in one step", type=int
+    )
+    max_num_batched_tokens: int = _arg(
+        SchedulerConfig, "max_num_batched_tokens", "tokens scheduled in one step", type=int
+    )
+    block_size: int = _arg(
+        CacheConfig, "block_size", "KV cache block size in tokens (a power of two)", type=int
+    )
+    gpu_memory_utilization: float = _arg(
+        CacheConfig,
+        "gpu_memory_utilization",
+        "CUDA: fraction of device memory for weights, activations and the KV cache",
+        type=float,
+    )
+    kv_cache_memory_bytes: int = _arg(
+        CacheConfig,
+        "kv_cache_memory_bytes",
+        "CPU: KV cache size in bytes",
+        flag="--kv-cache-memory",
+        type=int,
+        metavar="BYTES",
+    )
+    num_gpu_blocks_override: int | None = _arg(
+        CacheConfig,
+        "num_blocks_override",
+        "fix the number of KV blocks on any device (wins over both budgets)",
+        type=int,
+    )
+    enable_prefix_caching: bool = _arg(
+        CacheConfig,
+        "enable_prefix_caching",
+        "reuse the KV blocks of a shared prompt prefix",
+        action=argparse.BooleanOptionalAction,
+    )
+    enable_chunked_prefill: bool = _arg(
+        SchedulerConfig,
+        "enable_chunked_prefill",
+        "split long prompts over several steps' token budgets",
+        action=argparse.BooleanOptionalAction,
+    )
+    scheduling_policy: SchedulingPolicy = _arg(  # noqa: RUF009 (returns an immutable str)
+        SchedulerConfig,
+        "policy",
+        "fcfs, or priority (lower value first)",
+        choices=get_args(SchedulingPolicy),
+    )
+    tensor_parallel_size: int = _arg(
+        ParallelConfig,
+        "tensor_parallel_size",
+        "devices to shard the model over (only 1 is implemented)",
+        type=int,
+    )
+    enforce_eager: bool = _arg(
+        EngineConfig,
+        "enforce_eager",
+        "CUDA: run every step eagerly (no decode CUDA graphs)",
+        action="store_true",
+    )
+    load_format: LoadFormat = _arg(  # noqa: RUF009 (returns an immutable str)
+        ModelConfig,
+        "load_format",
+        "weights: auto, safetensors, gguf, or dummy (random weights from a config)",
+        choices=get_args(LoadFormat),
+    )
+    seed: int = _arg(
+        ModelConfig, "seed", "seed of dummy weights and of unseeded sampling", type=int
+    )
+
+    # ------------------------------------------------------------------ command line
+    @staticmethod
+    def add_cli_args(
+        parser: argparse.ArgumentParser,
+        *,
+        model_positional: bool = True,
+        model_help: str | None = None,
+    ) -> argparse.ArgumentParser:
+        """Add every engine flag to ``parser``. The model is the optional positional ``MODEL``
+        (``serve``, ``bench``) or ``--model`` where a positional means something else
+        (``generate``'s prompt); ``model_help`` replaces its help text."""
+        group = parser.add_argument_group("engine")
+        for f in dataclasses.fields(EngineArgs):
+            spec = flag_spec(f.name)
+            kwargs: dict[str, Any] = {"default": f.default, "help": _help(spec, f.default)}
+            if spec.action is not None:
+                kwargs["action"] = spec.action
+            if spec.type is not None:
+                kwargs["type"] = spec.type
+            if spec.choices is not None:
+                kwargs["choices"] = spec.choices
+            if spec.metavar is not None:
+                kwargs["metavar"] = spec.metavar
+            if f.name == "model" and model_help is not None:
+                kwargs["help"] = model_help
+            if f.name == "model" and model_positional:
+                group.add_argument("model", nargs="?", metavar="MODEL", **kwargs)
+            else:
+                group.add_argument(flag_of(f.name), dest=f.name, **kwargs)
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+    # ------------------------------------------------------------------ config
+    def create_engine_config(self) -> EngineConfig:
+        """The frozen ``EngineConfig``; a bad value raises a ``ValueError`` naming its flag."""
+        try:
+            return EngineConfig(
+                model=ModelConfig(
+                    model=self.model,
+                    tokenizer=self.tokenizer,
+                    dtype=self.dtype,
+                    max_model_len=self.max_model_len,
+                    load_format=self.load_format,
+                    seed=self.seed,
+                    served_model_name=self.served_model_name,
+                ),
+                cache=CacheConfig(
+                    block_size=self.block_size,
+                    enable_prefix_caching=self.enable_prefix_caching,
+                    kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+                    gpu_memory_utilization=self.gpu_memory_utilization,
+                    num_blocks_override=self.num_gpu_blocks_override,
+                ),
+                scheduler=SchedulerConfig(
+                    max_num_seqs=self.max_num_seqs,
+                    max_num_batched_tokens=self.max_num_batched_tokens,
+                    policy=self.scheduling_policy,
+                    enable_chunked_prefill=self.enable_chunked_prefill,
+                ),
+                parallel=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size),
+                device=self.device,
+                enforce_eager=self.enforce_eager,
+            )
+        except ValueError as exc:
+            raise ValueError(name_flags(str(exc))) from None
+
+
+def flag_spec(name: str) -> FlagSpec:
+    """The declaration of ``EngineArgs`` field ``name``."""
+    for f in dataclasses.fields(EngineArgs):
+        if f.name == name:
+            spec: FlagSpec = f.metadata["flag"]
+            return spec
+    raise KeyError(name)
+
+
+def flag_of(name: str) -> str:
+    """The command-line flag of ``EngineArgs`` field ``name`` (``--max-model-len``)."""
+    return flag_spec(name).flag or "--" + name.replace("_", "-")
+
+
+def engine_flags() -> tuple[str, ...]:
+    """Every engine option string (``--[no-]`` forms included; the model's is ``--model``)."""
+    flags: list[str] = []
+    for f in dataclasses.fields(EngineArgs):
+        flag = flag_of(f.name)
+        flags.append(flag)
+        if flag_spec(f.name).action is argparse.BooleanOptionalAction:
+            flags.append("--no-" + flag.removeprefix("--"))
+    return tuple(flags)
+
+
+def _help(spec: FlagSpec, default: Any) -> str:
+    if spec.action is not None or default is None:
+        return spec.help
+    return f"{spec.help} (default: {default})"
+
+
+def _config_flags() -> dict[str, str]:
+    """Config field name -> the flag that sets it."""
+    return {flag_spec(f.name).config_field: flag_of(f.name) for f in dataclasses.fields(EngineArgs)}
+
+
+def name_flags(message: str) -> str:
+    """A config error message with config field names replaced by their flags.
+
+    The leading word is the field at fault (``block_size must be ...``); other snake_case
+    field names later in the message (``... >= max_model_len``) are replaced too. Single
+    words (``device``, ``policy``) are only replaced in the lead, where they cannot be prose.
+    """
+    flags = _config_flags()
+    head, sep, rest = message.partition(" ")
+    if head in flags:
+        head = flags[head]
+    for name in flags:
+        if "_" in name:
+            rest = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-])", flags[name], rest)
+    return head + sep + rest
