@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -63,14 +64,20 @@ def cpu_seconds(pid: int) -> float:
     return float(times.user + times.system)
 
 
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # ended children (the load client)
+    return usage.ru_utime + usage.ru_stime
+
+
 def served(target: str, front_pid: int, workload: str, concurrency: int) -> dict[str, float]:
-    before = cpu_seconds(front_pid)
+    before, client_before = cpu_seconds(front_pid), children_cpu_seconds()
     out = subprocess.run(
         [EXE, "bench", "serve", "--target", target, "--workload", workload,
          "--concurrency", str(concurrency)],
         capture_output=True, text=True, env=ENV, check=True,
     ).stdout  # fmt: skip
     front_cpu = cpu_seconds(front_pid) - before
+    client_cpu = children_cpu_seconds() - client_before
     result = last_json(out)
     completed = int(result["completed"])
     return {
@@ -78,6 +85,8 @@ def served(target: str, front_pid: int, workload: str, concurrency: int) -> dict
         "median_ttft_ms": float(result["median_ttft_ms"]),
         "median_tpot_ms": float(result["median_tpot_ms"]),
         "front_cpu_s_per_100_requests": 100.0 * front_cpu / max(completed, 1),
+        # The load generator shares this box's cores with the engine (offline has none).
+        "client_cpu_s_per_100_requests": 100.0 * client_cpu / max(completed, 1),
     }
 
 
@@ -103,7 +112,8 @@ def main() -> int:
                     print(
                         f"round {round_no}: {mode:<10} c={c:<3} {r['output_tok_s']:.1f} tok/s "
                         f"({100 * r['output_tok_s'] / base:.0f}% of offline), front CPU "
-                        f"{r['front_cpu_s_per_100_requests']:.1f} s / 100 requests",
+                        f"{r['front_cpu_s_per_100_requests']:.1f} s, load client CPU "
+                        f"{r['client_cpu_s_per_100_requests']:.1f} s / 100 requests",
                         flush=True,
                     )
             finally:
