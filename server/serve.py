@@ -4,10 +4,12 @@ The OpenAI-compatible REST shim runs in the same event loop on ``--port`` (defau
 ``--port 0`` picks a free port, ``--disable-rest`` turns it off) and reaches the gRPC server
 over loopback through one shared channel. Both ports are bound before the model loads.
 
+The engine core runs in a process of its own (``--engine-in-process``: on a thread here).
 Startup errors (bad flags, model not found, KV cache too small) exit non-zero before the
 server reports SERVING, with a message naming the flag to change. SIGTERM/SIGINT: health
 goes NOT_SERVING, new calls get UNAVAILABLE, in-flight requests finish up to
-``--shutdown-timeout``, then the process exits 0.
+``--shutdown-timeout``, then the process exits 0. When the engine core dies, in-flight
+requests end UNAVAILABLE at once, the server drains the same way and exits 1.
 """
 
 from __future__ import annotations
