@@ -11,7 +11,10 @@ import json
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
+
+import torch
 
 from tokenwire.bench.hf_baseline import HfBaselineConfig
 from tokenwire.bench.roofline import DeviceCeilings, lookup_device
@@ -99,9 +102,10 @@ def throughput_result(config: ThroughputConfig) -> dict[str, Any]:
     result: dict[str, Any] = {
         "bench": "throughput",
         "workload": workload.name,
-        "model": engine.loaded.served_model_name,
-        "device": str(engine.device),
-        "dtype": str(engine.loaded.dtype).removeprefix("torch."),
+        "model": engine.facts.served_model_name,
+        "device": engine.facts.device,
+        "dtype": engine.facts.dtype,
+        "tensor_parallel_size": engine.facts.tensor_parallel_size,
         "enforce_eager": config.engine.enforce_eager,
         "num_requests": len(workload.prompts),
         "prompt_tokens": workload.num_prompt_tokens,
@@ -113,16 +117,20 @@ def throughput_result(config: ThroughputConfig) -> dict[str, Any]:
         ),
         "engine_overhead_ms_per_step": round(overhead_ms(recorder.steps), 3),
         "num_steps": len(recorder.steps),
-        "kv_blocks": engine.runner.num_blocks,
+        "kv_blocks": engine.facts.num_blocks,
     }
     if config.tpot:
         result["tpot_batch1_ms"] = round(measure_tpot_ms(llm, recorder, config.tpot), 4)
-    ceilings = floor_device(engine.device, config.floor_device)
-    result.update(floor_figures(engine.loaded, workload, config.engine.max_num_seqs, ceilings))
+    facts = engine.facts
+    device, dtype = torch.device(facts.device), getattr(torch, facts.dtype)
+    ceilings = floor_device(device, config.floor_device)
+    max_seqs = config.engine.max_num_seqs
+    result.update(floor_figures(facts.arch, dtype.itemsize, workload, max_seqs, ceilings))
     if config.compare == "hf":
         from tokenwire.bench.hf_baseline import compare_hf
 
-        model_path, device, dtype = engine.loaded.model_path, engine.device, engine.loaded.dtype
+        model_path = Path(facts.model_path)
+        llm.shutdown()
         del llm, engine  # free the KV cache and graphs before HF loads its own copy
         release_device_memory(device)
         result.update(compare_hf(config.hf, model_path, device, dtype, workload))
@@ -145,12 +153,16 @@ def floor_device(device: Any, name: str | None = None) -> DeviceCeilings | None:
 
 
 def floor_figures(
-    loaded: Any, workload: Workload, max_num_seqs: int, ceilings: DeviceCeilings | None
+    arch: Any,
+    dtype_bytes: int,
+    workload: Workload,
+    max_num_seqs: int,
+    ceilings: DeviceCeilings | None,
 ) -> dict[str, Any]:
     """The floor's JSON keys; the time figures are null when the device is unknown."""
     from tokenwire.bench.roofline import decode_step_floor_s, model_cost, workload_floor
 
-    cost = model_cost(loaded.arch, loaded.dtype.itemsize)
+    cost = model_cost(arch, dtype_bytes)
     out: dict[str, Any] = {
         "floor_device": None,
         "floor_output_tok_s": None,

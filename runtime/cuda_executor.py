@@ -30,8 +30,10 @@ def cuda_kv_cache(
     max_num_seqs: int,
     max_num_batched_tokens: int,
     cuda_graphs: bool,
+    tp_size: int = 1,
 ) -> KVCache:
-    """Allocate the KV cache: ``num_blocks_override``, else what fits after profiling."""
+    """Allocate this rank's KV cache (its local KV heads under ``tp_size``-way tensor
+    parallelism): ``num_blocks_override``, else what fits after profiling."""
     num_blocks = cache_config.num_blocks_override
     if num_blocks is None:
         report = profile_memory(
@@ -44,11 +46,13 @@ def cuda_kv_cache(
         num_blocks = gpu_num_blocks(
             report,
             cache_config.gpu_memory_utilization,
-            bytes_per_block(loaded.arch, cache_config.block_size, loaded.dtype),
+            bytes_per_block(loaded.arch, cache_config.block_size, loaded.dtype, tp_size),
             min_blocks_for(loaded.max_model_len, cache_config.block_size),
             cuda_graphs,
         )
-    return KVCache.allocate(loaded.arch, cache_config, loaded.device, loaded.dtype, num_blocks)
+    return KVCache.allocate(
+        loaded.arch, cache_config, loaded.device, loaded.dtype, num_blocks, tp_size
+    )
 
 
 def graphs_enabled(enforce_eager: bool) -> bool:

@@ -155,8 +155,41 @@ class EngineArgs:
     tensor_parallel_size: int = _arg(
         ParallelConfig,
         "tensor_parallel_size",
-        "devices to shard the model over (only 1 is implemented)",
+        "ranks (processes, one device each) to shard the model over",
         type=int,
+    )
+    distributed_init_method: str | None = _arg(
+        ParallelConfig,
+        "distributed_init_method",
+        "tensor parallelism rendezvous: tcp://HOST:PORT or env:// (torchrun's MASTER_ADDR / "
+        "MASTER_PORT); default: --master-addr/--master-port with several nodes, else a free "
+        "loopback port",
+        type=str,
+    )
+    nnodes: int = _arg(
+        ParallelConfig, "nnodes", "nodes the tensor-parallel ranks are spread over", type=int
+    )
+    node_rank: int = _arg(
+        ParallelConfig,
+        "node_rank",
+        "this node's index (0 runs the server; others run `tokenwire worker`)",
+        type=int,
+    )
+    master_addr: str = _arg(
+        ParallelConfig, "master_addr", "node 0's address for the rendezvous", type=str
+    )
+    master_port: int = _arg(ParallelConfig, "master_port", "rendezvous TCP port", type=int)
+    distributed_timeout: float = _arg(
+        ParallelConfig,
+        "distributed_timeout",
+        "seconds a collective waits on a silent rank before the engine is declared dead",
+        type=float,
+    )
+    distributed_startup_timeout: float = _arg(
+        ParallelConfig,
+        "distributed_startup_timeout",
+        "seconds the ranks may take to meet and load the model",
+        type=float,
     )
     enforce_eager: bool = _arg(
         EngineConfig,
@@ -236,7 +269,16 @@ class EngineArgs:
                     policy=self.scheduling_policy,
                     enable_chunked_prefill=self.enable_chunked_prefill,
                 ),
-                parallel=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size),
+                parallel=ParallelConfig(
+                    tensor_parallel_size=self.tensor_parallel_size,
+                    distributed_init_method=self.distributed_init_method,
+                    nnodes=self.nnodes,
+                    node_rank=self.node_rank,
+                    master_addr=self.master_addr,
+                    master_port=self.master_port,
+                    distributed_timeout=self.distributed_timeout,
+                    distributed_startup_timeout=self.distributed_startup_timeout,
+                ),
                 device=self.device,
                 enforce_eager=self.enforce_eager,
             )

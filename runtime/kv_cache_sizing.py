@@ -118,7 +118,7 @@ def _profile_inputs(
     qsl = np.zeros(len(seq_lens) + 1, dtype=np.int32)
     qsl[1:] = np.cumsum(seq_lens)
     positions = np.concatenate([np.arange(n, dtype=np.int64) for n in seq_lens])
-    shape = (1, block_size, arch.num_key_value_heads, arch.head_dim)
+    shape = (1, block_size, model.num_local_kv_heads, arch.head_dim)
     dtype = model.lm_head_weight.dtype
     caches = [
         (

@@ -12,11 +12,12 @@ from tqdm import tqdm
 from tokenwire.runtime.engine.core import EngineCore
 from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.runtime.errors import ParameterError
+from tokenwire.runtime.executor.uniproc import UniprocExecutor
 from tokenwire.runtime.output_processor import ChoiceDelta, OutputProcessor
 from tokenwire.runtime.outputs import RequestOutput
 from tokenwire.runtime.sampling_params import SamplingParams, normalize_params
 from tokenwire.runtime.stats import EngineObserver
-from tokenwire.runtime.tokenizer import apply_chat_template
+from tokenwire.runtime.tokenizer import Tokenizer, apply_chat_template, load_tokenizer
 
 Prompt = str | list[int]
 Messages = list[dict[str, str]]
@@ -33,7 +34,7 @@ class LLM:
         ``TypeError``, a bad value a ``ValueError`` naming its flag."""
         config = EngineArgs(model=model, **kwargs).create_engine_config()
         self.engine = EngineCore(config, observer)
-        self.tokenizer = self.engine.loaded.tokenizer
+        self.tokenizer = _front_tokenizer(self.engine)
         self._processor = OutputProcessor(self.tokenizer)
         self._counter = itertools.count()
 
@@ -46,6 +47,17 @@ class LLM:
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
+
+    def shutdown(self) -> None:
+        """Stop the engine's worker processes (tensor parallelism). Worker processes also
+        exit on their own when this process ends."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -145,3 +157,12 @@ class LLM:
                     results[output.request_id] = output
                     bar.update(1)
         return results
+
+
+def _front_tokenizer(engine: EngineCore) -> Tokenizer | None:
+    """The model's tokenizer: the one the in-process worker loaded, else loaded here."""
+    executor = engine.executor
+    if isinstance(executor, UniprocExecutor):
+        return executor.worker.loaded.tokenizer
+    path = engine.facts.tokenizer_path
+    return None if path is None else load_tokenizer(path)

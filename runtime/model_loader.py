@@ -10,6 +10,12 @@ Sources, by ``ModelConfig``:
 - ``load_format="dummy"``: random weights from a config.json (directory or file), or from a
   bundled benchmark config selected by name (``llama-3.2-1b``, ``qwen3-0.6b``,
   ``llama-3.1-8b``; see ``bundled_configs``).
+
+Tensor parallelism: ``load_model(..., tp=group)`` builds this rank's share of the model and
+reads only this rank's slices of each safetensors tensor (``iter_safetensors`` yields lazy
+``WeightSource``s; each parameter knows its split). Each rank resolves the source itself: a
+GGUF conversion publishes its cache directory with an atomic rename, so ranks racing to convert
+are safe (converting once before starting the ranks saves the duplicated work).
 """
 
 from __future__ import annotations
@@ -25,13 +31,16 @@ import torch
 from tokenwire.runtime.bundled_configs import BUNDLED_CONFIGS, bundled_config_path
 from tokenwire.runtime.config import ModelConfig
 from tokenwire.runtime.default_model import DEFAULT_SERVED_MODEL_NAME, default_gguf_path
+from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.gguf_convert import ensure_converted
 from tokenwire.runtime.models.arch import ModelArch, token_id_tuple
 from tokenwire.runtime.models.llama import LlamaForCausalLM, build_model
+from tokenwire.runtime.models.weights import SafetensorsWeight, WeightSource
 from tokenwire.runtime.tokenizer import Tokenizer, load_tokenizer
 
 _INDEX_FILE = "model.safetensors.index.json"
 _DEFAULT_INIT_STD = 0.02  # HF initializer_range default
+_SINGLE = TPGroup.single()  # immutable: the default group of one
 
 
 @dataclass(frozen=True)
@@ -55,13 +64,24 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
 
 
-def load_model(model_config: ModelConfig, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+def load_model(
+    model_config: ModelConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    tp: TPGroup = _SINGLE,
+) -> LoadedModel:
+    """Build and load the model (this rank's share of it under ``tp``) on ``device``.
+
+    No collectives run here: each rank loads independently. An impossible split raises
+    ``ValueError`` naming ``--tensor-parallel-size`` before any weight is read.
+    """
     source = _resolve_source(model_config)
     folder = source.folder
     config = _read_json(source.config_file)
     arch = ModelArch.from_hf_config(config)
+    arch.check_tensor_parallel(tp.world_size)
     max_model_len = resolve_max_model_len(model_config.max_model_len, arch)
-    model = build_model(arch, device, dtype, max_position=max_model_len)
+    model = build_model(arch, device, dtype, max_position=max_model_len, tp=tp)
     if model_config.load_format == "dummy":
         std = float(config.get("initializer_range") or _DEFAULT_INIT_STD)
         init_dummy_weights(model, model_config.seed, std)
@@ -190,25 +210,30 @@ def _weight_files(folder: Path) -> list[Path]:
     return files
 
 
-def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF name, CPU tensor) from every shard, memory-mapped (no full read)."""
+def iter_safetensors(folder: Path) -> Iterator[tuple[str, WeightSource]]:
+    """Yield (HF name, lazy ``WeightSource``) for every tensor of every shard file.
+
+    Nothing is read until the consumer asks: ``read()`` for the whole tensor or
+    ``read_slice(dim, start, length)`` for one rank's part (through safetensors'
+    ``get_slice``, memory-mapped). A source is valid until the iteration leaves its file.
+    """
     from safetensors import safe_open
 
     for file in _weight_files(folder):
         with safe_open(str(file), framework="pt", device="cpu") as handle:
             for name in handle.keys():  # noqa: SIM118 - safe_open is not iterable
-                yield name, handle.get_tensor(name)
+                yield name, SafetensorsWeight(handle, name)
 
 
 @torch.no_grad()
 def init_dummy_weights(model: LlamaForCausalLM, seed: int, std: float) -> None:
     """Random weights, deterministic for (seed, device): N(0, std) matrices and biases,
     norm weights 1. With pre-norm blocks and std 0.02 the residual stream stays O(1) per
-    layer, so activations remain finite in bfloat16 for deep stacks."""
+    layer, so activations remain finite in bfloat16 for deep stacks.
+
+    Under tensor parallelism every rank draws each full (TP=1) tensor from the same seed and
+    keeps its slice, so the TP=N dummy model equals the TP=1 one on the same device type
+    (one full parameter at a time is the extra memory)."""
     device = model.model.embed_tokens.weight.device
     generator = torch.Generator(device=device).manual_seed(seed)
-    for name, param in model.named_parameters():  # registration order: deterministic
-        if name.endswith("norm.weight"):
-            param.fill_(1.0)
-        else:
-            param.normal_(0.0, std, generator=generator)
+    model.init_random_weights(generator, std)  # registration order: deterministic

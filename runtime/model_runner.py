@@ -6,6 +6,12 @@ inputs are gathered with vectorised numpy over persistent rows (``InputBatch``);
 host sync in a step is reading the sampled token ids. On CUDA the forward goes through
 ``CudaExecutor`` (profiled KV sizing, pinned staging buffers, decode CUDA graphs); the CPU
 path below is untouched by it.
+
+Tensor parallelism: every rank runs this same runner on the same ``SchedulerOutput``s with its
+share of the model (``load_model(..., tp=group)``) and passes the same ``tp``; the KV cache
+holds the rank's local KV heads. ``compute_logits`` gathers the full vocabulary on every rank
+(a collective), so every rank samples identically and makes the same collective calls in the
+same order; the driver (rank 0) returns the ``ModelOutput``.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch
 from tokenwire.kernels.attention_metadata import AttentionMetadata
 from tokenwire.kernels.paged_attention import build_cpu_plan
 from tokenwire.runtime.config import CacheConfig
+from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.input_batch import InputBatch, StepArrays
 from tokenwire.runtime.kv_cache import KVCache
 from tokenwire.runtime.model_loader import LoadedModel
@@ -32,6 +39,8 @@ from tokenwire.runtime.scheduler_output import SchedulerOutput
 
 if TYPE_CHECKING:
     from tokenwire.runtime.cuda_executor import CudaExecutor
+
+_SINGLE = TPGroup.single()  # immutable: the default group of one
 
 
 @dataclass(slots=True)
@@ -67,7 +76,15 @@ class ModelRunner:
         seed: int,
         max_num_batched_tokens: int = 2048,
         enforce_eager: bool = False,
+        tp: TPGroup = _SINGLE,
     ) -> None:
+        model_tp = loaded.model.tp
+        if (model_tp.rank, model_tp.world_size) != (tp.rank, tp.world_size):
+            raise ValueError(
+                f"the model was built for TP rank {model_tp.rank} of {model_tp.world_size}, "
+                f"the runner for rank {tp.rank} of {tp.world_size}"
+            )
+        self.tp = tp
         self.model = loaded.model
         self.vocab_size = loaded.arch.vocab_size
         self.eos_token_ids = loaded.eos_token_ids
@@ -83,12 +100,15 @@ class ModelRunner:
                 max_num_seqs,
                 max_num_batched_tokens,
                 graphs_enabled(enforce_eager),
+                tp.world_size,
             )
             self._cuda = CudaExecutor(
                 loaded, self.kv_cache, max_num_seqs, max_num_batched_tokens, enforce_eager
             )
         else:
-            self.kv_cache = KVCache.allocate(loaded.arch, cache_config, device, loaded.dtype)
+            self.kv_cache = KVCache.allocate(
+                loaded.arch, cache_config, device, loaded.dtype, tp_size=tp.world_size
+            )
         self.batch = InputBatch(max_num_seqs, loaded.max_model_len, self.block_size)
         self.requests: dict[str, CachedRequestState] = {}
         self._num_prompt_logprob_reqs = 0  # live requests that asked for prompt logprobs

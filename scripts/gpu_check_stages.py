@@ -182,6 +182,8 @@ def _timed_workload(llm: Any, workload: Any) -> float:
 
 
 def stage_bench(args: argparse.Namespace, record: Recorder) -> None:
+    import torch
+
     from tokenwire.bench.throughput import (
         StepRecorder,
         build_llm,
@@ -198,14 +200,17 @@ def stage_bench(args: argparse.Namespace, record: Recorder) -> None:
     llm = build_llm(config.engine, steps)
     engine = llm.engine
     record(kind="startup", model=args.model, seconds=round(time.perf_counter() - start, 2),
-           kv_blocks=engine.runner.num_blocks)  # fmt: skip
+           kv_blocks=engine.facts.num_blocks)  # fmt: skip
+    facts = engine.facts
+    device, dtype = torch.device(facts.device), getattr(torch, facts.dtype)
     llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
     for name in ["mixed"] + (["fixed"] if args.hf else []):
         workload = _workload(name, engine.vocab_size, args.smoke)
         seconds = _timed_workload(llm, workload)
         # The floor of the device it runs on (H200: issue 6's); null on the CPU (--smoke).
-        ceilings = floor_device(engine.device)
-        floor = floor_figures(engine.loaded, workload, config.engine.max_num_seqs, ceilings)
+        ceilings = floor_device(device)
+        floor = floor_figures(facts.arch, dtype.itemsize, workload, config.engine.max_num_seqs,
+                              ceilings)  # fmt: skip
         record(kind="throughput", model=args.model, workload=name,
                output_tokens=workload.num_output_tokens, seconds=round(seconds, 3),
                output_tok_s=round(workload.num_output_tokens / seconds, 1),
@@ -214,14 +219,9 @@ def stage_bench(args: argparse.Namespace, record: Recorder) -> None:
     record(kind="tpot", model=args.model, tpot_ms=round(tpot, 4),
            tpot_floor_ms=floor["tpot_floor_ms"])  # fmt: skip
     if args.hf:
-        loaded = engine.loaded
-        model_path, device, dtype, vocab = (
-            loaded.model_path,
-            engine.device,
-            loaded.dtype,
-            engine.vocab_size,
-        )
-        del llm, engine, loaded
+        model_path, vocab = Path(facts.model_path), engine.vocab_size
+        llm.shutdown()
+        del llm, engine
         release_device_memory(device)
         _hf_static(args, model_path, device, dtype, vocab, record)
 

@@ -1,5 +1,5 @@
 """``tokenwire`` command line: ``serve``, ``rest`` (the REST shim alone), ``generate`` (offline),
-``chat``, ``bench ...``."""
+``chat``, ``worker`` (tensor-parallel ranks of nodes other than 0), ``bench ...``."""
 
 from __future__ import annotations
 
@@ -48,6 +48,27 @@ def _run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_worker(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "worker",
+        help="run this node's tensor-parallel ranks (every node but 0; node 0 runs serve)",
+        description="Run the ranks of node --node-rank of a tensor-parallel engine whose "
+        "node 0 runs `tokenwire serve` with the same engine flags.",
+    )
+    EngineArgs.add_cli_args(p)
+    p.set_defaults(func=_run_worker)
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    import logging
+
+    from tokenwire.runtime.executor.node import run_node
+
+    config = EngineArgs.from_cli_args(args).create_engine_config()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    return run_node(config)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from tokenwire.bench.cli import add_parsers as add_bench_parsers
     from tokenwire.clients.chat import add_chat_parser
@@ -60,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_rest_parser(sub)
     _add_generate(sub)
     add_chat_parser(sub)
+    _add_worker(sub)
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     add_bench_parsers(bench)
     return parser

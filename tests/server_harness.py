@@ -18,7 +18,13 @@ from typing import Any, TypeVar
 
 import grpc
 
-from tokenwire.runtime.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from tokenwire.runtime.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+)
 from tokenwire.runtime.engine.async_engine import AsyncEngine
 from tokenwire.runtime.engine.core import EngineCore
 from tokenwire.runtime.engine.inproc_client import InprocCoreClient
@@ -48,6 +54,7 @@ class ServerHarness:
         limits: Limits | None = None,
         warm: bool = True,
         in_process: bool = False,
+        tensor_parallel_size: int = 1,
     ) -> None:
         self.config = EngineConfig(
             model=ModelConfig(
@@ -59,6 +66,7 @@ class ServerHarness:
             scheduler=SchedulerConfig(
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
             ),
+            parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
             device="cpu",
         )
         self.settings = GrpcSettings(

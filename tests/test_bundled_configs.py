@@ -165,13 +165,12 @@ def test_throughput_floor_is_unknown_on_cpu(capsys: pytest.CaptureFixture[str]) 
     from tokenwire.bench.throughput import floor_device, floor_figures, print_table
 
     arch = _arch("llama-3.2-1b")
-    loaded = type("Loaded", (), {"arch": arch, "dtype": torch.bfloat16})()
     workload = make_workload("cpu", 1000, 4)
     assert floor_device(torch.device("cpu")) is None
-    unknown = floor_figures(loaded, workload, 256, None)
+    unknown = floor_figures(arch, 2, workload, 256, None)
     assert unknown["floor_output_tok_s"] is None and unknown["tpot_floor_ms"] is None
     assert unknown["weight_bytes_per_step"] > 0
-    h200 = floor_figures(loaded, workload, 256, floor_device(torch.device("cpu"), "H200"))
+    h200 = floor_figures(arch, 2, workload, 256, floor_device(torch.device("cpu"), "H200"))
     assert h200["floor_device"] == "H200" and h200["floor_output_tok_s"] > 0
     assert h200["tpot_floor_ms"] == pytest.approx(0.58, rel=0.03)
     with pytest.raises(ValueError, match="--floor-device"):

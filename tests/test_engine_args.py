@@ -28,6 +28,7 @@ COMMANDS = {
     "generate": ("generate",),
     "bench throughput": ("bench", "throughput"),
     "bench overhead": ("bench", "overhead"),
+    "worker": ("worker",),
 }
 FIELDS = [f.name for f in dataclasses.fields(EngineArgs)]
 
@@ -48,7 +49,14 @@ VALUES: dict[str, Any] = {
     "enable_prefix_caching": False,
     "enable_chunked_prefill": False,
     "scheduling_policy": "priority",
-    "tensor_parallel_size": 1,  # the only accepted value today (see the refusal test)
+    "tensor_parallel_size": 2,
+    "distributed_init_method": "tcp://10.0.0.1:29400",
+    "nnodes": 2,
+    "node_rank": 1,
+    "master_addr": "10.0.0.1",
+    "master_port": 29400,
+    "distributed_timeout": 20.0,
+    "distributed_startup_timeout": 120.0,
     "enforce_eager": True,
     "load_format": "dummy",
     "seed": 7,
@@ -91,7 +99,7 @@ def test_values_cover_every_field_and_differ_from_defaults() -> None:
     assert set(VALUES) == set(FIELDS)
     defaults = EngineArgs()
     changed = {n for n in FIELDS if getattr(defaults, n) != VALUES[n]}
-    assert changed == set(FIELDS) - {"tensor_parallel_size"}
+    assert changed == set(FIELDS)
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
@@ -154,7 +162,11 @@ def test_create_engine_config_carries_every_field() -> None:
         max_num_seqs=8, max_num_batched_tokens=1024, policy="priority",
         enable_chunked_prefill=False,
     )  # fmt: skip
-    assert config.parallel == ParallelConfig(tensor_parallel_size=1)
+    assert config.parallel == ParallelConfig(
+        tensor_parallel_size=2, distributed_init_method="tcp://10.0.0.1:29400", nnodes=2,
+        node_rank=1, master_addr="10.0.0.1", master_port=29400, distributed_timeout=20.0,
+        distributed_startup_timeout=120.0,
+    )  # fmt: skip
     assert (config.device, config.enforce_eager) == ("cpu", True)
 
 
@@ -169,7 +181,11 @@ def test_create_engine_config_carries_every_field() -> None:
         ("kv_cache_memory_bytes", 0, "--kv-cache-memory"),
         ("num_gpu_blocks_override", 1, "--num-gpu-blocks-override"),
         ("scheduling_policy", "lifo", "--scheduling-policy"),
-        ("tensor_parallel_size", 2, "--tensor-parallel-size"),
+        ("tensor_parallel_size", 0, "--tensor-parallel-size"),
+        ("nnodes", 0, "--nnodes"),
+        ("node_rank", 3, "--node-rank"),
+        ("master_port", 70000, "--master-port"),
+        ("distributed_init_method", "udp://x", "--distributed-init-method"),
         ("device", "tpu", "--device"),
         ("dtype", "int3", "--dtype"),
         ("load_format", "pickle", "--load-format"),
@@ -187,13 +203,11 @@ def test_cross_field_error_names_both_flags() -> None:
         args.create_engine_config()
 
 
-def test_tensor_parallel_flag_is_accepted_but_refused_unless_1() -> None:
-    parser = subparser("serve")
-    args = parser.parse_args(["--tensor-parallel-size", "2"])
-    with pytest.raises(ValueError, match=r"^--tensor-parallel-size must be 1"):
-        EngineArgs.from_cli_args(args).create_engine_config()
-    one = parser.parse_args(["--tensor-parallel-size", "1"])
-    assert EngineArgs.from_cli_args(one).create_engine_config().parallel.tensor_parallel_size == 1
+def test_ranks_must_split_evenly_over_nodes() -> None:
+    with pytest.raises(ValueError, match=r"^--tensor-parallel-size .* nnodes"):
+        EngineArgs(tensor_parallel_size=3, nnodes=2).create_engine_config()
+    config = EngineArgs(tensor_parallel_size=4, nnodes=2).create_engine_config()
+    assert config.parallel.ranks_per_node == 2
 
 
 def test_serve_exits_2_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
@@ -232,14 +246,16 @@ def test_llm_accepts_every_engine_field(tmp_path: Path) -> None:
     kwargs.update(
         model=str(tmp_path), tokenizer=None, dtype="float32", max_model_len=128,
         max_num_batched_tokens=128,
+        # One rank on one node here: tensor parallelism runs in tests/test_tensor_parallel.py.
+        tensor_parallel_size=1, nnodes=1, node_rank=0, distributed_init_method=None,
     )  # fmt: skip
     llm = LLM(**kwargs)
-    assert llm.engine.runner.num_blocks == 64
-    assert llm.engine.loaded.served_model_name == "served"
+    assert llm.engine.facts.num_blocks == 64
+    assert llm.engine.facts.served_model_name == "served"
     out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 3
     same = LLM.from_engine_args(EngineArgs(**kwargs))
-    assert same.engine.runner.num_blocks == 64
+    assert same.engine.facts.num_blocks == 64
 
 
 def test_llm_rejects_an_unknown_field_and_names_a_bad_flag() -> None:

@@ -44,8 +44,9 @@ SEAM = (
     "tokenwire.runtime.tokenizer",
     "tokenwire.runtime.tokenizer_pool",
 )
-# ``tokenwire generate`` is the offline LLM on the command line.
-OFFLINE_CLI = {"server/cli.py": ("tokenwire.runtime.llm",)}
+# ``tokenwire generate`` is the offline LLM on the command line; ``tokenwire worker`` runs a
+# node's tensor-parallel ranks.
+OFFLINE_CLI = {"server/cli.py": ("tokenwire.runtime.llm", "tokenwire.runtime.executor.node")}
 
 
 def imports_of(path: Path) -> list[str]:

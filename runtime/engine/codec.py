@@ -36,7 +36,9 @@ _OUTPUT_TYPES: tuple[type[Any], ...] = (StepResult, CoreStarted, IdleReply, Core
 _Frame = tuple[int, msgspec.Raw]
 
 
-class _Codec:
+class TaggedCodec:
+    """Frames ``[tag, payload]`` over a fixed tuple of record types."""
+
     def __init__(self, types: tuple[type[Any], ...]) -> None:
         self._tags = {t: i for i, t in enumerate(types)}
         self._decoders = [msgspec.msgpack.Decoder(t) for t in types]
@@ -53,7 +55,7 @@ class _Codec:
         return self._decoders[tag].decode(payload)
 
 
-class InputCodec(_Codec):
+class InputCodec(TaggedCodec):
     def __init__(self) -> None:
         super().__init__(_INPUT_TYPES)
 
@@ -62,7 +64,7 @@ class InputCodec(_Codec):
         return message
 
 
-class OutputCodec(_Codec):
+class OutputCodec(TaggedCodec):
     def __init__(self) -> None:
         super().__init__(_OUTPUT_TYPES)
 

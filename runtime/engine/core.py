@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from tokenwire.runtime.config import EngineConfig
-from tokenwire.runtime.cpu_tuning import keep_freed_memory
 from tokenwire.runtime.engine.validation import validate_request
 from tokenwire.runtime.errors import DuplicateRequestError
+from tokenwire.runtime.executor.base import Executor, make_executor
 from tokenwire.runtime.kv_cache_manager import KVCacheManager
-from tokenwire.runtime.model_loader import LoadedModel, load_model, resolve_dtype
-from tokenwire.runtime.model_runner import ModelRunner
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.request import FinishReason, Request
 from tokenwire.runtime.sampling_params import SamplingParams
@@ -26,50 +22,49 @@ from tokenwire.runtime.scheduler_output import SchedulerOutput
 from tokenwire.runtime.stats import EngineObserver, RequestStats, StepPhase, StepStats
 
 
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available: use --device cpu")
-    return torch.device(device)
-
-
 class EngineCore:
-    def __init__(self, config: EngineConfig, observer: EngineObserver | None = None) -> None:
+    """``executor``: what runs the model (default: built from ``config``; a test may pass
+    one). The core itself holds no model and no device tensors, only ``facts``."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        observer: EngineObserver | None = None,
+        executor: Executor | None = None,
+    ) -> None:
         self.config = config
         self.observer = observer
-        self.device = resolve_device(config.device)
-        if self.device.type == "cpu":
-            keep_freed_memory()
-        self.loaded: LoadedModel = load_model(
-            config.model, self.device, resolve_dtype(config.model.dtype, self.device)
+        self.executor = executor if executor is not None else make_executor(config)
+        try:
+            self.facts = self.executor.facts
+            self.max_model_len = self.facts.max_model_len
+            self.vocab_size = self.facts.vocab_size
+            self._check_capacity(self.facts.num_blocks)
+            self._eos_token_ids = frozenset(self.facts.eos_token_ids)
+        except BaseException:
+            self.executor.shutdown()
+            raise
+        self.kv_cache_manager = KVCacheManager(
+            self.facts.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
         )
-        self.max_model_len = self.loaded.max_model_len
-        self.vocab_size = self.loaded.arch.vocab_size
-        self.runner = ModelRunner(
-            self.loaded,
-            config.cache,
-            config.scheduler.max_num_seqs,
-            self.device,
-            config.model.seed,
-            max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
-            enforce_eager=config.enforce_eager,
+        max_held = int(self.kv_cache_manager.num_blocks * config.cache.session_cache_fraction)
+        self.scheduler = Scheduler(
+            config.scheduler, self.kv_cache_manager, self.max_model_len, max_held
         )
-        block_size = config.cache.block_size
-        capacity = (self.runner.num_blocks - 1) * block_size  # block 0 is the null block
+
+    def _check_capacity(self, num_blocks: int) -> None:
+        capacity = (num_blocks - 1) * self.config.cache.block_size  # block 0 is the null block
         if capacity < self.max_model_len:
             raise ValueError(
                 f"the KV cache holds {capacity} tokens, fewer than one max_model_len "
                 f"({self.max_model_len}) sequence: raise the KV cache budget or lower "
                 "--max-model-len"
             )
-        self.kv_cache_manager = KVCacheManager(
-            self.runner.num_blocks, block_size, config.cache.enable_prefix_caching
-        )
-        max_held = int(self.kv_cache_manager.num_blocks * config.cache.session_cache_fraction)
-        self.scheduler = Scheduler(
-            config.scheduler, self.kv_cache_manager, self.max_model_len, max_held
-        )
+
+    def shutdown(self, graceful: bool = True) -> None:
+        """Stop the executor (its worker processes, under tensor parallelism): ``graceful``
+        after a clean stop, at once after a failure."""
+        self.executor.shutdown(graceful)
 
     # ------------------------------------------------------------------ requests
     def add_request(
@@ -95,7 +90,7 @@ class EngineCore:
             request_id,
             prompt_token_ids,
             params,
-            self.loaded.eos_token_ids,
+            self._eos_token_ids,
             self.max_model_len,
             arrival_time=arrival_time,
             priority=priority,
@@ -141,7 +136,7 @@ class EngineCore:
         t1 = time.perf_counter()
         if so.is_empty and not so.finished_req_ids:
             return []
-        mo = self.runner.execute_model(so)
+        mo = self.executor.execute_model(so)
         t2 = time.perf_counter()
         outputs = self.scheduler.update(so, mo)
         t3 = time.perf_counter()

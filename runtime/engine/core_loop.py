@@ -58,24 +58,23 @@ class StatsCollector:
 
 
 def engine_info(core: EngineCore) -> EngineInfo:
-    loaded, config = core.loaded, core.config
-    tokenizer_dir = config.model.tokenizer or str(loaded.model_path)
+    facts, config = core.facts, core.config
     return EngineInfo(
-        served_model_name=loaded.served_model_name,
-        architecture=loaded.arch.architecture,
-        dtype=str(loaded.dtype).removeprefix("torch."),
-        device=str(core.device),
+        served_model_name=facts.served_model_name,
+        architecture=facts.arch.architecture,
+        dtype=facts.dtype,
+        device=facts.device,
         max_model_len=core.max_model_len,
         vocab_size=core.vocab_size,
-        eos_token_ids=tuple(sorted(loaded.eos_token_ids)),
+        eos_token_ids=facts.eos_token_ids,
         num_kv_blocks=core.kv_cache_manager.num_blocks,
         block_size=config.cache.block_size,
         max_num_seqs=config.scheduler.max_num_seqs,
         max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
         enable_prefix_caching=config.cache.enable_prefix_caching,
         quantization=None,
-        tensor_parallel_size=config.parallel.tensor_parallel_size,
-        tokenizer_path=tokenizer_dir if loaded.tokenizer is not None else None,
+        tensor_parallel_size=facts.tensor_parallel_size,
+        tokenizer_path=facts.tokenizer_path,
         core_pid=os.getpid(),
     )
 

@@ -21,7 +21,6 @@ import os
 import shutil
 import signal
 import tempfile
-import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -35,6 +34,8 @@ from tokenwire.runtime.engine.messages import (
     Shutdown,
 )
 from tokenwire.runtime.engine.protocol import EngineInfo
+from tokenwire.runtime.lifeline import watch_parent
+from tokenwire.runtime.sockets import send_or_drop
 from tokenwire.runtime.stats import EngineObserver
 
 logger = logging.getLogger("tokenwire.engine")
@@ -42,18 +43,6 @@ _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [engine-core pid %(process)d] 
 
 
 # ---------------------------------------------------------------------------- core process
-def _watch_parent(pipe: Connection) -> None:
-    """Exit this process as soon as the front's end of ``pipe`` closes (the front died)."""
-
-    def watch() -> None:
-        with contextlib.suppress(EOFError, OSError):
-            while True:
-                pipe.recv()
-        os._exit(1)
-
-    threading.Thread(target=watch, name="tokenwire-parent-watch", daemon=True).start()
-
-
 def run_core_process(
     config: EngineConfig,
     input_address: str,
@@ -72,7 +61,7 @@ def run_core_process(
     # core ends on the front's Shutdown, or at once when the front is gone (parent pipe).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _watch_parent(parent_pipe)
+    watch_parent(parent_pipe)
     logging.basicConfig(level=logging.WARNING, format=_LOG_FORMAT)
     context = zmq.Context()
     inputs = context.socket(zmq.PULL)
@@ -82,7 +71,7 @@ def run_core_process(
     in_codec, out_codec = InputCodec(), OutputCodec()
 
     def send(message: CoreOutput) -> None:
-        outputs.send(out_codec.encode(message), copy=False)
+        send_or_drop(outputs, out_codec.encode(message))
 
     def receive(block: bool) -> list[CoreInput]:
         if block:
@@ -106,10 +95,13 @@ def run_core_process(
     try:
         send(CoreStarted(engine_info(core)))
         CoreLoop(core, collector, receive, send).run()
+        core.shutdown()  # a clean stop: the executor's workers stop with it
     except BaseException as exc:
         logger.exception("engine core failed")
-        send(CoreFailed(f"engine loop failed: {type(exc).__name__}"))
+        send(CoreFailed(f"engine loop failed: {type(exc).__name__}: {exc}"))
         code = 1
+        with contextlib.suppress(Exception):  # a hung worker would not follow us out
+            core.shutdown(graceful=False)
     _close(context, inputs, outputs)
     os._exit(code)
 
@@ -187,7 +179,7 @@ class MPCoreClient:
     def send(self, message: CoreInput) -> None:
         if self._exited is not None and self._exited.done():
             return  # the core is gone; the front has been told through get_output
-        self._inputs.send(self._in_codec.encode(message), copy=False)
+        send_or_drop(self._inputs, self._in_codec.encode(message))
 
     async def get_output(self) -> CoreOutput:
         assert self._exited is not None

@@ -75,11 +75,14 @@ class InprocCoreClient:
             self._publish(CoreFailed(str(exc) or type(exc).__name__, startup=True))
             return
         self._publish(CoreStarted(engine_info(self.core)))
+        graceful = True
         try:
             CoreLoop(self.core, collector, self._receive, self._publish).run()
         except BaseException as exc:  # the loop must report, never die silently
             logger.exception("engine core loop failed")
-            self._publish(CoreFailed(f"engine loop failed: {type(exc).__name__}"))
+            self._publish(CoreFailed(f"engine loop failed: {type(exc).__name__}: {exc}"))
+            graceful = False
+        self.core.shutdown(graceful)
 
     def _receive(self, block: bool) -> list[CoreInput]:
         try:

@@ -29,6 +29,9 @@ _MODEL_TYPE_TO_ARCH: dict[str, str] = {
 
 _DEFAULT_ROPE_THETA = 10000.0
 
+# The engine flag that sets the tensor-parallel size; split errors name it.
+TP_FLAG = "--tensor-parallel-size"
+
 
 @dataclass(frozen=True)
 class ModelArch:
@@ -66,6 +69,25 @@ class ModelArch:
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
+    def check_tensor_parallel(self, tp_size: int) -> None:
+        """Raise ``ValueError`` (naming ``--tensor-parallel-size``) unless this model splits
+        over ``tp_size`` ranks: attention heads and the MLP intermediate size must divide
+        evenly; KV heads must either divide evenly or be replicated (``tp_size`` a multiple of
+        the KV head count). The vocabulary always splits: it is padded to a multiple of
+        ``tp_size``."""
+        split_heads(self.num_attention_heads, self.num_key_value_heads, 0, tp_size)
+        if self.intermediate_size % tp_size:
+            raise ValueError(
+                f"{TP_FLAG}={tp_size} does not divide the model's intermediate_size "
+                f"({self.intermediate_size}): choose a tensor-parallel size that divides it"
+            )
+
+    def num_local_kv_heads(self, tp_size: int = 1) -> int:
+        """KV heads each rank holds (and caches) under ``tp_size``-way tensor parallelism."""
+        return split_heads(
+            self.num_attention_heads, self.num_key_value_heads, 0, tp_size
+        ).num_kv_heads
+
     def rope_scaling_dict(self) -> dict[str, Any] | None:
         return None if self.rope_scaling is None else dict(self.rope_scaling)
 
@@ -102,6 +124,55 @@ class ModelArch:
             bos_token_id=_optional_int(cfg.get("bos_token_id")),
             eos_token_ids=token_id_tuple(cfg.get("eos_token_id")),
         )
+
+
+@dataclass(frozen=True)
+class HeadSplit:
+    """One rank's attention heads: query heads ``[head_start, head_start + num_heads)`` and KV
+    heads ``[kv_head_start, kv_head_start + num_kv_heads)`` of the full model."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_start: int
+    kv_head_start: int
+
+
+def split_heads(num_heads: int, num_kv_heads: int, rank: int, tp_size: int) -> HeadSplit:
+    """Split attention heads over ``tp_size`` ranks (vLLM's rule).
+
+    Query heads split evenly. KV heads split evenly when ``num_kv_heads >= tp_size``;
+    otherwise each KV head is replicated on ``tp_size // num_kv_heads`` consecutive ranks
+    (rank r holds KV head ``r // (tp_size // num_kv_heads)``), which needs ``tp_size`` to be a
+    multiple of ``num_kv_heads``. Either way every rank keeps whole GQA groups: its query heads
+    attend only to the KV heads it holds. Errors name ``--tensor-parallel-size``.
+    """
+    if tp_size < 1:
+        raise ValueError(f"{TP_FLAG} must be >= 1, got {tp_size}")
+    if num_heads % tp_size:
+        raise ValueError(
+            f"{TP_FLAG}={tp_size} does not divide the model's {num_heads} attention heads: "
+            f"choose a tensor-parallel size that divides {num_heads}"
+        )
+    if num_kv_heads >= tp_size:
+        if num_kv_heads % tp_size:
+            raise ValueError(
+                f"{TP_FLAG}={tp_size} does not divide the model's {num_kv_heads} KV heads "
+                f"(and is smaller, so they cannot be replicated): choose a tensor-parallel "
+                f"size that divides {num_kv_heads} or is a multiple of it"
+            )
+        local_kv = num_kv_heads // tp_size
+        kv_start = rank * local_kv
+    else:
+        if tp_size % num_kv_heads:
+            raise ValueError(
+                f"{TP_FLAG}={tp_size} is neither a divisor nor a multiple of the model's "
+                f"{num_kv_heads} KV heads, so they can be neither split nor replicated: "
+                f"choose a tensor-parallel size that is a multiple of {num_kv_heads}"
+            )
+        local_kv = 1
+        kv_start = rank // (tp_size // num_kv_heads)
+    local_heads = num_heads // tp_size
+    return HeadSplit(local_heads, local_kv, rank * local_heads, kv_start)
 
 
 def token_id_tuple(value: Any) -> tuple[int, ...]:

@@ -4,11 +4,19 @@ Tokens are flattened (no batch dimension): a step's sequences are concatenated i
 rows and ``AttentionMetadata`` says which rows belong to which sequence and where their K/V
 lives in the paged cache. Projections are fused (``qkv_proj``, ``gate_up_proj``) so each layer
 runs four matmuls; ``load_weights`` maps HF parameter names into the fused tensors.
+
+Tensor parallelism: built with a ``TPGroup`` of N ranks, each rank's model holds its share of
+every projection (``layers.parallel``: heads for q/k/v, rows of the vocabulary, halves of the
+MLP) and its forward all-reduces after ``o_proj`` and ``down_proj`` (and the embedding);
+``compute_logits`` gathers the full vocabulary on every rank. ``load_weights`` reads only this
+rank's slices of each checkpoint tensor. With ``TPGroup.single()`` (the default) the model is
+exactly the single-device one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import accumulate
 
 import torch
 from torch import nn
@@ -18,11 +26,32 @@ from tokenwire.kernels.attention_metadata import AttentionMetadata
 from tokenwire.kernels.paged_attention import paged_attention
 from tokenwire.kernels.rotary import apply_rotary, build_cos_sin_cache, compute_inv_freq
 from tokenwire.kernels.store_kv import store_kv
+from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.models.arch import ModelArch
-from tokenwire.runtime.models.layers import Embedding, Linear, RMSNorm
+from tokenwire.runtime.models.layers import (
+    MergedColumnParallelLinear,
+    ParallelLMHead,
+    QKVParallelLinear,
+    RMSNorm,
+    RowParallelLinear,
+    ShardedModule,
+    ShardLoads,
+    VocabParallelEmbedding,
+    vocab_parallel_logits,
+)
+from tokenwire.runtime.models.weights import (
+    ShardLoad,
+    TensorWeight,
+    WeightSource,
+    as_weight_source,
+    load_shard,
+    replicated,
+)
 
 # One layer's paged KV cache: (k_cache, v_cache), each [num_blocks, block_size, Hkv, D].
 KVCache = tuple[torch.Tensor, torch.Tensor]
+
+_SINGLE = TPGroup.single()  # immutable: the default group of one
 
 # HF checkpoint projection -> (fused parameter, shard id). Shard order inside the fused
 # tensor is q, k, v and gate, up (silu_and_mul expects gate first).
@@ -33,24 +62,31 @@ _STACKED_PARAMS: tuple[tuple[str, str, str], ...] = (
     ("gate_proj", "gate_up_proj", "gate"),
     ("up_proj", "gate_up_proj", "up"),
 )
-_FUSED_SHARDS: dict[str, tuple[str, ...]] = {
-    "qkv_proj": ("q", "k", "v"),
-    "gate_up_proj": ("gate", "up"),
-}
 
 
 class Attention(nn.Module):
-    def __init__(self, arch: ModelArch, dtype: torch.dtype) -> None:
+    """This rank's heads (all of them at TP=1); ``o_proj`` all-reduces under TP."""
+
+    def __init__(self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup) -> None:
         super().__init__()
-        self.num_heads = arch.num_attention_heads
-        self.num_kv_heads = arch.num_key_value_heads
+        self.qkv_proj = QKVParallelLinear(
+            arch.hidden_size,
+            arch.head_dim,
+            arch.num_attention_heads,
+            arch.num_key_value_heads,
+            arch.attention_bias,
+            dtype,
+            tp,
+        )
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.head_dim = arch.head_dim
-        self.q_size = arch.q_size
-        self.kv_size = arch.kv_size
+        self.q_size = self.qkv_proj.q_size
+        self.kv_size = self.qkv_proj.kv_size
         self.scale = arch.head_dim**-0.5
-        qkv_out = arch.q_size + 2 * arch.kv_size
-        self.qkv_proj = Linear(arch.hidden_size, qkv_out, arch.attention_bias, dtype)
-        self.o_proj = Linear(arch.q_size, arch.hidden_size, arch.o_proj_bias, dtype)
+        self.o_proj = RowParallelLinear(
+            arch.q_size, arch.hidden_size, arch.o_proj_bias, dtype, tp, "attention size"
+        )
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if arch.qk_norm:
@@ -83,11 +119,17 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, arch: ModelArch, dtype: torch.dtype) -> None:
+    """SwiGLU; the intermediate dimension is split over TP ranks, ``down_proj`` all-reduces."""
+
+    def __init__(self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup) -> None:
         super().__init__()
         inter = arch.intermediate_size
-        self.gate_up_proj = Linear(arch.hidden_size, 2 * inter, False, dtype)
-        self.down_proj = Linear(inter, arch.hidden_size, False, dtype)
+        self.gate_up_proj = MergedColumnParallelLinear(
+            arch.hidden_size, {"gate": inter, "up": inter}, False, dtype, tp, "intermediate_size"
+        )
+        self.down_proj = RowParallelLinear(
+            inter, arch.hidden_size, False, dtype, tp, "intermediate_size"
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result: torch.Tensor = self.down_proj(silu_and_mul(self.gate_up_proj(x)))
@@ -95,10 +137,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, arch: ModelArch, dtype: torch.dtype) -> None:
+    def __init__(self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup) -> None:
         super().__init__()
-        self.self_attn = Attention(arch, dtype)
-        self.mlp = MLP(arch, dtype)
+        self.self_attn = Attention(arch, dtype, tp)
+        self.mlp = MLP(arch, dtype, tp)
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
 
@@ -125,11 +167,11 @@ class DecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Embedding, decoder stack and final norm (HF's ``model.*`` parameter prefix)."""
 
-    def __init__(self, arch: ModelArch, dtype: torch.dtype) -> None:
+    def __init__(self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup) -> None:
         super().__init__()
-        self.embed_tokens = Embedding(arch.vocab_size, arch.hidden_size, dtype)
+        self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, dtype, tp)
         self.layers = nn.ModuleList(
-            DecoderLayer(arch, dtype) for _ in range(arch.num_hidden_layers)
+            DecoderLayer(arch, dtype, tp) for _ in range(arch.num_hidden_layers)
         )
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
 
@@ -137,16 +179,24 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Flattened-token causal LM. Build it with ``build_model``, then load weights."""
 
-    def __init__(self, arch: ModelArch, max_position: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        arch: ModelArch,
+        max_position: int,
+        dtype: torch.dtype,
+        tp: TPGroup = _SINGLE,
+    ) -> None:
         super().__init__()
+        arch.check_tensor_parallel(tp.world_size)
         self.arch = arch
         self.max_position = max_position
-        self.model = LlamaModel(arch, dtype)
-        # Tied models have no lm_head parameter: logits use the embedding matrix itself, so
-        # the tie cannot be broken by device moves or weight loading.
-        self.lm_head: Linear | None = None
+        self.tp = tp
+        self.model = LlamaModel(arch, dtype, tp)
+        # Tied models have no lm_head parameter: logits use the embedding matrix itself (under
+        # TP, this rank's rows of it), so the tie cannot be broken by device moves or loading.
+        self.lm_head: ParallelLMHead | None = None
         if not arch.tie_word_embeddings:
-            self.lm_head = Linear(arch.hidden_size, arch.vocab_size, False, dtype)
+            self.lm_head = ParallelLMHead(arch.vocab_size, arch.hidden_size, dtype, tp)
         # [max_position, head_dim] rotary table in the model dtype (layout owned by
         # kernels.rotary); a buffer so it follows ``.to(device)``, not saved in checkpoints.
         inv_freq = compute_inv_freq(arch.head_dim, arch.rope_theta, arch.rope_scaling_dict())
@@ -156,8 +206,14 @@ class LlamaForCausalLM(nn.Module):
         )
 
     @property
+    def num_local_kv_heads(self) -> int:
+        """KV heads this rank computes and caches (all of them at TP=1)."""
+        return self.arch.num_local_kv_heads(self.tp.world_size)
+
+    @property
     def lm_head_weight(self) -> torch.Tensor:
-        """[vocab, hidden]; the embedding matrix itself when embeddings are tied."""
+        """[vocab, hidden] (this rank's padded vocab rows under TP); the embedding matrix
+        itself when embeddings are tied."""
         if self.lm_head is None:
             return self.model.embed_tokens.weight
         return self.lm_head.weight
@@ -184,52 +240,72 @@ class LlamaForCausalLM(nn.Module):
         return normed
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, hidden] -> float32 logits [N, vocab]."""
-        return torch.nn.functional.linear(hidden, self.lm_head_weight).float()
+        """[N, hidden] -> float32 logits [N, vocab].
+
+        Under TP a collective (the vocab shards are all-gathered): every rank must call it
+        with the same N, in the same order, and every rank gets bitwise-identical logits.
+        """
+        return vocab_parallel_logits(hidden, self.lm_head_weight, self.arch.vocab_size, self.tp)
+
+    def shard_loads(self) -> dict[str, dict[str, ShardLoad]]:
+        """Parameter name -> checkpoint shard id ("" unless fused; q/k/v and gate/up in
+        storage order) -> which part of that checkpoint tensor this rank holds, and where."""
+        loads: dict[str, dict[str, ShardLoad]] = {}
+        for prefix, module in self.named_modules():
+            if isinstance(module, ShardedModule):
+                sharded: ShardLoads = module.shard_loads()
+                for local, per_shard in sharded.items():
+                    loads[f"{prefix}.{local}" if prefix else local] = per_shard
+        for name, param in self.named_parameters():
+            if name not in loads:  # norms: every rank holds the whole tensor
+                loads[name] = {"": replicated(param.shape)}
+        return loads
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors into this model's (fused) parameters.
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | WeightSource]]) -> None:
+        """Copy HF-named checkpoint tensors into this model's (fused, per-rank) parameters.
 
-        Raises ValueError on an unknown name, a shape mismatch, or a parameter (or fused
-        shard) that the checkpoint never provided.
+        ``weights`` yields tensors or lazy ``WeightSource``s (``iter_safetensors``); under TP
+        only this rank's slice of a source is read. Raises ValueError on an unknown name, a
+        shape mismatch, or a parameter (or fused shard) that the checkpoint never provided.
         """
         params = dict(self.named_parameters())
+        loads = self.shard_loads()
         loaded: dict[str, set[str]] = {name: set() for name in params}
-        for hf_name, tensor in weights:
+        for hf_name, weight in weights:
             if hf_name.endswith("rotary_emb.inv_freq"):
                 continue  # recomputed from the config
             if hf_name == "lm_head.weight" and self.lm_head is None:
                 continue  # tied: some checkpoints store a copy of the embedding
             name, shard = _map_name(hf_name)
-            if name not in params:
+            spec = loads.get(name, {}).get(shard)
+            if name not in params or spec is None:
                 raise ValueError(f"unexpected weight {hf_name!r} for {self.arch.architecture}")
-            _copy_shard(params[name], name, shard, tensor, self._shard_sizes(name))
+            source = as_weight_source(weight)
+            load_shard(params[name], spec, source, f"{name}[{shard or 'all'}]")
             loaded[name].add(shard)
-        missing = [
-            name
-            for name, shards in loaded.items()
-            if shards != set(_FUSED_SHARDS.get(_fused_kind(name), ("",)))
-        ]
+        missing = [name for name, shards in loaded.items() if shards != set(loads[name])]
         if missing:
             raise ValueError(f"checkpoint is missing weights for: {', '.join(sorted(missing))}")
 
-    def _shard_sizes(self, name: str) -> dict[str, int]:
-        """Rows per shard (dim 0) of a fused parameter, in storage order."""
-        kind = _fused_kind(name)
-        if kind == "qkv_proj":
-            return {"q": self.arch.q_size, "k": self.arch.kv_size, "v": self.arch.kv_size}
-        if kind == "gate_up_proj":
-            inter = self.arch.intermediate_size
-            return {"gate": inter, "up": inter}
-        return {}
+    @torch.no_grad()
+    def init_random_weights(self, generator: torch.Generator, std: float) -> None:
+        """N(0, std) matrices and biases, norm weights 1, drawn parameter by parameter in
+        registration order from ``generator``.
 
-
-def _fused_kind(param_name: str) -> str:
-    for kind in _FUSED_SHARDS:
-        if f".{kind}." in param_name:
-            return kind
-    return ""
+        At TP=1 each parameter is drawn in place. Under TP each rank draws the full (TP=1)
+        tensor on its device and keeps its slice, so a TP=N dummy model holds exactly the
+        TP=1 dummy weights (every rank must use the same seed); the full tensor of one
+        parameter at a time is the only extra memory.
+        """
+        loads = self.shard_loads() if self.tp.world_size > 1 else {}
+        for name, param in self.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif self.tp.world_size == 1:
+                param.normal_(0.0, std, generator=generator)
+            else:
+                _init_sharded(param, name, loads[name], generator, std)
 
 
 def _map_name(hf_name: str) -> tuple[str, str]:
@@ -240,33 +316,40 @@ def _map_name(hf_name: str) -> tuple[str, str]:
     return hf_name, ""
 
 
-def _copy_shard(
-    param: torch.Tensor, name: str, shard: str, tensor: torch.Tensor, sizes: dict[str, int]
+def _init_sharded(
+    param: torch.Tensor,
+    name: str,
+    shards: dict[str, ShardLoad],
+    generator: torch.Generator,
+    std: float,
 ) -> None:
-    target = param
-    if shard:
-        offset = 0
-        for key, rows in sizes.items():
-            if key == shard:
-                break
-            offset += rows
-        target = param.narrow(0, offset, sizes[shard])
-    if target.shape != tensor.shape:
-        raise ValueError(
-            f"shape mismatch for {name}[{shard or 'all'}]: "
-            f"checkpoint {tuple(tensor.shape)}, model {tuple(target.shape)}"
-        )
-    target.copy_(tensor)
+    """Draw the TP=1 (fused) tensor of ``param`` and load this rank's slices of it."""
+    specs = list(shards.values())
+    rows = [spec.full_shape[0] for spec in specs]
+    full_shape = (sum(rows), *specs[0].full_shape[1:])
+    full = torch.empty(full_shape, dtype=param.dtype, device=param.device)
+    full.normal_(0.0, std, generator=generator)
+    for (shard, spec), end, count in zip(shards.items(), accumulate(rows), rows, strict=True):
+        part = TensorWeight(full.narrow(0, end - count, count))
+        load_shard(param, spec, part, f"{name}[{shard or 'all'}]")
 
 
 def build_model(
-    arch: ModelArch, device: torch.device, dtype: torch.dtype, max_position: int
+    arch: ModelArch,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_position: int,
+    tp: TPGroup = _SINGLE,
 ) -> LlamaForCausalLM:
-    """Allocate the model directly on ``device``: no CPU copy, no random init.
+    """Allocate the model (this rank's share of it under ``tp``) directly on ``device``: no
+    CPU copy, no random init.
 
     Weights are uninitialised (``torch.empty``) until ``load_weights`` or a dummy initialiser
     fills them; norm weights start at 1. The rotary table covers ``[0, max_position)``.
+    ``tp`` defaults to ``TPGroup.single()``; an impossible split raises ``ValueError`` naming
+    ``--tensor-parallel-size`` before anything is allocated.
     """
+    arch.check_tensor_parallel(tp.world_size)
     with torch.device(device):
-        model = LlamaForCausalLM(arch, max_position, dtype)
+        model = LlamaForCausalLM(arch, max_position, dtype, tp)
     return model.eval()

@@ -46,6 +46,8 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
             max_stop_sequences=self.limits.max_stop_sequences,
             max_logprobs=MAX_LOGPROBS,
             dtype=info.dtype,
+            tensor_parallel_size=info.tensor_parallel_size,
+            quantization=info.quantization or "",
         )
 
     def _check_model(self, name: str) -> None:

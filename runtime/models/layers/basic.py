@@ -1,4 +1,5 @@
-"""Parameter-holding layers for inference models: Linear, Embedding, RMSNorm.
+"""Plain (single-rank) parameter-holding layers for inference models: Linear, Embedding,
+RMSNorm.
 
 Unlike ``torch.nn.Linear``/``nn.Embedding`` these never run a random initialiser: weights are
 allocated uninitialised (``torch.empty``) because a loader always overwrites them. That makes

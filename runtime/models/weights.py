@@ -1,0 +1,140 @@
+"""Lazy checkpoint weights and how one rank's parameter takes its slice of them.
+
+A ``WeightSource`` is a checkpoint tensor not yet read: its ``shape`` is known, and the loader
+reads either the whole tensor or a contiguous range along one dimension. A safetensors source
+reads through ``safe_open(...).get_slice(name)``, so a tensor-parallel rank touches only the
+bytes of its own slice (the file is memory-mapped; nothing else is copied).
+
+A ``ShardLoad`` says where one checkpoint tensor lands in a local parameter: the tensor's full
+(TP=1) shape, the dimension this rank reads a range of (None: the whole tensor, replicated),
+that range, and the row offset inside a fused local parameter (q/k/v, gate/up). A range that
+runs past the end of the checkpoint tensor (a vocabulary padded up to a multiple of the TP
+size) is zero-filled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+
+class WeightSource(Protocol):
+    """A checkpoint tensor that has not been read yet."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    def read(self) -> torch.Tensor:
+        """The whole tensor (CPU)."""
+        ...
+
+    def read_slice(self, dim: int, start: int, length: int) -> torch.Tensor:
+        """``tensor.narrow(dim, start, length)``, reading only those elements (CPU)."""
+        ...
+
+
+class TensorWeight:
+    """A tensor already in memory (tests, converted weights, dummy initialisation)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.tensor.shape)
+
+    def read(self) -> torch.Tensor:
+        return self.tensor
+
+    def read_slice(self, dim: int, start: int, length: int) -> torch.Tensor:
+        return self.tensor.narrow(dim, start, length)
+
+
+class SafetensorsWeight:
+    """Tensor ``name`` of an open safetensors file (``safe_open`` handle), read lazily.
+
+    ``read`` is ``get_tensor``; ``read_slice`` goes through ``get_slice``, which reads only the
+    requested range of the memory-mapped file. Valid while the handle is open
+    (``iter_safetensors`` keeps it open until the iteration moves on to the next file).
+    """
+
+    def __init__(self, handle: Any, name: str) -> None:
+        self._handle = handle
+        self._name = name
+        self._shape = tuple(int(n) for n in handle.get_slice(name).get_shape())
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    def read(self) -> torch.Tensor:
+        tensor: torch.Tensor = self._handle.get_tensor(self._name)
+        return tensor
+
+    def read_slice(self, dim: int, start: int, length: int) -> torch.Tensor:
+        index = [slice(None)] * len(self._shape)
+        index[dim] = slice(start, start + length)
+        tensor: torch.Tensor = self._handle.get_slice(self._name)[tuple(index)]
+        return tensor
+
+
+def as_weight_source(weight: torch.Tensor | WeightSource) -> WeightSource:
+    return TensorWeight(weight) if isinstance(weight, torch.Tensor) else weight
+
+
+@dataclass(frozen=True)
+class ShardLoad:
+    """Where one checkpoint tensor goes in a (local, possibly fused) parameter."""
+
+    full_shape: tuple[int, ...]  # the checkpoint tensor's shape (what TP=1 holds)
+    split_dim: int | None = None  # checkpoint dim this rank reads a range of; None: all of it
+    start: int = 0  # first index of the range along ``split_dim``
+    length: int = 0  # range length; may run past the checkpoint's end (zero-filled)
+    dst_offset: int = 0  # first row (dim 0) of this shard inside the local parameter
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        if self.split_dim is None:
+            return self.full_shape
+        shape = list(self.full_shape)
+        shape[self.split_dim] = self.length
+        return tuple(shape)
+
+    @property
+    def is_split(self) -> bool:
+        return self.split_dim is not None and self.local_shape != self.full_shape
+
+
+def replicated(shape: tuple[int, ...] | torch.Size, dst_offset: int = 0) -> ShardLoad:
+    """Every rank holds the whole checkpoint tensor."""
+    return ShardLoad(tuple(shape), dst_offset=dst_offset)
+
+
+def split(
+    full_shape: tuple[int, ...], dim: int, start: int, length: int, dst_offset: int = 0
+) -> ShardLoad:
+    """This rank holds ``[start, start + length)`` of the checkpoint tensor along ``dim``."""
+    return ShardLoad(tuple(full_shape), dim, start, length, dst_offset)
+
+
+@torch.no_grad()
+def load_shard(param: torch.Tensor, spec: ShardLoad, source: WeightSource, label: str) -> None:
+    """Copy this rank's part of ``source`` into ``param``; ``label`` names it in errors."""
+    if tuple(source.shape) != spec.full_shape:
+        raise ValueError(
+            f"shape mismatch for {label}: checkpoint {tuple(source.shape)}, model {spec.full_shape}"
+        )
+    local = spec.local_shape
+    target = param.narrow(0, spec.dst_offset, local[0]) if param.dim() else param
+    assert tuple(target.shape) == local, (label, tuple(target.shape), local)
+    dim = spec.split_dim
+    if dim is None or not spec.is_split:
+        target.copy_(source.read())
+        return
+    available = max(0, min(spec.length, spec.full_shape[dim] - spec.start))
+    if available:
+        target.narrow(dim, 0, available).copy_(source.read_slice(dim, spec.start, available))
+    if available < spec.length:  # padding past the checkpoint's end
+        target.narrow(dim, available, spec.length - available).zero_()
