@@ -65,6 +65,12 @@ def run_workload(llm: Any, workload: Workload) -> float:
     return seconds
 
 
+def median_ms(steps: list[StepStats], field_name: str) -> float:
+    """Median of a step timing (e.g. ``collective_time``) over the run, in ms."""
+    values = [getattr(s, field_name) for s in steps]
+    return 1e3 * statistics.median(values) if values else float("nan")
+
+
 def overhead_ms(steps: list[StepStats], num_seqs: int | None = None) -> float:
     chosen = [s for s in steps if num_seqs is None or s.num_seqs == num_seqs]
     if not chosen:
@@ -116,6 +122,8 @@ def throughput_result(config: ThroughputConfig) -> dict[str, Any]:
             (workload.num_output_tokens + workload.num_prompt_tokens) / seconds, 2
         ),
         "engine_overhead_ms_per_step": round(overhead_ms(recorder.steps), 3),
+        "forward_ms_per_step": round(median_ms(recorder.steps, "forward_time"), 3),
+        "collective_ms_per_step": round(median_ms(recorder.steps, "collective_time"), 3),
         "num_steps": len(recorder.steps),
         "kv_blocks": engine.facts.num_blocks,
     }
@@ -231,6 +239,7 @@ def print_table(r: dict[str, Any]) -> None:
         )
     print(
         f"\nworkload={r['workload']} model={r['model']} device={r['device']} "
+        f"tensor_parallel_size={r.get('tensor_parallel_size', 1)} "
         f"dtype={r['dtype']} requests={r['num_requests']} "
         f"prompt_tokens={r['prompt_tokens']} output_tokens={r['output_tokens']}"
     )
@@ -248,5 +257,11 @@ def print_table(r: dict[str, Any]) -> None:
         print(f"{'floor (roofline ceilings of this device)':44s} {'unknown':>14s}")
     print(
         f"engine overhead per step (schedule+prepare+update, median): "
-        f"{r['engine_overhead_ms_per_step']:.3f} ms over {r['num_steps']} steps\n"
+        f"{r['engine_overhead_ms_per_step']:.3f} ms over {r['num_steps']} steps"
     )
+    if r.get("tensor_parallel_size", 1) > 1:
+        print(
+            f"per step (median): forward {r['forward_ms_per_step']:.2f} ms, of which "
+            f"collectives (rank 0) {r['collective_ms_per_step']:.2f} ms"
+        )
+    print()

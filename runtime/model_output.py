@@ -37,3 +37,5 @@ class ModelOutput:
     forward_time: float = 0.0
     sample_time: float = 0.0
     prepare_time: float = 0.0
+    # Tensor parallelism: rank 0's wall time in the step's collectives (part of forward).
+    collective_time: float = 0.0

@@ -197,6 +197,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelOutput:
         t0 = time.perf_counter()
+        collective0 = self.tp.clock.seconds
         self._update_states(so)
         if so.is_empty:
             return ModelOutput(req_ids=[], sampled_token_ids=[])
@@ -235,6 +236,7 @@ class ModelRunner:
             prepare_time=t1 - t0,
             forward_time=t2 - t1,
             sample_time=t3 - t2,
+            collective_time=self.tp.clock.seconds - collective0,
         )
 
     def _batch_order(self, so: SchedulerOutput) -> tuple[list[CachedRequestState], np.ndarray, int]:

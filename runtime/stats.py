@@ -36,6 +36,8 @@ class StepStats:
     started_at_ns: int
     duration: float
     num_waiting: int = 0  # requests left in the waiting queue after scheduling
+    # Tensor parallelism: rank 0's time in all-reduce / all-gather (within forward/sample).
+    collective_time: float = 0.0
 
     @property
     def overhead_time(self) -> float:

@@ -115,6 +115,8 @@ def test_tp2_prefix_caching_and_preemption(tiny_model_factory: Callable[..., Pat
     with tp_llm(path, 2, observer=recorder, num_gpu_blocks_override=13, max_model_len=128) as tight:
         assert greedy(tight, distinct_prompts()) == expected
         assert sum(s.num_preemptions for s in recorder.steps) > 0
+        # Every step's all-reduces and logits gather are timed on rank 0 (step spans).
+        assert all(0 < s.collective_time < s.forward_time + s.sample_time for s in recorder.steps)
         assert_idle(tight)
 
 

@@ -1,7 +1,7 @@
 """Tensor parallelism behind the server: ``--tensor-parallel-size 2`` answers through gRPC and
 REST; two "nodes" on loopback (``tokenwire serve`` + ``tokenwire worker``, separate process
-trees); a rank killed or hung mid-stream ends every stream UNAVAILABLE within 10 s and
-leaves no process behind."""
+trees); a rank killed or hung mid-stream ends every stream UNAVAILABLE within 10 s, a rank
+killed while the engine is idle ends it too, and no process is left behind."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import grpc
 import httpx
 import psutil
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_helpers import details_of, greedy_request
 from rest_harness import RestHarness
 from server_harness import ServerHarness
@@ -134,6 +135,25 @@ def test_rank_fault_mid_stream_ends_every_stream(
                 assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
                 assert info is not None and info.reason == "ENGINE_DEAD"
             assert time.monotonic() - hit_at < 10.0
+        assert served.proc.wait(timeout=60) != 0
+        assert wait_gone(served.group(), 10.0) == []
+    finally:
+        if served.proc.poll() is None:
+            os.killpg(served.proc.pid, signal.SIGKILL)
+
+
+def test_rank_killed_while_idle_ends_the_engine(tiny_model_with_tokenizer: Path) -> None:
+    """No request in flight: the idle core checks its workers every second."""
+    served = serve(tiny_model_with_tokenizer, "--tensor-parallel-size", "2")
+    try:
+        with grpc.insecure_channel(served.target) as ch:
+            watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest())
+            assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+            rank1 = _ranks(served)[1]
+            rank1.kill()
+            killed_at = time.monotonic()
+            assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            assert time.monotonic() - killed_at < 10.0
         assert served.proc.wait(timeout=60) != 0
         assert wait_gone(served.group(), 10.0) == []
     finally:

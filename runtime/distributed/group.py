@@ -13,10 +13,22 @@ messages (each step's scheduler output, broadcast from rank 0).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+
+@dataclass
+class CollectiveClock:
+    """Wall time this rank spent in the model's collectives (waiting on peers included).
+
+    Exact on CPU, where gloo collectives are synchronous; on CUDA it counts only the time to
+    enqueue NCCL work."""
+
+    seconds: float = 0.0
+    calls: int = 0
 
 
 @dataclass(frozen=True)
@@ -25,6 +37,10 @@ class TPGroup:
     world_size: int = 1
     device_group: Any = None  # torch.distributed ProcessGroup; None for the group of one
     cpu_group: Any = None
+    clock: CollectiveClock = field(default_factory=CollectiveClock, compare=False)
+    # Steps reach the ranks by rank 0's broadcast (several nodes) rather than each rank's
+    # own socket from the engine core (one node).
+    broadcasts_steps: bool = False
 
     @staticmethod
     def single() -> TPGroup:
@@ -38,17 +54,25 @@ class TPGroup:
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, in place; returns ``tensor``."""
         if self.world_size > 1:
+            started = time.perf_counter()
             torch.distributed.all_reduce(tensor, group=self.device_group)
+            self._tick(started)
         return tensor
 
     def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Every rank's ``tensor`` (same shape on all ranks) concatenated along ``dim``."""
         if self.world_size == 1:
             return tensor
+        started = time.perf_counter()
         tensor = tensor.contiguous()
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
         torch.distributed.all_gather(parts, tensor, group=self.device_group)
+        self._tick(started)
         return torch.cat(parts, dim=dim)
+
+    def _tick(self, started: float) -> None:
+        self.clock.seconds += time.perf_counter() - started
+        self.clock.calls += 1
 
     def broadcast_bytes(self, data: bytes | None) -> bytes:
         """Rank 0's ``data`` on every rank (other ranks pass None), over the gloo group."""

@@ -34,6 +34,7 @@ def init_tp_group(
     device: torch.device,
     timeout: float,
     startup_timeout: float,
+    broadcasts_steps: bool = False,
 ) -> TPGroup:
     """Join the group (waiting at most ``startup_timeout`` s for every rank), then make the
     groups the engine runs on, whose collectives give up after ``timeout`` s: NCCL on CUDA
@@ -61,7 +62,7 @@ def init_tp_group(
     short = timedelta(seconds=timeout)
     device_group = dist.new_group(backend=backend, timeout=short)
     cpu_group = device_group if backend == "gloo" else dist.new_group(backend="gloo", timeout=short)
-    return TPGroup(rank, world_size, device_group, cpu_group)
+    return TPGroup(rank, world_size, device_group, cpu_group, broadcasts_steps=broadcasts_steps)
 
 
 def destroy() -> None:

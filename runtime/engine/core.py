@@ -14,6 +14,7 @@ from tokenwire.runtime.engine.validation import validate_request
 from tokenwire.runtime.errors import DuplicateRequestError
 from tokenwire.runtime.executor.base import Executor, make_executor
 from tokenwire.runtime.kv_cache_manager import KVCacheManager
+from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.request import FinishReason, Request
 from tokenwire.runtime.sampling_params import SamplingParams
@@ -60,6 +61,10 @@ class EngineCore:
                 f"({self.max_model_len}) sequence: raise the KV cache budget or lower "
                 "--max-model-len"
             )
+
+    def check_health(self) -> None:
+        """Raise when the executor can no longer run steps (a worker process died)."""
+        self.executor.check_health()
 
     def shutdown(self, graceful: bool = True) -> None:
         """Stop the executor (its worker processes, under tensor parallelism): ``graceful``
@@ -141,16 +146,7 @@ class EngineCore:
         outputs = self.scheduler.update(so, mo)
         t3 = time.perf_counter()
         if self.observer is not None and not so.is_empty:
-            self._report_step(
-                so,
-                t1 - t0,
-                mo.prepare_time,
-                mo.forward_time,
-                mo.sample_time,
-                t3 - t2,
-                started_ns,
-                t3 - t0,
-            )
+            self._report_step(so, mo, t1 - t0, t3 - t2, started_ns, t3 - t0)
         self._report_finished()
         return outputs
 
@@ -158,10 +154,8 @@ class EngineCore:
     def _report_step(
         self,
         so: SchedulerOutput,
+        mo: ModelOutput,
         schedule: float,
-        prepare: float,
-        forward: float,
-        sample: float,
         update: float,
         started_ns: int,
         duration: float,
@@ -188,13 +182,14 @@ class EngineCore:
                 scheduled=dict(so.num_scheduled_tokens),
                 prefill_req_ids=prefill_ids,
                 schedule_time=schedule,
-                prepare_time=prepare,
-                forward_time=forward,
-                sample_time=sample,
+                prepare_time=mo.prepare_time,
+                forward_time=mo.forward_time,
+                sample_time=mo.sample_time,
                 update_time=update,
                 started_at_ns=started_ns,
                 duration=duration,
                 num_waiting=self.scheduler.num_waiting,
+                collective_time=mo.collective_time,
             )
         )
 

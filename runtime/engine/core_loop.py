@@ -28,7 +28,9 @@ from tokenwire.runtime.engine.protocol import EngineInfo, EngineStatsSnapshot, I
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.stats import EngineObserver, RequestStats, StepStats
 
-Receive = Callable[[bool], list[CoreInput]]  # block -> the inputs queued now (>= 1 if block)
+# block -> the inputs queued now; blocking waits at most IDLE_CHECK_S (then maybe none).
+Receive = Callable[[bool], list[CoreInput]]
+IDLE_CHECK_S = 1.0  # an idle core checks its executor's workers this often
 Send = Callable[[CoreOutput], None]
 
 
@@ -127,7 +129,12 @@ class CoreLoop:
         """Until a ``Shutdown`` input; exceptions propagate (the caller reports them)."""
         core = self.core
         while True:
-            for message in self.receive(not core.has_unfinished_requests()):
+            idle = not core.has_unfinished_requests()
+            messages = self.receive(idle)
+            if idle and not messages:  # nothing for IDLE_CHECK_S: are the workers alive?
+                core.check_health()
+                continue
+            for message in messages:
                 if isinstance(message, Shutdown):
                     return
                 self._apply(message)

@@ -54,7 +54,12 @@ def run_core_process(
     import zmq
 
     from tokenwire.runtime.engine.core import EngineCore
-    from tokenwire.runtime.engine.core_loop import CoreLoop, StatsCollector, engine_info
+    from tokenwire.runtime.engine.core_loop import (
+        IDLE_CHECK_S,
+        CoreLoop,
+        StatsCollector,
+        engine_info,
+    )
 
     # The front owns the lifetime: Ctrl-C, or a SIGTERM sent to the whole process group
     # (systemd, a terminal), starts its drain, during which the core must keep stepping. The
@@ -75,7 +80,7 @@ def run_core_process(
 
     def receive(block: bool) -> list[CoreInput]:
         if block:
-            inputs.poll()
+            inputs.poll(int(1000 * IDLE_CHECK_S))
         messages: list[CoreInput] = []
         while True:
             try:

@@ -17,7 +17,12 @@ import threading
 
 from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.engine.core import EngineCore
-from tokenwire.runtime.engine.core_loop import CoreLoop, StatsCollector, engine_info
+from tokenwire.runtime.engine.core_loop import (
+    IDLE_CHECK_S,
+    CoreLoop,
+    StatsCollector,
+    engine_info,
+)
 from tokenwire.runtime.engine.messages import (
     CoreFailed,
     CoreInput,
@@ -86,7 +91,7 @@ class InprocCoreClient:
 
     def _receive(self, block: bool) -> list[CoreInput]:
         try:
-            messages = [self._inputs.get(block=block)]
+            messages = [self._inputs.get(block=block, timeout=IDLE_CHECK_S if block else None)]
         except queue.Empty:
             return []
         with contextlib.suppress(queue.Empty):

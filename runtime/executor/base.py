@@ -43,6 +43,10 @@ class Executor(Protocol):
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelOutput: ...
 
+    def check_health(self) -> None:
+        """Raise when a worker is gone (called by an idle engine core, ~every second)."""
+        ...
+
     def shutdown(self, graceful: bool = True) -> None:
         """Stop the workers: ``graceful`` lets them finish and exit on their own; otherwise
         they are killed at once (the engine is dead; a hung worker would never exit)."""

@@ -59,9 +59,14 @@ class MultiprocExecutor:
         self._codec = ExecutorCodec()
         self._dir = tempfile.mkdtemp(prefix="tokenwire-tp-")
         self._context = zmq.Context()
-        self._steps = self._context.socket(zmq.PUSH)
-        self._steps.setsockopt(zmq.SNDHWM, 0)
-        self._steps.bind(f"ipc://{self._dir}/steps")
+        # One node: a socket to every rank; several: to rank 0, which broadcasts.
+        self._num_step_sockets = parallel.ranks_per_node if parallel.nnodes == 1 else 1
+        self._steps = []
+        for rank in range(self._num_step_sockets):
+            steps = self._context.socket(zmq.PUSH)
+            steps.setsockopt(zmq.SNDHWM, 0)
+            steps.bind(f"ipc://{self._dir}/steps-{rank}")
+            self._steps.append(steps)
         self._reports = self._context.socket(zmq.PULL)
         self._reports.setsockopt(zmq.RCVHWM, 0)
         self._reports.bind(f"ipc://{self._dir}/reports")
@@ -82,7 +87,11 @@ class MultiprocExecutor:
                 rank=local_rank,
                 local_rank=local_rank,
                 init_method=init_method,
-                step_address=f"ipc://{self._dir}/steps" if local_rank == 0 else None,
+                step_address=(
+                    f"ipc://{self._dir}/steps-{local_rank}"
+                    if local_rank < self._num_step_sockets
+                    else None
+                ),
                 report_address=f"ipc://{self._dir}/reports",
             )
             child_end, parent_end = spawn.Pipe(duplex=False)
@@ -110,12 +119,27 @@ class MultiprocExecutor:
         raise WorkerDeadError(f"unexpected first message from rank 0: {type(message).__name__}")
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelOutput:
-        send_or_drop(self._steps, self._codec.encode(Step(scheduler_output)))
+        self._send(Step(scheduler_output))
         message = self._receive(deadline=None)
         if not isinstance(message, StepDone):
             raise WorkerDeadError(f"unexpected message from rank 0: {type(message).__name__}")
         output: ModelOutput = message.model_output
         return output
+
+    def check_health(self) -> None:
+        """Raise ``WorkerDeadError`` if a rank on this node exited or one reported failure."""
+        for rank, process in enumerate(self._processes):
+            if process.exitcode is not None:
+                if self._reports.poll(0):
+                    self._receive(deadline=0.0)  # its failure report says more
+                raise WorkerDeadError(
+                    f"tensor-parallel rank {rank} exited with code {process.exitcode}"
+                )
+
+    def _send(self, message: Step | Stop) -> None:
+        data = self._codec.encode(message)  # encoded once, whatever the number of ranks
+        for steps in self._steps:
+            send_or_drop(steps, data)
 
     def _receive(self, deadline: float | None) -> Any:
         """The next report; raises when a rank failed, a local rank exited, or the
@@ -143,7 +167,7 @@ class MultiprocExecutor:
             return
         self._closed = True
         if graceful and self._processes[0].exitcode is None:
-            send_or_drop(self._steps, self._codec.encode(Stop()))
+            self._send(Stop())
         deadline = time.monotonic() + (10.0 if graceful else 0.0)
         for process in self._processes:
             process.join(max(0.0, deadline - time.monotonic()))
@@ -152,7 +176,8 @@ class MultiprocExecutor:
                 process.join()
         for pipe in self._pipes:
             pipe.close()
-        self._steps.close(linger=0)
+        for steps in self._steps:
+            steps.close(linger=0)
         self._reports.close(linger=0)
         self._context.term()
         shutil.rmtree(self._dir, ignore_errors=True)

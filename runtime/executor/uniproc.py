@@ -22,5 +22,8 @@ class UniprocExecutor:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelOutput:
         return self.worker.execute_model(scheduler_output)
 
+    def check_health(self) -> None:
+        pass
+
     def shutdown(self, graceful: bool = True) -> None:
         pass

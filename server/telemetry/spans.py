@@ -160,6 +160,9 @@ def step_attributes(stats: StepStats) -> dict[str, int | float | str]:
         "tokenwire.step.forward_ms": stats.forward_time * 1e3,
         "tokenwire.step.sample_ms": stats.sample_time * 1e3,
         "tokenwire.step.update_ms": stats.update_time * 1e3,
+        # Tensor parallelism: rank 0's wall time in all-reduce / all-gather (within forward
+        # and sample; 0 on one device).
+        "tokenwire.step.collective_ms": stats.collective_time * 1e3,
     }
 
 
