@@ -141,3 +141,23 @@ def test_missing_peer_fails_startup_after_a_bounded_wait(
     assert done.returncode == 2, done.stderr[-2000:]
     assert "could not join the tensor-parallel group" in done.stderr
     assert "--nnodes" in done.stderr
+
+
+def test_tp3_default_model_layout_with_chunked_prefill(
+    tiny_model_factory: Callable[..., Path],
+) -> None:
+    """SmolLM2's head layout (9 query heads, 3 KV heads) at TP=3, the smallest split it
+    allows, with prompts prefilled in chunks of a 16-token budget."""
+    path = tiny_model_factory(
+        "llama", hidden_size=72, intermediate_size=144, num_attention_heads=9,
+        num_key_value_heads=3,
+    )  # fmt: skip
+    prompts = distinct_prompts()[:4]
+    expected = hf_greedy(path, prompts)
+    recorder = Recorder()
+    with tp_llm(path, 3, observer=recorder, max_num_batched_tokens=16) as llm:
+        assert greedy(llm, prompts) == expected
+        assert any(s.phase == "mixed" for s in recorder.steps)
+        assert_idle(llm)
+    with pytest.raises(ValueError, match="--tensor-parallel-size"):
+        tp_llm(path, 2)  # 9 heads do not split over 2 ranks
