@@ -236,11 +236,17 @@ def _log_serving(
     grpc_address = f"{host}:{port}"
     logger.info(
         f"serving model={info.served_model_name} device={info.device} dtype={info.dtype} "
-        f"kv_blocks={info.num_kv_blocks} grpc={grpc_address} rest={rest_url} ",
+        f"kv_blocks={info.num_kv_blocks} quantization={info.quantization or 'none'} "
+        f"weights={info.weight_bytes / 2**20:.0f}MiB tp={info.tensor_parallel_size} "
+        f"grpc={grpc_address} rest={rest_url} ",
         model=info.served_model_name,
         device=info.device,
         dtype=info.dtype,
         kv_blocks=info.num_kv_blocks,
+        quantization=info.quantization,
+        weight_bytes=info.weight_bytes,
+        kv_cache_dtype=info.kv_cache_dtype,
+        tensor_parallel_size=info.tensor_parallel_size,
         grpc=grpc_address,
         rest=rest_url,
         metrics_port=metrics_server.server_port if metrics_server is not None else None,

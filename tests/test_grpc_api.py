@@ -220,6 +220,11 @@ def test_model_and_server_info(models: models_pb2_grpc.ModelServiceStub) -> None
     assert (info.name, info.vocab_size, list(info.eos_token_ids)) == (MODEL_NAME, 512, [2])
     assert info.max_context_tokens == 256 and not info.has_chat_template
     assert (info.max_n, info.max_logprobs) == (16, 20)
+    assert (info.tensor_parallel_size, info.quantization, info.kv_cache_dtype) == (1, "", "auto")
+    # The tiny llama's float32 parameters: embedding, 2 layers, norm, untied LM head.
+    hidden, inter, vocab, kv = 64, 128, 512, 2 * 16  # kv: 2 KV heads x head_dim 16
+    layer = hidden * (hidden + 2 * kv) + hidden * hidden + 3 * hidden * inter + 2 * hidden
+    assert info.weight_bytes == 4 * (2 * vocab * hidden + 2 * layer + hidden)
     assert list(models.ListModels(models_pb2.ListModelsRequest()).models) == [info]
     server = models.GetServerInfo(models_pb2.GetServerInfoRequest())
     assert (server.block_size, server.max_num_seqs, server.auth_required) == (16, 8, False)

@@ -242,7 +242,9 @@ def test_meta_routes(client: httpx.Client) -> None:
     assert client.get("/ready").json() == {"status": "ready"}
     models = client.get("/v1/models").json()
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["tiny"]
-    assert client.get("/v1/models/tiny").json()["max_model_len"] == 256
+    model = client.get("/v1/models/tiny").json()
+    assert model["max_model_len"] == 256 and model["tensor_parallel_size"] == 1
+    assert model["quantization"] is None and model["weight_bytes"] > 0
     spec = client.get("/openapi.json").json()
     assert {"/v1/chat/completions", "/v1/completions", "/v1/models"} <= set(spec["paths"])
 

@@ -74,10 +74,12 @@ def engine_info(core: EngineCore) -> EngineInfo:
         max_num_seqs=config.scheduler.max_num_seqs,
         max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
         enable_prefix_caching=config.cache.enable_prefix_caching,
-        quantization=None,
+        quantization=facts.quantization,
         tensor_parallel_size=facts.tensor_parallel_size,
         tokenizer_path=facts.tokenizer_path,
         core_pid=os.getpid(),
+        weight_bytes=facts.weight_bytes,
+        kv_cache_dtype=getattr(config.cache, "kv_cache_dtype", "auto"),
     )
 
 

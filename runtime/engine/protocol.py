@@ -34,11 +34,13 @@ class EngineInfo:
     max_num_seqs: int
     max_num_batched_tokens: int
     enable_prefix_caching: bool
-    quantization: str | None
+    quantization: str | None  # the weights' scheme; None: not quantized
     tensor_parallel_size: int
     # Where the front loads the tokenizer (and chat template) from; None: token ids only.
     tokenizer_path: str | None
     core_pid: int  # the process running the engine core (this one when in-process)
+    weight_bytes: int = 0  # the model's weights as loaded (all ranks together)
+    kv_cache_dtype: str = "auto"  # "auto": the model dtype; "fp8": e4m3
 
 
 @dataclass(frozen=True, slots=True)

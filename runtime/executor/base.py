@@ -31,6 +31,8 @@ class ModelFacts:
     tokenizer_path: str | None  # None: the model has no tokenizer (token ids only)
     num_blocks: int  # KV blocks every rank holds (the minimum over ranks)
     tensor_parallel_size: int = 1
+    quantization: str | None = None  # the weight scheme; None: unquantized
+    weight_bytes: int = 0  # bytes of weights on all ranks together, as loaded
 
     @property
     def vocab_size(self) -> int:

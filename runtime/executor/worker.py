@@ -80,7 +80,16 @@ class Worker:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelOutput:
         return self.runner.execute_model(scheduler_output)
 
-    def facts(self, num_blocks: int) -> ModelFacts:
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of this rank's weights as loaded: parameters and buffers (quantized weights
+        at their packed size), not the rotary table, which is derived, not loaded."""
+        model = self.loaded.model
+        derived = getattr(model, "cos_sin_cache", None)
+        tensors = [*model.parameters(), *(b for b in model.buffers() if b is not derived)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def facts(self, num_blocks: int, weight_bytes: int | None = None) -> ModelFacts:
         loaded, config = self.loaded, self.config
         tokenizer_dir = config.model.tokenizer or str(loaded.model_path)
         return ModelFacts(
@@ -94,4 +103,6 @@ class Worker:
             tokenizer_path=tokenizer_dir if loaded.tokenizer is not None else None,
             num_blocks=num_blocks,
             tensor_parallel_size=self.tp.world_size,
+            quantization=getattr(loaded, "quantization", None),
+            weight_bytes=self.weight_bytes if weight_bytes is None else weight_bytes,
         )

@@ -90,10 +90,14 @@ def _run(spec: WorkerSpec, steps: Any, report: Any) -> int:
     try:
         worker = _start(spec)
         started = True
+        dist = torch.distributed
         num_blocks = torch.tensor([worker.num_blocks], dtype=torch.int64)
-        torch.distributed.all_reduce(num_blocks, op=torch.distributed.ReduceOp.MIN)
+        dist.all_reduce(num_blocks, op=dist.ReduceOp.MIN)  # every rank can hold this many
+        weight_bytes = torch.tensor([worker.weight_bytes], dtype=torch.int64)
+        dist.all_reduce(weight_bytes)  # the whole model, all ranks together
         if spec.rank == 0 and report is not None:
-            send_or_drop(report, codec.encode(WorkerReady(worker.facts(int(num_blocks.item())))))
+            facts = worker.facts(int(num_blocks.item()), int(weight_bytes.item()))
+            send_or_drop(report, codec.encode(WorkerReady(facts)))
         serve_steps(worker, worker.tp, steps, report, spec.config.parallel.distributed_timeout)
     except BaseException as exc:  # report, never die silently
         if started:

@@ -48,6 +48,8 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
             dtype=info.dtype,
             tensor_parallel_size=info.tensor_parallel_size,
             quantization=info.quantization or "",
+            weight_bytes=info.weight_bytes,
+            kv_cache_dtype=info.kv_cache_dtype,
         )
 
     def _check_model(self, name: str) -> None:

@@ -178,6 +178,10 @@ class Routes:
             "root": info.name,
             "parent": None,
             "max_model_len": info.max_context_tokens,
+            # tokenwire's additions (vLLM-style extra fields; OpenAI clients ignore them).
+            "quantization": info.quantization or None,
+            "weight_bytes": info.weight_bytes,
+            "tensor_parallel_size": info.tensor_parallel_size,
         }
 
     async def metrics(self, request: Request) -> Response:

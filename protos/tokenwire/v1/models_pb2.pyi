@@ -23,7 +23,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "architecture", "max_context_tokens", "vocab_size", "eos_token_ids", "has_chat_template", "max_n", "max_stop_sequences", "max_logprobs", "dtype", "tensor_parallel_size", "quantization")
+    __slots__ = ("name", "architecture", "max_context_tokens", "vocab_size", "eos_token_ids", "has_chat_template", "max_n", "max_stop_sequences", "max_logprobs", "dtype", "tensor_parallel_size", "quantization", "weight_bytes", "kv_cache_dtype")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,8 @@ class ModelInfo(_message.Message):
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     name: str
     architecture: str
     max_context_tokens: int
@@ -48,7 +50,9 @@ class ModelInfo(_message.Message):
     dtype: str
     tensor_parallel_size: int
     quantization: str
-    def __init__(self, name: _Optional[str] = ..., architecture: _Optional[str] = ..., max_context_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., max_n: _Optional[int] = ..., max_stop_sequences: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., dtype: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., quantization: _Optional[str] = ...) -> None: ...
+    weight_bytes: int
+    kv_cache_dtype: str
+    def __init__(self, name: _Optional[str] = ..., architecture: _Optional[str] = ..., max_context_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., max_n: _Optional[int] = ..., max_stop_sequences: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., dtype: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., quantization: _Optional[str] = ..., weight_bytes: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ...) -> None: ...
 
 class GetServerInfoRequest(_message.Message):
     __slots__ = ()
