@@ -12,6 +12,10 @@ num_kv_heads, head_dim]``; block 0 is the null block. ``paged_attention`` runs a
 - ``paged_attention_dense_ref``: slow, obviously-correct oracle for tests.
 
 GQA convention (HF ``repeat_kv``): query head ``h`` reads KV head ``h // (Hq // Hkv)``.
+
+An fp8 cache (``kv_quant``) is read as ``stored * k_scale`` / ``stored * v_scale``; the
+reference de-quantizes what it gathers, and a fresh prefill reads this step's K/V rounded
+through e4m3 exactly as stored, so every path sees the same keys and values as a later decode.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from tokenwire.kernels.attention_metadata import (
     PrefillSeqPlan,
 )
 from tokenwire.kernels.dispatch import use_triton
+from tokenwire.kernels.kv_quant import dequantize_fp8, fake_quantize_fp8, is_fp8
 
 # Decode rows are bucketed by padded context length so one group's gather wastes little:
 # buckets are 32 key positions wide below 256 and 12.5% wide above. Measured on 2 shared CPU
@@ -121,6 +126,10 @@ def _plan_prefill(
     return PrefillSeqPlan(query_start, query_end, seq_len, block_ids, fresh, mask)
 
 
+# (k_scale, v_scale) of an fp8 cache (a scale may be None: 1.0); None for any other cache.
+_KVScales = tuple[torch.Tensor | None, torch.Tensor | None] | None
+
+
 def paged_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -129,13 +138,18 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention for every row of ``query`` [T, Hq, D] -> [T, Hq, D]."""
+    """Attention for every row of ``query`` [T, Hq, D] -> [T, Hq, D].
+
+    ``k_scale``/``v_scale``: float32 [1] scales of an fp8 cache (``None`` = 1.0).
+    """
     if use_triton(query):
         from tokenwire.kernels.paged_attention_triton import paged_attention_triton
 
-        return paged_attention_triton(query, k_cache, v_cache, meta, scale)
-    return paged_attention_ref(query, key, value, k_cache, v_cache, meta, scale)
+        return paged_attention_triton(query, k_cache, v_cache, meta, scale, k_scale, v_scale)
+    return paged_attention_ref(query, key, value, k_cache, v_cache, meta, scale, k_scale, v_scale)
 
 
 def paged_attention_ref(
@@ -146,6 +160,8 @@ def paged_attention_ref(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Batched torch path: decode rows by length group, prefill rows one sequence at a time.
 
@@ -163,10 +179,11 @@ def paged_attention_ref(
             meta.block_size,
         )
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    kv_scales = (k_scale, v_scale) if is_fp8(k_cache) else None
     for group in plan.decode_groups:
-        _attend_decode_group(query, k_cache, v_cache, group, scale, out)
+        _attend_decode_group(query, k_cache, v_cache, group, scale, kv_scales, out)
     for prefill in plan.prefills:
-        _attend_prefill(query, key, value, k_cache, v_cache, prefill, scale, out)
+        _attend_prefill(query, key, value, k_cache, v_cache, prefill, scale, kv_scales, out)
     num_real = int(meta.query_start_loc_np[-1])
     if num_real < out.shape[0]:
         out[num_real:].zero_()
@@ -179,6 +196,7 @@ def _attend_decode_group(
     v_cache: torch.Tensor,
     group: DecodeGroupPlan,
     scale: float,
+    kv_scales: _KVScales,
     out: torch.Tensor,
 ) -> None:
     _, block_size, num_kv_heads, head_dim = k_cache.shape
@@ -188,6 +206,9 @@ def _attend_decode_group(
     # [n, Hkv, kv_len, D] strided views; sdpa reads strides (.contiguous() measured slower).
     k = k_cache.index_select(0, group.block_ids).view(n, kv_len, num_kv_heads, head_dim)
     v = v_cache.index_select(0, group.block_ids).view(n, kv_len, num_kv_heads, head_dim)
+    if kv_scales is not None:  # fp8: gathered at 1 byte per element, then de-quantized
+        k = dequantize_fp8(k, kv_scales[0], query.dtype)
+        v = dequantize_fp8(v, kv_scales[1], query.dtype)
     # GQA by folding: the query heads sharing a KV head become that head's query rows, so sdpa
     # runs plain multi-head attention on Hkv heads (a decode row has no causal structure).
     # Measured faster than enable_gqa=True and than repeat_interleave of K/V.
@@ -206,6 +227,7 @@ def _attend_prefill(
     v_cache: torch.Tensor,
     prefill: PrefillSeqPlan,
     scale: float,
+    kv_scales: _KVScales,
     out: torch.Tensor,
 ) -> None:
     start, end = prefill.query_start, prefill.query_end
@@ -214,6 +236,9 @@ def _attend_prefill(
     if prefill.fresh:
         k = key[start:end]
         v = value[start:end]
+        if kv_scales is not None:  # what the cache holds, without gathering it
+            k = fake_quantize_fp8(k, kv_scales[0])
+            v = fake_quantize_fp8(v, kv_scales[1])
     else:
         _, block_size, num_kv_heads, head_dim = k_cache.shape
         gathered = prefill.block_ids.shape[0] * block_size
@@ -221,6 +246,9 @@ def _attend_prefill(
         v = v_cache.index_select(0, prefill.block_ids).view(gathered, num_kv_heads, head_dim)
         k = k[: prefill.seq_len]
         v = v[: prefill.seq_len]
+        if kv_scales is not None:
+            k = dequantize_fp8(k, kv_scales[0], query.dtype)
+            v = dequantize_fp8(v, kv_scales[1], query.dtype)
     o = F.scaled_dot_product_attention(
         q,
         k.transpose(0, 1).unsqueeze(0),
@@ -239,16 +267,21 @@ def paged_attention_dense_ref(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Oracle: per sequence, gather every context position from the cache one by one.
 
-    Softmax in float32; causal by absolute position. Slow on purpose; tests only.
+    Softmax in float32; causal by absolute position; an fp8 cache is de-quantized in float32.
+    Slow on purpose; tests only.
     """
     out = torch.zeros_like(query)
     block_size = k_cache.shape[1]
     num_heads, num_kv_heads = query.shape[1], k_cache.shape[2]
     device = query.device  # any device: GPU tests use this oracle as the float32 reference
     kv_head = torch.arange(num_heads, device=device) // (num_heads // num_kv_heads)
+    if not is_fp8(k_cache):
+        k_scale = v_scale = None
     for i in range(len(meta.query_start_loc_np) - 1):
         start = int(meta.query_start_loc_np[i])
         end = int(meta.query_start_loc_np[i + 1])
@@ -256,8 +289,8 @@ def paged_attention_dense_ref(
         key_pos = torch.arange(seq_len, device=device)
         blocks = meta.block_tables[i].to(torch.int64)[key_pos // block_size]
         offsets = key_pos % block_size
-        k = k_cache[blocks, offsets].float()[:, kv_head]  # [seq_len, Hq, D]
-        v = v_cache[blocks, offsets].float()[:, kv_head]
+        k = dequantize_fp8(k_cache[blocks, offsets], k_scale, torch.float32)[:, kv_head]
+        v = dequantize_fp8(v_cache[blocks, offsets], v_scale, torch.float32)[:, kv_head]
         scores = torch.einsum("qhd,khd->hqk", query[start:end].float(), k) * scale
         query_pos = torch.arange(seq_len - (end - start), seq_len, device=device)
         allowed = key_pos[None, :] <= query_pos[:, None]

@@ -21,14 +21,18 @@ def paged_attention_triton(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     num_splits: int | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
 ) -> torch.Tensor:
     """Attention for every row of ``query`` [T, Hq, D] -> [T, Hq, D].
 
-    ``num_splits`` overrides the decode split count; ``block_m``/``block_n`` override the
-    tile sizes (tests use small tiles to cover tile boundaries on small shapes).
+    ``k_scale``/``v_scale``: float32 [1] scales of an fp8 cache (``None`` = 1.0; ignored for
+    other cache dtypes). ``num_splits`` overrides the decode split count;
+    ``block_m``/``block_n`` override the tile sizes (tests use small tiles to cover tile
+    boundaries on small shapes).
     """
     _check_layout(query, k_cache, v_cache)
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
@@ -38,13 +42,14 @@ def paged_attention_triton(
         decode_kwargs = {} if block_n is None else {"block_n": block_n}
         decode_attention(
             query, k_cache, v_cache, meta.seq_lens[:nd], meta.block_tables[:nd], out,
-            scale, splits, **decode_kwargs,
+            scale, splits, k_scale=k_scale, v_scale=v_scale, **decode_kwargs,
         )  # fmt: skip
     if ns > nd:
         qsl = meta.query_start_loc_np
         prefill_attention(
             query, k_cache, v_cache, meta.query_start_loc[nd : ns + 1], meta.seq_lens[nd:ns],
             meta.block_tables[nd:ns], out, scale, int(qsl[ns] - qsl[nd]), block_m, block_n,
+            k_scale, v_scale,
         )  # fmt: skip
     num_real = int(meta.query_start_loc_np[ns])
     if num_real < out.shape[0]:

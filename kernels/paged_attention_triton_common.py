@@ -5,6 +5,12 @@ several KV blocks, so each position looks up its own physical block in the block
 (``block_tables[seq, pos // BLOCK_SIZE]``); the positions of one block are contiguous in the
 cache, so loads stay coalesced per ``head_dim`` row. Scores live in the log2 domain
 (``qk_scale = scale * log2(e)``) so the softmax uses ``exp2``.
+
+An fp8 cache's tiles are converted to the query dtype (exact: e4m3 fits float32, bfloat16 and
+float16) and its scales are applied outside the dot products: ``k_scale`` multiplies
+``qk_scale`` and ``v_scale`` the normalized output. That equals de-quantizing every element
+first (``(q . k) * s == q . (k * s)``), without rounding ``k * s`` to a 16-bit query dtype and
+with two scalar multiplies instead of one per cached element.
 """
 
 from __future__ import annotations
@@ -58,10 +64,13 @@ def online_softmax_step(  # type: ignore[no-untyped-def]
 ):
     """Fold one key tile into the running ``(max, sum, acc)`` of each query row.
 
-    ``q`` [M, D], ``k``/``v`` [N, D], ``allowed`` [M, N] (False = masked). ``m_i`` is the
+    ``q`` [M, D], ``k``/``v`` [N, D] in the query dtype or fp8 (converted here, unscaled),
+    ``allowed`` [M, N] (False = masked). ``m_i`` is the
     running max in log2 units, ``-inf`` while a row has seen no allowed key; such rows keep
     ``l_i == 0`` and ``acc == 0`` (the ``m_safe`` shift avoids ``inf - inf``).
     """
+    k = k.to(q.dtype)  # no-op unless the cache is fp8
+    v = v.to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
     s = tl.where(allowed, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -69,5 +78,5 @@ def online_softmax_step(  # type: ignore[no-untyped-def]
     p = tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc

@@ -13,7 +13,9 @@ Stage 2, grid ``(num_decodes, num_q_heads)``: merges the slices with weights
 empty slices and gets zeros.
 
 The grid depends on the batch size, head counts and ``num_splits`` only, never on context
-lengths (which are read on device), so a captured CUDA graph stays valid for any lengths.
+lengths (which are read on device), so a captured CUDA graph stays valid for any lengths. An
+fp8 cache's scales are read on device too (``k_scale`` folds into the score scale, ``v_scale``
+into each slice's output), so a graph also stays valid when a scale is rewritten in place.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import triton
 import triton.language as tl
 
 from tokenwire.kernels.dispatch import next_power_of_2
+from tokenwire.kernels.kv_quant import is_fp8, unit_scale
 from tokenwire.kernels.paged_attention_triton_common import (
     LOG2_E,
     load_kv_tile,
@@ -46,6 +49,8 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     seq_lens_ptr,
     mid_o_ptr,  # float32 [num_decodes, Hq, num_splits, HEAD_DIM], contiguous
     mid_lse_ptr,  # float32 [num_decodes, Hq, num_splits], contiguous
+    k_scale_ptr,  # float32 [1]: fp8 cache scales, read only when FP8
+    v_scale_ptr,
     qk_scale,
     stride_qt,
     stride_qh,
@@ -61,10 +66,13 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    if FP8:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
     num_splits = tl.num_programs(2)  # a runtime value: no recompile per split count
     seq_len = tl.load(seq_lens_ptr + seq)
     split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
@@ -101,6 +109,8 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     has_keys = l_i > 0.0
     lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if FP8:
+        out = out * tl.load(v_scale_ptr)
     row = (seq * NUM_Q_HEADS + heads) * num_splits + split  # [BLOCK_H] rows of mid_o/mid_lse
     tl.store(mid_lse_ptr + row, lse, mask=h_mask)
     o_ptrs = mid_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :]
@@ -169,11 +179,14 @@ def decode_attention(
     scale: float,
     num_splits: int,
     block_n: int = _BLOCK_N,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Attention for ``num_seqs = seq_lens.shape[0]`` one-token rows ``query[:num_seqs]``.
 
     ``block_tables``/``seq_lens`` rows are the decode sequences in order; results land in
     ``out[:num_seqs]``. ``num_splits`` must not depend on context lengths (CUDA graphs).
+    ``k_scale``/``v_scale``: an fp8 cache's float32 [1] scales (``None`` = 1.0).
     """
     num_seqs = seq_lens.shape[0]
     _, block_size, num_kv_heads, head_dim = k_cache.shape
@@ -186,8 +199,11 @@ def decode_attention(
         (num_seqs, num_q_heads, num_splits), dtype=torch.float32, device=query.device
     )
     block_d = next_power_of_2(head_dim)
+    fp8 = is_fp8(k_cache)
+    unit = unit_scale(query.device) if fp8 else mid_lse  # an unquantized cache reads neither
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse,
+        unit if k_scale is None else k_scale, unit if v_scale is None else v_scale,
         scale * LOG2_E,
         query.stride(0), query.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -200,6 +216,7 @@ def decode_attention(
         BLOCK_N=block_n,
         BLOCK_SIZE=block_size,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else None,
+        FP8=fp8,
         num_warps=4,
     )  # fmt: skip
     _decode_reduce_kernel[(num_seqs, num_q_heads)](

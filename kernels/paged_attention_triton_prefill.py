@@ -12,7 +12,8 @@ sync, no per-step tile map) and programs past a sequence's last tile exit at onc
 Queries sit at absolute positions ``seq_len - query_len ..``, so prefix hits and later chunks of
 a chunked prefill attend to every cached position before them; keys are read from the paged
 cache (``store_kv`` already wrote this step's rows), walking ``[0, last query position]`` in
-tiles of ``BLOCK_N`` under the causal mask.
+tiles of ``BLOCK_N`` under the causal mask. An fp8 cache's ``k_scale`` folds into the score
+scale and ``v_scale`` into the output (``paged_attention_triton_common``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import triton
 import triton.language as tl
 
 from tokenwire.kernels.dispatch import next_power_of_2
+from tokenwire.kernels.kv_quant import is_fp8, unit_scale
 from tokenwire.kernels.paged_attention_triton_common import (
     LOG2_E,
     load_kv_tile,
@@ -56,6 +58,8 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     seq_lens_ptr,
     qsl_ptr,  # int32 [num_seqs + 1]; absolute row offsets into q/out
     num_seqs,
+    k_scale_ptr,  # float32 [1]: fp8 cache scales, read only when FP8
+    v_scale_ptr,
     qk_scale,
     stride_qt,
     stride_qh,
@@ -73,6 +77,7 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -83,6 +88,8 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     if q_tile * BLOCK_Q >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
+    if FP8:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
     context_len = seq_len - q_len  # cached positions before this step's first query
 
     offs_m = tl.arange(0, BLOCK_M)
@@ -118,6 +125,8 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
         )
 
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    if FP8:
+        out = out * tl.load(v_scale_ptr)
     o_ptrs = out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
 
@@ -142,11 +151,14 @@ def prefill_attention(
     num_tokens: int,
     block_m: int | None = None,
     block_n: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Causal attention for the sequences of ``seq_lens`` (rows ``query_start_loc[i]:[i+1]``).
 
     ``num_tokens`` (host int) is the number of query rows these sequences own; it only sizes
-    the grid. Results land in the same rows of ``out``.
+    the grid. Results land in the same rows of ``out``. ``k_scale``/``v_scale``: an fp8
+    cache's float32 [1] scales (``None`` = 1.0).
     """
     num_seqs = seq_lens.shape[0]
     _, block_size, num_kv_heads, head_dim = k_cache.shape
@@ -156,9 +168,12 @@ def prefill_attention(
     block_m = max(block_m or default_m, 16, next_power_of_2(group))
     block_q = block_m // group
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
+    fp8 = is_fp8(k_cache)
+    unit = unit_scale(query.device) if fp8 else seq_lens  # an unquantized cache reads neither
     _prefill_kernel[grid](
         query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
         num_seqs,
+        unit if k_scale is None else k_scale, unit if v_scale is None else v_scale,
         scale * LOG2_E,
         query.stride(0), query.stride(1),
         out.stride(0), out.stride(1),
@@ -172,5 +187,6 @@ def prefill_attention(
         BLOCK_N=block_n or default_n,
         BLOCK_SIZE=block_size,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else None,
+        FP8=fp8,
         num_warps=warps,
     )  # fmt: skip

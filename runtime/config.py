@@ -14,6 +14,9 @@ from typing import Literal
 LoadFormat = Literal["auto", "safetensors", "gguf", "dummy"]
 SchedulingPolicy = Literal["fcfs", "priority"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]
+# KV cache storage (vLLM's names): auto = the model dtype; fp8 / fp8_e4m3 = float8 e4m3 with a
+# per-layer float32 scale for K and one for V.
+KVCacheDType = Literal["auto", "fp8", "fp8_e4m3"]
 
 # Default CPU KV budget: 2 GiB holds ~46k tokens of SmolLM2-135M's float32 KV cache
 # (30 layers x 2 x 3 KV heads x 64 dims x 4 bytes = 46 KiB per token).
@@ -70,6 +73,7 @@ class CacheConfig:
     num_blocks_override: int | None = None
     # At most this fraction of KV blocks stays pinned by idle sessions between turns.
     session_cache_fraction: float = 0.5
+    kv_cache_dtype: KVCacheDType = "auto"
 
     def __post_init__(self) -> None:
         _positive("block_size", self.block_size)
@@ -83,6 +87,10 @@ class CacheConfig:
         if not 0.0 <= self.session_cache_fraction <= 1.0:
             raise ValueError(
                 f"session_cache_fraction must be in [0, 1], got {self.session_cache_fraction}"
+            )
+        if self.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3"):
+            raise ValueError(
+                f"kv_cache_dtype must be one of auto, fp8, fp8_e4m3; got {self.kv_cache_dtype!r}"
             )
         if self.num_blocks_override is not None and self.num_blocks_override < 2:
             raise ValueError(

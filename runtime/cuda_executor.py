@@ -19,7 +19,7 @@ from tokenwire.runtime.config import CacheConfig
 from tokenwire.runtime.cuda_graphs import DecodeGraphs, decode_bucket
 from tokenwire.runtime.host_staging import HostStaging
 from tokenwire.runtime.input_batch import StepArrays
-from tokenwire.runtime.kv_cache import KVCache, bytes_per_block
+from tokenwire.runtime.kv_cache import KVCache, bytes_per_block, kv_cache_torch_dtype
 from tokenwire.runtime.kv_cache_sizing import gpu_num_blocks, min_blocks_for, profile_memory
 from tokenwire.runtime.model_loader import LoadedModel
 
@@ -36,17 +36,19 @@ def cuda_kv_cache(
     parallelism): ``num_blocks_override``, else what fits after profiling."""
     num_blocks = cache_config.num_blocks_override
     if num_blocks is None:
+        kv_dtype = kv_cache_torch_dtype(cache_config.kv_cache_dtype, loaded.dtype)
         report = profile_memory(
             loaded.model,
             max_num_batched_tokens,
             max_num_seqs,
             loaded.max_model_len,
             cache_config.block_size,
+            kv_dtype,
         )
         num_blocks = gpu_num_blocks(
             report,
             cache_config.gpu_memory_utilization,
-            bytes_per_block(loaded.arch, cache_config.block_size, loaded.dtype, tp_size),
+            bytes_per_block(loaded.arch, cache_config.block_size, kv_dtype, tp_size),
             min_blocks_for(loaded.max_model_len, cache_config.block_size),
             cuda_graphs,
         )

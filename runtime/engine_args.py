@@ -28,6 +28,7 @@ from tokenwire.runtime.config import (
     CacheConfig,
     DType,
     EngineConfig,
+    KVCacheDType,
     LoadFormat,
     ModelConfig,
     ParallelConfig,
@@ -127,6 +128,13 @@ class EngineArgs:
         flag="--kv-cache-memory",
         type=int,
         metavar="BYTES",
+    )
+    kv_cache_dtype: KVCacheDType = _arg(  # noqa: RUF009 (returns an immutable str)
+        CacheConfig,
+        "kv_cache_dtype",
+        "KV cache storage: auto = the model dtype; fp8 (= fp8_e4m3) stores float8 e4m3 with a "
+        "per-layer scale (1.0), half the bytes of bfloat16 and a quarter of float32",
+        choices=get_args(KVCacheDType),
     )
     num_gpu_blocks_override: int | None = _arg(
         CacheConfig,
@@ -262,6 +270,7 @@ class EngineArgs:
                     kv_cache_memory_bytes=self.kv_cache_memory_bytes,
                     gpu_memory_utilization=self.gpu_memory_utilization,
                     num_blocks_override=self.num_gpu_blocks_override,
+                    kv_cache_dtype=self.kv_cache_dtype,
                 ),
                 scheduler=SchedulerConfig(
                     max_num_seqs=self.max_num_seqs,

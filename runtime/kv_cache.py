@@ -10,14 +10,21 @@ Sizing: on CPU from ``CacheConfig.kv_cache_memory_bytes``; on CUDA the model run
 a forward pass and passes ``num_blocks`` in (``kv_cache_sizing``); without it, CUDA falls back
 to ``gpu_memory_utilization`` of the device's total memory minus what is already allocated
 (model weights) and a fixed activation reserve. ``num_blocks_override`` wins over all.
+
+Storage dtype (``--kv-cache-dtype``): ``auto`` stores the model dtype; ``fp8`` stores float8
+e4m3 (``kernels.kv_quant``), 1 byte per element, so the same budget holds 2x the blocks of a
+bfloat16 cache and 4x those of a float32 one. An fp8 cache carries one float32 scale per layer
+for K and one for V, 1.0 unless ``set_scales`` writes others (a checkpoint's, a calibration's).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from tokenwire.kernels.kv_quant import FP8_KV_DTYPE, LayerKVCache
 from tokenwire.runtime.config import CacheConfig
 from tokenwire.runtime.models.arch import ModelArch
 
@@ -25,8 +32,13 @@ from tokenwire.runtime.models.arch import ModelArch
 _CUDA_ACTIVATION_RESERVE = 2 << 30
 
 
+def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The storage dtype for ``--kv-cache-dtype`` (``auto``: the model's)."""
+    return model_dtype if kv_cache_dtype == "auto" else FP8_KV_DTYPE
+
+
 def bytes_per_block(arch: ModelArch, block_size: int, dtype: torch.dtype, tp_size: int = 1) -> int:
-    """KV bytes of one block on one rank (all layers, K and V)."""
+    """KV bytes of one block on one rank (all layers, K and V) stored as ``dtype``."""
     elem = torch.empty((), dtype=dtype).element_size()
     heads = arch.num_local_kv_heads(tp_size)
     return 2 * arch.num_hidden_layers * block_size * heads * arch.head_dim * elem
@@ -39,10 +51,12 @@ def num_blocks_for(
     dtype: torch.dtype,
     tp_size: int = 1,
 ) -> int:
-    """Blocks that fit one rank's budget (CPU: ``kv_cache_memory_bytes`` per rank)."""
+    """Blocks that fit one rank's budget (CPU: ``kv_cache_memory_bytes`` per rank) for a model
+    of ``dtype``, stored as ``cache_config.kv_cache_dtype`` says."""
     if cache_config.num_blocks_override is not None:
         return cache_config.num_blocks_override
-    per_block = bytes_per_block(arch, cache_config.block_size, dtype, tp_size)
+    kv_dtype = kv_cache_torch_dtype(cache_config.kv_cache_dtype, dtype)
+    per_block = bytes_per_block(arch, cache_config.block_size, kv_dtype, tp_size)
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         budget = int(total * cache_config.gpu_memory_utilization)
@@ -64,7 +78,26 @@ def num_blocks_for(
 class KVCache:
     num_blocks: int
     block_size: int
-    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    layers: list[LayerKVCache]
+    dtype: torch.dtype  # storage: the model dtype, or float8_e4m3fn
+    # float32 [num_layers, 2, 1]: (K, V) scales of an fp8 cache, viewed by ``layers``; else None
+    scales: torch.Tensor | None
+
+    def set_scales(self, k_scales: Sequence[float], v_scales: Sequence[float]) -> None:
+        """Write an fp8 cache's per-layer scales in place (captured CUDA graphs see them).
+
+        Only before any K/V is stored: entries already in the cache were divided by the old
+        scales.
+        """
+        if self.scales is None:
+            raise ValueError("KV cache scales need --kv-cache-dtype fp8")
+        num_layers = self.scales.shape[0]
+        values = torch.tensor([list(k_scales), list(v_scales)], dtype=torch.float32)
+        if values.shape != (2, num_layers):
+            raise ValueError(f"expected {num_layers} K and {num_layers} V scales")
+        if not bool(torch.isfinite(values).all() and (values > 0).all()):
+            raise ValueError("KV cache scales must be finite and positive")
+        self.scales.copy_(values.t().unsqueeze(-1))
 
     @staticmethod
     def allocate(
@@ -75,8 +108,8 @@ class KVCache:
         num_blocks: int | None = None,
         tp_size: int = 1,
     ) -> KVCache:
-        """This rank's cache. ``num_blocks``: a count already sized for this device (CUDA
-        profiling, or the minimum over TP ranks)."""
+        """This rank's cache for a model of ``dtype``. ``num_blocks``: a count already sized for
+        this device (CUDA profiling, or the minimum over TP ranks)."""
         if num_blocks is None:
             num_blocks = num_blocks_for(arch, cache_config, device, dtype, tp_size)
         shape = (
@@ -87,7 +120,19 @@ class KVCache:
             arch.num_local_kv_heads(tp_size),
             arch.head_dim,
         )
+        kv_dtype = kv_cache_torch_dtype(cache_config.kv_cache_dtype, dtype)
         # Zeroed: masked-out slots are multiplied by 0 in attention, and 0 * NaN garbage = NaN.
-        storage = torch.zeros(shape, dtype=dtype, device=device)
-        layers = [(storage[i, 0], storage[i, 1]) for i in range(arch.num_hidden_layers)]
-        return KVCache(num_blocks, cache_config.block_size, layers)
+        storage = torch.zeros(shape, dtype=kv_dtype, device=device)
+        scales = None
+        if kv_dtype == FP8_KV_DTYPE:
+            scales = torch.ones((arch.num_hidden_layers, 2, 1), dtype=torch.float32, device=device)
+        layers = [
+            LayerKVCache(
+                storage[i, 0],
+                storage[i, 1],
+                None if scales is None else scales[i, 0],
+                None if scales is None else scales[i, 1],
+            )
+            for i in range(arch.num_hidden_layers)
+        ]
+        return KVCache(num_blocks, cache_config.block_size, layers, kv_dtype, scales)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from tokenwire.kernels.attention_metadata import AttentionMetadata
+from tokenwire.kernels.kv_quant import LayerKVCache
 from tokenwire.runtime.models.llama import LlamaForCausalLM
 
 _GIB = float(1 << 30)
@@ -87,14 +88,19 @@ def profile_memory(
     max_num_seqs: int,
     max_model_len: int,
     block_size: int,
+    kv_dtype: torch.dtype | None = None,
 ) -> MemoryReport:
-    """Run one worst-case step on the CUDA device the model lives on and report memory."""
+    """Run one worst-case step on the CUDA device the model lives on and report memory.
+
+    ``kv_dtype``: the KV cache's storage dtype (default: the model's), so the profiled step
+    runs the attention path (de-quantizing or not) that serving will."""
     device = model.lm_head_weight.device
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     weights = torch.cuda.memory_allocated(device)
-    hidden = model(*_profile_inputs(model, max_num_batched_tokens, max_model_len, block_size))
+    inputs = _profile_inputs(model, max_num_batched_tokens, max_model_len, block_size, kv_dtype)
+    hidden = model(*inputs)
     rows = hidden[: min(max_num_seqs, hidden.shape[0])]
     # Logits plus the sampler's softmax-sized temporaries of a full batch of sequences.
     torch.softmax(model.compute_logits(rows), dim=-1)
@@ -108,10 +114,15 @@ def profile_memory(
 
 
 def _profile_inputs(
-    model: LlamaForCausalLM, num_tokens: int, max_model_len: int, block_size: int
-) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], AttentionMetadata]:
+    model: LlamaForCausalLM,
+    num_tokens: int,
+    max_model_len: int,
+    block_size: int,
+    kv_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, list[LayerKVCache], AttentionMetadata]:
     """Dummy all-prefill batch over a one-block cache: every slot is -1 (nothing stored) and
-    every block table entry is the null block 0, so attention reads only that block."""
+    every block table entry is the null block 0, so attention reads only that block. An fp8
+    cache gets unit scales."""
     device = model.lm_head_weight.device
     arch = model.arch
     seq_lens = np.asarray(profile_seq_lens(num_tokens, max_model_len), dtype=np.int32)
@@ -119,9 +130,9 @@ def _profile_inputs(
     qsl[1:] = np.cumsum(seq_lens)
     positions = np.concatenate([np.arange(n, dtype=np.int64) for n in seq_lens])
     shape = (1, block_size, model.num_local_kv_heads, arch.head_dim)
-    dtype = model.lm_head_weight.dtype
+    dtype = kv_dtype or model.lm_head_weight.dtype
     caches = [
-        (
+        LayerKVCache(
             torch.zeros(shape, dtype=dtype, device=device),
             torch.zeros(shape, dtype=dtype, device=device),
         )

@@ -45,6 +45,7 @@ VALUES: dict[str, Any] = {
     "block_size": 32,
     "gpu_memory_utilization": 0.5,
     "kv_cache_memory_bytes": 1 << 20,
+    "kv_cache_dtype": "fp8",
     "num_gpu_blocks_override": 64,
     "enable_prefix_caching": False,
     "enable_chunked_prefill": False,

@@ -16,6 +16,7 @@ import torch
 from conftest import TINY_FAMILIES, TINY_VOCAB, build_tiny_model
 
 from tokenwire.kernels.attention_metadata import AttentionMetadata
+from tokenwire.kernels.kv_quant import LayerKVCache
 from tokenwire.kernels.paged_attention import build_cpu_plan
 from tokenwire.runtime.config import ModelConfig
 from tokenwire.runtime.model_loader import LoadedModel, load_model
@@ -77,16 +78,16 @@ def make_meta(chunks: Sequence[Chunk], block_size: int = BLOCK_SIZE) -> Attentio
     )
 
 
-def new_kv_caches(model: LlamaForCausalLM) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def new_kv_caches(model: LlamaForCausalLM) -> list[LayerKVCache]:
     arch = model.arch
     shape = (NUM_BLOCKS, BLOCK_SIZE, arch.num_key_value_heads, arch.head_dim)
-    return [(torch.zeros(shape), torch.zeros(shape)) for _ in range(arch.num_hidden_layers)]
+    return [
+        LayerKVCache(torch.zeros(shape), torch.zeros(shape)) for _ in range(arch.num_hidden_layers)
+    ]
 
 
 @torch.no_grad()
-def run_step(
-    model: LlamaForCausalLM, kv: list[tuple[torch.Tensor, torch.Tensor]], chunks: list[Chunk]
-) -> torch.Tensor:
+def run_step(model: LlamaForCausalLM, kv: list[LayerKVCache], chunks: list[Chunk]) -> torch.Tensor:
     """One forward over ``chunks``; float32 logits for every query row [T, vocab]."""
     ids = torch.tensor([t for c in chunks for t in c.tokens], dtype=torch.int64)
     positions = torch.tensor(

@@ -79,7 +79,7 @@ def engine_info(core: EngineCore) -> EngineInfo:
         tokenizer_path=facts.tokenizer_path,
         core_pid=os.getpid(),
         weight_bytes=facts.weight_bytes,
-        kv_cache_dtype=getattr(config.cache, "kv_cache_dtype", "auto"),
+        kv_cache_dtype="fp8" if config.cache.kv_cache_dtype != "auto" else "auto",
     )
 
 

@@ -23,6 +23,7 @@ from torch import nn
 
 from tokenwire.kernels.activation import silu_and_mul
 from tokenwire.kernels.attention_metadata import AttentionMetadata
+from tokenwire.kernels.kv_quant import LayerKVCache
 from tokenwire.kernels.paged_attention import paged_attention
 from tokenwire.kernels.rotary import apply_rotary, build_cos_sin_cache, compute_inv_freq
 from tokenwire.kernels.store_kv import store_kv
@@ -48,8 +49,9 @@ from tokenwire.runtime.models.weights import (
     replicated,
 )
 
-# One layer's paged KV cache: (k_cache, v_cache), each [num_blocks, block_size, Hkv, D].
-KVCache = tuple[torch.Tensor, torch.Tensor]
+# One layer's paged KV cache: (k_cache, v_cache), each [num_blocks, block_size, Hkv, D], and
+# the (k_scale, v_scale) of an fp8 cache (None otherwise).
+KVCache = LayerKVCache
 
 _SINGLE = TPGroup.single()  # immutable: the default group of one
 
@@ -111,9 +113,9 @@ class Attention(nn.Module):
             q = self.q_norm(q)
             k = self.k_norm(k)
         q, k = apply_rotary(q, k, positions, cos_sin_cache)
-        k_cache, v_cache = kv_cache
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+        k_cache, v_cache, k_scale, v_scale = kv_cache
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, k_scale, v_scale)
         result: torch.Tensor = self.o_proj(out.reshape(num_tokens, self.q_size))
         return result
 
