@@ -14,6 +14,9 @@ from typing import Literal
 LoadFormat = Literal["auto", "safetensors", "gguf", "dummy"]
 SchedulingPolicy = Literal["fcfs", "priority"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]
+# Weight schemes (vLLM's names): gptq / awq checkpoints, int8 = online weight-only int8 of an
+# unquantized checkpoint. None (the default) detects the checkpoint's quantization_config.
+QuantizationMethod = Literal["gptq", "awq", "int8"]
 # KV cache storage (vLLM's names): auto = the model dtype; fp8 / fp8_e4m3 = float8 e4m3 with a
 # per-layer float32 scale for K and one for V.
 KVCacheDType = Literal["auto", "fp8", "fp8_e4m3"]
@@ -34,6 +37,7 @@ class ModelConfig:
 
     ``model=None`` selects the embedded default (SmolLM2-135M-Instruct GGUF).
     ``max_model_len=None`` means "the model's own context length".
+    ``quantization=None`` means "whatever the checkpoint's quantization_config says".
     """
 
     model: str | None = None
@@ -43,9 +47,14 @@ class ModelConfig:
     load_format: LoadFormat = "auto"
     seed: int = 0
     served_model_name: str | None = None
+    quantization: QuantizationMethod | None = None
 
     def __post_init__(self) -> None:
         _positive("max_model_len", self.max_model_len)
+        if self.quantization is not None and self.quantization not in ("gptq", "awq", "int8"):
+            raise ValueError(
+                f"quantization must be one of gptq, awq, int8; got {self.quantization!r}"
+            )
         if self.load_format not in ("auto", "safetensors", "gguf", "dummy"):
             raise ValueError(
                 "load_format must be one of auto, safetensors, gguf, dummy; "

@@ -32,6 +32,7 @@ from tokenwire.runtime.config import (
     LoadFormat,
     ModelConfig,
     ParallelConfig,
+    QuantizationMethod,
     SchedulerConfig,
     SchedulingPolicy,
 )
@@ -214,6 +215,14 @@ class EngineArgs:
     seed: int = _arg(
         ModelConfig, "seed", "seed of dummy weights and of unseeded sampling", type=int
     )
+    quantization: QuantizationMethod | None = _arg(  # noqa: RUF009 (an immutable str)
+        ModelConfig,
+        "quantization",
+        "weight scheme: gptq or awq (checkpoints in that format), int8 (quantize an "
+        "unquantized checkpoint at load: per-channel int8 weights); default: detected from "
+        "config.json quantization_config",
+        choices=get_args(QuantizationMethod),
+    )
 
     # ------------------------------------------------------------------ command line
     @staticmethod
@@ -263,6 +272,7 @@ class EngineArgs:
                     load_format=self.load_format,
                     seed=self.seed,
                     served_model_name=self.served_model_name,
+                    quantization=self.quantization,
                 ),
                 cache=CacheConfig(
                     block_size=self.block_size,

@@ -11,6 +11,11 @@ Sources, by ``ModelConfig``:
   bundled benchmark config selected by name (``llama-3.2-1b``, ``qwen3-0.6b``,
   ``llama-3.1-8b``; see ``bundled_configs``).
 
+Quantization: ``ModelConfig.quantization`` (``--quantization``) and config.json's
+``quantization_config`` pick the weight scheme (``layers.quant.registry``); the decoder's
+linear layers load the scheme's tensors (GPTQ / AWQ) or quantize the checkpoint's weights
+(int8), then convert them once into the kernels' layouts (``process_weights_after_loading``).
+
 Tensor parallelism: ``load_model(..., tp=group)`` builds this rank's share of the model and
 reads only this rank's slices of each safetensors tensor (``iter_safetensors`` yields lazy
 ``WeightSource``s; each parameter knows its split). Each rank resolves the source itself: a
@@ -34,6 +39,8 @@ from tokenwire.runtime.default_model import DEFAULT_SERVED_MODEL_NAME, default_g
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.gguf_convert import ensure_converted
 from tokenwire.runtime.models.arch import ModelArch, token_id_tuple
+from tokenwire.runtime.models.layers import process_weights_after_loading
+from tokenwire.runtime.models.layers.quant.registry import resolve_quant_config
 from tokenwire.runtime.models.llama import LlamaForCausalLM, build_model
 from tokenwire.runtime.models.weights import SafetensorsWeight, WeightSource
 from tokenwire.runtime.tokenizer import Tokenizer, load_tokenizer
@@ -55,6 +62,7 @@ class LoadedModel:
     served_model_name: str
     device: torch.device
     dtype: torch.dtype
+    quantization: str | None = None  # the weight scheme ("gptq", "awq", "int8"); None: none
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -80,13 +88,16 @@ def load_model(
     config = _read_json(source.config_file)
     arch = ModelArch.from_hf_config(config)
     arch.check_tensor_parallel(tp.world_size)
+    dummy = model_config.load_format == "dummy"
+    quant = resolve_quant_config(model_config.quantization, config, dummy=dummy)
     max_model_len = resolve_max_model_len(model_config.max_model_len, arch)
-    model = build_model(arch, device, dtype, max_position=max_model_len, tp=tp)
-    if model_config.load_format == "dummy":
+    model = build_model(arch, device, dtype, max_position=max_model_len, tp=tp, quant=quant)
+    if dummy:
         std = float(config.get("initializer_range") or _DEFAULT_INIT_STD)
         init_dummy_weights(model, model_config.seed, std)
     else:
         model.load_weights(iter_safetensors(folder))
+    process_weights_after_loading(model)  # quantized layers: into the kernels' layouts
     tokenizer_dir = Path(model_config.tokenizer) if model_config.tokenizer else folder
     if model_config.tokenizer and not tokenizer_dir.is_dir():
         raise ValueError(f"tokenizer: directory {model_config.tokenizer!r} does not exist")
@@ -100,6 +111,7 @@ def load_model(
         served_model_name=model_config.served_model_name or source.served_name,
         device=device,
         dtype=dtype,
+        quantization=None if quant is None else quant.name,
     )
 
 

@@ -61,6 +61,7 @@ VALUES: dict[str, Any] = {
     "enforce_eager": True,
     "load_format": "dummy",
     "seed": 7,
+    "quantization": "int8",
 }
 
 
@@ -153,11 +154,11 @@ def test_create_engine_config_carries_every_field() -> None:
     config = EngineArgs(**VALUES).create_engine_config()
     assert config.model == ModelConfig(
         model="some/model", tokenizer="some/tokenizer", dtype="bfloat16", max_model_len=512,
-        load_format="dummy", seed=7, served_model_name="served",
+        load_format="dummy", seed=7, served_model_name="served", quantization="int8",
     )  # fmt: skip
     assert config.cache == CacheConfig(
         block_size=32, enable_prefix_caching=False, kv_cache_memory_bytes=1 << 20,
-        gpu_memory_utilization=0.5, num_blocks_override=64,
+        gpu_memory_utilization=0.5, num_blocks_override=64, kv_cache_dtype="fp8",
     )  # fmt: skip
     assert config.scheduler == SchedulerConfig(
         max_num_seqs=8, max_num_batched_tokens=1024, policy="priority",

@@ -17,6 +17,7 @@ from conftest import default_gguf_path
 from safetensors.torch import load_file, save_file
 from test_model_forward import Chunk, run_step
 
+from tokenwire.kernels.kv_quant import LayerKVCache
 from tokenwire.runtime import gguf_convert
 from tokenwire.runtime.config import ModelConfig
 from tokenwire.runtime.default_model import INSTALL_COMMAND
@@ -135,7 +136,9 @@ def test_dummy_deep_bfloat16_model_stays_finite(
     model = loaded.model
     shape = (4, 16, loaded.arch.num_key_value_heads, loaded.arch.head_dim)
     kv = [
-        (torch.zeros(shape, dtype=torch.bfloat16), torch.zeros(shape, dtype=torch.bfloat16))
+        LayerKVCache(
+            torch.zeros(shape, dtype=torch.bfloat16), torch.zeros(shape, dtype=torch.bfloat16)
+        )
         for _ in range(30)
     ]
     logits = run_step(model, kv, [Chunk(list(range(3, 43)), 0, [1, 2, 3])])
@@ -309,7 +312,9 @@ def test_default_model_matches_hf_and_answers_paris(default_loads: dict[str, Any
 
     arch = loaded.arch
     shape = (8, 16, arch.num_key_value_heads, arch.head_dim)
-    kv = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(arch.num_hidden_layers)]
+    kv = [
+        LayerKVCache(torch.zeros(shape), torch.zeros(shape)) for _ in range(arch.num_hidden_layers)
+    ]
     table = [1, 2, 3, 4, 5]
     ours_last = run_step(loaded.model, kv, [Chunk(prompt, 0, table)])[-1]
     print(

@@ -30,6 +30,7 @@ import torch
 from conftest import build_tiny_model
 from safetensors.torch import load_file
 
+from tokenwire.kernels.kv_quant import LayerKVCache
 from tokenwire.runtime.config import CacheConfig, ModelConfig
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.model_loader import load_model
@@ -136,7 +137,10 @@ def run_rank(tp: TPGroup, model_dir: str, load_format: str = "auto") -> dict[str
     outputs = [_plain(runner.execute_model(so)) for so in script()]
 
     shape = (8, 16, model.num_local_kv_heads, loaded.arch.head_dim)
-    kv = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(loaded.arch.num_hidden_layers)]
+    kv = [
+        LayerKVCache(torch.zeros(shape), torch.zeros(shape))
+        for _ in range(loaded.arch.num_hidden_layers)
+    ]
     tokens = _prompt(9, 21)
     logits = []
     for chunk in (Chunk(tokens[:20], 0, [2, 5]), Chunk(tokens[20:], 20, [2, 5])):

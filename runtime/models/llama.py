@@ -16,7 +16,6 @@ exactly the single-device one.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from itertools import accumulate
 
 import torch
 from torch import nn
@@ -30,9 +29,11 @@ from tokenwire.kernels.store_kv import store_kv
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.models.arch import ModelArch
 from tokenwire.runtime.models.layers import (
+    LinearMethod,
     MergedColumnParallelLinear,
     ParallelLMHead,
     QKVParallelLinear,
+    QuantConfig,
     RMSNorm,
     RowParallelLinear,
     ShardedModule,
@@ -40,14 +41,8 @@ from tokenwire.runtime.models.layers import (
     VocabParallelEmbedding,
     vocab_parallel_logits,
 )
-from tokenwire.runtime.models.weights import (
-    ShardLoad,
-    TensorWeight,
-    WeightSource,
-    as_weight_source,
-    load_shard,
-    replicated,
-)
+from tokenwire.runtime.models.loading import init_random, load_checkpoint
+from tokenwire.runtime.models.weights import ShardLoad, WeightSource, replicated
 
 # One layer's paged KV cache: (k_cache, v_cache), each [num_blocks, block_size, Hkv, D], and
 # the (k_scale, v_scale) of an fp8 cache (None otherwise).
@@ -55,21 +50,13 @@ KVCache = LayerKVCache
 
 _SINGLE = TPGroup.single()  # immutable: the default group of one
 
-# HF checkpoint projection -> (fused parameter, shard id). Shard order inside the fused
-# tensor is q, k, v and gate, up (silu_and_mul expects gate first).
-_STACKED_PARAMS: tuple[tuple[str, str, str], ...] = (
-    ("q_proj", "qkv_proj", "q"),
-    ("k_proj", "qkv_proj", "k"),
-    ("v_proj", "qkv_proj", "v"),
-    ("gate_proj", "gate_up_proj", "gate"),
-    ("up_proj", "gate_up_proj", "up"),
-)
-
 
 class Attention(nn.Module):
     """This rank's heads (all of them at TP=1); ``o_proj`` all-reduces under TP."""
 
-    def __init__(self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup) -> None:
+    def __init__(
+        self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup, method: LinearMethod | None
+    ) -> None:
         super().__init__()
         self.qkv_proj = QKVParallelLinear(
             arch.hidden_size,
@@ -79,6 +66,7 @@ class Attention(nn.Module):
             arch.attention_bias,
             dtype,
             tp,
+            method,
         )
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
@@ -87,7 +75,7 @@ class Attention(nn.Module):
         self.kv_size = self.qkv_proj.kv_size
         self.scale = arch.head_dim**-0.5
         self.o_proj = RowParallelLinear(
-            arch.q_size, arch.hidden_size, arch.o_proj_bias, dtype, tp, "attention size"
+            arch.q_size, arch.hidden_size, arch.o_proj_bias, dtype, tp, "attention size", method
         )
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
@@ -123,14 +111,17 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU; the intermediate dimension is split over TP ranks, ``down_proj`` all-reduces."""
 
-    def __init__(self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup) -> None:
+    def __init__(
+        self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup, method: LinearMethod | None
+    ) -> None:
         super().__init__()
         inter = arch.intermediate_size
+        sizes = {"gate": inter, "up": inter}
         self.gate_up_proj = MergedColumnParallelLinear(
-            arch.hidden_size, {"gate": inter, "up": inter}, False, dtype, tp, "intermediate_size"
+            arch.hidden_size, sizes, False, dtype, tp, "intermediate_size", method
         )
         self.down_proj = RowParallelLinear(
-            inter, arch.hidden_size, False, dtype, tp, "intermediate_size"
+            inter, arch.hidden_size, False, dtype, tp, "intermediate_size", method
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -139,10 +130,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup) -> None:
+    def __init__(
+        self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup, method: LinearMethod | None
+    ) -> None:
         super().__init__()
-        self.self_attn = Attention(arch, dtype, tp)
-        self.mlp = MLP(arch, dtype, tp)
+        self.self_attn = Attention(arch, dtype, tp, method)
+        self.mlp = MLP(arch, dtype, tp, method)
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
 
@@ -169,11 +162,13 @@ class DecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Embedding, decoder stack and final norm (HF's ``model.*`` parameter prefix)."""
 
-    def __init__(self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup) -> None:
+    def __init__(
+        self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup, method: LinearMethod | None
+    ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, dtype, tp)
         self.layers = nn.ModuleList(
-            DecoderLayer(arch, dtype, tp) for _ in range(arch.num_hidden_layers)
+            DecoderLayer(arch, dtype, tp, method) for _ in range(arch.num_hidden_layers)
         )
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
 
@@ -187,13 +182,18 @@ class LlamaForCausalLM(nn.Module):
         max_position: int,
         dtype: torch.dtype,
         tp: TPGroup = _SINGLE,
+        quant: QuantConfig | None = None,
     ) -> None:
         super().__init__()
         arch.check_tensor_parallel(tp.world_size)
         self.arch = arch
         self.max_position = max_position
         self.tp = tp
-        self.model = LlamaModel(arch, dtype, tp)
+        # The decoder's linear layers take the scheme's method; embeddings, the LM head and
+        # norms stay unquantized (as in vLLM).
+        self.quant_config = quant
+        method = None if quant is None else quant.linear_method()
+        self.model = LlamaModel(arch, dtype, tp, method)
         # Tied models have no lm_head parameter: logits use the embedding matrix itself (under
         # TP, this rank's rows of it), so the tie cannot be broken by device moves or loading.
         self.lm_head: ParallelLMHead | None = None
@@ -268,72 +268,38 @@ class LlamaForCausalLM(nn.Module):
         """Copy HF-named checkpoint tensors into this model's (fused, per-rank) parameters.
 
         ``weights`` yields tensors or lazy ``WeightSource``s (``iter_safetensors``); under TP
-        only this rank's slice of a source is read. Raises ValueError on an unknown name, a
-        shape mismatch, or a parameter (or fused shard) that the checkpoint never provided.
+        only this rank's slice of a source is read. Raises ValueError naming the checkpoint
+        tensor on an unknown name, a shape or dtype mismatch, or a parameter (or fused
+        shard) that the checkpoint never provided (see ``loading.load_checkpoint``).
+        Quantized layers then need ``process_weights_after_loading`` (the loader calls it).
         """
-        params = dict(self.named_parameters())
-        loads = self.shard_loads()
-        loaded: dict[str, set[str]] = {name: set() for name in params}
-        for hf_name, weight in weights:
-            if hf_name.endswith("rotary_emb.inv_freq"):
-                continue  # recomputed from the config
-            if hf_name == "lm_head.weight" and self.lm_head is None:
-                continue  # tied: some checkpoints store a copy of the embedding
-            name, shard = _map_name(hf_name)
-            spec = loads.get(name, {}).get(shard)
-            if name not in params or spec is None:
-                raise ValueError(f"unexpected weight {hf_name!r} for {self.arch.architecture}")
-            source = as_weight_source(weight)
-            load_shard(params[name], spec, source, f"{name}[{shard or 'all'}]")
-            loaded[name].add(shard)
-        missing = [name for name, shards in loaded.items() if shards != set(loads[name])]
-        if missing:
-            raise ValueError(f"checkpoint is missing weights for: {', '.join(sorted(missing))}")
+        load_checkpoint(
+            self,
+            self.shard_loads(),
+            weights,
+            self._skip,
+            self.arch.architecture,
+            zero_biases_ok=self.quant_config is not None,
+        )
+
+    def _skip(self, hf_name: str) -> bool:
+        if hf_name.endswith("rotary_emb.inv_freq"):
+            return True  # recomputed from the config
+        # Tied: some checkpoints store a copy of the embedding.
+        return hf_name == "lm_head.weight" and self.lm_head is None
 
     @torch.no_grad()
     def init_random_weights(self, generator: torch.Generator, std: float) -> None:
         """N(0, std) matrices and biases, norm weights 1, drawn parameter by parameter in
-        registration order from ``generator``.
+        registration order from ``generator`` (quantized tensors: random codes, constant
+        scales).
 
         At TP=1 each parameter is drawn in place. Under TP each rank draws the full (TP=1)
         tensor on its device and keeps its slice, so a TP=N dummy model holds exactly the
         TP=1 dummy weights (every rank must use the same seed); the full tensor of one
         parameter at a time is the only extra memory.
         """
-        loads = self.shard_loads() if self.tp.world_size > 1 else {}
-        for name, param in self.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            elif self.tp.world_size == 1:
-                param.normal_(0.0, std, generator=generator)
-            else:
-                _init_sharded(param, name, loads[name], generator, std)
-
-
-def _map_name(hf_name: str) -> tuple[str, str]:
-    """HF parameter name -> (our parameter name, shard id; "" when not fused)."""
-    for src, dst, shard in _STACKED_PARAMS:
-        if f".{src}." in hf_name:
-            return hf_name.replace(f".{src}.", f".{dst}."), shard
-    return hf_name, ""
-
-
-def _init_sharded(
-    param: torch.Tensor,
-    name: str,
-    shards: dict[str, ShardLoad],
-    generator: torch.Generator,
-    std: float,
-) -> None:
-    """Draw the TP=1 (fused) tensor of ``param`` and load this rank's slices of it."""
-    specs = list(shards.values())
-    rows = [spec.full_shape[0] for spec in specs]
-    full_shape = (sum(rows), *specs[0].full_shape[1:])
-    full = torch.empty(full_shape, dtype=param.dtype, device=param.device)
-    full.normal_(0.0, std, generator=generator)
-    for (shard, spec), end, count in zip(shards.items(), accumulate(rows), rows, strict=True):
-        part = TensorWeight(full.narrow(0, end - count, count))
-        load_shard(param, spec, part, f"{name}[{shard or 'all'}]")
+        init_random(self, self.shard_loads() if self.tp.world_size > 1 else {}, generator, std)
 
 
 def build_model(
@@ -342,6 +308,7 @@ def build_model(
     dtype: torch.dtype,
     max_position: int,
     tp: TPGroup = _SINGLE,
+    quant: QuantConfig | None = None,
 ) -> LlamaForCausalLM:
     """Allocate the model (this rank's share of it under ``tp``) directly on ``device``: no
     CPU copy, no random init.
@@ -349,9 +316,11 @@ def build_model(
     Weights are uninitialised (``torch.empty``) until ``load_weights`` or a dummy initialiser
     fills them; norm weights start at 1. The rotary table covers ``[0, max_position)``.
     ``tp`` defaults to ``TPGroup.single()``; an impossible split raises ``ValueError`` naming
-    ``--tensor-parallel-size`` before anything is allocated.
+    ``--tensor-parallel-size`` before anything is allocated. ``quant``: the weight scheme of
+    the decoder's linear layers (None: unquantized); call ``process_weights_after_loading``
+    once the weights are in.
     """
     arch.check_tensor_parallel(tp.world_size)
     with torch.device(device):
-        model = LlamaForCausalLM(arch, max_position, dtype, tp)
+        model = LlamaForCausalLM(arch, max_position, dtype, tp, quant)
     return model.eval()

@@ -7,14 +7,20 @@ bytes of its own slice (the file is memory-mapped; nothing else is copied).
 
 A ``ShardLoad`` says where one checkpoint tensor lands in a local parameter: the tensor's full
 (TP=1) shape, the dimension this rank reads a range of (None: the whole tensor, replicated),
-that range, and the row offset inside a fused local parameter (q/k/v, gate/up). A range that
-runs past the end of the checkpoint tensor (a vocabulary padded up to a multiple of the TP
-size) is zero-filled.
+that range, and the offset inside a fused local parameter (q/k/v, gate/up) along the
+destination dimension (dim 0 for ``[out, in]`` weights; the packed output dimension of a
+quantized tensor, e.g. dim 1 of GPTQ's ``qweight [K/8, N]``). A range that runs past the end
+of the checkpoint tensor (a vocabulary padded up to a multiple of the TP size) is
+zero-filled. ``dtype`` (packed quantized tensors) is the only dtype the checkpoint tensor may
+have; ``shared`` marks a tensor that every shard of a fused layer provides whole (GPTQ's
+``g_idx``: q, k and v read the same input, so their copies must be equal).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Protocol
 
 import torch
@@ -92,7 +98,10 @@ class ShardLoad:
     split_dim: int | None = None  # checkpoint dim this rank reads a range of; None: all of it
     start: int = 0  # first index of the range along ``split_dim``
     length: int = 0  # range length; may run past the checkpoint's end (zero-filled)
-    dst_offset: int = 0  # first row (dim 0) of this shard inside the local parameter
+    dst_offset: int = 0  # first index of this shard along ``dst_dim`` of the local parameter
+    dst_dim: int = 0  # the local parameter's dimension the fused shards are stacked along
+    dtype: torch.dtype | None = None  # the checkpoint tensor's required dtype (None: any)
+    shared: bool = False  # every shard of a fused layer provides this whole tensor (equal)
 
     @property
     def local_shape(self) -> tuple[int, ...]:
@@ -107,34 +116,95 @@ class ShardLoad:
         return self.split_dim is not None and self.local_shape != self.full_shape
 
 
-def replicated(shape: tuple[int, ...] | torch.Size, dst_offset: int = 0) -> ShardLoad:
+def replicated(
+    shape: tuple[int, ...] | torch.Size,
+    dst_offset: int = 0,
+    *,
+    dtype: torch.dtype | None = None,
+    shared: bool = False,
+) -> ShardLoad:
     """Every rank holds the whole checkpoint tensor."""
-    return ShardLoad(tuple(shape), dst_offset=dst_offset)
+    return ShardLoad(tuple(shape), dst_offset=dst_offset, dtype=dtype, shared=shared)
 
 
 def split(
-    full_shape: tuple[int, ...], dim: int, start: int, length: int, dst_offset: int = 0
+    full_shape: tuple[int, ...],
+    dim: int,
+    start: int,
+    length: int,
+    dst_offset: int = 0,
+    *,
+    dst_dim: int = 0,
+    dtype: torch.dtype | None = None,
 ) -> ShardLoad:
     """This rank holds ``[start, start + length)`` of the checkpoint tensor along ``dim``."""
-    return ShardLoad(tuple(full_shape), dim, start, length, dst_offset)
+    return ShardLoad(tuple(full_shape), dim, start, length, dst_offset, dst_dim, dtype)
+
+
+def _checked(tensor: torch.Tensor, spec: ShardLoad, label: str) -> torch.Tensor:
+    if spec.dtype is not None and tensor.dtype != spec.dtype:
+        want = str(spec.dtype).removeprefix("torch.")
+        got = str(tensor.dtype).removeprefix("torch.")
+        raise ValueError(f"dtype mismatch for {label}: checkpoint {got}, expected {want}")
+    return tensor
 
 
 @torch.no_grad()
-def load_shard(param: torch.Tensor, spec: ShardLoad, source: WeightSource, label: str) -> None:
-    """Copy this rank's part of ``source`` into ``param``; ``label`` names it in errors."""
+def load_shard(
+    param: torch.Tensor, spec: ShardLoad, source: WeightSource, label: str, *, compare: bool = False
+) -> None:
+    """Copy this rank's part of ``source`` into ``param``; ``label`` names it in errors.
+
+    ``compare``: the destination already holds this tensor (a ``shared`` one from another
+    shard); check that ``source`` equals it instead of copying."""
     if tuple(source.shape) != spec.full_shape:
         raise ValueError(
             f"shape mismatch for {label}: checkpoint {tuple(source.shape)}, model {spec.full_shape}"
         )
     local = spec.local_shape
-    target = param.narrow(0, spec.dst_offset, local[0]) if param.dim() else param
+    if param.dim():
+        target = param.narrow(spec.dst_dim, spec.dst_offset, local[spec.dst_dim])
+    else:
+        target = param
     assert tuple(target.shape) == local, (label, tuple(target.shape), local)
     dim = spec.split_dim
     if dim is None or not spec.is_split:
-        target.copy_(source.read())
+        tensor = _checked(source.read(), spec, label)
+        if compare and not torch.equal(target, tensor.to(target.device, target.dtype)):
+            raise ValueError(f"{label} differs between the projections fused into one matmul")
+        if not compare:
+            target.copy_(tensor)
         return
     available = max(0, min(spec.length, spec.full_shape[dim] - spec.start))
     if available:
-        target.narrow(dim, 0, available).copy_(source.read_slice(dim, spec.start, available))
+        part = _checked(source.read_slice(dim, spec.start, available), spec, label)
+        target.narrow(dim, 0, available).copy_(part)
     if available < spec.length:  # padding past the checkpoint's end
         target.narrow(dim, available, spec.length - available).zero_()
+
+
+@torch.no_grad()
+def fill_sharded(
+    param: torch.Tensor,
+    name: str,
+    shards: dict[str, ShardLoad],
+    fill: Callable[[torch.Tensor], None],
+) -> None:
+    """Build the TP=1 (fused) tensor of ``param`` with ``fill`` and load this rank's slices
+    of it: a TP=N rank then holds exactly what TP=1 draws from the same random stream."""
+    specs = list(shards.values())
+    first = specs[0]
+    if first.shared:  # one whole tensor that every shard provides
+        full = torch.empty(first.full_shape, dtype=param.dtype, device=param.device)
+        fill(full)
+        load_shard(param, first, TensorWeight(full), name)
+        return
+    dim = first.dst_dim
+    sizes = [spec.full_shape[dim] for spec in specs]
+    full_shape = list(first.full_shape)
+    full_shape[dim] = sum(sizes)
+    full = torch.empty(full_shape, dtype=param.dtype, device=param.device)
+    fill(full)
+    for (shard, spec), end, count in zip(shards.items(), accumulate(sizes), sizes, strict=True):
+        part = TensorWeight(full.narrow(dim, end - count, count))
+        load_shard(param, spec, part, f"{name}[{shard or 'all'}]")

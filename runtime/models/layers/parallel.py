@@ -22,17 +22,23 @@ the model's ``load_weights`` uses that to read only this rank's slices.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.models.arch import TP_FLAG, split_heads
+from tokenwire.runtime.models.layers.quant.base import LinearLayer, LinearMethod, ParamLayout
+from tokenwire.runtime.models.layers.quant.unquantized import UnquantizedLinearMethod
 from tokenwire.runtime.models.weights import ShardLoad, replicated, split
 
-# Local parameter name ("weight", "bias") -> checkpoint shard id ("" when not fused, else
-# "q"/"k"/"v" or a merged output's name, in storage order) -> where that tensor goes.
+# Local parameter name ("weight", "bias", "qweight", ...) -> checkpoint shard id ("" when not
+# fused, else "q"/"k"/"v" or a merged output's name, in storage order) -> where it goes.
 ShardLoads = dict[str, dict[str, ShardLoad]]
+
+BIAS_LAYOUT = ParamLayout(output_dim=0)
 
 
 class ShardedModule(nn.Module):
@@ -53,7 +59,93 @@ def _even_share(size: int, tp: TPGroup, what: str) -> tuple[int, int]:
     return tp.rank * length, length
 
 
-class QKVParallelLinear(ShardedModule):
+def _method(method: LinearMethod | None) -> LinearMethod:
+    return UnquantizedLinearMethod() if method is None else method
+
+
+def _packed(value: int, pack: int, name: str, what: str, tp: TPGroup) -> int:
+    """``value // pack``; a boundary inside a packed element or a group is an impossible
+    split (the error names the flag when tensor parallelism put it there)."""
+    if value % pack == 0:
+        return value // pack
+    if tp.world_size > 1:
+        raise ValueError(
+            f"{TP_FLAG}={tp.world_size} splits the {what} at feature {value}, inside one of "
+            f"the {pack}-feature packs or groups of the quantized {name}: choose a "
+            "tensor-parallel size that keeps every rank's share a multiple of it"
+        )
+    raise ValueError(
+        f"the model's {what} puts a shard boundary at feature {value}, inside one of the "
+        f"{pack}-feature packs or groups of the quantized {name}"
+    )
+
+
+@dataclass(frozen=True)
+class _OutputShard:
+    """One checkpoint tensor's part of a column-parallel layer's output features."""
+
+    shard: str  # "" when not fused, else "q"/"k"/"v" or a merged output's name
+    full: int  # the checkpoint tensor's output features
+    start: int  # this rank's first output feature of it
+    length: int  # this rank's output features of it
+    offset: int  # where they start among the layer's local output features
+
+
+class _ColumnLinear(ShardedModule, LinearLayer):
+    """Output features split over ranks (several checkpoint tensors fused in one matmul)."""
+
+    def _create(
+        self,
+        in_features: int,
+        shards: list[_OutputShard],
+        bias: bool,
+        dtype: torch.dtype,
+        method: LinearMethod | None,
+        tp: TPGroup,
+        what: str,
+    ) -> None:
+        self.tp = tp
+        self.what = what
+        self.output_shards = shards
+        self.linear_method = _method(method)
+        out = sum(s.length for s in shards)
+        self.linear_method.create_weights(
+            self, in_features, out, dtype, full_input_size=in_features
+        )
+        self.bias: nn.Parameter | None = None
+        if bias:
+            self.register("bias", torch.empty(out, dtype=dtype), BIAS_LAYOUT)
+        self.shard_loads()  # an impossible split of a packed tensor fails here, before loading
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_method.apply(self, x, self.bias)
+
+    def shard_loads(self) -> ShardLoads:
+        fused = len(self.output_shards) > 1
+        loads: ShardLoads = {}
+        for name, param in self.named_parameters(recurse=False):
+            layout = self.param_layouts[name]
+            per_shard: dict[str, ShardLoad] = {}
+            for s in self.output_shards:
+                dim = layout.output_dim
+                if dim is None:  # the same whole tensor from every shard (GPTQ g_idx)
+                    per_shard[s.shard] = replicated(param.shape, dtype=layout.dtype, shared=fused)
+                    continue
+                pack = layout.output_pack
+                full = list(param.shape)
+                full[dim] = _packed(s.full, pack, name, self.what, self.tp)
+                start, length, offset = (
+                    _packed(v, pack, name, self.what, self.tp)
+                    for v in (s.start, s.length, s.offset)
+                )
+                per_shard[s.shard] = split(
+                    tuple(full), dim, start, length, offset, dst_dim=dim, dtype=layout.dtype
+                )
+            loads[name] = per_shard
+        return loads
+
+
+class QKVParallelLinear(_ColumnLinear):
     """Fused q/k/v projection holding this rank's query and KV heads."""
 
     def __init__(
@@ -65,6 +157,7 @@ class QKVParallelLinear(ShardedModule):
         bias: bool,
         dtype: torch.dtype,
         tp: TPGroup,
+        method: LinearMethod | None = None,
     ) -> None:
         super().__init__()
         self.hidden_size = hidden_size
@@ -76,31 +169,18 @@ class QKVParallelLinear(ShardedModule):
         self.num_kv_heads = self.heads.num_kv_heads
         self.q_size = self.num_heads * head_dim
         self.kv_size = self.num_kv_heads * head_dim
-        out = self.q_size + 2 * self.kv_size
-        self.weight = nn.Parameter(torch.empty(out, hidden_size, dtype=dtype))
-        self.bias: nn.Parameter | None = None
-        if bias:
-            self.bias = nn.Parameter(torch.empty(out, dtype=dtype))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-    def shard_loads(self) -> ShardLoads:
-        d = self.head_dim
-        full_q, full_kv = self.total_num_heads * d, self.total_num_kv_heads * d
+        d = head_dim
+        full_q, full_kv = num_heads * d, num_kv_heads * d
         q_start, kv_start = self.heads.head_start * d, self.heads.kv_head_start * d
-        loads: ShardLoads = {}
-        for name, param in self.named_parameters(recurse=False):
-            rest = tuple(param.shape[1:])
-            loads[name] = {
-                "q": split((full_q, *rest), 0, q_start, self.q_size, 0),
-                "k": split((full_kv, *rest), 0, kv_start, self.kv_size, self.q_size),
-                "v": split((full_kv, *rest), 0, kv_start, self.kv_size, self.q_size + self.kv_size),
-            }
-        return loads
+        shards = [
+            _OutputShard("q", full_q, q_start, self.q_size, 0),
+            _OutputShard("k", full_kv, kv_start, self.kv_size, self.q_size),
+            _OutputShard("v", full_kv, kv_start, self.kv_size, self.q_size + self.kv_size),
+        ]
+        self._create(hidden_size, shards, bias, dtype, method, tp, "attention heads")
 
 
-class MergedColumnParallelLinear(ShardedModule):
+class MergedColumnParallelLinear(_ColumnLinear):
     """Several column-parallel outputs in one matmul: this rank's rows of each, in order."""
 
     def __init__(
@@ -111,6 +191,7 @@ class MergedColumnParallelLinear(ShardedModule):
         dtype: torch.dtype,
         tp: TPGroup,
         what: str = "output size",
+        method: LinearMethod | None = None,
     ) -> None:
         super().__init__()
         self.in_features = in_features
@@ -118,30 +199,15 @@ class MergedColumnParallelLinear(ShardedModule):
         self.shares = {
             name: _even_share(size, tp, what) for name, size in self.output_sizes.items()
         }
-        out = sum(length for _, length in self.shares.values())
-        self.weight = nn.Parameter(torch.empty(out, in_features, dtype=dtype))
-        self.bias: nn.Parameter | None = None
-        if bias:
-            self.bias = nn.Parameter(torch.empty(out, dtype=dtype))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-    def shard_loads(self) -> ShardLoads:
-        loads: ShardLoads = {}
-        for name, param in self.named_parameters(recurse=False):
-            rest = tuple(param.shape[1:])
-            per_shard: dict[str, ShardLoad] = {}
-            offset = 0
-            for shard, (start, length) in self.shares.items():
-                full = (self.output_sizes[shard], *rest)
-                per_shard[shard] = split(full, 0, start, length, offset)
-                offset += length
-            loads[name] = per_shard
-        return loads
+        shards: list[_OutputShard] = []
+        offset = 0
+        for name, (start, length) in self.shares.items():
+            shards.append(_OutputShard(name, self.output_sizes[name], start, length, offset))
+            offset += length
+        self._create(in_features, shards, bias, dtype, method, tp, what)
 
 
-class RowParallelLinear(ShardedModule):
+class RowParallelLinear(ShardedModule, LinearLayer):
     """``y = all_reduce(x_local @ W_local.T) + b``: input features split over ranks."""
 
     def __init__(
@@ -152,32 +218,45 @@ class RowParallelLinear(ShardedModule):
         dtype: torch.dtype,
         tp: TPGroup,
         what: str = "input size",
+        method: LinearMethod | None = None,
     ) -> None:
         super().__init__()
         self.tp = tp
+        self.what = what
         self.in_features = in_features
         self.out_features = out_features
         self.input_start, self.input_size = _even_share(in_features, tp, what)
-        self.weight = nn.Parameter(torch.empty(out_features, self.input_size, dtype=dtype))
+        self.linear_method = _method(method)
+        self.linear_method.create_weights(
+            self, self.input_size, out_features, dtype, full_input_size=in_features
+        )
         self.bias: nn.Parameter | None = None
         if bias:
-            self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype))
+            self.register("bias", torch.empty(out_features, dtype=dtype), BIAS_LAYOUT)
+        self.shard_loads()  # an impossible split of a packed tensor fails here, before loading
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.world_size == 1:
-            return F.linear(x, self.weight, self.bias)
-        out = self.tp.all_reduce(F.linear(x, self.weight))
+            return self.linear_method.apply(self, x, self.bias)
+        out = self.tp.all_reduce(self.linear_method.apply(self, x, None))
         if self.bias is not None:
             out.add_(self.bias)  # once, after the sum of partial products
         return out
 
     def shard_loads(self) -> ShardLoads:
-        full = (self.out_features, self.in_features)
-        loads: ShardLoads = {
-            "weight": {"": split(full, 1, self.input_start, self.input_size)},
-        }
-        if self.bias is not None:
-            loads["bias"] = {"": replicated(self.bias.shape)}
+        loads: ShardLoads = {}
+        for name, param in self.named_parameters(recurse=False):
+            layout = self.param_layouts[name]
+            dim = layout.input_dim
+            if dim is None:  # bias; scales kept whole on every rank
+                loads[name] = {"": replicated(param.shape, dtype=layout.dtype)}
+                continue
+            pack = layout.input_pack
+            full = list(param.shape)
+            full[dim] = _packed(self.in_features, pack, name, self.what, self.tp)
+            start = _packed(self.input_start, pack, name, self.what, self.tp)
+            length = _packed(self.input_size, pack, name, self.what, self.tp)
+            loads[name] = {"": split(tuple(full), dim, start, length, dtype=layout.dtype)}
         return loads
 
 

@@ -1,0 +1,1 @@
+"""Quantized linear layers: one ``LinearMethod`` per weight scheme (see ``base``)."""
