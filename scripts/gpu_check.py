@@ -102,6 +102,17 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
             stage("parity", 40),
             stage("bench:tiny", 40, "--model", tiny, "--hf"),
             stage("serve:tiny", 40, "--model", tiny, "--vocab", "1024", "--ready-timeout", "30"),
+            stage(
+                "bench:tiny+kvfp8",
+                30,
+                "--model",
+                tiny,
+                "--label",
+                "tiny+kvfp8",
+                "--kv-cache-dtype",
+                "fp8",
+                "--tpot-only",
+            ),
         ]
     # Priority order: the rest of the (compiled) kernel tests run last, in the time left.
     all_kernel_tests = [*pytest, "-m", "not gpu", "tests/test_kernels_triton.py"]
@@ -113,8 +124,19 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
         stage("bench:qwen3-0.6b", 50, "--model", "qwen3-0.6b"),
         stage("bench:llama-3.1-8b", 120, "--model", "llama-3.1-8b", "--hf"),
         stage("serve:llama-3.2-1b", 70, "--model", "llama-3.2-1b", "--ready-timeout", "40"),
+        # Issue 13: FP8 weights vs the bf16 8B above (mixed + TPOT), FP8 KV cache (blocks and
+        # mixed), INT4 (GPTQ layout, random codes) TPOT at batch 1.
+        stage("bench:llama-3.1-8b+fp8", 100, *_eight_b("fp8", quantization="fp8")),
+        stage("bench:llama-3.1-8b+kvfp8", 100, *_eight_b("kvfp8", kv_cache_dtype="fp8")),
+        stage("bench:llama-3.1-8b+int4", 70, *_eight_b("int4", quantization="gptq"), "--tpot-only"),
         Stage("kernels-all", all_kernel_tests, 120),
     ]
+
+
+def _eight_b(tag: str, **flags: str) -> list[str]:
+    """Bench arguments for Llama-3.1-8B (dummy weights) under issue 13's flags."""
+    extra = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
+    return ["--model", "llama-3.1-8b", "--label", f"llama-3.1-8b+{tag}", *extra]
 
 
 def run_stage(stage: Stage, env: dict[str, str], left_s: float, logs: Path) -> None:
@@ -144,8 +166,12 @@ def run_stage(stage: Stage, env: dict[str, str], left_s: float, logs: Path) -> N
 
 
 def stage_model(stage: Stage) -> str | None:
+    """The model name a stage records (``--label`` when given, else ``--model``)."""
     cmd = stage.command
-    return cmd[cmd.index("--model") + 1] if "--model" in cmd else None
+    for flag in ("--label", "--model"):
+        if flag in cmd:
+            return cmd[cmd.index(flag) + 1]
+    return None
 
 
 def read_records(results: Path, stages: list[Stage]) -> None:

@@ -153,14 +153,17 @@ def stage_attn_bw(args: argparse.Namespace, record: Recorder) -> None:
 
 
 # ---------------------------------------------------------------------- (c) offline bench
-def _bench_config(model: str, smoke: bool) -> ThroughputConfig:
+def _bench_config(args: argparse.Namespace) -> ThroughputConfig:
+    """Dummy weights of ``--model``; ``--quantization`` (fp8: online, gptq/awq: random 4-bit
+    codes) and ``--kv-cache-dtype`` pass through to the engine (issue 13's stages)."""
     from tokenwire.bench.throughput import ThroughputConfig
     from tokenwire.runtime.engine_args import EngineArgs
 
     engine = EngineArgs(
-        model=model, load_format="dummy", device=device_name(smoke),
-        dtype="float32" if smoke else "bfloat16", max_model_len=BENCH_MAX_MODEL_LEN,
-        max_num_batched_tokens=BENCH_BATCHED_TOKENS,
+        model=args.model, load_format="dummy", device=device_name(args.smoke),
+        dtype="float32" if args.smoke else "bfloat16", max_model_len=BENCH_MAX_MODEL_LEN,
+        max_num_batched_tokens=BENCH_BATCHED_TOKENS, quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )  # fmt: skip
     return ThroughputConfig(engine=engine)
 
@@ -194,29 +197,33 @@ def stage_bench(args: argparse.Namespace, record: Recorder) -> None:
     )
     from tokenwire.runtime.sampling_params import SamplingParams
 
-    config = _bench_config(args.model, args.smoke)
+    config = _bench_config(args)
+    label = args.label or args.model
     steps = StepRecorder()
     start = time.perf_counter()
     llm = build_llm(config.engine, steps)
     engine = llm.engine
-    record(kind="startup", model=args.model, seconds=round(time.perf_counter() - start, 2),
+    record(kind="startup", model=label, seconds=round(time.perf_counter() - start, 2),
            kv_blocks=engine.facts.num_blocks)  # fmt: skip
     facts = engine.facts
     device, dtype = torch.device(facts.device), getattr(torch, facts.dtype)
     llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
-    for name in ["mixed"] + (["fixed"] if args.hf else []):
+    # Floors assume weights in the model dtype: none for quantized weights.
+    floor: dict[str, Any] = {"floor_output_tok_s": None, "tpot_floor_ms": None}
+    for name in ([] if args.tpot_only else ["mixed"]) + (["fixed"] if args.hf else []):
         workload = _workload(name, engine.vocab_size, args.smoke)
         seconds = _timed_workload(llm, workload)
         # The floor of the device it runs on (H200: issue 6's); null on the CPU (--smoke).
         ceilings = floor_device(device)
-        floor = floor_figures(facts.arch, dtype.itemsize, workload, config.engine.max_num_seqs,
-                              ceilings)  # fmt: skip
-        record(kind="throughput", model=args.model, workload=name,
+        if not args.quantization:
+            floor = floor_figures(facts.arch, dtype.itemsize, workload,
+                                  config.engine.max_num_seqs, ceilings)  # fmt: skip
+        record(kind="throughput", model=label, workload=name,
                output_tokens=workload.num_output_tokens, seconds=round(seconds, 3),
                output_tok_s=round(workload.num_output_tokens / seconds, 1),
                floor_output_tok_s=floor["floor_output_tok_s"])  # fmt: skip
     tpot = measure_tpot_ms(llm, steps, 16 if args.smoke else 256)
-    record(kind="tpot", model=args.model, tpot_ms=round(tpot, 4),
+    record(kind="tpot", model=label, tpot_ms=round(tpot, 4),
            tpot_floor_ms=floor["tpot_floor_ms"])  # fmt: skip
     if args.hf:
         model_path, vocab = Path(facts.model_path), engine.vocab_size
@@ -327,6 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hf-requests", type=int, default=None, help="HF: first N requests only")
     p.add_argument("--vocab", type=int, default=128256, help="serve: workload vocabulary")
     p.add_argument("--ready-timeout", type=float, default=120.0)
+    p.add_argument("--quantization", default=None, help="bench: weight scheme (dummy weights)")
+    p.add_argument("--kv-cache-dtype", default="auto", help="bench: KV cache storage")
+    p.add_argument("--label", default=None, help="bench: name recorded (default: --model)")
+    p.add_argument("--tpot-only", action="store_true", help="bench: skip the mixed workload")
     args = p.parse_args(argv)
     stages = {
         "attn_bw": stage_attn_bw,

@@ -16,6 +16,7 @@ HF_RATIO_TARGET = {"llama-3.2-1b": 8.0, "llama-3.1-8b": 3.5}
 TPOT_TARGET_MS = {"llama-3.2-1b": 1.5, "llama-3.1-8b": 5.0}
 ATTN_FRACTION_TARGET = 0.70
 SERVE_RATIO_TARGET = 0.90
+FP8_TPOT_SPEEDUP_TARGET = 1.4  # issue 13: FP8 weights >= 1.4x bf16 decode at batch 1
 
 
 class StageLike(Protocol):
@@ -94,6 +95,27 @@ def summary_rows(stages: Sequence[StageLike]) -> list[dict[str, Any]]:
             label = s.name.split(":")[1]
             rows += _bench_rows([s], _model_key(s, label), label)
     rows.append(_serve_row(stages))
+    rows += _quant_rows(stages)
+    return rows
+
+
+def _quant_rows(stages: Sequence[StageLike]) -> list[dict[str, Any]]:
+    """Issue 13: FP8-weight TPOT speed-up over bf16, FP8 KV cache capacity over bf16's."""
+    base, rows = "llama-3.1-8b", []
+    bf16 = _find(stages, "tpot", model=base)
+    fp8 = _find(stages, "tpot", model=f"{base}+fp8")
+    if bf16 or fp8:
+        speedup = bf16["tpot_ms"] / fp8["tpot_ms"] if bf16 and fp8 else None
+        ok = None if speedup is None else speedup >= FP8_TPOT_SPEEDUP_TARGET
+        ref = f"bf16 TPOT {bf16['tpot_ms']:.2f} ms" if bf16 else "-"
+        target = f">= {FP8_TPOT_SPEEDUP_TARGET}x"
+        rows.append(_row("TPOT b1 8B bf16 / FP8 weights", speedup, target, ref, ok, "x"))
+    kv16 = _find(stages, "startup", model=base)
+    kv8 = _find(stages, "startup", model=f"{base}+kvfp8")
+    if kv16 or kv8:
+        ratio = kv8["kv_blocks"] / kv16["kv_blocks"] if kv16 and kv8 else None
+        ref = f"bf16 KV {kv16['kv_blocks']:,} blocks" if kv16 else "-"
+        rows.append(_row("KV blocks 8B FP8 / bf16 cache", ratio, "~2x", ref, None, "x"))
     return rows
 
 

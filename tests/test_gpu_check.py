@@ -37,7 +37,9 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     stages = {s["name"]: s for s in report["stages"]}
-    assert list(stages) == ["kernels", "attn_bw", "parity", "bench:tiny", "serve:tiny"]
+    assert list(stages) == [
+        "kernels", "attn_bw", "parity", "bench:tiny", "serve:tiny", "bench:tiny+kvfp8"
+    ]  # fmt: skip
     assert all(s["status"] == "ok" for s in stages.values())
     kinds = {r.get("kind") for r in stages["bench:tiny"]["records"]}
     assert {"startup", "throughput", "tpot", "hf_static"} <= kinds
@@ -47,6 +49,7 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
     figures = {row["figure"]: row for row in report["summary"]}
     assert figures["mixed tiny output tok/s"]["value"] > 0
     assert figures["fixed tiny vs HF static"]["value"] > 0
+    assert figures["TPOT batch 1 tiny+kvfp8 (ms)"]["value"] > 0  # --kv-cache-dtype reaches it
     # The summary table is the last thing printed.
     tail = proc.stdout.strip().splitlines()
     assert tail[-1].startswith("served / offline")
