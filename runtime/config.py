@@ -15,8 +15,10 @@ LoadFormat = Literal["auto", "safetensors", "gguf", "dummy"]
 SchedulingPolicy = Literal["fcfs", "priority"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 # Weight schemes (vLLM's names): gptq / awq checkpoints, int8 = online weight-only int8 of an
-# unquantized checkpoint. None (the default) detects the checkpoint's quantization_config.
-QuantizationMethod = Literal["gptq", "awq", "int8"]
+# unquantized checkpoint, fp8 = compressed-tensors / HF fp8 checkpoints or online fp8 of an
+# unquantized checkpoint, gguf = a .gguf file's Q4/Q8 linears kept quantized. None (the
+# default) detects the checkpoint's quantization_config.
+QuantizationMethod = Literal["fp8", "gptq", "awq", "int8", "gguf"]
 # KV cache storage (vLLM's names): auto = the model dtype; fp8 / fp8_e4m3 = float8 e4m3 with a
 # per-layer float32 scale for K and one for V.
 KVCacheDType = Literal["auto", "fp8", "fp8_e4m3"]
@@ -51,9 +53,10 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _positive("max_model_len", self.max_model_len)
-        if self.quantization is not None and self.quantization not in ("gptq", "awq", "int8"):
+        quant_methods = ("fp8", "gptq", "awq", "int8", "gguf")
+        if self.quantization is not None and self.quantization not in quant_methods:
             raise ValueError(
-                f"quantization must be one of gptq, awq, int8; got {self.quantization!r}"
+                f"quantization must be one of fp8, gptq, awq, int8, gguf; got {self.quantization!r}"
             )
         if self.load_format not in ("auto", "safetensors", "gguf", "dummy"):
             raise ValueError(

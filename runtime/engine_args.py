@@ -100,7 +100,9 @@ class EngineArgs:
     dtype: DType = _arg(  # noqa: RUF009 (returns an immutable str)
         ModelConfig,
         "dtype",
-        "weights and activations: auto = float32 on CPU, bfloat16 on CUDA",
+        "weights and activations: auto = float32 on CPU, bfloat16 on CUDA (a .gguf on CPU: "
+        "its Q4 linears kept quantized, bf16 matmuls; an explicit float32 loads it "
+        "de-quantized, exact)",
         choices=get_args(DType),
     )
     device: str = _arg(EngineConfig, "device", "auto, cpu, cuda or cuda:N", type=str)
@@ -218,8 +220,11 @@ class EngineArgs:
     quantization: QuantizationMethod | None = _arg(  # noqa: RUF009 (an immutable str)
         ModelConfig,
         "quantization",
-        "weight scheme: gptq or awq (checkpoints in that format), int8 (quantize an "
-        "unquantized checkpoint at load: per-channel int8 weights); default: detected from "
+        "weight scheme: fp8 (fp8 e4m3 checkpoints: compressed-tensors or HF fp8; or "
+        "quantize an unquantized checkpoint at load: per-channel fp8 weights), "
+        "gptq or awq (checkpoints in that format), int8 (quantize an "
+        "unquantized checkpoint at load: per-channel int8 weights), gguf (a .gguf's "
+        "Q4_0/Q4_1/Q8_0 linears kept quantized, matmuls in --dtype); default: detected from "
         "config.json quantization_config",
         choices=get_args(QuantizationMethod),
     )

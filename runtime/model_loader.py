@@ -16,6 +16,13 @@ Quantization: ``ModelConfig.quantization`` (``--quantization``) and config.json'
 linear layers load the scheme's tensors (GPTQ / AWQ) or quantize the checkpoint's weights
 (int8), then convert them once into the kernels' layouts (``process_weights_after_loading``).
 
+GGUF kept quantized (``--quantization gguf``, ``layers.quant.gguf``): the decoder's linears
+load the file's Q4_0/Q4_1 (int4) or Q8_0 (int8) blocks straight from the .gguf (config and
+tokenizer still come from the converted directory). On CPU with ``--dtype auto`` an all-int4
+GGUF (the default model) runs this way: float32 model, int4 linears on torch's bf16 int4
+kernel (measured by ``scripts/gguf_decode_cost.py``); an explicit ``--dtype`` (e.g.
+``float32``) without ``--quantization gguf`` loads today's exact de-quantized float weights.
+
 Tensor parallelism: ``load_model(..., tp=group)`` builds this rank's share of the model and
 reads only this rank's slices of each safetensors tensor (``iter_safetensors`` yields lazy
 ``WeightSource``s; each parameter knows its split). Each rank resolves the source itself: a
@@ -26,6 +33,7 @@ are safe (converting once before starting the ranks saves the duplicated work).
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +48,12 @@ from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.gguf_convert import ensure_converted
 from tokenwire.runtime.models.arch import ModelArch, token_id_tuple
 from tokenwire.runtime.models.layers import process_weights_after_loading
+from tokenwire.runtime.models.layers.quant.base import QuantConfig
+from tokenwire.runtime.models.layers.quant.gguf import (
+    GGUFConfig,
+    gguf_linear_kind,
+    iter_gguf_checkpoint,
+)
 from tokenwire.runtime.models.layers.quant.registry import resolve_quant_config
 from tokenwire.runtime.models.llama import LlamaForCausalLM, build_model
 from tokenwire.runtime.models.weights import SafetensorsWeight, WeightSource
@@ -48,6 +62,7 @@ from tokenwire.runtime.tokenizer import Tokenizer, load_tokenizer
 _INDEX_FILE = "model.safetensors.index.json"
 _DEFAULT_INIT_STD = 0.02  # HF initializer_range default
 _SINGLE = TPGroup.single()  # immutable: the default group of one
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -62,7 +77,7 @@ class LoadedModel:
     served_model_name: str
     device: torch.device
     dtype: torch.dtype
-    quantization: str | None = None  # the weight scheme ("gptq", "awq", "int8"); None: none
+    quantization: str | None = None  # the weight scheme ("gptq", "awq", "int8", "gguf")
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -89,12 +104,18 @@ def load_model(
     arch = ModelArch.from_hf_config(config)
     arch.check_tensor_parallel(tp.world_size)
     dummy = model_config.load_format == "dummy"
-    quant = resolve_quant_config(model_config.quantization, config, dummy=dummy)
+    plan = _gguf_plan(model_config, source, device, dtype)
+    if plan is None:
+        quant = resolve_quant_config(model_config.quantization, config, dummy=dummy)
+    else:
+        quant, dtype = plan
     max_model_len = resolve_max_model_len(model_config.max_model_len, arch)
     model = build_model(arch, device, dtype, max_position=max_model_len, tp=tp, quant=quant)
     if dummy:
         std = float(config.get("initializer_range") or _DEFAULT_INIT_STD)
         init_dummy_weights(model, model_config.seed, std)
+    elif isinstance(quant, GGUFConfig) and source.gguf is not None:
+        model.load_weights(iter_gguf_checkpoint(source.gguf))
     else:
         model.load_weights(iter_safetensors(folder))
     process_weights_after_loading(model)  # quantized layers: into the kernels' layouts
@@ -120,12 +141,38 @@ class _Source:
     folder: Path  # HF-format directory (weights, tokenizer, generation_config.json)
     config_file: Path
     served_name: str  # default served model name: directory name or GGUF file stem
+    gguf: Path | None = None  # the .gguf file the folder was converted from
 
 
-def _hf_dir(folder: Path, served_name: str) -> _Source:
+def _hf_dir(folder: Path, served_name: str, gguf: Path | None = None) -> _Source:
     if not (folder / "config.json").is_file():
         raise ValueError(f"model: {folder} has no config.json")
-    return _Source(folder, folder / "config.json", served_name)
+    return _Source(folder, folder / "config.json", served_name, gguf)
+
+
+def _gguf_plan(
+    model_config: ModelConfig, source: _Source, device: torch.device, dtype: torch.dtype
+) -> tuple[QuantConfig | None, torch.dtype] | None:
+    """(scheme, model dtype) for a GGUF source; None: not a GGUF question (resolve as usual).
+
+    Kept quantized: ``--quantization gguf`` (the linears compute in the model dtype; float32
+    runs an exact dequantized copy), or by default on CPU with ``--dtype auto`` for an
+    all-int4 file: a float32 model whose linears run torch's bf16 int4 kernel (activations
+    cast per call). A file with no kept-quantized plan loads de-quantized."""
+    flag = model_config.quantization
+    if source.gguf is None or flag not in (None, "gguf") or model_config.load_format == "dummy":
+        return None
+    auto_cpu = model_config.dtype == "auto" and device.type == "cpu"
+    if flag is None and not auto_cpu:
+        return None
+    kind, why = gguf_linear_kind(source.gguf)
+    if kind is None or (flag is None and kind != "int4"):
+        if flag == "gguf":
+            _log.warning("%s: linear weights de-quantized to float: %s", source.gguf.name, why)
+        return (None, dtype) if flag == "gguf" else None
+    if auto_cpu:  # float32 model, int4 linears on torch's bf16 int4 kernel
+        return GGUFConfig(kind, compute_dtype=torch.bfloat16), dtype
+    return GGUFConfig(kind), dtype
 
 
 def _resolve_source(model_config: ModelConfig) -> _Source:
@@ -135,7 +182,8 @@ def _resolve_source(model_config: ModelConfig) -> _Source:
                 f"load_format={model_config.load_format!r} needs a model path "
                 "(the default model is a GGUF file)"
             )
-        return _hf_dir(ensure_converted(default_gguf_path()), DEFAULT_SERVED_MODEL_NAME)
+        gguf_file = default_gguf_path()
+        return _hf_dir(ensure_converted(gguf_file), DEFAULT_SERVED_MODEL_NAME, gguf_file)
     path = Path(model_config.model).expanduser()
     fmt = model_config.load_format
     if not path.exists():
@@ -151,7 +199,7 @@ def _resolve_source(model_config: ModelConfig) -> _Source:
         return _Source(path.parent, path, path.parent.name)
     if fmt == "gguf" or (fmt == "auto" and path.suffix == ".gguf"):
         gguf = _single_gguf(path)
-        return _hf_dir(ensure_converted(gguf), gguf.stem)
+        return _hf_dir(ensure_converted(gguf), gguf.stem, gguf)
     if path.is_file():
         raise ValueError(f"model: {model_config.model!r} is a file; expected a directory or .gguf")
     return _hf_dir(path, path.name)

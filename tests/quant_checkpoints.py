@@ -12,6 +12,10 @@ model, with an independent round-to-nearest reference (nothing here imports toke
   [G, N/8] packed in the order [0, 2, 4, 6, 1, 3, 5, 7], ``scales`` float16 [G, N]) with
   AutoAWQ's ``pseudo_quantize_tensor`` (asymmetric, zero point).
 - ``int8_reference``: per-output-channel symmetric int8 (scale = max|w| / 127).
+- ``write_fp8``: float8_e4m3fn ``weight`` + ``weight_scale`` as llm-compressor saves
+  compressed-tensors ``float-quantized`` (``ct-tensor``: [1], ``ct-channel``: [N, 1], float16)
+  and AutoFP8 / HF ``quant_method: fp8`` (``hf-tensor``: [] float32); ``fp8_online_reference``:
+  ``--quantization fp8``'s per-row ``amax / 448`` rounding (torch's e4m3 cast).
 
 Each returns the de-quantized state dict (float32, HF names): what HF transformers must run
 to compute what the quantized checkpoint means. Everything else in the checkpoint (embeddings,
@@ -59,7 +63,7 @@ def _split(name: str) -> tuple[str, str, str]:
     return module, module.rpartition(".")[2], leaf
 
 
-def _is_linear(name: str) -> bool:
+def is_linear(name: str) -> bool:
     _, proj, leaf = _split(name)
     return proj in LINEARS and leaf == "weight"
 
@@ -212,10 +216,82 @@ def int8_reference(src: Path) -> dict[str, torch.Tensor]:
     state = load_file(str(src / "model.safetensors"))
     out = {}
     for name, w in state.items():
-        if _is_linear(name):
+        if is_linear(name):
             scale = w.float().abs().amax(dim=1, keepdim=True) / 127
             codes = torch.round(w.float() / torch.where(scale > 0, scale, 1.0)).clamp(-127, 127)
             out[name] = codes * scale
+        else:
+            out[name] = w.float()
+    return out
+
+
+E4M3_MAX = 448.0
+
+
+# ----------------------------------------------------------------------------- fp8
+def e4m3(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Round ``w / scale`` to e4m3 (torch's round-to-nearest-even cast, as the tools do)."""
+    return (w / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def write_fp8(src: Path, out: Path, fmt: str) -> dict[str, torch.Tensor]:
+    """``fmt``: ``ct-tensor`` / ``ct-channel`` (compressed-tensors) or ``hf-tensor`` (AutoFP8 /
+    HF fp8). Returns the de-quantized float32 state (HF names)."""
+    state = load_file(str(src / "model.safetensors"))
+    tensors: dict[str, torch.Tensor] = {}
+    deq: dict[str, torch.Tensor] = {}
+    for i, (name, w) in enumerate(sorted(state.items())):
+        if not is_linear(name):
+            tensors[name] = w.to(torch.float16)
+            deq[name] = tensors[name].float()
+            continue
+        w = w.float() * (1.0 + 0.25 * (i % 5))  # distinct scales for every fused shard
+        if fmt == "ct-channel":
+            scale = (w.abs().amax(dim=1, keepdim=True) / E4M3_MAX).to(torch.float16)  # [N, 1]
+        elif fmt == "ct-tensor":
+            scale = (w.abs().amax() / E4M3_MAX).reshape(1).to(torch.float16)  # [1]
+        else:
+            scale = (w.abs().amax() / E4M3_MAX).reshape(())  # [] float32
+        codes = e4m3(w, scale.float())
+        tensors[name] = codes
+        tensors[name.replace(".weight", ".weight_scale")] = scale
+        deq[name] = codes.float() * scale.float()
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    config["torch_dtype"] = "float16"
+    config["quantization_config"] = _fp8_quant_config(fmt)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    shutil.copy(src / "generation_config.json", out / "generation_config.json")
+    return deq
+
+
+def _fp8_quant_config(fmt: str) -> dict[str, Any]:
+    if fmt == "hf-tensor":
+        return {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": None}
+    weights = {"num_bits": 8, "type": "float", "strategy": fmt.removeprefix("ct-")}
+    weights.update(symmetric=True, dynamic=False, group_size=None, observer="minmax")
+    acts = {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}
+    acts.update(symmetric=True, observer=None)
+    return {
+        "quant_method": "compressed-tensors",
+        "config_groups": {
+            "group_0": {"weights": weights, "input_activations": acts, "targets": ["Linear"]}
+        },
+        "ignore": ["lm_head"],
+        "format": "float-quantized",
+        "quantization_status": "compressed",
+        "kv_cache_scheme": None,
+    }
+
+
+def fp8_online_reference(src: Path) -> dict[str, torch.Tensor]:
+    """``--quantization fp8``: per output row ``amax / 448``, e4m3 codes, de-quantized."""
+    out = {}
+    for name, w in load_file(str(src / "model.safetensors")).items():
+        if is_linear(name):
+            scale = (w.float().abs().amax(dim=1, keepdim=True) / E4M3_MAX).clamp(min=1e-12)
+            out[name] = e4m3(w.float(), scale).float() * scale
         else:
             out[name] = w.float()
     return out
@@ -232,7 +308,7 @@ def _write(
     tensors: dict[str, torch.Tensor] = {}
     dequantized: dict[str, torch.Tensor] = {}
     for name, w in state.items():
-        if _is_linear(name):
+        if is_linear(name):
             q = quantize(name, w.float())
             module = name.rpartition(".")[0]
             for key, t in q.tensors.items():  # a real bias wins over a zero placeholder

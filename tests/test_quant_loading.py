@@ -282,7 +282,7 @@ def test_quantization_flag_contradicting_the_checkpoint_names_the_flag(
     with pytest.raises(ValueError, match=r"--quantization gptq needs a GPTQ checkpoint"):
         load(llama, quantization="gptq")
     with pytest.raises(ValueError, match=r"--quantization"):
-        EngineArgs(quantization="fp8").create_engine_config()  # type: ignore[arg-type]
+        EngineArgs(quantization="bitsandbytes").create_engine_config()  # type: ignore[arg-type]
     assert load(gptq, quantization="gptq").quantization == "gptq"  # agreeing is fine
     assert load(llama).quantization is None
 

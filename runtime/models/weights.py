@@ -162,7 +162,9 @@ def load_shard(
             f"shape mismatch for {label}: checkpoint {tuple(source.shape)}, model {spec.full_shape}"
         )
     local = spec.local_shape
-    if param.dim():
+    if param.dim() and not local:  # a scalar into one element (a per-tensor scale)
+        target = param[spec.dst_offset]
+    elif param.dim():
         target = param.narrow(spec.dst_dim, spec.dst_offset, local[spec.dst_dim])
     else:
         target = param

@@ -126,8 +126,11 @@ class _ColumnLinear(ShardedModule, LinearLayer):
         for name, param in self.named_parameters(recurse=False):
             layout = self.param_layouts[name]
             per_shard: dict[str, ShardLoad] = {}
-            for s in self.output_shards:
+            for i, s in enumerate(self.output_shards):
                 dim = layout.output_dim
+                if layout.per_shard is not None:  # per-tensor scale: element i
+                    per_shard[s.shard] = replicated(layout.per_shard, i, dtype=layout.dtype)
+                    continue
                 if dim is None:  # the same whole tensor from every shard (GPTQ g_idx)
                     per_shard[s.shard] = replicated(param.shape, dtype=layout.dtype, shared=fused)
                     continue
@@ -248,6 +251,9 @@ class RowParallelLinear(ShardedModule, LinearLayer):
         for name, param in self.named_parameters(recurse=False):
             layout = self.param_layouts[name]
             dim = layout.input_dim
+            if layout.per_shard is not None:  # per-tensor scale
+                loads[name] = {"": replicated(layout.per_shard, dtype=layout.dtype)}
+                continue
             if dim is None:  # bias; scales kept whole on every rank
                 loads[name] = {"": replicated(param.shape, dtype=layout.dtype)}
                 continue

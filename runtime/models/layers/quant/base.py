@@ -59,6 +59,10 @@ class ParamLayout:
     dtype: torch.dtype | None = None
     optional: bool = False
     dummy: DummyInit = "normal"
+    # A per-tensor scale: one element per checkpoint tensor fused into the layer (q, k, v),
+    # each checkpoint tensor of this shape (``()`` or ``(1,)``) landing at its shard's index;
+    # whole on every rank. None: not such a parameter.
+    per_shard: tuple[int, ...] | None = None
 
 
 class LinearMethod(Protocol):

@@ -2,8 +2,10 @@
 
 - config.json has a ``quantization_config``: its ``quant_method`` (``gptq``, ``awq``) decides;
   ``--quantization`` may repeat it, and contradicting it is a startup error naming the flag.
-- no ``quantization_config``: ``--quantization int8`` quantizes the (unquantized) checkpoint
-  at load; ``gptq`` / ``awq`` need a checkpoint in that format, except with
+- ``quant_method: fp8`` (HF / AutoFP8) and ``compressed-tensors`` (FP8 ``float-quantized``)
+  are both the ``fp8`` scheme.
+- no ``quantization_config``: ``--quantization int8`` (or ``fp8``) quantizes the
+  (unquantized) checkpoint at load; ``gptq`` / ``awq`` need a checkpoint in that format, except with
   ``--load-format dummy`` (random 4-bit weights with the default settings, for benchmarks).
 - neither: unquantized.
 """
@@ -16,6 +18,7 @@ from typing import Any, get_args
 from tokenwire.runtime.config import QuantizationMethod
 from tokenwire.runtime.models.layers.quant.awq import AWQConfig
 from tokenwire.runtime.models.layers.quant.base import QuantConfig, config_key
+from tokenwire.runtime.models.layers.quant.fp8 import Fp8Config
 from tokenwire.runtime.models.layers.quant.gptq import GPTQConfig
 from tokenwire.runtime.models.layers.quant.int8 import Int8Config
 
@@ -25,8 +28,14 @@ QUANTIZATION_METHODS: tuple[str, ...] = get_args(QuantizationMethod)
 # quant_method of a checkpoint's quantization_config -> its parser.
 _CHECKPOINT_FORMATS: dict[str, Callable[[Mapping[str, Any]], QuantConfig]] = {
     "gptq": GPTQConfig.from_hf,
+    "fp8": Fp8Config.from_hf,
+    "compressed-tensors": Fp8Config.from_compressed_tensors,
     "awq": AWQConfig.from_hf,
 }
+
+
+# A checkpoint format whose scheme has another --quantization name.
+_SCHEME_OF_FORMAT = {"compressed-tensors": "fp8"}  # FP8 is the only compressed-tensors scheme
 
 
 def resolve_quant_config(
@@ -50,6 +59,7 @@ def resolve_quant_config(
             f"{config_key('quant_method')}={qc.get('quant_method')!r} is not supported "
             f"(supported checkpoint formats: {', '.join(_CHECKPOINT_FORMATS)})"
         )
+    method = _SCHEME_OF_FORMAT.get(method, method)
     if flag is not None and flag != method:
         raise ValueError(
             f"{FLAG} {flag} contradicts the checkpoint, which is {method}-quantized "
@@ -63,6 +73,10 @@ def _from_flag(flag: str | None, dummy: bool) -> QuantConfig | None:
         return None
     if flag == "int8":
         return Int8Config()
+    if flag == "fp8":
+        return Fp8Config()  # online: per-channel fp8 of the unquantized weights
+    if flag == "gguf":
+        raise ValueError(f"{FLAG} gguf needs a .gguf model file (or --load-format gguf)")
     if dummy:  # random weights in that format, default settings (4-bit, group 128)
         return GPTQConfig() if flag == "gptq" else AWQConfig()
     raise ValueError(
