@@ -17,6 +17,7 @@ from tokenwire.runtime.output_processor import ChoiceDelta, OutputProcessor
 from tokenwire.runtime.outputs import RequestOutput
 from tokenwire.runtime.sampling_params import SamplingParams, normalize_params
 from tokenwire.runtime.stats import EngineObserver
+from tokenwire.runtime.structured.validate import StructuredValidator
 from tokenwire.runtime.tokenizer import Tokenizer, apply_chat_template, load_tokenizer
 
 Prompt = str | list[int]
@@ -36,6 +37,7 @@ class LLM:
         self.engine = EngineCore(config, observer)
         self.tokenizer = _front_tokenizer(self.engine)
         self._processor = OutputProcessor(self.tokenizer)
+        self._structured = StructuredValidator(has_tokenizer=self.tokenizer is not None)
         self._counter = itertools.count()
 
     @classmethod
@@ -130,6 +132,7 @@ class LLM:
     def _add(
         self, prompt: str | None, token_ids: list[int], params: SamplingParams, priority: int
     ) -> str:
+        self._structured.check(params)  # the constraint parses (the engine compiles it)
         request_id = str(next(self._counter))
         children = self._processor.add_request(request_id, prompt, token_ids, params)
         try:

@@ -36,6 +36,8 @@ from tokenwire.runtime.sampler import Sampler
 from tokenwire.runtime.sampling_metadata import RowSamplingState, build_sampling_metadata
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.scheduler_output import SchedulerOutput
+from tokenwire.runtime.structured.apply import apply_grammar_bitmask
+from tokenwire.runtime.structured.bitmask import GrammarBitmask
 
 if TYPE_CHECKING:
     from tokenwire.runtime.cuda_executor import CudaExecutor
@@ -226,7 +228,7 @@ class ModelRunner:
         logits = self.model.compute_logits(last)
         t2 = time.perf_counter()
         prompt_lps = self._prompt_logprobs(states, arrays, hidden)
-        out = self._sample(logits, sample_states, sample_rows)
+        out = self._sample(logits, sample_states, sample_rows, so.grammar_bitmask)
         t3 = time.perf_counter()
         return ModelOutput(
             req_ids=out[0],
@@ -283,10 +285,18 @@ class ModelRunner:
         )
 
     def _sample(
-        self, logits: torch.Tensor, states: list[CachedRequestState], rows: np.ndarray
+        self,
+        logits: torch.Tensor,
+        states: list[CachedRequestState],
+        rows: np.ndarray,
+        bitmask: GrammarBitmask | None = None,
     ) -> tuple[list[str], list[int], dict[str, TokenLogprobs]]:
         if not states:
             return [], [], {}
+        if bitmask is not None:  # constrained rows only; the sampler sees masked logits
+            logits = logits.float()
+            row_of = {s.request_id: i for i, s in enumerate(states)}
+            apply_grammar_bitmask(logits, row_of, bitmask)
         meta = build_sampling_metadata(
             [s.sampling for s in states], self.vocab_size, self.device, self.generator
         )

@@ -140,6 +140,11 @@ class OutputProcessor:
             self._children.pop(choice.child_id, None)
         return [c.child_id for c in parent.choices if c.finish_reason is None]
 
+    def parent_of(self, child_id: str) -> str | None:
+        """The request id of an engine-side choice id still being tracked."""
+        choice = self._children.get(child_id)
+        return None if choice is None else choice.parent.request_id
+
     def unfinished_children(self, request_id: str) -> list[str]:
         """Engine-side ids of the request's choices that are still generating."""
         parent = self._parents.get(request_id)

@@ -19,6 +19,9 @@ class EngineCoreOutput:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    # Set when the request failed on a bad parameter found in the core (a constraint that
+    # did not compile): the parameter's name; ``stop_reason`` holds the message.
+    error_param: str | None = None
 
     @property
     def finished(self) -> bool:

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
 from tokenwire.runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from tokenwire.runtime.structured.manager import RequestGrammar
 
 
 class RequestStatus(enum.IntEnum):
@@ -45,6 +49,7 @@ class Request:
         "finished_time",
         "first_scheduled_time",
         "first_token_time",
+        "grammar",
         "hold_as",
         "max_tokens",
         "num_cached_tokens",
@@ -100,6 +105,8 @@ class Request:
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.finished_time: float | None = None
+        # The output constraint's compile future / matcher (``structured.manager``).
+        self.grammar: RequestGrammar | None = None
 
     @property
     def num_tokens(self) -> int:

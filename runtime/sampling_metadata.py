@@ -246,6 +246,9 @@ def _min_tokens_mask(
     row_ids: list[int] = []
     tokens: list[int] = []
     for i, r in enumerate(rows):
+        # A constrained row's grammar decides where EOS may come (see SamplingParams).
+        if r.params.structured_outputs is not None:
+            continue
         if len(r.output_token_ids) < r.params.min_tokens:
             # Sorted so the tensors (and anything derived) do not depend on set order.
             for token in sorted(r.stop_token_ids_for_min_tokens):

@@ -15,13 +15,20 @@ from functools import cached_property
 from typing import Any
 
 from tokenwire.runtime.errors import ParameterError
+from tokenwire.runtime.structured.params import StructuredOutputsParams
 
 # A temperature below this is treated as greedy (argmax), as in vLLM.
 GREEDY_EPSILON = 1e-5
 MAX_LOGPROBS = 20
 MAX_SEED = 2**63 - 1
 
-__all__ = ["MAX_LOGPROBS", "ParameterError", "SamplingParams", "normalize_params"]
+__all__ = [
+    "MAX_LOGPROBS",
+    "ParameterError",
+    "SamplingParams",
+    "StructuredOutputsParams",
+    "normalize_params",
+]
 
 
 def _check_finite(name: str, value: float) -> None:
@@ -35,6 +42,13 @@ class SamplingParams:
 
     ``max_tokens=None`` generates until EOS or the model's context length. ``top_k`` of 0 or -1
     disables top-k. ``stop`` accepts a string or a sequence of strings and is stored as a tuple.
+
+    ``structured_outputs`` constrains the output to a JSON schema, any JSON object, a regex, a
+    choice of strings or an EBNF grammar (vLLM's ``StructuredOutputsParams``): tokens the
+    grammar does not allow are masked before sampling, EOS is allowed only where the grammar
+    is complete, and the choice ends (EOS) when it is. Logprobs of a constrained request are
+    those of the masked distribution (log-softmax over the allowed tokens only, as vLLM V1);
+    ``min_tokens`` does not hold back EOS there (the grammar decides where output may end).
     """
 
     n: int = 1
@@ -56,6 +70,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         # Normalise containers first so the object is hashable-ish and immutable.

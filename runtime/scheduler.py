@@ -5,11 +5,16 @@ Each ``schedule()`` hands out at most ``max_num_batched_tokens`` tokens to at mo
 chunk), then waiting requests by policy while blocks allow. When blocks run out, the running
 request at the tail (lowest priority / latest) is preempted by recompute. ``update()`` is the
 only place where request progress advances. Imports no torch.
+
+Constrained requests (``SamplingParams.structured_outputs``) wait in the queue until their
+grammar has compiled (``StructuredOutputManager``); each step carries the token bitmask of
+the constrained rows that sample, and ``update()`` advances their matchers.
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 import time
 
 from tokenwire.runtime.config import SchedulerConfig
@@ -20,6 +25,9 @@ from tokenwire.runtime.request import FinishReason, Request, RequestStatus
 from tokenwire.runtime.request_queue import make_queue
 from tokenwire.runtime.scheduler_output import NewRequestData, SchedulerOutput
 from tokenwire.runtime.step_builder import StepBuilder
+from tokenwire.runtime.structured.manager import StructuredOutputManager, failure_output
+
+logger = logging.getLogger("tokenwire.engine")
 
 
 class Scheduler:
@@ -29,6 +37,7 @@ class Scheduler:
         kv_cache_manager: KVCacheManager,
         max_model_len: int,
         max_held_blocks: int = 0,
+        structured: StructuredOutputManager | None = None,
     ) -> None:
         self.config = config
         self.kv = kv_cache_manager
@@ -47,9 +56,19 @@ class Scheduler:
         self._finished_requests: list[Request] = []
         self._step_id = 0
         self.num_preemptions_total = 0
+        # Constrained decoding: the manager, unfinished constrained requests, and outputs of
+        # requests whose grammar failed (reported by the next ``update``).
+        self.structured = structured
+        self._num_constrained = 0
+        self._grammar_failures: list[EngineCoreOutput] = []
 
     # ------------------------------------------------------------------ requests in and out
     def add_request(self, request: Request) -> None:
+        if request.sampling_params.structured_outputs is not None:
+            if self.structured is None:
+                raise ValueError("this scheduler has no structured-output manager")
+            self.structured.register(request)
+            self._num_constrained += 1
         self.requests[request.request_id] = request
         self.waiting.add(request)
 
@@ -78,6 +97,8 @@ class Scheduler:
         request.finish_reason = reason
         request.stop_reason = stop_reason
         request.finished_time = time.monotonic()
+        if request.grammar is not None:
+            self._num_constrained -= 1
         if request.hold_as is None:
             self.kv.free(request)
         else:
@@ -123,6 +144,8 @@ class Scheduler:
 
     # ------------------------------------------------------------------ schedule
     def schedule(self) -> SchedulerOutput:
+        if self.structured is not None and self.structured.num_pending:
+            self._poll_grammars()
         step = StepBuilder(self.config.max_num_batched_tokens)
         self._schedule_running(step)
         # A step that had to preempt has no room for newcomers (vLLM v1 rule).
@@ -141,7 +164,20 @@ class Scheduler:
             num_decode_tokens=step.num_decode_tokens,
             finished_req_ids=finished,
             preempted_req_ids=frozenset(r.request_id for r in step.preempted),
+            grammar_bitmask=self.structured.bitmask_for(step.num_scheduled, self.requests)
+            if self.structured is not None and self._num_constrained
+            else None,
         )
+
+    def _poll_grammars(self) -> None:
+        """Matchers for compiled grammars; a failed one ends its (waiting) request: ERROR
+        with the compiler's message as ``stop_reason`` and the field as ``error_param``,
+        reported by the next ``update``."""
+        assert self.structured is not None
+        for request, message in self.structured.poll():
+            self.waiting.remove(request)
+            self._finish(request, FinishReason.ERROR, message)
+            self._grammar_failures.append(failure_output(request, message))
 
     def _schedule_running(self, step: StepBuilder) -> None:
         # Hot path (every running request, every step): locals instead of attribute lookups.
@@ -212,8 +248,12 @@ class Scheduler:
 
     def _schedule_waiting(self, step: StepBuilder) -> None:
         max_seqs = self.config.max_num_seqs
+        compiling: list[Request] = []  # skipped: their grammar is not ready yet
         while self.waiting and step.budget > 0 and len(self.running) < max_seqs:
             request = self.waiting.peek()
+            if request.grammar is not None and not request.grammar.ready:
+                compiling.append(self.waiting.pop())
+                continue
             hit_ids: list[int]
             if request.sampling_params.prompt_logprobs is not None:
                 hit_ids, num_hit = [], 0  # every prompt position must be computed
@@ -236,6 +276,8 @@ class Scheduler:
                 request.first_scheduled_time = time.monotonic()
             self._admit(request, new_block_ids, step)
             step.schedule(request, num_new)
+        for request in reversed(compiling):  # back in front, in their order
+            self.waiting.prepend(request)
 
     def _admit(self, request: Request, block_ids: list[int], step: StepBuilder) -> None:
         resumed = request.status == RequestStatus.PREEMPTED
@@ -267,7 +309,7 @@ class Scheduler:
             request = requests.get(request_id)
             if request is not None:
                 request.num_computed_tokens += num_tokens
-        outputs: list[EngineCoreOutput] = []
+        outputs, self._grammar_failures = self._grammar_failures, []
         any_finished = False
         logprobs = model_output.logprobs
         max_model_len = self.max_model_len
@@ -293,6 +335,9 @@ class Scheduler:
                 or num_tokens - request.num_prompt_tokens >= request.max_tokens
                 or num_tokens >= max_model_len
             )  # cheap pre-check: most decode tokens stop nothing
+            grammar = request.grammar
+            if grammar is not None and (not grammar.accept(token) or grammar.terminated):
+                maybe_stop = True
             if maybe_stop and self._check_stop(request, token):
                 any_finished = True
                 output.finish_reason = request.finish_reason
@@ -322,8 +367,17 @@ class Scheduler:
         """Token-level stop checks; stop strings are checked by the front's detokenizer."""
         num_output = request.num_output_tokens
         reason: FinishReason | None = None
-        stop_reason: int | None = None
-        if num_output >= request.sampling_params.min_tokens:
+        stop_reason: int | str | None = None
+        grammar = request.grammar
+        if grammar is not None and grammar.rejected:  # the mask allowed it: never expected
+            logger.error("request %s: its grammar rejected token %d", request.request_id, token)
+            reason = FinishReason.ERROR
+        elif grammar is not None and grammar.terminated:  # complete: min_tokens cannot hold it
+            if token in request.stop_token_ids and token not in request.eos_token_ids:
+                reason, stop_reason = FinishReason.STOP_TOKEN, token
+            else:
+                reason = FinishReason.EOS
+        elif num_output >= request.sampling_params.min_tokens:
             if token in request.eos_token_ids:
                 reason = FinishReason.EOS
             elif token in request.stop_token_ids:

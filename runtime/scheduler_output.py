@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.structured.bitmask import GrammarBitmask
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,8 @@ class SchedulerOutput:
     finished_req_ids: frozenset[str]
     # Preempted in this step: the executor releases their rows but keeps sampling state.
     preempted_req_ids: frozenset[str]
+    # Allowed tokens of the constrained requests that sample this step; None: there are none.
+    grammar_bitmask: GrammarBitmask | None = None
 
     @property
     def is_empty(self) -> bool:

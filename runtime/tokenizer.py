@@ -28,7 +28,7 @@ class Tokenizer(Protocol):
 
     def convert_ids_to_tokens(self, ids: list[int]) -> str | list[str]: ...
 
-    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: Any) -> object: ...
+    def apply_chat_template(self, conversation: list[dict[str, Any]], **kwargs: Any) -> object: ...
 
 
 # Any of these in a directory means transformers can build a tokenizer from it.
@@ -51,12 +51,18 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase | None:
     return tokenizer
 
 
-def apply_chat_template(tokenizer: Tokenizer, messages: Sequence[Mapping[str, str]]) -> list[int]:
-    """Render ``messages`` with the model's chat template (plus generation prompt) to ids."""
+def apply_chat_template(
+    tokenizer: Tokenizer,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> list[int]:
+    """Render ``messages`` with the model's chat template (plus generation prompt) to ids;
+    ``tools`` (OpenAI tool objects) go to templates that take them."""
     if not tokenizer.chat_template:
         raise ValueError("messages: this model's tokenizer has no chat template")
+    extra: dict[str, Any] = {} if not tools else {"tools": [dict(t) for t in tools]}
     rendered: Any = tokenizer.apply_chat_template(
-        [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
+        [dict(m) for m in messages], add_generation_prompt=True, tokenize=True, **extra
     )
     # transformers 5 may return a BatchEncoding/dict instead of a plain list.
     if isinstance(rendered, Mapping):

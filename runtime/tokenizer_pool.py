@@ -87,10 +87,15 @@ class TokenizerPool:
         check_prompt_bytes(param, [text], self.max_prompt_bytes)
         return await self.run(_encode, self.tokenizer, text, add_special_tokens)
 
-    async def render_chat(self, param: str, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    async def render_chat(
+        self,
+        param: str,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[int]:
         """The chat template applied to ``messages`` (with the generation prompt)."""
         check_prompt_bytes(param, [m["content"] for m in messages], self.max_prompt_bytes)
-        return await self.run(apply_chat_template, self.tokenizer, messages)
+        return await self.run(apply_chat_template, self.tokenizer, messages, tools)
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

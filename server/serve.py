@@ -28,6 +28,7 @@ from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.engine.async_engine import AsyncEngine
 from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.runtime.errors import EngineDeadError
+from tokenwire.runtime.tool_parsers.output import REASONING_PARSERS, TOOL_PARSERS
 from tokenwire.server.grpc.convert import Limits
 from tokenwire.server.grpc.server import GrpcServer, GrpcSettings
 from tokenwire.server.rest.app import RestSettings
@@ -78,6 +79,19 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         default=4096,
         help="in-flight sequences before RESOURCE_EXHAUSTED (a request with n choices counts n)",
     )
+    p.add_argument(
+        "--tool-call-parser",
+        choices=sorted(TOOL_PARSERS),
+        default=None,
+        help="read tool calls out of chat output when tool_choice is auto (hermes: "
+        "Qwen2.5/Qwen3/SmolLM2/Hermes <tool_call> JSON; llama3_json; mistral)",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_PARSERS),
+        default=None,
+        help="split <think>…</think> reasoning from chat answers (reasoning_content)",
+    )
     p.add_argument("--max-sessions", type=int, default=256)
     p.add_argument("--session-idle-timeout", type=float, default=600.0)
     p.add_argument("--shutdown-timeout", type=float, default=30.0)
@@ -120,6 +134,8 @@ def grpc_settings(args: argparse.Namespace) -> GrpcSettings:
         max_message_bytes=args.max_message_bytes,
         max_sessions=args.max_sessions,
         session_idle_timeout=args.session_idle_timeout,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
     )
 
 

@@ -55,6 +55,8 @@ class ServerHarness:
         warm: bool = True,
         in_process: bool = False,
         tensor_parallel_size: int = 1,
+        tool_call_parser: str | None = None,
+        reasoning_parser: str | None = None,
     ) -> None:
         self.config = EngineConfig(
             model=ModelConfig(
@@ -75,6 +77,8 @@ class ServerHarness:
             limits=limits or Limits(),
             session_idle_timeout=session_idle_timeout,
             max_sessions=max_sessions,
+            tool_call_parser=tool_call_parser,
+            reasoning_parser=reasoning_parser,
         )
         self.observer = observer
         self.in_process = in_process  # False: the engine core runs in a process of its own

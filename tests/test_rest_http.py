@@ -308,8 +308,8 @@ UNSUPPORTED = [
     ("/v1/completions", {"echo": True}, "echo"),
     ("/v1/completions", {"best_of": 2}, "best_of"),
     ("/v1/completions", {"suffix": "x"}, "suffix"),
-    ("/v1/chat/completions", {"tools": [{"type": "function"}]}, "tools"),
-    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
+    ("/v1/chat/completions", {"guided_decoding_backend": "outlines"}, "guided_decoding_backend"),
     ("/v1/chat/completions", {"stream": True, "stream_options": {"x": 1}}, "stream_options.x"),
 ]
 
@@ -335,7 +335,7 @@ def test_nested_and_unknown_fields(client: httpx.Client) -> None:
         return client.post("/v1/chat/completions", json=body).json()["error"]
 
     assert chat({"role": "user", "content": "hi", "name": "x"})["param"] == "messages.0.name"
-    assert chat({"role": "tool", "content": "hi"})["param"] == "messages"
+    assert chat({"role": "tool", "content": "hi"})["param"] == "messages.0"  # no tool_call_id
     image = {"type": "image_url", "image_url": {"url": "http://x"}}
     assert chat({"role": "user", "content": [image]})["param"] == "messages"
     assert chat({"role": "user", "content": "hi"}, frobnicate=1)["code"] == "unknown_parameter"

@@ -5,6 +5,7 @@ logprobs, usage, ``models.list()``, and the SDK's own typed errors for server er
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 
 import openai
 import pytest
+from pydantic import BaseModel, Field
 
 pytestmark = pytest.mark.slow
 
@@ -211,6 +213,29 @@ def test_async_client(base_url: str) -> None:
 
     chat, streamed, unary = asyncio.run(main())
     assert "Paris" in chat and streamed == unary
+
+
+class City(BaseModel):
+    name: str
+    country: str
+    population: int = Field(ge=0)
+
+
+def test_structured_outputs_with_the_default_model(client: openai.OpenAI) -> None:
+    """``chat.completions.parse`` with a pydantic model, and JSON mode, on real weights."""
+    ask = [{"role": "user", "content": "Describe Paris as JSON: name, country, population."}]
+    parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+    reply = parse(model=MODEL, messages=ask, response_format=City, temperature=0, max_tokens=120)
+    assert isinstance(reply.choices[0].message.parsed, City)
+    assert reply.choices[0].finish_reason == "stop"
+    mode = client.chat.completions.create(
+        model=MODEL,
+        messages=ask,  # type: ignore[arg-type]
+        response_format={"type": "json_object"},
+        temperature=0,
+        max_tokens=120,
+    )
+    assert isinstance(json.loads(mode.choices[0].message.content or ""), dict)
 
 
 def test_typed_errors(base_url: str, client: openai.OpenAI) -> None:

@@ -35,11 +35,14 @@ from tokenwire.runtime.errors import (
     DuplicateRequestError,
     EngineDeadError,
     NotReadyError,
+    ParameterError,
     QueueFullError,
 )
 from tokenwire.runtime.output_processor import OutputProcessor, ProcessedStep
+from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.stats import EngineObserver
+from tokenwire.runtime.structured.validate import StructuredValidator
 from tokenwire.runtime.tokenizer import Tokenizer, load_tokenizer
 
 logger = logging.getLogger("tokenwire.engine")
@@ -68,6 +71,7 @@ class AsyncEngine:
         self._info: EngineInfo | None = None
         self._tokenizer: Tokenizer | None = None
         self._processor = OutputProcessor(None)
+        self._structured = StructuredValidator(has_tokenizer=False)
         self._streams: dict[str, RequestStream] = {}
         self._num_seqs = 0
         self._eviction_listeners: dict[str, Callable[[], None]] = {}
@@ -115,6 +119,7 @@ class AsyncEngine:
         if info.tokenizer_path is not None:
             self._tokenizer = await asyncio.to_thread(load_tokenizer, info.tokenizer_path)
         self._processor = OutputProcessor(self._tokenizer)
+        self._structured = StructuredValidator(has_tokenizer=self._tokenizer is not None)
         total = info.num_kv_blocks
         self._snapshot = EngineStatsSnapshot(kv_blocks_free=total, kv_blocks_total=total)
         self._output_task = asyncio.create_task(self._output_loop(), name="tokenwire-outputs")
@@ -201,6 +206,7 @@ class AsyncEngine:
             )
         info = self.info
         validate_request(prompt_token_ids, params, info.vocab_size, info.max_model_len)
+        self._structured.check(params)  # the constraint parses (the core compiles it)
         children = self._processor.add_request(request_id, prompt, prompt_token_ids, params)
         stream = RequestStream(request_id, params.n)
         self._streams[request_id] = stream
@@ -273,7 +279,10 @@ class AsyncEngine:
                 self.observer.on_request_finished(stats)
         if result.snapshot is not None:
             self._snapshot = result.snapshot
-        processed = self._processor.process(result.outputs)
+        outputs = result.outputs
+        if any(o.error_param is not None for o in outputs):
+            outputs = self._fail_bad_parameters(outputs)
+        processed = self._processor.process(outputs)
         if processed.to_abort:  # stop strings: the choices already ended in the front
             self.client.send(AbortRequests(processed.to_abort))
         for fault in result.faults:
@@ -284,6 +293,23 @@ class AsyncEngine:
             callback = self._eviction_listeners.pop(holder, None)
             if callback is not None:
                 callback()
+
+    def _fail_bad_parameters(self, outputs: list[EngineCoreOutput]) -> list[EngineCoreOutput]:
+        """A choice the core ended on a bad parameter (its constraint did not compile) fails
+        its whole request with that ``ParameterError``; the other choices are aborted."""
+        kept = []
+        for output in outputs:
+            if output.error_param is None:
+                kept.append(output)
+                continue
+            request_id = self._processor.parent_of(output.request_id)
+            if request_id is None:
+                continue  # already failed through a sibling
+            siblings = [c for c in self._processor.abort(request_id) if c != output.request_id]
+            if siblings:
+                self.client.send(AbortRequests(siblings))
+            self._fail(request_id, ParameterError(output.error_param, str(output.stop_reason)))
+        return kept
 
     def _dispatch(self, step: ProcessedStep) -> None:
         streams = self._streams

@@ -21,6 +21,13 @@ from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.scheduler import Scheduler
 from tokenwire.runtime.scheduler_output import SchedulerOutput
 from tokenwire.runtime.stats import EngineObserver, RequestStats, StepPhase, StepStats
+from tokenwire.runtime.structured.compiler import GrammarCompilerPool
+from tokenwire.runtime.structured.config import StructuredOutputsConfig
+from tokenwire.runtime.structured.manager import StructuredOutputManager
+
+# An engine whose only work is requests waiting for their grammar blocks this long per step
+# (on the compile futures) instead of spinning.
+GRAMMAR_WAIT_S = 0.01
 
 
 class EngineCore:
@@ -32,6 +39,7 @@ class EngineCore:
         config: EngineConfig,
         observer: EngineObserver | None = None,
         executor: Executor | None = None,
+        structured: StructuredOutputsConfig | None = None,
     ) -> None:
         self.config = config
         self.observer = observer
@@ -49,8 +57,12 @@ class EngineCore:
             self.facts.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
         )
         max_held = int(self.kv_cache_manager.num_blocks * config.cache.session_cache_fraction)
+        pool = GrammarCompilerPool(
+            self.facts.tokenizer_path, self.vocab_size, self.facts.eos_token_ids, structured
+        )
+        self.structured = StructuredOutputManager(pool, self.vocab_size)
         self.scheduler = Scheduler(
-            config.scheduler, self.kv_cache_manager, self.max_model_len, max_held
+            config.scheduler, self.kv_cache_manager, self.max_model_len, max_held, self.structured
         )
 
     def _check_capacity(self, num_blocks: int) -> None:
@@ -69,6 +81,7 @@ class EngineCore:
     def shutdown(self, graceful: bool = True) -> None:
         """Stop the executor (its worker processes, under tensor parallelism): ``graceful``
         after a clean stop, at once after a failure."""
+        self.structured.shutdown()
         self.executor.shutdown(graceful)
 
     # ------------------------------------------------------------------ requests
@@ -140,6 +153,8 @@ class EngineCore:
         so = self.scheduler.schedule()
         t1 = time.perf_counter()
         if so.is_empty and not so.finished_req_ids:
+            if self.structured.num_pending:
+                self.structured.wait(GRAMMAR_WAIT_S)
             return []
         mo = self.executor.execute_model(so)
         t2 = time.perf_counter()

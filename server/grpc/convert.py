@@ -15,6 +15,9 @@ from tokenwire.runtime.outputs import CompletionOutput, PositionLogprobs, Reques
 from tokenwire.runtime.request import FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.tokenizer_pool import TokenizerPool, default_max_prompt_bytes
+from tokenwire.runtime.tool_parsers.chat import render_messages
+from tokenwire.runtime.tool_parsers.tool_choice import FunctionSpec
+from tokenwire.server.grpc.tools import ChatTooling, chat_messages, structured_output
 from tokenwire.v1 import common_pb2, generation_pb2
 
 _FINISH = {
@@ -90,6 +93,9 @@ def sampling_params(
         include_stop_str_in_output=_opt(stopping, "include_stop_str_in_output", False),
         logprobs=_opt(output, "logprobs", None),
         skip_special_tokens=_opt(output, "skip_special_tokens", True),
+        structured_outputs=structured_output(output.structured_output)
+        if output.HasField("structured_output")
+        else None,
     )
 
 
@@ -101,8 +107,11 @@ def merge_options(base: Any, override: Any) -> Any:
     return merged
 
 
-async def tokenize_input(pool: TokenizerPool | None, request: Any) -> tuple[str | None, list[int]]:
-    """The ``input`` oneof of a GenerateRequest -> (prompt text or None, token ids).
+async def tokenize_input(
+    pool: TokenizerPool | None, request: Any, tooling: ChatTooling | None = None
+) -> tuple[str | None, list[int]]:
+    """The ``input`` oneof of a GenerateRequest -> (prompt text or None, token ids); a chat
+    is rendered with ``tooling``'s tools.
 
     Size checks come first and the tokenizer runs on ``pool``, never on the event loop."""
     kind = request.WhichOneof("input")
@@ -116,18 +125,26 @@ async def tokenize_input(pool: TokenizerPool | None, request: Any) -> tuple[str 
         if not request.text:
             raise ParameterError("text", "must not be empty")
         return request.text, await pool.encode("text", request.text)
-    messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
-    return None, await render_chat(pool, messages)
+    messages = chat_messages(request.chat)
+    tools = tooling.tools if tooling is not None else []
+    return None, await render_chat(pool, messages, tools)
 
 
-async def render_chat(pool: TokenizerPool, messages: list[dict[str, str]]) -> list[int]:
+async def render_chat(
+    pool: TokenizerPool, messages: list[dict[str, Any]], tools: list[FunctionSpec] | None = None
+) -> list[int]:
     if not messages:
         raise ParameterError("chat", "needs at least one message")
     for m in messages:
-        if m["role"] not in ("system", "user", "assistant"):
+        if m["role"] not in ("system", "user", "assistant", "tool"):
             raise ParameterError(
-                "chat", f"role must be system, user or assistant: {clip(m['role'])!r}"
+                "chat", f"role must be system, user, assistant or tool: {clip(m['role'])!r}"
             )
+    if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+        rendered, tool_objects = render_messages(
+            messages, tools or [], pool.tokenizer.chat_template
+        )
+        return await pool.render_chat("chat", rendered, tool_objects)
     return await pool.render_chat("chat", messages)
 
 

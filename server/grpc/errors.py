@@ -60,6 +60,23 @@ def invalid_parameter(param: str, message: str) -> ServiceError:
     )
 
 
+# Runtime parameter names that the API spells differently (structured outputs).
+_PROTO_PARAMS = {
+    "structured_outputs": "structured_output",
+    "structured_outputs.json": "structured_output.json_schema",
+    "structured_outputs.json_object": "structured_output.json_object",
+    "structured_outputs.regex": "structured_output.regex",
+    "structured_outputs.choice": "structured_output.choice",
+    "structured_outputs.grammar": "structured_output.grammar",
+}
+
+
+def renamed(exc: ParameterError, param: str) -> ParameterError:
+    """The same error under another parameter name (message re-prefixed)."""
+    message = str(exc).removeprefix(f"{exc.param}: ")
+    return type(exc)(param, message)
+
+
 def model_not_found(name: str) -> ServiceError:
     return ServiceError(
         grpc.StatusCode.NOT_FOUND,
@@ -81,6 +98,8 @@ def to_service_error(exc: BaseException, request_id: str | None = None) -> Servi
             {"param": exc.param},
         )
     if isinstance(exc, ParameterError):
+        if exc.param in _PROTO_PARAMS:
+            exc = renamed(exc, _PROTO_PARAMS[exc.param])
         return ServiceError(
             grpc.StatusCode.INVALID_ARGUMENT,
             errors_pb2.ERROR_REASON_INVALID_PARAMETER,

@@ -7,6 +7,7 @@ in ``finally`` so a cancelled, expired or failed call always frees its KV blocks
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -17,13 +18,21 @@ from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.engine.request_stream import RequestFailed, RequestFinished, RequestStream
 from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.output_processor import ChoiceDelta, RequestStarted
-from tokenwire.runtime.outputs import RequestOutput
+from tokenwire.runtime.outputs import CompletionOutput, RequestOutput
+from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
+from tokenwire.runtime.tool_parsers.output import ChoiceParser, OutputParsing
 from tokenwire.server.grpc import convert
 from tokenwire.server.grpc.call_context import CallContext, call_context, caller_of
 from tokenwire.server.grpc.call_context import internal_request_id as internal_id
-from tokenwire.server.grpc.errors import abort, model_not_found, to_service_error
+from tokenwire.server.grpc.errors import abort, model_not_found, renamed, to_service_error
 from tokenwire.server.grpc.session import SessionHandler
+from tokenwire.server.grpc.tools import (
+    ChatTooling,
+    chat_tooling,
+    tool_call_proto,
+    tool_delta_proto,
+)
 from tokenwire.server.telemetry.core import Telemetry
 from tokenwire.server.telemetry.record import RequestRecord
 from tokenwire.v1 import generation_pb2, generation_pb2_grpc
@@ -39,6 +48,15 @@ class _Submitted:
     stream: RequestStream
     num_top: int | None
     record: RequestRecord
+    parsing: OutputParsing | None  # reasoning / tool calls to read out of the text
+
+
+@dataclass(frozen=True)
+class OutputReaders:
+    """Server flags: ``--tool-call-parser`` and ``--reasoning-parser`` (None: off)."""
+
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
 
 class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
@@ -50,6 +68,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         tokenizers: TokenizerPool | None,
         sessions: SessionHandler,
         telemetry: Telemetry,
+        readers: OutputReaders | None = None,
     ) -> None:
         self.engine = engine
         self.model_name = model_name
@@ -57,17 +76,40 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         self.tokenizers = tokenizers
         self.sessions = sessions
         self.telemetry = telemetry
+        self.readers = readers or OutputReaders()
+
+    def _shape(
+        self, tooling: ChatTooling | None, params: SamplingParams
+    ) -> tuple[SamplingParams, OutputParsing | None]:
+        """Chat tools: the grammar of a required / named tool choice joins the params, and
+        how to read the output (tool calls, reasoning) is decided."""
+        if tooling is None:
+            return params, None
+        if tooling.constraint is not None:
+            if params.structured_outputs is not None:
+                raise ParameterError(
+                    "tool_choice",
+                    "a required or named tool choice cannot be combined with structured_output",
+                )
+            params = dataclasses.replace(params, structured_outputs=tooling.constraint)
+        try:
+            parsing = tooling.parsing(self.readers.tool_call_parser, self.readers.reasoning_parser)
+        except ParameterError as exc:  # "auto" without a parser: name what the client sent
+            raise (exc if tooling.choice_explicit else renamed(exc, "tools")) from None
+        return params, parsing if parsing.active else None
 
     async def _submit(
         self, call: CallContext, request: generation_pb2.GenerateRequest, record: RequestRecord
-    ) -> tuple[RequestStream, int | None]:
+    ) -> tuple[RequestStream, int | None, OutputParsing | None]:
         if request.model and request.model != self.model_name:
             raise model_not_found(request.model)
-        prompt, token_ids = await convert.tokenize_input(self.tokenizers, request)
+        chat = request.WhichOneof("input") == "chat"
+        tooling = chat_tooling(request.chat) if chat else None
+        prompt, token_ids = await convert.tokenize_input(self.tokenizers, request, tooling)
         params = convert.sampling_params(
             request.sampling, request.stopping, request.output, self.limits
         )
-        chat = request.WhichOneof("input") == "chat"
+        params, parsing = self._shape(tooling, params)
         self.telemetry.describe(record, params, chat, prompt)
         try:
             stream = self.engine.add_request(
@@ -79,13 +121,16 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
                 cache_salt=request.cache_salt or None,
             )
         except ParameterError as exc:
+            constrained_by_tools = tooling is not None and tooling.constraint is not None
+            if constrained_by_tools and exc.param.startswith("structured_outputs"):
+                raise renamed(exc, "tools") from None  # a tool's parameters schema
             if exc.param != "prompt":
                 raise
             # The engine says "prompt"; the client sent it as this field of ``input``.
             field = request.WhichOneof("input") or "input"
             raise type(exc)(field, str(exc).removeprefix("prompt: ")) from None
         self.telemetry.admit(record, params.n)
-        return stream, params.logprobs
+        return stream, params.logprobs, parsing
 
     @contextlib.asynccontextmanager
     async def _request(
@@ -101,9 +146,9 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             call = call_context(context, request.request_id)
             record = self.telemetry.begin(call.request_id, call.internal_id, kind)
             self.telemetry.bind(record)
-            stream, num_top = await self._submit(call, request, record)
+            stream, num_top, parsing = await self._submit(call, request, record)
             await context.send_initial_metadata((("x-request-id", call.request_id),))
-            yield _Submitted(call, stream, num_top, record)
+            yield _Submitted(call, stream, num_top, record, parsing)
             status = "OK"
         except Exception as exc:
             err = to_service_error(exc, call.request_id if call else None)
@@ -126,7 +171,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             return generation_pb2.GenerateResponse(
                 request_id=sub.call.request_id,
                 model=self.model_name,
-                choices=[convert.choice_proto(c, sub.num_top) for c in output.outputs],
+                choices=[_choice(c, sub.num_top, sub.parsing) for c in output.outputs],
                 usage=convert.usage(output),
             )
         raise AssertionError("unreachable: _request re-raises every failure as an abort")
@@ -135,13 +180,13 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> Events:
         async with self._request(context, request, "generate_stream") as sub:
-            async for event in self._stream_events(sub.call, sub.stream, sub.num_top, sub.record):
+            async for event in self._stream_events(sub):
                 yield event
 
-    async def _stream_events(
-        self, call: CallContext, stream: RequestStream, num_top: int | None, record: RequestRecord
-    ) -> Events:
+    async def _stream_events(self, sub: _Submitted) -> Events:
+        call, stream, num_top, record = sub.call, sub.stream, sub.num_top, sub.record
         counts: dict[int, int] = {}
+        parsers: dict[int, ChoiceParser] = {}
         async for item in stream:
             if isinstance(item, RequestStarted):
                 yield generation_pb2.GenerateStreamResponse(
@@ -154,7 +199,12 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
                 )
             elif isinstance(item, ChoiceDelta):
                 counts[item.index] = counts.get(item.index, 0) + len(item.token_ids)
-                for event in delta_events(item, num_top, counts[item.index]):
+                parser = None
+                if sub.parsing is not None:
+                    parser = parsers.get(item.index)
+                    if parser is None:
+                        parser = parsers[item.index] = sub.parsing.new()
+                for event in delta_events(item, num_top, counts[item.index], parser):
                     yield event
             elif isinstance(item, RequestFinished):
                 self.telemetry.record_completion(record, [c.text for c in item.output.outputs])
@@ -180,15 +230,36 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             yield message
 
 
+def _choice(
+    c: CompletionOutput, num_top: int | None, parsing: OutputParsing | None
+) -> generation_pb2.Choice:
+    choice = convert.choice_proto(c, num_top)
+    if parsing is not None:
+        parsed = parsing.parse(c.text)
+        choice.text = parsed.content
+        choice.reasoning_content = parsed.reasoning
+        choice.tool_calls.extend(tool_call_proto(t) for t in parsed.tool_calls)
+    return choice
+
+
 def delta_events(
-    item: ChoiceDelta, num_top: int | None, completion_tokens: int
+    item: ChoiceDelta,
+    num_top: int | None,
+    completion_tokens: int,
+    parser: ChoiceParser | None = None,
 ) -> list[generation_pb2.GenerateStreamResponse]:
-    """A TokenDelta when it carries output, then a ChoiceEnd when the choice finished."""
+    """A TokenDelta when it carries output, then a ChoiceEnd when the choice finished. With
+    a ``parser``, the delta's text is split into content, reasoning and tool-call pieces."""
     events = []
-    if item.text or item.token_ids:
-        events.append(
-            generation_pb2.GenerateStreamResponse(delta=convert.token_delta(item, num_top))
-        )
+    delta = convert.token_delta(item, num_top)
+    if parser is not None:
+        parsed = parser.feed(item.text)
+        if item.finish_reason is not None:
+            parsed.extend(parser.finish())
+        delta.text, delta.reasoning_text = parsed.content, parsed.reasoning
+        delta.tool_calls.extend(tool_delta_proto(p) for p in parsed.tool_calls)
+    if delta.text or delta.token_ids or delta.tool_calls or delta.reasoning_text:
+        events.append(generation_pb2.GenerateStreamResponse(delta=delta))
     if item.finish_reason is not None:
         events.append(
             generation_pb2.GenerateStreamResponse(

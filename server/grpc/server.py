@@ -13,9 +13,10 @@ from grpc_reflection.v1alpha import reflection
 
 from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
+from tokenwire.runtime.tool_parsers.output import check_parser_names
 from tokenwire.server.grpc.auth import ApiKeyInterceptor
 from tokenwire.server.grpc.convert import Limits
-from tokenwire.server.grpc.generation import GenerationService
+from tokenwire.server.grpc.generation import GenerationService, OutputReaders
 from tokenwire.server.grpc.guard import MalformedRequestInterceptor
 from tokenwire.server.grpc.models import ModelService
 from tokenwire.server.grpc.session import SessionHandler
@@ -39,6 +40,12 @@ class GrpcSettings:
     max_message_bytes: int = 16 << 20
     max_sessions: int = 256
     session_idle_timeout: float = 600.0
+    # Chat output readers (--tool-call-parser, --reasoning-parser); None: off.
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+
+    def __post_init__(self) -> None:
+        check_parser_names(self.tool_call_parser, self.reasoning_parser)
 
 
 class GrpcServer:
@@ -84,7 +91,13 @@ class GrpcServer:
         )
         generation_pb2_grpc.add_GenerationServiceServicer_to_server(
             GenerationService(
-                engine, model_name, settings.limits, self.tokenizers, self.sessions, telemetry
+                engine,
+                model_name,
+                settings.limits,
+                self.tokenizers,
+                self.sessions,
+                telemetry,
+                OutputReaders(settings.tool_call_parser, settings.reasoning_parser),
             ),
             self.server,
         )

@@ -137,14 +137,21 @@ class Routes:
             raise from_rpc_error(err, translated.params) from None
         if not stream:
             if kind == "chat":
-                body = chat_response(response_id, created, responses[0], translated.logprobs)
+                body = chat_response(
+                    response_id, created, responses[0], translated.logprobs, translated.named_tool
+                )
             else:
                 body = completion_response(
                     response_id, created, responses, translated.n, translated.logprobs
                 )
             return JSONResponse(body)
         spec = StreamSpec(
-            response_id, created, translated.n, translated.logprobs, translated.include_usage
+            response_id,
+            created,
+            translated.n,
+            translated.logprobs,
+            translated.include_usage,
+            translated.named_tool,
         )
         chunks = ChatChunks(spec) if kind == "chat" else CompletionChunks(spec)
         events = sse_events(streams, chunks, translated.params)

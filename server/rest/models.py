@@ -16,7 +16,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from tokenwire.server.rest.errors import NOT_UNICODE, clip
@@ -114,21 +122,102 @@ class TextPart(_Strict):
     text: str
 
 
-class ChatMessage(_Strict):
-    """``developer`` is OpenAI's newer name for ``system`` and is rendered as one."""
+class ToolCallFunction(_Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
+class ChatMessage(_Strict):
+    """``developer`` is OpenAI's newer name for ``system`` and is rendered as one. An
+    assistant message may carry ``tool_calls`` (and no content); a ``tool`` message answers
+    the call named by ``tool_call_id``."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: Unsupported = None
-    tool_calls: Unsupported = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
     function_call: Unsupported = None
     refusal: Unsupported = None
     audio: Unsupported = None
+    reasoning_content: str | None = None  # vLLM: a reasoning model's earlier turn; not shown
+
+    @model_validator(mode="after")
+    def _check_role_fields(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise PydanticCustomError("missing", "content is required for this message")
+        if self.tool_calls and self.role != "assistant":
+            raise PydanticCustomError("invalid_value", "only assistant messages have tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise PydanticCustomError("missing", "a tool message needs tool_call_id")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
+
+
+class FunctionDefinition(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema
+    strict: bool | None = None
+
+
+class ToolDefinition(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Strict):
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """``text`` (no constraint), ``json_object`` (any JSON object) or ``json_schema``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _check_schema(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise PydanticCustomError(
+                "invalid_value", "json_schema is required exactly when type is json_schema"
+            )
+        return self
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's ``structured_outputs`` extra: exactly one of the constraint fields."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool | None = None
 
 
 class CommonFields(_Strict):
@@ -160,6 +249,14 @@ class CommonFields(_Strict):
     cache_salt: str | None = Field(
         default=None, description="requests with different salts never share prefix-cache blocks"
     )
+    # vLLM's structured-output extras (one constraint per request, response_format included)
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: Annotated[list[str], Field(min_length=1)] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: Unsupported = None
+    guided_whitespace_pattern: Unsupported = None
     # OpenAI fields tokenwire does not implement
     metadata: Unsupported = None
     store: FalseOnly = None
@@ -181,12 +278,12 @@ class ChatCompletionRequest(CommonFields):
     max_completion_tokens: U32 | None = None
     logprobs: bool | None = None
     top_logprobs: U32 | None = None
-    tools: Unsupported = None
-    tool_choice: Unsupported = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     functions: Unsupported = None
     function_call: Unsupported = None
-    parallel_tool_calls: Unsupported = None
-    response_format: Unsupported = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
     audio: Unsupported = None
     modalities: Unsupported = None
     prediction: Unsupported = None

@@ -12,7 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tokenwire.server.rest.errors import invalid
-from tokenwire.server.rest.models import ChatCompletionRequest, CommonFields, CompletionRequest
+from tokenwire.server.rest.models import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CommonFields,
+    CompletionRequest,
+)
+from tokenwire.server.rest.structured import chat_tools, structured_output
 from tokenwire.v1 import common_pb2, generation_pb2
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
@@ -30,6 +36,7 @@ class Translated:
     n: int
     logprobs: bool  # whether the client asked for logprobs
     include_usage: bool = False
+    named_tool: bool = False  # tool_choice named a function: calls end with "stop"
 
 
 def _sampling(body: CommonFields) -> common_pb2.SamplingOptions:
@@ -74,18 +81,19 @@ def chat_request(body: ChatCompletionRequest) -> Translated:
         raise invalid("top_logprobs", "top_logprobs requires logprobs to be true")
     max_field = "max_tokens" if body.max_tokens is not None else "max_completion_tokens"
     max_tokens = body.max_tokens if body.max_tokens is not None else body.max_completion_tokens
-    messages = [
-        common_pb2.ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text())
-        for m in body.messages
-    ]
+    messages = [_chat_message(m) for m in body.messages]
+    structured, structured_params = structured_output(body)
+    chat = common_pb2.ChatInput(messages=messages)
+    named = chat_tools(body, chat)
     request = generation_pb2.GenerateRequest(
         model=body.model,
-        chat=common_pb2.ChatInput(messages=messages),
+        chat=chat,
         sampling=_sampling(body),
         stopping=_stopping(body, max_tokens),
         output=common_pb2.OutputOptions(
             logprobs=(body.top_logprobs or 0) if body.logprobs else None,
             skip_special_tokens=body.skip_special_tokens,
+            structured_output=structured,
         ),
         cache_salt=body.cache_salt or "",
     )
@@ -95,10 +103,34 @@ def chat_request(body: ChatCompletionRequest) -> Translated:
         "input": "messages",
         "logprobs": "top_logprobs",
         "max_tokens": max_field,
+        **structured_params,
     }
     return Translated(
-        [request], params, body.n or 1, bool(body.logprobs), _check_stream_options(body)
+        [request],
+        params,
+        body.n or 1,
+        bool(body.logprobs),
+        _check_stream_options(body),
+        named_tool=named,
     )
+
+
+def _chat_message(m: ChatMessage) -> common_pb2.ChatMessage:
+    message = common_pb2.ChatMessage(
+        role="system" if m.role == "developer" else m.role,
+        content=m.text(),
+        tool_call_id=m.tool_call_id or "",
+    )
+    for call in m.tool_calls or ():
+        message.tool_calls.append(
+            common_pb2.ToolCall(
+                id=call.id,
+                function=common_pb2.FunctionCall(
+                    name=call.function.name, arguments=call.function.arguments
+                ),
+            )
+        )
+    return message
 
 
 def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
@@ -115,8 +147,11 @@ def completion_requests(body: CompletionRequest) -> Translated:
         raise invalid("prompt", f"at most {MAX_PROMPTS} prompts per request")
     max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     sampling, stopping = _sampling(body), _stopping(body, max_tokens)
+    structured, structured_params = structured_output(body)
     output = common_pb2.OutputOptions(
-        logprobs=body.logprobs, skip_special_tokens=body.skip_special_tokens
+        logprobs=body.logprobs,
+        skip_special_tokens=body.skip_special_tokens,
+        structured_output=structured,
     )
     requests = []
     for prompt in prompts:
@@ -132,7 +167,13 @@ def completion_requests(body: CompletionRequest) -> Translated:
         else:
             request.token_ids.ids.extend(prompt)
         requests.append(request)
-    params = {**_HEADER_PARAMS, "text": "prompt", "token_ids": "prompt", "input": "prompt"}
+    params = {
+        **_HEADER_PARAMS,
+        "text": "prompt",
+        "token_ids": "prompt",
+        "input": "prompt",
+        **structured_params,
+    }
     return Translated(
         requests, params, body.n or 1, body.logprobs is not None, _check_stream_options(body)
     )

@@ -111,20 +111,57 @@ def completion_logprobs(
     return body, offset
 
 
+# ---------------------------------------------------------------------------- tool calls
+def tool_call(call: common_pb2.ToolCall) -> JSON:
+    function = {"name": call.function.name, "arguments": call.function.arguments}
+    return {"id": call.id, "type": "function", "function": function}
+
+
+def tool_call_delta(piece: common_pb2.ToolCallDelta) -> JSON:
+    """OpenAI's streamed call piece: id, type and name on the first piece of a call only."""
+    if piece.id:
+        function = {"name": piece.name, "arguments": piece.arguments}
+        return {"index": piece.index, "id": piece.id, "type": "function", "function": function}
+    return {"index": piece.index, "function": {"arguments": piece.arguments}}
+
+
+def chat_finish_reason(reason: int, called: bool, named_tool: bool) -> str | None:
+    """OpenAI's "tool_calls" when the model chose to call (not when a function was named)."""
+    if called and not named_tool and finish_reason(reason) == "stop":
+        return "tool_calls"
+    return finish_reason(reason)
+
+
+def chat_message(c: generation_pb2.Choice) -> JSON:
+    message: JSON = {"role": "assistant", "content": c.text, "refusal": None}
+    if c.tool_calls:
+        message["tool_calls"] = [tool_call(t) for t in c.tool_calls]
+        message["content"] = c.text or None
+    if c.reasoning_content:
+        message["reasoning_content"] = c.reasoning_content
+    return message
+
+
 # ---------------------------------------------------------------------------- unary bodies
 def chat_response(
-    response_id: str, created: int, response: generation_pb2.GenerateResponse, logprobs: bool
+    response_id: str,
+    created: int,
+    response: generation_pb2.GenerateResponse,
+    logprobs: bool,
+    named_tool: bool = False,
 ) -> JSON:
     choices = []
     for c in response.choices:
         choices.append(
             {
                 "index": c.index,
-                "message": {"role": "assistant", "content": c.text, "refusal": None},
+                "message": chat_message(c),
                 "logprobs": {"content": chat_logprobs(c.logprobs), "refusal": None}
                 if logprobs
                 else None,
-                "finish_reason": finish_reason(c.finish_reason),
+                "finish_reason": chat_finish_reason(
+                    c.finish_reason, bool(c.tool_calls), named_tool
+                ),
                 "stop_reason": stop_reason(c),
             }
         )

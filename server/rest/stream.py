@@ -21,11 +21,13 @@ import grpc
 from tokenwire.server.rest.errors import RestError, from_rpc_error
 from tokenwire.server.rest.responses import (
     JSON,
+    chat_finish_reason,
     chat_logprobs,
     completion_logprobs,
     finish_reason,
     stop_reason,
     sum_usage,
+    tool_call_delta,
 )
 from tokenwire.server.rest.upstream import Event, OpenStreams
 from tokenwire.v1 import common_pb2, generation_pb2
@@ -45,6 +47,7 @@ class StreamSpec:
     n: int
     logprobs: bool
     include_usage: bool
+    named_tool: bool = False
 
 
 class _Chunks:
@@ -106,7 +109,15 @@ class _Chunks:
 
 
 class ChatChunks(_Chunks):
+    """Deltas carry ``content``, or the parts a parser split out: ``reasoning_content`` and
+    ``tool_calls`` pieces (OpenAI's streaming shape); a choice that called a tool (without
+    a named tool_choice) ends with ``finish_reason: "tool_calls"``."""
+
     object_name = "chat.completion.chunk"
+
+    def __init__(self, spec: StreamSpec) -> None:
+        super().__init__(spec)
+        self.called: set[int] = set()  # choices that streamed a tool call
 
     def on_start(self, prompt: int) -> bytes:
         return b"".join(
@@ -125,16 +136,29 @@ class ChatChunks(_Chunks):
 
     def on_delta(self, prompt: int, delta: generation_pb2.TokenDelta) -> bytes:
         logprobs = {"content": chat_logprobs(delta.logprobs), "refusal": None}
+        body: JSON = {"content": delta.text}
+        if delta.reasoning_text or delta.tool_calls:
+            body = {"content": delta.text} if delta.text else {}
+            if delta.reasoning_text:
+                body["reasoning_content"] = delta.reasoning_text
+            if delta.tool_calls:
+                body["tool_calls"] = [tool_call_delta(p) for p in delta.tool_calls]
+                self.called.add(delta.index)
         choice = {
             "index": delta.index,
-            "delta": {"content": delta.text},
+            "delta": body,
             "logprobs": logprobs if self.spec.logprobs else None,
             "finish_reason": None,
         }
         return self.chunk([choice])
 
     def on_end(self, prompt: int, end: generation_pb2.ChoiceEnd) -> bytes:
-        return self.chunk([{**self.end_choice(end.index, end), "delta": {}}])
+        choice = {**self.end_choice(end.index, end), "delta": {}}
+        called = end.index in self.called
+        choice["finish_reason"] = chat_finish_reason(
+            end.finish_reason, called, self.spec.named_tool
+        )
+        return self.chunk([choice])
 
 
 class CompletionChunks(_Chunks):

@@ -26,55 +26,55 @@ from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 from tokenwire.v1 import common_pb2 as tokenwire_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtokenwire/v1/generation.proto\x12\x0ctokenwire.v1\x1a\x17google/rpc/status.proto\x1a\x19tokenwire/v1/common.proto\"\xc6\x02\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x16.tokenwire.v1.TokenIdsH\x00\x12\'\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x17.tokenwire.v1.ChatInputH\x00\x12/\n\x08sampling\x18\x05 \x01(\x0b\x32\x1d.tokenwire.v1.SamplingOptions\x12/\n\x08stopping\x18\x06 \x01(\x0b\x32\x1d.tokenwire.v1.StoppingOptions\x12+\n\x06output\x18\x07 \x01(\x0b\x32\x1b.tokenwire.v1.OutputOptions\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\x12\n\ncache_salt\x18\t \x01(\tB\x07\n\x05input\"\xe2\x01\n\x06\x43hoice\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x30\n\x08logprobs\x18\x04 \x03(\x0b\x32\x1e.tokenwire.v1.PositionLogprobs\x12\x31\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x1a.tokenwire.v1.FinishReason\x12\x15\n\rstop_sequence\x18\x06 \x01(\t\x12\x1a\n\rstop_token_id\x18\x07 \x01(\rH\x00\x88\x01\x01\x42\x10\n\x0e_stop_token_id\"\x80\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12%\n\x07\x63hoices\x18\x03 \x03(\x0b\x32\x14.tokenwire.v1.Choice\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.tokenwire.v1.Usage\"^\n\x0bStreamStart\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\"n\n\nTokenDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x30\n\x08logprobs\x18\x04 \x03(\x0b\x32\x1e.tokenwire.v1.PositionLogprobs\"\xad\x01\n\tChoiceEnd\x12\r\n\x05index\x18\x01 \x01(\r\x12\x31\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x1a.tokenwire.v1.FinishReason\x12\x15\n\rstop_sequence\x18\x03 \x01(\t\x12\x1a\n\rstop_token_id\x18\x04 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x11\x63ompletion_tokens\x18\x05 \x01(\rB\x10\n\x0e_stop_token_id\"\xc6\x01\n\x16GenerateStreamResponse\x12*\n\x05start\x18\x01 \x01(\x0b\x32\x19.tokenwire.v1.StreamStartH\x00\x12)\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x18.tokenwire.v1.TokenDeltaH\x00\x12&\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x17.tokenwire.v1.ChoiceEndH\x00\x12$\n\x05usage\x18\x04 \x01(\x0b\x32\x13.tokenwire.v1.UsageH\x00\x42\x07\n\x05\x65vent\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\x0e\x43\x61ncelResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"\xd6\x01\n\x0bSessionOpen\x12\r\n\x05model\x18\x01 \x01(\t\x12/\n\x08sampling\x18\x02 \x01(\x0b\x32\x1d.tokenwire.v1.SamplingOptions\x12/\n\x08stopping\x18\x03 \x01(\x0b\x32\x1d.tokenwire.v1.StoppingOptions\x12+\n\x06output\x18\x04 \x01(\x0b\x32\x1b.tokenwire.v1.OutputOptions\x12\x15\n\rsystem_prompt\x18\x05 \x01(\t\x12\x12\n\ncache_salt\x18\x06 \x01(\t\"\xa3\x02\n\x0bSessionTurn\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x16.tokenwire.v1.TokenIdsH\x00\x12\x16\n\x0cuser_message\x18\x03 \x01(\tH\x00\x12/\n\x08sampling\x18\x04 \x01(\x0b\x32\x1d.tokenwire.v1.SamplingOptions\x12/\n\x08stopping\x18\x05 \x01(\x0b\x32\x1d.tokenwire.v1.StoppingOptions\x12+\n\x06output\x18\x06 \x01(\x0b\x32\x1b.tokenwire.v1.OutputOptions\x12\x13\n\x0btraceparent\x18\x07 \x01(\t\x12\x12\n\ntracestate\x18\x08 \x01(\tB\x07\n\x05input\"\x13\n\x11SessionCancelTurn\"\x0e\n\x0cSessionClose\"\xd6\x01\n\x0eSessionRequest\x12)\n\x04open\x18\x01 \x01(\x0b\x32\x19.tokenwire.v1.SessionOpenH\x00\x12)\n\x04turn\x18\x02 \x01(\x0b\x32\x19.tokenwire.v1.SessionTurnH\x00\x12\x36\n\x0b\x63\x61ncel_turn\x18\x03 \x01(\x0b\x32\x1f.tokenwire.v1.SessionCancelTurnH\x00\x12+\n\x05\x63lose\x18\x04 \x01(\x0b\x32\x1a.tokenwire.v1.SessionCloseH\x00\x42\t\n\x07message\"N\n\rSessionOpened\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1a\n\x12max_context_tokens\x18\x03 \x01(\r\"]\n\x0bTurnStarted\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\"B\n\tTurnDelta\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\'\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x18.tokenwire.v1.TokenDelta\"\xe5\x01\n\x07TurnEnd\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\r\n\x05index\x18\x02 \x01(\r\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.tokenwire.v1.FinishReason\x12\x15\n\rstop_sequence\x18\x04 \x01(\t\x12\x1a\n\rstop_token_id\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\"\n\x05usage\x18\x06 \x01(\x0b\x32\x13.tokenwire.v1.Usage\x12!\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x12.google.rpc.StatusB\x10\n\x0e_stop_token_id\"H\n\rSessionNotice\x12&\n\x04kind\x18\x01 \x01(\x0e\x32\x18.tokenwire.v1.NoticeKind\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x82\x02\n\x0fSessionResponse\x12-\n\x06opened\x18\x01 \x01(\x0b\x32\x1b.tokenwire.v1.SessionOpenedH\x00\x12\x31\n\x0cturn_started\x18\x02 \x01(\x0b\x32\x19.tokenwire.v1.TurnStartedH\x00\x12(\n\x05\x64\x65lta\x18\x03 \x01(\x0b\x32\x17.tokenwire.v1.TurnDeltaH\x00\x12)\n\x08turn_end\x18\x04 \x01(\x0b\x32\x15.tokenwire.v1.TurnEndH\x00\x12-\n\x06notice\x18\x05 \x01(\x0b\x32\x1b.tokenwire.v1.SessionNoticeH\x00\x42\t\n\x07message*\x82\x01\n\nNoticeKind\x12\x1b\n\x17NOTICE_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14NOTICE_KIND_DRAINING\x10\x01\x12\x1f\n\x1bNOTICE_KIND_CONTEXT_EVICTED\x10\x02\x12\x1c\n\x18NOTICE_KIND_IDLE_TIMEOUT\x10\x03\x32\xc8\x02\n\x11GenerationService\x12I\n\x08Generate\x12\x1d.tokenwire.v1.GenerateRequest\x1a\x1e.tokenwire.v1.GenerateResponse\x12W\n\x0eGenerateStream\x12\x1d.tokenwire.v1.GenerateRequest\x1a$.tokenwire.v1.GenerateStreamResponse0\x01\x12J\n\x07Session\x12\x1c.tokenwire.v1.SessionRequest\x1a\x1d.tokenwire.v1.SessionResponse(\x01\x30\x01\x12\x43\n\x06\x43\x61ncel\x12\x1b.tokenwire.v1.CancelRequest\x1a\x1c.tokenwire.v1.CancelResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtokenwire/v1/generation.proto\x12\x0ctokenwire.v1\x1a\x17google/rpc/status.proto\x1a\x19tokenwire/v1/common.proto\"\xc6\x02\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x16.tokenwire.v1.TokenIdsH\x00\x12\'\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x17.tokenwire.v1.ChatInputH\x00\x12/\n\x08sampling\x18\x05 \x01(\x0b\x32\x1d.tokenwire.v1.SamplingOptions\x12/\n\x08stopping\x18\x06 \x01(\x0b\x32\x1d.tokenwire.v1.StoppingOptions\x12+\n\x06output\x18\x07 \x01(\x0b\x32\x1b.tokenwire.v1.OutputOptions\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\x12\n\ncache_salt\x18\t \x01(\tB\x07\n\x05input\"\xa9\x02\n\x06\x43hoice\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x30\n\x08logprobs\x18\x04 \x03(\x0b\x32\x1e.tokenwire.v1.PositionLogprobs\x12\x31\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x1a.tokenwire.v1.FinishReason\x12\x15\n\rstop_sequence\x18\x06 \x01(\t\x12\x1a\n\rstop_token_id\x18\x07 \x01(\rH\x00\x88\x01\x01\x12*\n\ntool_calls\x18\x08 \x03(\x0b\x32\x16.tokenwire.v1.ToolCall\x12\x19\n\x11reasoning_content\x18\t \x01(\tB\x10\n\x0e_stop_token_id\"\x80\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12%\n\x07\x63hoices\x18\x03 \x03(\x0b\x32\x14.tokenwire.v1.Choice\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.tokenwire.v1.Usage\"^\n\x0bStreamStart\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\"\xb7\x01\n\nTokenDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x30\n\x08logprobs\x18\x04 \x03(\x0b\x32\x1e.tokenwire.v1.PositionLogprobs\x12/\n\ntool_calls\x18\x05 \x03(\x0b\x32\x1b.tokenwire.v1.ToolCallDelta\x12\x16\n\x0ereasoning_text\x18\x06 \x01(\t\"\xad\x01\n\tChoiceEnd\x12\r\n\x05index\x18\x01 \x01(\r\x12\x31\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x1a.tokenwire.v1.FinishReason\x12\x15\n\rstop_sequence\x18\x03 \x01(\t\x12\x1a\n\rstop_token_id\x18\x04 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x11\x63ompletion_tokens\x18\x05 \x01(\rB\x10\n\x0e_stop_token_id\"\xc6\x01\n\x16GenerateStreamResponse\x12*\n\x05start\x18\x01 \x01(\x0b\x32\x19.tokenwire.v1.StreamStartH\x00\x12)\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x18.tokenwire.v1.TokenDeltaH\x00\x12&\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x17.tokenwire.v1.ChoiceEndH\x00\x12$\n\x05usage\x18\x04 \x01(\x0b\x32\x13.tokenwire.v1.UsageH\x00\x42\x07\n\x05\x65vent\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\x0e\x43\x61ncelResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"\xd6\x01\n\x0bSessionOpen\x12\r\n\x05model\x18\x01 \x01(\t\x12/\n\x08sampling\x18\x02 \x01(\x0b\x32\x1d.tokenwire.v1.SamplingOptions\x12/\n\x08stopping\x18\x03 \x01(\x0b\x32\x1d.tokenwire.v1.StoppingOptions\x12+\n\x06output\x18\x04 \x01(\x0b\x32\x1b.tokenwire.v1.OutputOptions\x12\x15\n\rsystem_prompt\x18\x05 \x01(\t\x12\x12\n\ncache_salt\x18\x06 \x01(\t\"\xa3\x02\n\x0bSessionTurn\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x16.tokenwire.v1.TokenIdsH\x00\x12\x16\n\x0cuser_message\x18\x03 \x01(\tH\x00\x12/\n\x08sampling\x18\x04 \x01(\x0b\x32\x1d.tokenwire.v1.SamplingOptions\x12/\n\x08stopping\x18\x05 \x01(\x0b\x32\x1d.tokenwire.v1.StoppingOptions\x12+\n\x06output\x18\x06 \x01(\x0b\x32\x1b.tokenwire.v1.OutputOptions\x12\x13\n\x0btraceparent\x18\x07 \x01(\t\x12\x12\n\ntracestate\x18\x08 \x01(\tB\x07\n\x05input\"\x13\n\x11SessionCancelTurn\"\x0e\n\x0cSessionClose\"\xd6\x01\n\x0eSessionRequest\x12)\n\x04open\x18\x01 \x01(\x0b\x32\x19.tokenwire.v1.SessionOpenH\x00\x12)\n\x04turn\x18\x02 \x01(\x0b\x32\x19.tokenwire.v1.SessionTurnH\x00\x12\x36\n\x0b\x63\x61ncel_turn\x18\x03 \x01(\x0b\x32\x1f.tokenwire.v1.SessionCancelTurnH\x00\x12+\n\x05\x63lose\x18\x04 \x01(\x0b\x32\x1a.tokenwire.v1.SessionCloseH\x00\x42\t\n\x07message\"N\n\rSessionOpened\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1a\n\x12max_context_tokens\x18\x03 \x01(\r\"]\n\x0bTurnStarted\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\"B\n\tTurnDelta\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\'\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x18.tokenwire.v1.TokenDelta\"\xe5\x01\n\x07TurnEnd\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\r\n\x05index\x18\x02 \x01(\r\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.tokenwire.v1.FinishReason\x12\x15\n\rstop_sequence\x18\x04 \x01(\t\x12\x1a\n\rstop_token_id\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\"\n\x05usage\x18\x06 \x01(\x0b\x32\x13.tokenwire.v1.Usage\x12!\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x12.google.rpc.StatusB\x10\n\x0e_stop_token_id\"H\n\rSessionNotice\x12&\n\x04kind\x18\x01 \x01(\x0e\x32\x18.tokenwire.v1.NoticeKind\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x82\x02\n\x0fSessionResponse\x12-\n\x06opened\x18\x01 \x01(\x0b\x32\x1b.tokenwire.v1.SessionOpenedH\x00\x12\x31\n\x0cturn_started\x18\x02 \x01(\x0b\x32\x19.tokenwire.v1.TurnStartedH\x00\x12(\n\x05\x64\x65lta\x18\x03 \x01(\x0b\x32\x17.tokenwire.v1.TurnDeltaH\x00\x12)\n\x08turn_end\x18\x04 \x01(\x0b\x32\x15.tokenwire.v1.TurnEndH\x00\x12-\n\x06notice\x18\x05 \x01(\x0b\x32\x1b.tokenwire.v1.SessionNoticeH\x00\x42\t\n\x07message*\x82\x01\n\nNoticeKind\x12\x1b\n\x17NOTICE_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14NOTICE_KIND_DRAINING\x10\x01\x12\x1f\n\x1bNOTICE_KIND_CONTEXT_EVICTED\x10\x02\x12\x1c\n\x18NOTICE_KIND_IDLE_TIMEOUT\x10\x03\x32\xc8\x02\n\x11GenerationService\x12I\n\x08Generate\x12\x1d.tokenwire.v1.GenerateRequest\x1a\x1e.tokenwire.v1.GenerateResponse\x12W\n\x0eGenerateStream\x12\x1d.tokenwire.v1.GenerateRequest\x1a$.tokenwire.v1.GenerateStreamResponse0\x01\x12J\n\x07Session\x12\x1c.tokenwire.v1.SessionRequest\x1a\x1d.tokenwire.v1.SessionResponse(\x01\x30\x01\x12\x43\n\x06\x43\x61ncel\x12\x1b.tokenwire.v1.CancelRequest\x1a\x1c.tokenwire.v1.CancelResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tokenwire.v1.generation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_NOTICEKIND']._serialized_start=3023
-  _globals['_NOTICEKIND']._serialized_end=3153
+  _globals['_NOTICEKIND']._serialized_start=3168
+  _globals['_NOTICEKIND']._serialized_end=3298
   _globals['_GENERATEREQUEST']._serialized_start=100
   _globals['_GENERATEREQUEST']._serialized_end=426
   _globals['_CHOICE']._serialized_start=429
-  _globals['_CHOICE']._serialized_end=655
-  _globals['_GENERATERESPONSE']._serialized_start=658
-  _globals['_GENERATERESPONSE']._serialized_end=786
-  _globals['_STREAMSTART']._serialized_start=788
-  _globals['_STREAMSTART']._serialized_end=882
-  _globals['_TOKENDELTA']._serialized_start=884
-  _globals['_TOKENDELTA']._serialized_end=994
-  _globals['_CHOICEEND']._serialized_start=997
-  _globals['_CHOICEEND']._serialized_end=1170
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1173
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1371
-  _globals['_CANCELREQUEST']._serialized_start=1373
-  _globals['_CANCELREQUEST']._serialized_end=1408
-  _globals['_CANCELRESPONSE']._serialized_start=1410
-  _globals['_CANCELRESPONSE']._serialized_end=1445
-  _globals['_SESSIONOPEN']._serialized_start=1448
-  _globals['_SESSIONOPEN']._serialized_end=1662
-  _globals['_SESSIONTURN']._serialized_start=1665
-  _globals['_SESSIONTURN']._serialized_end=1956
-  _globals['_SESSIONCANCELTURN']._serialized_start=1958
-  _globals['_SESSIONCANCELTURN']._serialized_end=1977
-  _globals['_SESSIONCLOSE']._serialized_start=1979
-  _globals['_SESSIONCLOSE']._serialized_end=1993
-  _globals['_SESSIONREQUEST']._serialized_start=1996
-  _globals['_SESSIONREQUEST']._serialized_end=2210
-  _globals['_SESSIONOPENED']._serialized_start=2212
-  _globals['_SESSIONOPENED']._serialized_end=2290
-  _globals['_TURNSTARTED']._serialized_start=2292
-  _globals['_TURNSTARTED']._serialized_end=2385
-  _globals['_TURNDELTA']._serialized_start=2387
-  _globals['_TURNDELTA']._serialized_end=2453
-  _globals['_TURNEND']._serialized_start=2456
-  _globals['_TURNEND']._serialized_end=2685
-  _globals['_SESSIONNOTICE']._serialized_start=2687
-  _globals['_SESSIONNOTICE']._serialized_end=2759
-  _globals['_SESSIONRESPONSE']._serialized_start=2762
-  _globals['_SESSIONRESPONSE']._serialized_end=3020
-  _globals['_GENERATIONSERVICE']._serialized_start=3156
-  _globals['_GENERATIONSERVICE']._serialized_end=3484
+  _globals['_CHOICE']._serialized_end=726
+  _globals['_GENERATERESPONSE']._serialized_start=729
+  _globals['_GENERATERESPONSE']._serialized_end=857
+  _globals['_STREAMSTART']._serialized_start=859
+  _globals['_STREAMSTART']._serialized_end=953
+  _globals['_TOKENDELTA']._serialized_start=956
+  _globals['_TOKENDELTA']._serialized_end=1139
+  _globals['_CHOICEEND']._serialized_start=1142
+  _globals['_CHOICEEND']._serialized_end=1315
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1318
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1516
+  _globals['_CANCELREQUEST']._serialized_start=1518
+  _globals['_CANCELREQUEST']._serialized_end=1553
+  _globals['_CANCELRESPONSE']._serialized_start=1555
+  _globals['_CANCELRESPONSE']._serialized_end=1590
+  _globals['_SESSIONOPEN']._serialized_start=1593
+  _globals['_SESSIONOPEN']._serialized_end=1807
+  _globals['_SESSIONTURN']._serialized_start=1810
+  _globals['_SESSIONTURN']._serialized_end=2101
+  _globals['_SESSIONCANCELTURN']._serialized_start=2103
+  _globals['_SESSIONCANCELTURN']._serialized_end=2122
+  _globals['_SESSIONCLOSE']._serialized_start=2124
+  _globals['_SESSIONCLOSE']._serialized_end=2138
+  _globals['_SESSIONREQUEST']._serialized_start=2141
+  _globals['_SESSIONREQUEST']._serialized_end=2355
+  _globals['_SESSIONOPENED']._serialized_start=2357
+  _globals['_SESSIONOPENED']._serialized_end=2435
+  _globals['_TURNSTARTED']._serialized_start=2437
+  _globals['_TURNSTARTED']._serialized_end=2530
+  _globals['_TURNDELTA']._serialized_start=2532
+  _globals['_TURNDELTA']._serialized_end=2598
+  _globals['_TURNEND']._serialized_start=2601
+  _globals['_TURNEND']._serialized_end=2830
+  _globals['_SESSIONNOTICE']._serialized_start=2832
+  _globals['_SESSIONNOTICE']._serialized_end=2904
+  _globals['_SESSIONRESPONSE']._serialized_start=2907
+  _globals['_SESSIONRESPONSE']._serialized_end=3165
+  _globals['_GENERATIONSERVICE']._serialized_start=3301
+  _globals['_GENERATIONSERVICE']._serialized_end=3629
 # @@protoc_insertion_point(module_scope)

@@ -1,0 +1,2 @@
+"""Constrained decoding (structured outputs) with xgrammar: params, compile pool, matchers,
+bitmasks."""

@@ -1,0 +1,94 @@
+"""``GrammarCompilerPool``: compiles constraints for one tokenizer off the engine's step loop.
+
+Compiles run on a small thread pool (xgrammar compiles in C++ with the interpreter lock
+released), so a slow schema never stalls a step. Results are cached by ``GrammarSpec`` (kind,
+text, whitespace mode) — the pool belongs to one tokenizer, so the tokenizer is part of every
+key — as futures: identical constraints arriving together compile once. The tokenizer's
+vocabulary (xgrammar ``TokenizerInfo``) is built on the pool by the first compile, so an
+engine that never sees a constrained request never loads it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from tokenwire.runtime.structured.config import StructuredOutputsConfig
+from tokenwire.runtime.structured.params import MAX_JSON_WHITESPACE, GrammarSpec
+from tokenwire.runtime.tokenizer import load_tokenizer
+
+
+class GrammarCompilerPool:
+    def __init__(
+        self,
+        tokenizer_path: str | None,
+        vocab_size: int,
+        stop_token_ids: tuple[int, ...],
+        config: StructuredOutputsConfig | None = None,
+    ) -> None:
+        self.tokenizer_path = tokenizer_path
+        self.vocab_size = vocab_size
+        self.stop_token_ids = stop_token_ids
+        self.config = config or StructuredOutputsConfig()
+        self._executor: ThreadPoolExecutor | None = None
+        self._cache: OrderedDict[GrammarSpec, Future[Any]] = OrderedDict()
+        self._compiler: Any = None  # xgrammar.GrammarCompiler, built by the first compile
+        self._compiler_lock = threading.Lock()
+
+    def submit(self, spec: GrammarSpec) -> Future[Any]:
+        """A future of the ``xgrammar.CompiledGrammar`` for ``spec`` (cached). Called from
+        the engine core's thread only."""
+        future = self._cache.get(spec)
+        if future is not None:
+            self._cache.move_to_end(spec)
+            return future
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                self.config.max_workers, thread_name_prefix="tokenwire-grammar"
+            )
+        future = self._executor.submit(self._compile, spec)
+        self._cache[spec] = future
+        if len(self._cache) > self.config.cache_size:
+            self._cache.popitem(last=False)
+        return future
+
+    def shutdown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ on the pool
+    def _compile(self, spec: GrammarSpec) -> Any:
+        compiler = self._get_compiler()
+        if spec.kind == "json":
+            return compiler.compile_json_schema(
+                spec.text,
+                any_whitespace=spec.any_whitespace,
+                max_whitespace_cnt=MAX_JSON_WHITESPACE if spec.any_whitespace else None,
+            )
+        if spec.kind == "regex":
+            return compiler.compile_regex(spec.text)
+        return compiler.compile_grammar(spec.text)
+
+    def _get_compiler(self) -> Any:
+        with self._compiler_lock:
+            if self._compiler is None:
+                self._compiler = self._build_compiler()
+            return self._compiler
+
+    def _build_compiler(self) -> Any:
+        import xgrammar as xgr
+
+        if self.tokenizer_path is None:
+            raise ValueError("this model has no tokenizer to constrain its output")
+        tokenizer = load_tokenizer(self.tokenizer_path)
+        if tokenizer is None:
+            raise ValueError("this model has no tokenizer to constrain its output")
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=self.vocab_size, stop_token_ids=list(self.stop_token_ids)
+        )
+        # The pool's cache replaces xgrammar's own (which would hold a second copy).
+        return xgr.GrammarCompiler(
+            info, max_threads=self.config.compiler_threads, cache_enabled=False
+        )

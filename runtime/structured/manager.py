@@ -1,0 +1,173 @@
+"""``StructuredOutputManager``: the scheduler's side of constrained decoding (no torch).
+
+Each constrained request gets a ``RequestGrammar``: first the future of its compiled grammar
+(compiling on the ``GrammarCompilerPool``), then an xgrammar matcher. The scheduler keeps a
+request in the waiting queue until ``poll`` gives it a matcher (or fails it: compile error or
+time-out), asks for the bitmask of the constrained rows that sample in a step
+(``bitmask``), and advances each matcher with the accepted token in ``update``.
+
+EOS: the matcher's stop tokens are the request's EOS ids (unless ``ignore_eos``) and its
+``stop_token_ids``; the grammar allows them only where it is complete, so a constrained
+request never ends early. With no stop token at all, the matcher terminates as soon as the
+grammar is complete. Preemption needs no rollback: recompute keeps the output tokens, so the
+matcher's state still matches them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as wait_futures
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tokenwire.runtime.outputs import EngineCoreOutput
+from tokenwire.runtime.request import FinishReason
+from tokenwire.runtime.structured.bitmask import GrammarBitmask, num_words
+from tokenwire.runtime.structured.compiler import GrammarCompilerPool
+from tokenwire.runtime.structured.validate import compiler_message
+
+if TYPE_CHECKING:
+    from tokenwire.runtime.request import Request
+
+
+def failure_output(request: Request, message: str) -> EngineCoreOutput:
+    """What reports a request whose constraint failed to compile: ERROR, the compiler's
+    message as ``stop_reason`` and the field as ``error_param``."""
+    constraint = request.sampling_params.structured_outputs
+    assert constraint is not None
+    return EngineCoreOutput(
+        request.request_id,
+        [],
+        finish_reason=FinishReason.ERROR,
+        stop_reason=message,
+        error_param=f"structured_outputs.{constraint.kind}",
+    )
+
+
+class RequestGrammar:
+    """One request's constraint: a compile future, then a matcher (``ready``)."""
+
+    __slots__ = ("deadline", "future", "matcher", "rejected")
+
+    def __init__(self, future: Future[Any], deadline: float) -> None:
+        self.future = future
+        self.deadline = deadline
+        self.matcher: Any = None  # xgrammar.GrammarMatcher once compiled
+        self.rejected = False  # a sampled token the grammar did not accept (never expected)
+
+    @property
+    def ready(self) -> bool:
+        return self.matcher is not None
+
+    def accept(self, token: int) -> bool:
+        """Advance with a sampled token; False (and ``rejected``) when it does not fit."""
+        if not self.matcher.accept_token(token):
+            self.rejected = True
+        return not self.rejected
+
+    @property
+    def terminated(self) -> bool:
+        """The grammar is complete and took its stop token (or needs none)."""
+        return bool(self.matcher.is_terminated())
+
+
+class StructuredOutputManager:
+    def __init__(
+        self,
+        pool: GrammarCompilerPool,
+        vocab_size: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pool = pool
+        self.words = num_words(vocab_size)
+        self.clock = clock
+        self._pending: list[Request] = []
+
+    @property
+    def num_pending(self) -> int:
+        """Requests whose grammar is still compiling."""
+        return len(self._pending)
+
+    def register(self, request: Request) -> None:
+        """Start compiling the request's constraint (a cache hit is ready at once)."""
+        constraint = request.sampling_params.structured_outputs
+        assert constraint is not None
+        future = self.pool.submit(constraint.spec())
+        deadline = self.clock() + self.pool.config.compile_timeout
+        request.grammar = RequestGrammar(future, deadline)
+        self._pending.append(request)
+
+    def poll(self) -> list[tuple[Request, str]]:
+        """Give a matcher to every pending request whose grammar compiled; returns the
+        requests that failed (compile error or time-out) with the reason."""
+        failed: list[tuple[Request, str]] = []
+        pending: list[Request] = []
+        now = self.clock()
+        for request in self._pending:
+            grammar = request.grammar
+            if request.is_finished or grammar is None:
+                continue  # aborted while compiling
+            if grammar.future.done():
+                error = grammar.future.exception()
+                if error is None:
+                    grammar.matcher = self._matcher(request, grammar.future.result())
+                else:
+                    failed.append((request, compiler_message(error)))
+            elif now >= grammar.deadline:
+                failed.append(
+                    (
+                        request,
+                        f"compiling the constraint took longer than "
+                        f"{self.pool.config.compile_timeout:g} s (the server's limit); "
+                        "simplify it",
+                    )
+                )
+            else:
+                pending.append(request)
+        self._pending = pending
+        return failed
+
+    def wait(self, timeout: float) -> None:
+        """Block until a pending compile finishes or ``timeout`` s pass (an engine with
+        nothing else to do waits here instead of spinning)."""
+        futures = [r.grammar.future for r in self._pending if r.grammar is not None]
+        if futures:
+            wait_futures(futures, timeout, FIRST_COMPLETED)
+
+    def bitmask_for(
+        self, num_scheduled: Mapping[str, int], requests: Mapping[str, Request]
+    ) -> GrammarBitmask | None:
+        """The bitmask of the constrained requests a step brings up to date (they sample);
+        None when there are none."""
+        rows = []
+        for request_id, num_new in num_scheduled.items():
+            request = requests[request_id]
+            if (
+                request.grammar is not None
+                and request.num_computed_tokens + num_new >= request.num_tokens
+            ):
+                rows.append(request)
+        return self.bitmask(rows) if rows else None
+
+    def bitmask(self, requests: list[Request]) -> GrammarBitmask:
+        """Allowed next tokens of each request (all ready, none terminated)."""
+        array = np.empty((len(requests), self.words), dtype=np.int32)
+        for i, request in enumerate(requests):
+            assert request.grammar is not None
+            request.grammar.matcher.fill_next_token_bitmask(array, i)
+        return GrammarBitmask.from_array([r.request_id for r in requests], array)
+
+    def shutdown(self) -> None:
+        self.pool.shutdown()
+
+    @staticmethod
+    def _matcher(request: Request, compiled: Any) -> Any:
+        import xgrammar as xgr
+
+        stops = sorted(request.eos_token_ids | request.stop_token_ids)
+        if not stops:
+            return xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+        return xgr.GrammarMatcher(compiled, override_stop_tokens=stops)
