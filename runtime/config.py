@@ -174,6 +174,37 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class LoRAConfig:
+    """Multi-LoRA serving (vLLM's flags). ``lora_modules``: (name, path) adapters loaded at
+    startup; ``max_loras``: adapters resident on the device at once (one step serves at most
+    this many); ``max_cpu_loras``: adapters kept in CPU memory per worker (None: max_loras)."""
+
+    enable_lora: bool = False
+    lora_modules: tuple[tuple[str, str], ...] = ()
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+
+    def __post_init__(self) -> None:
+        _positive("max_loras", self.max_loras)
+        _positive("max_lora_rank", self.max_lora_rank)
+        _positive("max_cpu_loras", self.max_cpu_loras)
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
+            )
+        if self.lora_modules and not self.enable_lora:
+            raise ValueError("lora_modules needs enable_lora")
+        names = [name for name, _ in self.lora_modules]
+        if len(set(names)) != len(names):
+            raise ValueError(f"lora_modules names an adapter twice: {names}")
+
+    @property
+    def cpu_capacity(self) -> int:
+        return self.max_loras if self.max_cpu_loras is None else self.max_cpu_loras
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs; built once by ``LLM``/the CLI and passed down."""
 
@@ -181,6 +212,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
     device: str = "auto"
     # CUDA only: run every step eagerly instead of replaying decode CUDA graphs.
     enforce_eager: bool = False

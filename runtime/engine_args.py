@@ -30,6 +30,7 @@ from tokenwire.runtime.config import (
     EngineConfig,
     KVCacheDType,
     LoadFormat,
+    LoRAConfig,
     ModelConfig,
     ParallelConfig,
     QuantizationMethod,
@@ -37,7 +38,32 @@ from tokenwire.runtime.config import (
     SchedulingPolicy,
 )
 
-_CONFIGS = (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, EngineConfig)
+_CONFIGS = (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, LoRAConfig, EngineConfig)
+
+
+def parse_lora_module(text: str) -> tuple[str, str]:
+    """``NAME=PATH`` (one ``--lora-modules`` item) -> (name, path)."""
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
+    return name, path
+
+
+class _LoRAModules(argparse.Action):
+    """``--lora-modules a=/p b=/q`` (one or more items; repeating the flag adds more)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        kwargs["nargs"] = "+"
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, (*getattr(namespace, self.dest, ()), *values))
 
 
 @dataclass(frozen=True)
@@ -229,6 +255,31 @@ class EngineArgs:
         choices=get_args(QuantizationMethod),
     )
 
+    enable_lora: bool = _arg(
+        LoRAConfig,
+        "enable_lora",
+        "serve LoRA adapters (PEFT format) on the base model, chosen per request by `model`",
+        action="store_true",
+    )
+    lora_modules: tuple[tuple[str, str], ...] = _arg(
+        LoRAConfig,
+        "lora_modules",
+        "adapters loaded at startup, as NAME=PATH (PATH: a PEFT adapter directory)",
+        type=parse_lora_module,
+        action=_LoRAModules,
+        metavar="NAME=PATH",
+    )
+    max_loras: int = _arg(
+        LoRAConfig, "max_loras", "LoRA adapters resident on the device at once", type=int
+    )
+    max_lora_rank: int = _arg(LoRAConfig, "max_lora_rank", "largest adapter rank", type=int)
+    max_cpu_loras: int | None = _arg(
+        LoRAConfig,
+        "max_cpu_loras",
+        "LoRA adapters kept in CPU memory per worker (default: --max-loras)",
+        type=int,
+    )
+
     # ------------------------------------------------------------------ command line
     @staticmethod
     def add_cli_args(
@@ -302,6 +353,13 @@ class EngineArgs:
                     master_port=self.master_port,
                     distributed_timeout=self.distributed_timeout,
                     distributed_startup_timeout=self.distributed_startup_timeout,
+                ),
+                lora=LoRAConfig(
+                    enable_lora=self.enable_lora,
+                    lora_modules=tuple(self.lora_modules),
+                    max_loras=self.max_loras,
+                    max_lora_rank=self.max_lora_rank,
+                    max_cpu_loras=self.max_cpu_loras,
                 ),
                 device=self.device,
                 enforce_eager=self.enforce_eager,

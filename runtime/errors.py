@@ -51,3 +51,24 @@ def clip(value: object, limit: int = MAX_ECHO_CHARS) -> str:
     plus an ellipsis: an error must never grow with what the client sent."""
     text = str(value)
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+class AdapterError(ParameterError):
+    """A LoRA adapter cannot be loaded (bad files, rank, shapes or target modules; LoRA not
+    enabled; a path outside the allowed root). The server keeps serving."""
+
+
+class AdapterExistsError(ValueError):
+    """An adapter of this name is already loaded."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"a LoRA adapter named {clip(name)!r} is already loaded")
+        self.name = name
+
+
+class AdapterNotFoundError(LookupError):
+    """No loaded adapter has this name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no LoRA adapter named {clip(name)!r} is loaded")
+        self.name = name

@@ -29,6 +29,15 @@ def hash_block_tokens(parent_hash: bytes, token_bytes: bytes, extra_keys: bytes)
     return hashlib.sha256(parent_hash + token_bytes + extra_keys).digest()
 
 
+def request_extra_keys(request: Request) -> bytes:
+    """Extra keys of a request's first block: its cache salt and its LoRA adapter, so
+    requests of different salts or adapters never share blocks (the chain carries it on)."""
+    extra = salt_extra_keys(request.cache_salt)
+    if request.lora_request is not None:
+        extra += request.lora_request.cache_key
+    return extra
+
+
 def salt_extra_keys(cache_salt: str | None) -> bytes:
     """Extra keys of a request's first block; ``None`` and ``""`` hash differently."""
     return b"" if cache_salt is None else b"salt:" + cache_salt.encode("utf-8")
@@ -209,7 +218,7 @@ class KVCacheManager:
         tokens = request.token_ids
         parent = hashes[-1] if hashes else b""
         for i in range(len(hashes), num_full):
-            extra = salt_extra_keys(request.cache_salt) if i == 0 else b""
+            extra = request_extra_keys(request) if i == 0 else b""
             parent = hash_block_tokens(
                 parent, self._pack_block(*tokens[i * bs : i * bs + bs]), extra
             )

@@ -13,6 +13,7 @@ from tokenwire.runtime.engine.core import EngineCore
 from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.executor.uniproc import UniprocExecutor
+from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.output_processor import ChoiceDelta, OutputProcessor
 from tokenwire.runtime.outputs import RequestOutput
 from tokenwire.runtime.sampling_params import SamplingParams, normalize_params
@@ -69,18 +70,24 @@ class LLM:
         *,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; results come back in input order."""
+        """Generate for every prompt; results come back in input order.
+
+        ``lora_request``: the adapter for every prompt, or one per prompt (None: the base
+        model), as in vLLM. An adapter the engine does not know yet is loaded by name and
+        path first (its ``lora_int_id`` is then the engine's own)."""
         prompt_list: list[Prompt] = [prompts] if isinstance(prompts, str) else list(prompts)
         params = normalize_params(sampling_params, len(prompt_list))
         if priority is not None and len(priority) != len(prompt_list):
             raise ParameterError("priority", "needs one value per prompt")
+        loras = self._loras(lora_request, len(prompt_list))
         request_ids: list[str] = []
         try:
             for i, (prompt, sp) in enumerate(zip(prompt_list, params, strict=True)):
                 text, token_ids = self._tokenize(prompt)
                 prio = 0 if priority is None else priority[i]
-                request_ids.append(self._add(text, token_ids, sp, prio))
+                request_ids.append(self._add(text, token_ids, sp, prio, loras[i]))
         except Exception:
             for request_id in request_ids:  # all or nothing: drop what this call queued
                 self._abort(request_id)
@@ -118,6 +125,26 @@ class LLM:
             self._abort(request_id)
 
     # ------------------------------------------------------------------ internals
+    def _loras(
+        self, lora_request: LoRARequest | Sequence[LoRARequest | None] | None, count: int
+    ) -> list[LoRARequest | None]:
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            requested: list[LoRARequest | None] = [lora_request] * count
+        else:
+            requested = list(lora_request)
+            if len(requested) != count:
+                raise ParameterError("lora_request", "needs one value (or None) per prompt")
+        resolved: list[LoRARequest | None] = []
+        for request in requested:
+            if request is None:
+                resolved.append(None)
+                continue
+            known = self.engine.get_lora(request.lora_name)
+            if known is None:
+                known = self.engine.add_lora(request.lora_name, request.lora_path)
+            resolved.append(known)
+        return resolved
+
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             tokenizer = self._require_tokenizer("prompt")
@@ -130,14 +157,21 @@ class LLM:
         return self.tokenizer
 
     def _add(
-        self, prompt: str | None, token_ids: list[int], params: SamplingParams, priority: int
+        self,
+        prompt: str | None,
+        token_ids: list[int],
+        params: SamplingParams,
+        priority: int,
+        lora: LoRARequest | None = None,
     ) -> str:
         self._structured.check(params)  # the constraint parses (the engine compiles it)
         request_id = str(next(self._counter))
         children = self._processor.add_request(request_id, prompt, token_ids, params)
         try:
             for child_id, child_params in children:
-                self.engine.add_request(child_id, token_ids, child_params, priority=priority)
+                self.engine.add_request(
+                    child_id, token_ids, child_params, priority=priority, lora_request=lora
+                )
         except Exception:
             self._abort(request_id)
             raise

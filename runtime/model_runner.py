@@ -25,10 +25,12 @@ import torch
 
 from tokenwire.kernels.attention_metadata import AttentionMetadata
 from tokenwire.kernels.paged_attention import build_cpu_plan
-from tokenwire.runtime.config import CacheConfig
+from tokenwire.runtime.config import CacheConfig, LoRAConfig
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.input_batch import InputBatch, StepArrays
 from tokenwire.runtime.kv_cache import KVCache
+from tokenwire.runtime.lora.manager import LoRAManager
+from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.model_loader import LoadedModel
 from tokenwire.runtime.model_output import ModelOutput, TokenLogprobs
 from tokenwire.runtime.prompt_logprobs import prompt_logprobs_for_chunk
@@ -55,6 +57,7 @@ class CachedRequestState:
     params: SamplingParams
     block_ids: list[int]
     sampling: RowSamplingState
+    lora: LoRARequest | None = None  # the adapter it runs with; None: the base model
     row: int | None = None  # None while preempted
     # Next prompt position whose logprob is still unreported (a recompute after preemption
     # must not report positions twice).
@@ -79,6 +82,7 @@ class ModelRunner:
         max_num_batched_tokens: int = 2048,
         enforce_eager: bool = False,
         tp: TPGroup = _SINGLE,
+        lora: LoRAConfig | None = None,
     ) -> None:
         model_tp = loaded.model.tp
         if (model_tp.rank, model_tp.world_size) != (tp.rank, tp.world_size):
@@ -92,6 +96,12 @@ class ModelRunner:
         self.eos_token_ids = loaded.eos_token_ids
         self.device = device
         self.block_size = cache_config.block_size
+        # LoRA wraps the model's linears before any CUDA graph is captured; decode graphs are
+        # off with LoRA (the per-step adapter runs are not captured yet).
+        self.lora: LoRAManager | None = None
+        if lora is not None and lora.enable_lora:
+            self.lora = LoRAManager(self.model, lora, loaded.dtype, device)
+            enforce_eager = True
         self._cuda: CudaExecutor | None = None
         if device.type == "cuda":
             from tokenwire.runtime.cuda_executor import CudaExecutor, cuda_kv_cache, graphs_enabled
@@ -125,6 +135,8 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ state diffs
     def _update_states(self, so: SchedulerOutput) -> None:
+        if so.removed_lora_ids and self.lora is not None:
+            self.lora.remove(so.removed_lora_ids)
         for request_id in so.finished_req_ids:
             state = self.requests.pop(request_id, None)
             if state is None:
@@ -145,6 +157,7 @@ class ModelRunner:
                 new.sampling_params,
                 new.block_ids,
                 new.num_computed_tokens,
+                new.lora_request,
             )
         cached = so.cached_reqs
         requests, batch = self.requests, self.batch
@@ -171,6 +184,7 @@ class ModelRunner:
         params: SamplingParams,
         block_ids: list[int],
         num_computed: int,
+        lora: LoRARequest | None = None,
     ) -> None:
         generator = None
         if params.seed is not None:
@@ -188,7 +202,7 @@ class ModelRunner:
             stop_token_ids_for_min_tokens=stop_ids,
         )
         state = CachedRequestState(
-            request_id, list(prompt), output, params, list(block_ids), sampling
+            request_id, list(prompt), output, params, list(block_ids), sampling, lora
         )
         state.row = self.batch.add_row(prompt, state.block_ids, num_computed)
         self.requests[request_id] = state
@@ -204,6 +218,10 @@ class ModelRunner:
         if so.is_empty:
             return ModelOutput(req_ids=[], sampled_token_ids=[])
         states, query_lens, num_decodes = self._batch_order(so)
+        if self.lora is not None:
+            order = self.lora.prepare_step([s.lora for s in states], query_lens, num_decodes)
+            if order is not None:
+                states, query_lens = [states[i] for i in order], query_lens[order]
         rows = np.fromiter((s.row for s in states), dtype=np.int64, count=len(states))
         arrays = self.batch.build(rows, query_lens, num_decodes)
         self.batch.num_computed[rows] += query_lens  # after this step's forward

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from tokenwire.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from tokenwire.runtime.lora.request import LoRARequest
     from tokenwire.runtime.structured.manager import RequestGrammar
 
 
@@ -51,6 +52,7 @@ class Request:
         "first_token_time",
         "grammar",
         "hold_as",
+        "lora_request",
         "max_tokens",
         "num_cached_tokens",
         "num_computed_tokens",
@@ -77,6 +79,7 @@ class Request:
         priority: int = 0,
         cache_salt: str | None = None,
         hold_as: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         self.request_id = request_id
         # Prompt followed by output tokens; never shrinks.
@@ -96,6 +99,7 @@ class Request:
         # When set, the finished request's KV blocks stay referenced under this holder id
         # (a session) instead of being freed, so the holder's next request hits them.
         self.hold_as = hold_as
+        self.lora_request = lora_request  # the adapter it runs with; None: the base model
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-hit tokens at first scheduling; -1 = not yet
@@ -127,6 +131,11 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
+
+    @property
+    def lora_int_id(self) -> int:
+        """The adapter's id; 0: the base model."""
+        return 0 if self.lora_request is None else self.lora_request.lora_int_id
 
     def sort_key(self) -> tuple[int, float]:
         """Priority-policy order: lower priority value first, then earlier arrival."""

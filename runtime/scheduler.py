@@ -19,6 +19,7 @@ import time
 
 from tokenwire.runtime.config import SchedulerConfig
 from tokenwire.runtime.kv_cache_manager import KVCacheManager
+from tokenwire.runtime.lora.admission import LoRAAdmission
 from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.request import FinishReason, Request, RequestStatus
@@ -38,8 +39,10 @@ class Scheduler:
         max_model_len: int,
         max_held_blocks: int = 0,
         structured: StructuredOutputManager | None = None,
+        lora: LoRAAdmission | None = None,
     ) -> None:
         self.config = config
+        self.lora = lora  # None: LoRA is not enabled
         self.kv = kv_cache_manager
         self.max_model_len = max_model_len
         # Budget for blocks pinned by holders (sessions) between their requests.
@@ -167,6 +170,9 @@ class Scheduler:
             grammar_bitmask=self.structured.bitmask_for(step.num_scheduled, self.requests)
             if self.structured is not None and self._num_constrained
             else None,
+            removed_lora_ids=frozenset()
+            if self.lora is None
+            else self.lora.ready_removals(self.requests.values()),
         )
 
     def _poll_grammars(self) -> None:
@@ -248,11 +254,16 @@ class Scheduler:
 
     def _schedule_waiting(self, step: StepBuilder) -> None:
         max_seqs = self.config.max_num_seqs
-        compiling: list[Request] = []  # skipped: their grammar is not ready yet
+        # Skipped: their grammar is not ready yet, or their adapter would exceed --max-loras.
+        skipped: list[Request] = []
+        lora = self.lora
+        active = None if lora is None else lora.active(self.running)
         while self.waiting and step.budget > 0 and len(self.running) < max_seqs:
             request = self.waiting.peek()
-            if request.grammar is not None and not request.grammar.ready:
-                compiling.append(self.waiting.pop())
+            if (request.grammar is not None and not request.grammar.ready) or (
+                lora is not None and active is not None and not lora.allows(request, active)
+            ):
+                skipped.append(self.waiting.pop())
                 continue
             hit_ids: list[int]
             if request.sampling_params.prompt_logprobs is not None:
@@ -276,7 +287,9 @@ class Scheduler:
                 request.first_scheduled_time = time.monotonic()
             self._admit(request, new_block_ids, step)
             step.schedule(request, num_new)
-        for request in reversed(compiling):  # back in front, in their order
+            if active is not None and request.lora_request is not None:
+                active.add(request.lora_int_id)
+        for request in reversed(skipped):  # back in front, in their order
             self.waiting.prepend(request)
 
     def _admit(self, request: Request, block_ids: list[int], step: StepBuilder) -> None:
@@ -297,6 +310,7 @@ class Scheduler:
                     sampling_params=request.sampling_params,
                     block_ids=list(block_ids),
                     num_computed_tokens=request.num_computed_tokens,
+                    lora_request=request.lora_request,
                 )
             )
 

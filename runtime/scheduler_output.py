@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.structured.bitmask import GrammarBitmask
 
@@ -22,6 +23,7 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int  # prefix-hit tokens already in the cache
+    lora_request: LoRARequest | None = None  # the adapter it runs with; None: the base
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,8 @@ class SchedulerOutput:
     preempted_req_ids: frozenset[str]
     # Allowed tokens of the constrained requests that sample this step; None: there are none.
     grammar_bitmask: GrammarBitmask | None = None
+    # Unloaded adapters no request uses any more: the workers drop them.
+    removed_lora_ids: frozenset[int] = frozenset()
 
     @property
     def is_empty(self) -> bool:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.engine.core_client import CoreClient, make_core_client
+from tokenwire.runtime.engine.lora_front import LoRAFront
 from tokenwire.runtime.engine.messages import (
     AbortRequests,
     AddRequest,
@@ -24,6 +25,7 @@ from tokenwire.runtime.engine.messages import (
     ChildRequest,
     CoreFailed,
     IdleReply,
+    LoRAReply,
     ReleaseHolder,
     StepResult,
 )
@@ -31,6 +33,7 @@ from tokenwire.runtime.engine.protocol import EngineInfo, EngineStatsSnapshot, I
 from tokenwire.runtime.engine.request_stream import RequestFailed, RequestFinished, RequestStream
 from tokenwire.runtime.engine.validation import validate_request
 from tokenwire.runtime.errors import (
+    AdapterNotFoundError,
     DrainingError,
     DuplicateRequestError,
     EngineDeadError,
@@ -38,6 +41,7 @@ from tokenwire.runtime.errors import (
     ParameterError,
     QueueFullError,
 )
+from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.output_processor import OutputProcessor, ProcessedStep
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.sampling_params import SamplingParams
@@ -78,6 +82,7 @@ class AsyncEngine:
         self._on_dead: list[Callable[[], None]] = []
         self._dead: str | None = None
         self._closing = False
+        self._loras = LoRAFront(self.client.send)
         self._idle = asyncio.Event()  # set while no stream is open
         self._idle.set()
         self._snapshot = EngineStatsSnapshot()
@@ -116,6 +121,7 @@ class AsyncEngine:
         """Start the core, wait until it has loaded the model, load the tokenizer."""
         info = await self.client.start()
         self._info = info
+        self._loras.seed(info.lora_adapters)
         if info.tokenizer_path is not None:
             self._tokenizer = await asyncio.to_thread(load_tokenizer, info.tokenizer_path)
         self._processor = OutputProcessor(self._tokenizer)
@@ -188,6 +194,7 @@ class AsyncEngine:
         priority: int = 0,
         cache_salt: str | None = None,
         hold_as: str | None = None,
+        lora_request: LoRARequest | None = None,
         before_ready: bool = False,
     ) -> RequestStream:
         """Validate and send to the core; raises before anything is sent."""
@@ -204,6 +211,8 @@ class AsyncEngine:
                 f"the server holds {self._num_seqs} sequences in flight and this request "
                 f"needs {params.n}; its limit is {self.max_requests}"
             )
+        if lora_request is not None and self._loras.get(lora_request.lora_name) != lora_request:
+            raise AdapterNotFoundError(lora_request.lora_name)
         info = self.info
         validate_request(prompt_token_ids, params, info.vocab_size, info.max_model_len)
         self._structured.check(params)  # the constraint parses (the core compiles it)
@@ -223,6 +232,7 @@ class AsyncEngine:
                 ],
                 priority,
                 cache_salt,
+                lora_request,
             )
         )
         return stream
@@ -237,6 +247,23 @@ class AsyncEngine:
         if children and self._dead is None:
             self.client.send(AbortRequests(children))
         return True
+
+    # ------------------------------------------------------------------ LoRA adapters
+    def get_lora(self, name: str) -> LoRARequest | None:
+        return self._loras.get(name)
+
+    def list_loras(self) -> list[LoRARequest]:
+        return self._loras.list()
+
+    async def add_lora(self, name: str, path: str) -> LoRARequest:
+        if self._dead is not None:
+            raise EngineDeadError(self._dead)
+        return await self._loras.add(name, path)
+
+    async def remove_lora(self, name: str) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(self._dead)
+        await self._loras.remove(name)
 
     def release_holder(self, holder_id: str) -> None:
         self._eviction_listeners.pop(holder_id, None)
@@ -262,6 +289,8 @@ class AsyncEngine:
                     reply = self._idle_calls.pop(message.call_id, None)
                     if reply is not None and not reply.done():
                         reply.set_result(message.report)
+                elif isinstance(message, LoRAReply):
+                    self._loras.on_reply(message)
                 elif isinstance(message, CoreFailed):
                     if not self._closing:
                         self._die(message.message)
@@ -346,5 +375,6 @@ class AsyncEngine:
         for reply in self._idle_calls.values():
             if not reply.done():
                 reply.set_exception(EngineDeadError(reason))
+        self._loras.fail_all(EngineDeadError(reason))
         for callback in self._on_dead:
             callback()

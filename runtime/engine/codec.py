@@ -13,6 +13,7 @@ import msgspec
 
 from tokenwire.runtime.engine.messages import (
     AbortRequests,
+    AddLoRA,
     AddRequest,
     CheckIdle,
     CoreFailed,
@@ -20,7 +21,9 @@ from tokenwire.runtime.engine.messages import (
     CoreOutput,
     CoreStarted,
     IdleReply,
+    LoRAReply,
     ReleaseHolder,
+    RemoveLoRA,
     Shutdown,
     StepResult,
 )
@@ -31,8 +34,10 @@ _INPUT_TYPES: tuple[type[Any], ...] = (
     ReleaseHolder,
     CheckIdle,
     Shutdown,
+    AddLoRA,
+    RemoveLoRA,
 )
-_OUTPUT_TYPES: tuple[type[Any], ...] = (StepResult, CoreStarted, IdleReply, CoreFailed)
+_OUTPUT_TYPES: tuple[type[Any], ...] = (StepResult, CoreStarted, IdleReply, CoreFailed, LoRAReply)
 _Frame = tuple[int, msgspec.Raw]
 
 

@@ -14,6 +14,9 @@ from tokenwire.runtime.engine.validation import validate_request
 from tokenwire.runtime.errors import DuplicateRequestError
 from tokenwire.runtime.executor.base import Executor, make_executor
 from tokenwire.runtime.kv_cache_manager import KVCacheManager
+from tokenwire.runtime.lora.admission import LoRAAdmission
+from tokenwire.runtime.lora.registry import LoRARegistry
+from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.request import FinishReason, Request
@@ -50,6 +53,8 @@ class EngineCore:
             self.vocab_size = self.facts.vocab_size
             self._check_capacity(self.facts.num_blocks)
             self._eos_token_ids = frozenset(self.facts.eos_token_ids)
+            self.loras = LoRARegistry(config.lora, self.facts.arch)
+            self.loras.load_startup_modules()
         except BaseException:
             self.executor.shutdown()
             raise
@@ -62,7 +67,12 @@ class EngineCore:
         )
         self.structured = StructuredOutputManager(pool, self.vocab_size)
         self.scheduler = Scheduler(
-            config.scheduler, self.kv_cache_manager, self.max_model_len, max_held, self.structured
+            config.scheduler,
+            self.kv_cache_manager,
+            self.max_model_len,
+            max_held,
+            self.structured,
+            LoRAAdmission(config.lora.max_loras) if config.lora.enable_lora else None,
         )
 
     def _check_capacity(self, num_blocks: int) -> None:
@@ -95,6 +105,7 @@ class EngineCore:
         cache_salt: str | None = None,
         arrival_time: float | None = None,
         hold_as: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Validate against the model and queue. ``params.n`` must be 1 (the front fans out).
 
@@ -104,6 +115,8 @@ class EngineCore:
         if request_id in self.scheduler.requests:
             raise DuplicateRequestError(request_id)
         self.validate(prompt_token_ids, params)
+        if lora_request is not None:
+            self.loras.check(lora_request)
         request = Request(
             request_id,
             prompt_token_ids,
@@ -114,6 +127,7 @@ class EngineCore:
             priority=priority,
             cache_salt=cache_salt,
             hold_as=hold_as,
+            lora_request=lora_request,
         )
         self.scheduler.add_request(request)
 
@@ -134,6 +148,21 @@ class EngineCore:
             )
             for r in aborted
         ]
+
+    # ------------------------------------------------------------------ LoRA adapters
+    def add_lora(self, name: str, path: str) -> LoRARequest:
+        """Check and register an adapter (``AdapterError`` / ``AdapterExistsError``)."""
+        return self.loras.add(name, path)
+
+    def remove_lora(self, name: str) -> LoRARequest:
+        """Unregister ``name`` at once; the workers drop it after its last request."""
+        request = self.loras.remove(name)
+        if self.scheduler.lora is not None:
+            self.scheduler.lora.remove(request.lora_int_id)
+        return request
+
+    def get_lora(self, name: str) -> LoRARequest | None:
+        return next((r for r in self.loras.adapters() if r.lora_name == name), None)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

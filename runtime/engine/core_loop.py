@@ -9,23 +9,28 @@ and request statistics the core reported, evicted session holders and a state sn
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from tokenwire.runtime.engine.core import EngineCore
 from tokenwire.runtime.engine.messages import (
     AbortRequests,
+    AddLoRA,
     AddRequest,
     CheckIdle,
     CoreInput,
     CoreOutput,
     IdleReply,
+    LoRAReply,
     ReleaseHolder,
+    RemoveLoRA,
     RequestFault,
     Shutdown,
     StepResult,
 )
 from tokenwire.runtime.engine.protocol import EngineInfo, EngineStatsSnapshot, IdleReport
+from tokenwire.runtime.errors import AdapterError, AdapterExistsError, AdapterNotFoundError
 from tokenwire.runtime.outputs import EngineCoreOutput
+from tokenwire.runtime.request import Request
 from tokenwire.runtime.stats import EngineObserver, RequestStats, StepStats
 
 # block -> the inputs queued now; blocking waits at most IDLE_CHECK_S (then maybe none).
@@ -80,6 +85,9 @@ def engine_info(core: EngineCore) -> EngineInfo:
         core_pid=os.getpid(),
         weight_bytes=facts.weight_bytes,
         kv_cache_dtype="fp8" if config.cache.kv_cache_dtype != "auto" else "auto",
+        max_loras=config.lora.max_loras if config.lora.enable_lora else 0,
+        max_lora_rank=config.lora.max_lora_rank if config.lora.enable_lora else 0,
+        lora_adapters=core.loras.adapters(),
     )
 
 
@@ -96,7 +104,30 @@ def snapshot(core: EngineCore, step_id: int) -> EngineStatsSnapshot:
         prefix_cache_queries=kv.prefix_cache_queries,
         prefix_cache_hits=kv.prefix_cache_hits,
         num_preemptions=scheduler.num_preemptions_total,
+        running_lora_adapters=_adapter_names(scheduler.running) if scheduler.lora else (),
+        waiting_lora_adapters=_adapter_names(scheduler.waiting) if scheduler.lora else (),
     )
+
+
+def _adapter_names(requests: Iterable[Request]) -> tuple[str, ...]:
+    names = {r.lora_request.lora_name for r in requests if r.lora_request is not None}
+    return tuple(sorted(names))
+
+
+def lora_reply(core: EngineCore, message: AddLoRA | RemoveLoRA) -> LoRAReply:
+    """Apply an adapter load / unload; a refusal travels back as data (the core lives on)."""
+    try:
+        if isinstance(message, AddLoRA):
+            lora = core.add_lora(message.name, message.path)
+        else:
+            lora = core.remove_lora(message.name)
+    except AdapterError as exc:
+        return LoRAReply(message.call_id, error="invalid", param=exc.param, message=str(exc))
+    except AdapterExistsError as exc:
+        return LoRAReply(message.call_id, error="exists", message=str(exc))
+    except AdapterNotFoundError as exc:
+        return LoRAReply(message.call_id, error="not_found", message=str(exc))
+    return LoRAReply(message.call_id, lora=lora)
 
 
 def idle_report(core: EngineCore) -> IdleReport:
@@ -153,6 +184,9 @@ class CoreLoop:
             self._outputs.extend(core.abort_requests(message.request_ids))
         elif isinstance(message, ReleaseHolder):
             core.release_holder(message.holder_id)
+        elif isinstance(message, AddLoRA | RemoveLoRA):
+            self._flush()
+            self.send(lora_reply(core, message))
         elif isinstance(message, CheckIdle):
             self._flush()  # everything before the question goes out before the answer
             self.send(IdleReply(message.call_id, idle_report(core)))
@@ -168,6 +202,7 @@ class CoreLoop:
                     priority=message.priority,
                     cache_salt=message.cache_salt,
                     hold_as=child.hold_as,
+                    lora_request=message.lora_request,
                 )
                 added.append(child.request_id)
         except Exception as exc:  # validated by the front already: an engine fault

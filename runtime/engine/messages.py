@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tokenwire.runtime.engine.protocol import EngineInfo, EngineStatsSnapshot, IdleReport
+from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.stats import RequestStats, StepStats
@@ -35,6 +36,7 @@ class AddRequest:
     children: list[ChildRequest]
     priority: int = 0
     cache_salt: str | None = None
+    lora_request: LoRARequest | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +61,24 @@ class Shutdown:
     pass
 
 
-CoreInput = AddRequest | AbortRequests | ReleaseHolder | CheckIdle | Shutdown
+@dataclass(frozen=True, slots=True)
+class AddLoRA:
+    """Check and register a LoRA adapter; answered with a ``LoRAReply``."""
+
+    call_id: int
+    name: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveLoRA:
+    """Unregister a LoRA adapter (its running requests finish first); a ``LoRAReply``."""
+
+    call_id: int
+    name: str
+
+
+CoreInput = AddRequest | AbortRequests | ReleaseHolder | CheckIdle | Shutdown | AddLoRA | RemoveLoRA
 
 
 # ---------------------------------------------------------------------------- core -> front
@@ -100,4 +119,16 @@ class CoreFailed:
     startup: bool = False
 
 
-CoreOutput = StepResult | CoreStarted | IdleReply | CoreFailed
+@dataclass(frozen=True, slots=True)
+class LoRAReply:
+    """The answer to ``AddLoRA`` / ``RemoveLoRA``: the adapter, or why not (``error`` is
+    "invalid", "exists" or "not_found"; ``param`` names the bad field of an invalid one)."""
+
+    call_id: int
+    lora: LoRARequest | None = None
+    error: str = ""
+    param: str = ""
+    message: str = ""
+
+
+CoreOutput = StepResult | CoreStarted | IdleReply | CoreFailed | LoRAReply

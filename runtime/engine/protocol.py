@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.tokenizer import Tokenizer
 
@@ -41,6 +42,11 @@ class EngineInfo:
     core_pid: int  # the process running the engine core (this one when in-process)
     weight_bytes: int = 0  # the model's weights as loaded (all ranks together)
     kv_cache_dtype: str = "auto"  # "auto": the model dtype; "fp8": e4m3
+    max_loras: int = 0  # adapters one step can serve; 0: LoRA is not enabled
+    max_lora_rank: int = 0
+    # Adapters loaded at startup (--lora-modules); later loads and unloads go through
+    # ``EngineClient.add_lora`` / ``remove_lora`` and show in ``list_loras``.
+    lora_adapters: tuple[LoRARequest, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +63,9 @@ class EngineStatsSnapshot:
     prefix_cache_queries: int = 0  # prompt tokens looked up
     prefix_cache_hits: int = 0  # prompt tokens found
     num_preemptions: int = 0
+    # Adapter names of the running / waiting requests (vLLM's lora_requests_info gauge).
+    running_lora_adapters: tuple[str, ...] = ()
+    waiting_lora_adapters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +120,30 @@ class EngineClient(Protocol):
         priority: int = 0,
         cache_salt: str | None = None,
         hold_as: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> RequestStream: ...
 
     def abort(self, request_id: str) -> bool: ...
+
+    # LoRA adapters (``info.max_loras == 0``: LoRA is not enabled and none is ever listed).
+    def get_lora(self, name: str) -> LoRARequest | None:
+        """The loaded adapter called ``name`` (what a request's ``model`` selects)."""
+        ...
+
+    def list_loras(self) -> list[LoRARequest]:
+        """Loaded adapters, in load order."""
+        ...
+
+    async def add_lora(self, name: str, path: str) -> LoRARequest:
+        """Load a PEFT adapter directory under ``name``. The engine validates it against
+        the model first: ``AdapterError`` (bad adapter, or LoRA not enabled) or
+        ``AdapterExistsError``; the engine serves on either way."""
+        ...
+
+    async def remove_lora(self, name: str) -> None:
+        """Unload ``name`` (``AdapterNotFoundError`` if none): new requests can no longer
+        select it at once; requests already using it run to completion first."""
+        ...
 
     def release_holder(self, holder_id: str) -> None: ...
 

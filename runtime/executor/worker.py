@@ -71,6 +71,7 @@ class Worker:
             max_num_batched_tokens=sched.max_num_batched_tokens,
             enforce_eager=config.enforce_eager,
             tp=tp,
+            lora=config.lora,
         )
 
     @property
