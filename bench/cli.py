@@ -1,4 +1,4 @@
-"""``tokenwire bench throughput|overhead|serve``: the command-line edge of the benchmarks.
+"""``tokenwire bench throughput|overhead|serve|lora``: the command-line edge of the benchmarks.
 
 The only module of the package that sees ``argparse``: each command's flags become a frozen
 config (``ThroughputConfig``, ``OverheadConfig``, ``ServeBenchConfig``) and the benchmark runs
@@ -17,6 +17,7 @@ from tokenwire.runtime.bundled_configs import BUNDLED_CONFIGS
 from tokenwire.runtime.engine_args import EngineArgs
 
 if TYPE_CHECKING:
+    from tokenwire.bench.lora import LoRABenchConfig
     from tokenwire.bench.overhead import OverheadConfig
     from tokenwire.bench.serve import ServeBenchConfig
     from tokenwire.bench.throughput import ThroughputConfig
@@ -32,6 +33,9 @@ def add_parsers(bench: argparse._SubParsersAction) -> None:  # type: ignore[type
     o = bench.add_parser("overhead", help="engine overhead per step on a tiny model")
     add_overhead_arguments(o)
     o.set_defaults(func=_overhead)
+    lo = bench.add_parser("lora", help="offline throughput with N LoRA adapters vs the base")
+    add_lora_arguments(lo)
+    lo.set_defaults(func=_lora)
 
 
 # ---------------------------------------------------------------------- throughput
@@ -178,3 +182,32 @@ def _serve(args: argparse.Namespace) -> int:
     from tokenwire.bench.serve import run_serve_bench
 
     return run_serve_bench(serve_bench_config(args))
+
+
+# ---------------------------------------------------------------------- lora
+def add_lora_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", choices=WORKLOADS, default="cpu")
+    p.add_argument("--num-requests", type=int, default=None)
+    p.add_argument("--num-adapters", type=int, default=4, help="random adapters, mixed evenly")
+    p.add_argument("--lora-rank", type=int, default=16, help="rank of every adapter")
+    EngineArgs.add_cli_args(p, model_help="model (default: SmolLM2)")
+
+
+def lora_config(args: argparse.Namespace) -> LoRABenchConfig:
+    from tokenwire.bench.lora import LoRABenchConfig
+
+    if args.num_adapters <= 0 or args.lora_rank <= 0:
+        raise ValueError("--num-adapters and --lora-rank must be positive")
+    return LoRABenchConfig(
+        engine=EngineArgs.from_cli_args(args),
+        workload=args.workload,
+        num_requests=args.num_requests,
+        num_adapters=args.num_adapters,
+        rank=args.lora_rank,
+    )
+
+
+def _lora(args: argparse.Namespace) -> int:
+    from tokenwire.bench.lora import run_lora_bench
+
+    return run_lora_bench(lora_config(args))

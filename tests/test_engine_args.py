@@ -16,6 +16,7 @@ import pytest
 from tokenwire.runtime.config import (
     CacheConfig,
     EngineConfig,
+    LoRAConfig,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
@@ -28,6 +29,7 @@ COMMANDS = {
     "generate": ("generate",),
     "bench throughput": ("bench", "throughput"),
     "bench overhead": ("bench", "overhead"),
+    "bench lora": ("bench", "lora"),
     "worker": ("worker",),
 }
 FIELDS = [f.name for f in dataclasses.fields(EngineArgs)]
@@ -62,6 +64,11 @@ VALUES: dict[str, Any] = {
     "load_format": "dummy",
     "seed": 7,
     "quantization": "int8",
+    "enable_lora": True,
+    "lora_modules": (("a", "/adapters/a"), ("b", "/adapters/b")),
+    "max_loras": 2,
+    "max_lora_rank": 32,
+    "max_cpu_loras": 4,
 }
 
 
@@ -92,6 +99,8 @@ def argv_for(command: str) -> list[str]:
         flag = flag_of(name)
         if isinstance(value, bool):
             argv.append(flag if value else "--no-" + flag.removeprefix("--"))
+        elif isinstance(value, tuple):  # --lora-modules NAME=PATH ...
+            argv += [flag, *(f"{name}={path}" for name, path in value)]
         else:
             argv += [flag, str(value)]
     return argv
@@ -139,6 +148,7 @@ def test_defaults_are_the_config_dataclasses() -> None:
         CacheConfig,
         SchedulerConfig,
         ParallelConfig,
+        LoRAConfig,
         EngineConfig,
     }
 
@@ -169,6 +179,10 @@ def test_create_engine_config_carries_every_field() -> None:
         node_rank=1, master_addr="10.0.0.1", master_port=29400, distributed_timeout=20.0,
         distributed_startup_timeout=120.0,
     )  # fmt: skip
+    assert config.lora == LoRAConfig(
+        enable_lora=True, lora_modules=(("a", "/adapters/a"), ("b", "/adapters/b")),
+        max_loras=2, max_lora_rank=32, max_cpu_loras=4,
+    )  # fmt: skip
     assert (config.device, config.enforce_eager) == ("cpu", True)
 
 
@@ -191,6 +205,10 @@ def test_create_engine_config_carries_every_field() -> None:
         ("device", "tpu", "--device"),
         ("dtype", "int3", "--dtype"),
         ("load_format", "pickle", "--load-format"),
+        ("max_loras", 0, "--max-loras"),
+        ("max_lora_rank", -1, "--max-lora-rank"),
+        ("max_cpu_loras", 0, "--max-cpu-loras"),
+        ("lora_modules", (("a", "/x"),), "--lora-modules"),
     ],
 )
 def test_a_bad_value_names_its_flag(field: str, value: Any, flag: str) -> None:
@@ -250,6 +268,7 @@ def test_llm_accepts_every_engine_field(tmp_path: Path) -> None:
         max_num_batched_tokens=128,
         # One rank on one node here: tensor parallelism runs in tests/test_tensor_parallel.py.
         tensor_parallel_size=1, nnodes=1, node_rank=0, distributed_init_method=None,
+        lora_modules=(),  # adapters are loaded in tests/test_lora_runtime.py
     )  # fmt: skip
     llm = LLM(**kwargs)
     assert llm.engine.facts.num_blocks == 64

@@ -44,6 +44,7 @@ SEAM = (
     "tokenwire.runtime.tokenizer",
     "tokenwire.runtime.tokenizer_pool",
     "tokenwire.runtime.tool_parsers",  # front-side text tools: tool calls, reasoning
+    "tokenwire.runtime.lora.request",  # the plain record naming an adapter
 )
 # ``tokenwire generate`` is the offline LLM on the command line; ``tokenwire worker`` runs a
 # node's tensor-parallel ranks.
