@@ -14,7 +14,6 @@ the constrained rows that sample, and ``update()`` advances their matchers.
 from __future__ import annotations
 
 import bisect
-import logging
 import time
 
 from tokenwire.runtime.config import SchedulerConfig
@@ -26,9 +25,8 @@ from tokenwire.runtime.request import FinishReason, Request, RequestStatus
 from tokenwire.runtime.request_queue import make_queue
 from tokenwire.runtime.scheduler_output import NewRequestData, SchedulerOutput
 from tokenwire.runtime.step_builder import StepBuilder
+from tokenwire.runtime.stop_check import token_stop
 from tokenwire.runtime.structured.manager import StructuredOutputManager, failure_output
-
-logger = logging.getLogger("tokenwire.engine")
 
 
 class Scheduler:
@@ -379,30 +377,8 @@ class Scheduler:
 
     def _check_stop(self, request: Request, token: int) -> bool:
         """Token-level stop checks; stop strings are checked by the front's detokenizer."""
-        num_output = request.num_output_tokens
-        reason: FinishReason | None = None
-        stop_reason: int | str | None = None
-        grammar = request.grammar
-        if grammar is not None and grammar.rejected:  # the mask allowed it: never expected
-            logger.error("request %s: its grammar rejected token %d", request.request_id, token)
-            reason = FinishReason.ERROR
-        elif grammar is not None and grammar.terminated:  # complete: min_tokens cannot hold it
-            if token in request.stop_token_ids and token not in request.eos_token_ids:
-                reason, stop_reason = FinishReason.STOP_TOKEN, token
-            else:
-                reason = FinishReason.EOS
-        elif num_output >= request.sampling_params.min_tokens:
-            if token in request.eos_token_ids:
-                reason = FinishReason.EOS
-            elif token in request.stop_token_ids:
-                reason, stop_reason = FinishReason.STOP_TOKEN, token
-        if reason is None and num_output >= request.max_tokens:
-            user_max = request.sampling_params.max_tokens
-            capped = user_max is None or user_max > request.max_tokens
-            reason = FinishReason.CONTEXT_LENGTH if capped else FinishReason.LENGTH
-        if reason is None and request.num_tokens >= self.max_model_len:
-            reason = FinishReason.CONTEXT_LENGTH
-        if reason is None:
+        stop = token_stop(request, token, self.max_model_len)
+        if stop is None:
             return False
-        self._finish(request, reason, stop_reason)
+        self._finish(request, *stop)
         return True

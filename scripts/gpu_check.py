@@ -113,6 +113,7 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
                 "fp8",
                 "--tpot-only",
             ),
+            stage("lora:tiny", 60, "--model", tiny),
         ]
     # Priority order: the rest of the (compiled) kernel tests run last, in the time left.
     all_kernel_tests = [*pytest, "-m", "not gpu", "tests/test_kernels_triton.py"]
@@ -129,6 +130,8 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
         stage("bench:llama-3.1-8b+fp8", 100, *_eight_b("fp8", quantization="fp8")),
         stage("bench:llama-3.1-8b+kvfp8", 100, *_eight_b("kvfp8", kv_cache_dtype="fp8")),
         stage("bench:llama-3.1-8b+int4", 70, *_eight_b("int4", quantization="gptq"), "--tpot-only"),
+        # Issue 15: 4 LoRA adapters mixed vs the base, Llama-3.2-1B dummy weights.
+        stage("lora:llama-3.2-1b", 90, "--model", "llama-3.2-1b"),
         Stage("kernels-all", all_kernel_tests, 120),
     ]
 

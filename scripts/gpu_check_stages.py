@@ -3,8 +3,8 @@
 A stage appends one JSON record per finished measurement to ``--results`` (JSON lines), so a
 stage killed at its time limit keeps everything it measured before. ``--smoke`` swaps the
 CUDA device and the bundled benchmark shapes for the CPU and a tiny config, with tiny request
-counts, so the plumbing runs anywhere. Stages: ``attn_bw``, ``parity``, ``bench``, ``serve``
-(the kernel tests are plain pytest, launched by the orchestrator).
+counts, so the plumbing runs anywhere. Stages: ``attn_bw``, ``parity``, ``bench``, ``serve``,
+``lora`` (the kernel tests are plain pytest, launched by the orchestrator).
 """
 
 from __future__ import annotations
@@ -233,6 +233,24 @@ def stage_bench(args: argparse.Namespace, record: Recorder) -> None:
         _hf_static(args, model_path, device, dtype, vocab, record)
 
 
+def stage_lora(args: argparse.Namespace, record: Recorder) -> None:
+    """Issue 15: output tok/s with 4 random rank-16 adapters mixed evenly vs the base alone
+    (LoRA not enabled), and with LoRA enabled but base requests only; dummy weights."""
+    import dataclasses
+
+    from tokenwire.bench.lora import LoRABenchConfig, lora_result
+
+    engine = dataclasses.replace(_bench_config(args).engine, max_num_batched_tokens=4096)
+    workload, requests = ("cpu", 2) if args.smoke else ("fixed", 128)
+    config = LoRABenchConfig(engine=engine, workload=workload, num_requests=requests)
+    r = lora_result(config)
+    record(kind="lora", model=args.label or args.model, workload=r["workload"],
+           num_requests=r["num_requests"], base_output_tok_s=r["base_output_tok_s"],
+           lora_mixed_output_tok_s=r["lora_mixed_output_tok_s"],
+           lora_base_only_output_tok_s=r["lora_base_only_output_tok_s"],
+           ratio=r["lora_mixed_vs_base"])  # fmt: skip
+
+
 def _hf_static(
     args: argparse.Namespace, model_path: Path, device: Any, dtype: Any, vocab: int,
     record: Recorder,
@@ -326,7 +344,7 @@ def stage_serve(args: argparse.Namespace, record: Recorder) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("stage", choices=["attn_bw", "parity", "bench", "serve"])
+    p.add_argument("stage", choices=["attn_bw", "parity", "bench", "serve", "lora"])
     p.add_argument("--results", type=Path, required=True)
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--model", default="llama-3.2-1b", help="bundled name or config dir")
@@ -344,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         "parity": stage_parity,
         "bench": stage_bench,
         "serve": stage_serve,
+        "lora": stage_lora,
     }
     stages[args.stage](args, Recorder(args.results, args.stage))
     return 0

@@ -17,6 +17,7 @@ TPOT_TARGET_MS = {"llama-3.2-1b": 1.5, "llama-3.1-8b": 5.0}
 ATTN_FRACTION_TARGET = 0.70
 SERVE_RATIO_TARGET = 0.90
 FP8_TPOT_SPEEDUP_TARGET = 1.4  # issue 13: FP8 weights >= 1.4x bf16 decode at batch 1
+LORA_RATIO_TARGET = 0.8  # issue 15: 4 adapters mixed keep >= 80% of the base's tok/s
 
 
 class StageLike(Protocol):
@@ -94,8 +95,25 @@ def summary_rows(stages: Sequence[StageLike]) -> list[dict[str, Any]]:
         if s.name.startswith("bench:"):
             label = s.name.split(":")[1]
             rows += _bench_rows([s], _model_key(s, label), label)
+    rows += _lora_rows(stages)
     rows.append(_serve_row(stages))
     rows += _quant_rows(stages)
+    return rows
+
+
+def _lora_rows(stages: Sequence[StageLike]) -> list[dict[str, Any]]:
+    """Issue 15: throughput with 4 adapters mixed over the base alone (target >= 0.8)."""
+    rows = []
+    for s in stages:
+        if not s.name.startswith("lora:"):
+            continue
+        r = _find([s], "lora")
+        value = r["ratio"] if r else None
+        ok = None if value is None else value >= LORA_RATIO_TARGET
+        ref = f"base {r['base_output_tok_s']} tok/s" if r else "-"
+        label = s.name.split(":")[1]
+        rows.append(_row(f"LoRA x4 mixed / base, {label}", value, f">= {LORA_RATIO_TARGET}",
+                         ref, ok, "x"))  # fmt: skip
     return rows
 
 
