@@ -74,9 +74,10 @@ def write_random_adapter(arch: ModelArch, out_dir: Path, rank: int, seed: int) -
 
 
 def _timed_pass(llm: Any, workload: Workload, loras: list[LoRARequest | None]) -> float:
-    """Seconds for the whole workload (greedy, EOS ignored) after a short warm-up."""
-    warm = SamplingParams(max_tokens=4)
-    llm.generate(workload.prompts[:4], warm, use_tqdm=False, lora_request=loras[:4])
+    """Seconds for the whole workload (greedy, EOS ignored) after a warm-up on its first
+    eight requests (every adapter of the pass, batch shapes of the timed run)."""
+    warm = SamplingParams(max_tokens=16, ignore_eos=True)
+    llm.generate(workload.prompts[:8], warm, use_tqdm=False, lora_request=loras[:8])
     params = [
         SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in workload.output_lens
     ]

@@ -92,6 +92,20 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         default=None,
         help="split <think>…</think> reasoning from chat answers (reasoning_content)",
     )
+    p.add_argument(
+        "--allow-runtime-lora-updating",
+        action="store_true",
+        help="allow loading / unloading LoRA adapters at runtime (gRPC ModelService.LoadAdapter "
+        "/ UnloadAdapter, REST /v1/load_lora_adapter, /v1/unload_lora_adapter); needs "
+        "--enable-lora, --api-key and --lora-root",
+    )
+    p.add_argument(
+        "--lora-root",
+        default=None,
+        metavar="DIR",
+        help="runtime-loaded adapters must lie inside this directory (lora_path is resolved "
+        "against it; .. and symlinks cannot leave it)",
+    )
     p.add_argument("--max-sessions", type=int, default=256)
     p.add_argument("--session-idle-timeout", type=float, default=600.0)
     p.add_argument("--shutdown-timeout", type=float, default=30.0)
@@ -136,6 +150,8 @@ def grpc_settings(args: argparse.Namespace) -> GrpcSettings:
         session_idle_timeout=args.session_idle_timeout,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
+        allow_runtime_lora_updating=args.allow_runtime_lora_updating,
+        lora_root=args.lora_root,
     )
 
 
@@ -154,6 +170,8 @@ def run_serve(args: argparse.Namespace) -> int:
     # Validates every engine flag before any model work (--tensor-parallel-size: only 1).
     config = EngineArgs.from_cli_args(args).create_engine_config()
     settings = grpc_settings(args)
+    if settings.allow_runtime_lora_updating and not config.lora.enable_lora:
+        raise ValueError("--allow-runtime-lora-updating needs --enable-lora")
     tracing = tracing_settings(args)
     configure_logging(args.log_format)
     telemetry = Telemetry(tracing)
@@ -268,6 +286,8 @@ def _log_serving(
         metrics_port=metrics_server.server_port if metrics_server is not None else None,
         tracing=telemetry.settings.endpoint,
         engine_core_pid=info.core_pid,
+        max_loras=info.max_loras,
+        lora_adapters=[a.lora_name for a in info.lora_adapters],
     )
 
 

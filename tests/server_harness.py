@@ -21,6 +21,7 @@ import grpc
 from tokenwire.runtime.config import (
     CacheConfig,
     EngineConfig,
+    LoRAConfig,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
@@ -57,6 +58,9 @@ class ServerHarness:
         tensor_parallel_size: int = 1,
         tool_call_parser: str | None = None,
         reasoning_parser: str | None = None,
+        lora: LoRAConfig | None = None,
+        allow_runtime_lora_updating: bool = False,
+        lora_root: str | None = None,
     ) -> None:
         self.config = EngineConfig(
             model=ModelConfig(
@@ -69,6 +73,7 @@ class ServerHarness:
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
             ),
             parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
+            lora=lora or LoRAConfig(),
             device="cpu",
         )
         self.settings = GrpcSettings(
@@ -79,6 +84,8 @@ class ServerHarness:
             max_sessions=max_sessions,
             tool_call_parser=tool_call_parser,
             reasoning_parser=reasoning_parser,
+            allow_runtime_lora_updating=allow_runtime_lora_updating,
+            lora_root=lora_root,
         )
         self.observer = observer
         self.in_process = in_process  # False: the engine core runs in a process of its own

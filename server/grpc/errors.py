@@ -19,6 +19,8 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from tokenwire.runtime.errors import (
+    AdapterExistsError,
+    AdapterNotFoundError,
     ContextLengthError,
     DrainingError,
     DuplicateRequestError,
@@ -106,6 +108,15 @@ def to_service_error(exc: BaseException, request_id: str | None = None) -> Servi
             str(exc),
             {"param": exc.param},
         )
+    if isinstance(exc, AdapterExistsError):
+        return ServiceError(
+            grpc.StatusCode.ALREADY_EXISTS,
+            errors_pb2.ERROR_REASON_ADAPTER_EXISTS,
+            str(exc),
+            {"param": "lora_name"},
+        )
+    if isinstance(exc, AdapterNotFoundError):  # unloaded between lookup and use, or unload
+        return model_not_found(exc.name)
     if isinstance(exc, DuplicateRequestError):
         return ServiceError(
             grpc.StatusCode.ALREADY_EXISTS,

@@ -23,9 +23,10 @@ from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
 from tokenwire.runtime.tool_parsers.output import ChoiceParser, OutputParsing
 from tokenwire.server.grpc import convert
+from tokenwire.server.grpc.adapters import resolve_model
 from tokenwire.server.grpc.call_context import CallContext, call_context, caller_of
 from tokenwire.server.grpc.call_context import internal_request_id as internal_id
-from tokenwire.server.grpc.errors import abort, model_not_found, renamed, to_service_error
+from tokenwire.server.grpc.errors import abort, renamed, to_service_error
 from tokenwire.server.grpc.session import SessionHandler
 from tokenwire.server.grpc.tools import (
     ChatTooling,
@@ -49,6 +50,7 @@ class _Submitted:
     num_top: int | None
     record: RequestRecord
     parsing: OutputParsing | None  # reasoning / tool calls to read out of the text
+    model: str  # the request's model: the served model's name or a LoRA adapter's
 
 
 @dataclass(frozen=True)
@@ -101,8 +103,8 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
     async def _submit(
         self, call: CallContext, request: generation_pb2.GenerateRequest, record: RequestRecord
     ) -> tuple[RequestStream, int | None, OutputParsing | None]:
-        if request.model and request.model != self.model_name:
-            raise model_not_found(request.model)
+        lora = resolve_model(self.engine, self.model_name, request.model)
+        self.telemetry.select_model(record, lora.lora_name if lora else self.model_name)
         chat = request.WhichOneof("input") == "chat"
         tooling = chat_tooling(request.chat) if chat else None
         prompt, token_ids = await convert.tokenize_input(self.tokenizers, request, tooling)
@@ -119,6 +121,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
                 params,
                 priority=call.priority,
                 cache_salt=request.cache_salt or None,
+                lora_request=lora,
             )
         except ParameterError as exc:
             constrained_by_tools = tooling is not None and tooling.constraint is not None
@@ -148,7 +151,8 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             self.telemetry.bind(record)
             stream, num_top, parsing = await self._submit(call, request, record)
             await context.send_initial_metadata((("x-request-id", call.request_id),))
-            yield _Submitted(call, stream, num_top, record, parsing)
+            model = request.model or self.model_name  # resolved: the base or an adapter
+            yield _Submitted(call, stream, num_top, record, parsing, model)
             status = "OK"
         except Exception as exc:
             err = to_service_error(exc, call.request_id if call else None)
@@ -170,7 +174,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             self.telemetry.record_completion(sub.record, [c.text for c in output.outputs])
             return generation_pb2.GenerateResponse(
                 request_id=sub.call.request_id,
-                model=self.model_name,
+                model=sub.model,
                 choices=[_choice(c, sub.num_top, sub.parsing) for c in output.outputs],
                 usage=convert.usage(output),
             )
@@ -192,7 +196,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
                 yield generation_pb2.GenerateStreamResponse(
                     start=generation_pb2.StreamStart(
                         request_id=call.request_id,
-                        model=self.model_name,
+                        model=sub.model,
                         prompt_tokens=item.num_prompt_tokens,
                         cached_tokens=item.num_cached_tokens,
                     )

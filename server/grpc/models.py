@@ -1,4 +1,5 @@
-"""ModelService servicer: models, limits, server facts, tokenization."""
+"""ModelService servicer: models (the base and its LoRA adapters), limits, server facts,
+tokenization, and loading / unloading adapters at runtime."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.sampling_params import MAX_LOGPROBS
 from tokenwire.runtime.tokenizer import Tokenizer
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
+from tokenwire.server.grpc.adapters import AdapterAdmin, AdapterFlags, resolve_model
 from tokenwire.server.grpc.convert import Limits
-from tokenwire.server.grpc.errors import abort, invalid_parameter, model_not_found, to_service_error
+from tokenwire.server.grpc.errors import abort, invalid_parameter, to_service_error
 from tokenwire.v1 import models_pb2, models_pb2_grpc
 
 
@@ -24,6 +26,7 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         tokenizers: TokenizerPool | None,
         max_sessions: int,
         auth_required: bool,
+        adapter_flags: AdapterFlags | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizers = tokenizers
@@ -31,12 +34,16 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         self.limits = limits
         self.max_sessions = max_sessions
         self.auth_required = auth_required
+        self.adapters = AdapterAdmin(engine, model_name, adapter_flags or AdapterFlags())
 
-    def _info(self) -> models_pb2.ModelInfo:
+    def _info(self, name: str = "") -> models_pb2.ModelInfo:
+        """The base model (``name`` empty or its own) or one of its adapters."""
         info = self.engine.info
         tokenizer = self.engine.tokenizer
+        adapter = bool(name) and name != self.model_name
         return models_pb2.ModelInfo(
-            name=self.model_name,
+            name=name if adapter else self.model_name,
+            parent=self.model_name if adapter else "",
             architecture=info.architecture,
             max_context_tokens=info.max_model_len,
             vocab_size=info.vocab_size,
@@ -53,8 +60,8 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         )
 
     def _check_model(self, name: str) -> None:
-        if name and name != self.model_name:
-            raise model_not_found(name)
+        """The base model or a loaded adapter (same tokenizer and limits); NOT_FOUND else."""
+        resolve_model(self.engine, self.model_name, name)
 
     def _pool(self) -> TokenizerPool:
         if self.tokenizers is None:
@@ -64,14 +71,17 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
     async def ListModels(
         self, request: models_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> models_pb2.ListModelsResponse:
-        return models_pb2.ListModelsResponse(models=[self._info()])
+        adapters = self.engine.list_loras() if self.engine.info.max_loras > 0 else []
+        return models_pb2.ListModelsResponse(
+            models=[self._info(), *(self._info(a.lora_name) for a in adapters)]
+        )
 
     async def GetModelInfo(
         self, request: models_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> models_pb2.ModelInfo:
         try:
             self._check_model(request.model)
-            return self._info()
+            return self._info(request.model)
         except Exception as exc:
             await abort(context, to_service_error(exc))
 
@@ -89,7 +99,28 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
             prefix_caching=info.enable_prefix_caching,
             max_sessions=self.max_sessions,
             auth_required=self.auth_required,
+            max_loras=info.max_loras,
+            max_lora_rank=info.max_lora_rank,
+            runtime_lora_updating=self.adapters.allowed,
         )
+
+    async def LoadAdapter(
+        self, request: models_pb2.LoadAdapterRequest, context: grpc.aio.ServicerContext
+    ) -> models_pb2.LoadAdapterResponse:
+        try:
+            lora = await self.adapters.load(request.lora_name, request.lora_path)
+            return models_pb2.LoadAdapterResponse(model=self._info(lora.lora_name))
+        except Exception as exc:
+            await abort(context, to_service_error(exc))
+
+    async def UnloadAdapter(
+        self, request: models_pb2.UnloadAdapterRequest, context: grpc.aio.ServicerContext
+    ) -> models_pb2.UnloadAdapterResponse:
+        try:
+            await self.adapters.unload(request.lora_name)
+            return models_pb2.UnloadAdapterResponse()
+        except Exception as exc:
+            await abort(context, to_service_error(exc))
 
     async def Tokenize(
         self, request: models_pb2.TokenizeRequest, context: grpc.aio.ServicerContext

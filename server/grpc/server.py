@@ -14,6 +14,7 @@ from grpc_reflection.v1alpha import reflection
 from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
 from tokenwire.runtime.tool_parsers.output import check_parser_names
+from tokenwire.server.grpc.adapters import AdapterFlags
 from tokenwire.server.grpc.auth import ApiKeyInterceptor
 from tokenwire.server.grpc.convert import Limits
 from tokenwire.server.grpc.generation import GenerationService, OutputReaders
@@ -43,9 +44,18 @@ class GrpcSettings:
     # Chat output readers (--tool-call-parser, --reasoning-parser); None: off.
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    # LoRA adapters loaded / unloaded at runtime (ModelService.LoadAdapter, UnloadAdapter):
+    # off unless --allow-runtime-lora-updating, which needs api_keys and --lora-root.
+    allow_runtime_lora_updating: bool = False
+    lora_root: str | None = None
 
     def __post_init__(self) -> None:
         check_parser_names(self.tool_call_parser, self.reasoning_parser)
+        self.adapter_flags.check(self.api_keys)
+
+    @property
+    def adapter_flags(self) -> AdapterFlags:
+        return AdapterFlags(self.allow_runtime_lora_updating, self.lora_root)
 
 
 class GrpcServer:
@@ -109,6 +119,7 @@ class GrpcServer:
                 self.tokenizers,
                 settings.max_sessions,
                 bool(settings.api_keys),
+                settings.adapter_flags,
             ),
             self.server,
         )

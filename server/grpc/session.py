@@ -21,6 +21,7 @@ from tokenwire.runtime.engine.request_stream import RequestFailed, RequestFinish
 from tokenwire.runtime.output_processor import ChoiceDelta, RequestStarted
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
 from tokenwire.server.grpc import convert
+from tokenwire.server.grpc.adapters import resolve_model
 from tokenwire.server.grpc.call_context import caller_of
 from tokenwire.server.grpc.errors import (
     ServiceError,
@@ -86,7 +87,7 @@ class SessionHandler:
             yield pb.SessionResponse(
                 opened=pb.SessionOpened(
                     session_id=state.session_id,
-                    model=self.model_name,
+                    model=state.model or self.model_name,
                     max_context_tokens=self.engine.info.max_model_len,
                 )
             )
@@ -105,8 +106,8 @@ class SessionHandler:
         first = await anext(aiter(requests), None)
         if first is None or first.WhichOneof("message") != "open":
             raise invalid_parameter("open", "the first message of a session must be Open")
-        if first.open.model and first.open.model != self.model_name:
-            raise model_not_found(first.open.model)
+        # The session binds the adapter its Open names for every turn (None: the base model).
+        lora = resolve_model(self.engine, self.model_name, first.open.model)
         if len(self._open) >= self.max_sessions:
             raise ServiceError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -119,7 +120,8 @@ class SessionHandler:
             first.open.sampling, first.open.stopping, first.open.output, self.limits
         )
         session_id = uuid.uuid4().hex
-        return SessionState(session_id, f"session/{caller_of(context)}/{session_id}", first.open)
+        holder_id = f"session/{caller_of(context)}/{session_id}"
+        return SessionState(session_id, holder_id, first.open, lora)
 
 
 class _Session:
@@ -206,6 +208,10 @@ class _Session:
         telemetry.bind(record)  # this turn's task only
         status = "CANCELLED"  # unless the turn ends otherwise
         try:
+            if state.lora is not None:
+                telemetry.select_model(record, state.lora.lora_name)
+                if engine.get_lora(state.lora.lora_name) != state.lora:  # unloaded since Open
+                    raise model_not_found(state.lora.lora_name)
             prompt, messages = await state.prompt_for(self.handler.tokenizers, turn)
             params = convert.sampling_params(*state.options(turn), self.handler.limits)
             telemetry.describe(record, params, messages is not None, None)
@@ -216,6 +222,7 @@ class _Session:
                 params,
                 cache_salt=state.open.cache_salt or None,
                 hold_as=state.holder_id,
+                lora_request=state.lora,
             )
             telemetry.admit(record, params.n)
         except Exception as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tokenwire.runtime.errors import ParameterError
+from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
 from tokenwire.server.grpc import convert
 from tokenwire.v1 import common_pb2, generation_pb2
@@ -25,10 +26,16 @@ class SessionState:
     session_id: str
     holder_id: str
     open: generation_pb2.SessionOpen
+    lora: LoRARequest | None = None  # the adapter bound at Open (None: the base model)
     mode: str | None = None  # "chat" | "raw", fixed by the first turn
     messages: list[dict[str, str]] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # raw mode: prompt + replies so far
     turns: int = 0  # turns received (numbering starts at 1)
+
+    @property
+    def model(self) -> str:
+        """The adapter's name; empty for the base model."""
+        return self.lora.lora_name if self.lora is not None else ""
 
     def options(
         self, turn: generation_pb2.SessionTurn

@@ -2,11 +2,14 @@
 
 Holds no model, tokenizer or engine: every route is a translation onto the ``tokenwire.v1``
 gRPC API through ``Upstream``. Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``GET /v1/models``, ``GET /v1/models/{model}``, ``GET /health`` (the shim is up) and
-``GET /ready`` (the gRPC server reports SERVING), ``GET /openapi.json``, and ``GET /metrics``
-(Prometheus text) when the host process provides metrics (behind the API key when keys are
-set). Errors always use
-the OpenAI envelope (never FastAPI's 422); a client that disconnects cancels its gRPC calls.
+``GET /v1/models``, ``GET /v1/models/{model}`` (the base model and its LoRA adapters, each
+adapter with the base as ``parent``), vLLM's ``POST /v1/load_lora_adapter`` and
+``POST /v1/unload_lora_adapter`` (onto ``ModelService.LoadAdapter`` / ``UnloadAdapter``: the
+gRPC server decides on the flag, the key and the path; success is vLLM's plain-text line),
+``GET /health`` (the shim is up) and ``GET /ready`` (the gRPC server reports SERVING),
+``GET /openapi.json``, and ``GET /metrics`` (Prometheus text) when the host process provides
+metrics (behind the API key when keys are set). Errors always use the OpenAI envelope (never
+FastAPI's 422); a client that disconnects cancels its gRPC calls.
 """
 
 from __future__ import annotations
@@ -21,14 +24,19 @@ from typing import Any, TypeVar
 import grpc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
 from tokenwire.server.api_keys import KeyChecker, bearer_of
-from tokenwire.server.rest.errors import RestError, from_rpc_error, from_validation_errors
+from tokenwire.server.rest.errors import RestError, clip, from_rpc_error, from_validation_errors
 from tokenwire.server.rest.middleware import BodyLimitMiddleware, RequestIdMiddleware
-from tokenwire.server.rest.models import ChatCompletionRequest, CompletionRequest
+from tokenwire.server.rest.models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    LoadLoRAAdapterRequest,
+    UnloadLoRAAdapterRequest,
+)
 from tokenwire.server.rest.openapi import install_openapi
 from tokenwire.server.rest.requests import Translated, chat_request, completion_requests
 from tokenwire.server.rest.responses import JSON, chat_response, completion_response
@@ -39,6 +47,9 @@ from tokenwire.v1 import models_pb2
 T = TypeVar("T")
 logger = logging.getLogger("tokenwire.rest")
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+_MODEL_PARAMS = {"model": "model"}
+_ADAPTER_PARAMS = {"lora_name": "lora_name", "lora_path": "lora_path"}
+ADAPTER_TIMEOUT = 600.0  # seconds: loading reads and checks the adapter's weights
 
 
 @dataclass(frozen=True)
@@ -167,14 +178,37 @@ class Routes:
             self._model(await self._models_call(request, "GetModelInfo", info_request))
         )
 
-    async def _models_call(self, request: Request, method: str, message: Any) -> Any:
-        options = call_options(request.headers, request.state.request_id, 30.0)
+    async def load_lora_adapter(self, request: Request, body: LoadLoRAAdapterRequest) -> Response:
+        message = models_pb2.LoadAdapterRequest(lora_name=body.lora_name, lora_path=body.lora_path)
+        await self._models_call(request, "LoadAdapter", message, _ADAPTER_PARAMS, ADAPTER_TIMEOUT)
+        return PlainTextResponse(
+            f"Success: LoRA adapter '{clip(body.lora_name)}' added successfully."
+        )
+
+    async def unload_lora_adapter(
+        self, request: Request, body: UnloadLoRAAdapterRequest
+    ) -> Response:
+        message = models_pb2.UnloadAdapterRequest(lora_name=body.lora_name)
+        await self._models_call(request, "UnloadAdapter", message, _ADAPTER_PARAMS, ADAPTER_TIMEOUT)
+        return PlainTextResponse(
+            f"Success: LoRA adapter '{clip(body.lora_name)}' removed successfully."
+        )
+
+    async def _models_call(
+        self,
+        request: Request,
+        method: str,
+        message: Any,
+        params: dict[str, str] = _MODEL_PARAMS,
+        timeout: float = 30.0,
+    ) -> Any:
+        options = call_options(request.headers, request.state.request_id, timeout)
         try:
             return await getattr(self.upstream.models, method)(
                 message, metadata=options.metadata, timeout=options.timeout
             )
         except grpc.aio.AioRpcError as err:
-            raise from_rpc_error(err, {"model": "model"}) from None
+            raise from_rpc_error(err, params) from None
 
     def _model(self, info: models_pb2.ModelInfo) -> JSON:
         return {
@@ -183,7 +217,7 @@ class Routes:
             "created": self.started,
             "owned_by": "tokenwire",
             "root": info.name,
-            "parent": None,
+            "parent": info.parent or None,  # a LoRA adapter: the base model's name
             "max_model_len": info.max_context_tokens,
             # tokenwire's additions (vLLM-style extra fields; OpenAI clients ignore them).
             "quantization": info.quantization or None,
@@ -259,6 +293,8 @@ def create_app(upstream: Upstream, settings: RestSettings) -> FastAPI:
     app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
     app.add_api_route("/v1/models", routes.list_models, methods=["GET"])
     app.add_api_route("/v1/models/{model:path}", routes.get_model, methods=["GET"])
+    app.add_api_route("/v1/load_lora_adapter", routes.load_lora_adapter, methods=["POST"])
+    app.add_api_route("/v1/unload_lora_adapter", routes.unload_lora_adapter, methods=["POST"])
     app.add_api_route("/health", routes.health, methods=["GET"])
     app.add_api_route("/ready", routes.ready, methods=["GET"])
     if settings.metrics is not None:

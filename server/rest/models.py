@@ -308,3 +308,27 @@ class CompletionRequest(CommonFields):
     echo: FalseOnly = None
     best_of: Unsupported = None
     suffix: Unsupported = None
+
+
+class _AdapterBody(_Strict):
+    @field_validator("*", mode="after")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        if _bad_text_path(value) is not None:
+            raise PydanticCustomError("invalid_unicode", NOT_UNICODE, {"path": ()})
+        return value
+
+
+class LoadLoRAAdapterRequest(_AdapterBody):
+    """vLLM's ``POST /v1/load_lora_adapter`` body (``lora_path``: inside ``--lora-root``)."""
+
+    lora_name: str
+    lora_path: str
+    load_inplace: FalseOnly = None  # vLLM: replace an adapter of the same name (not here)
+
+
+class UnloadLoRAAdapterRequest(_AdapterBody):
+    """vLLM's ``POST /v1/unload_lora_adapter`` body."""
+
+    lora_name: str
+    lora_int_id: Unsupported = None

@@ -1,5 +1,5 @@
 """The shim's ``/openapi.json``: FastAPI's schema, with the error responses the shim really
-sends (the OpenAI envelope on 400/401/404/409/413/429/500/503/504) instead of FastAPI's 422
+sends (the OpenAI envelope on 400/401/403/404/409/413/429/500/503/504) instead of FastAPI's 422
 validation shape, which this API never returns."""
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from pydantic import BaseModel
 _ERRORS = {
     "400": "invalid request (bad JSON, wrong type, unknown or unsupported field, bad value)",
     "401": "missing or invalid API key",
-    "404": "unknown model or route",
-    "409": "a request with this x-request-id is already in flight",
+    "403": "LoRA adapter loading is off (--allow-runtime-lora-updating)",
+    "404": "unknown model, LoRA adapter or route",
+    "409": "a request with this x-request-id is in flight, or a LoRA adapter of this name "
+    "is loaded",
     "413": "request body too large",
     "429": "queue full; see the Retry-After header",
     "500": "internal error",

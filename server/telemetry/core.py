@@ -60,9 +60,19 @@ class Telemetry:
         self.model_name = engine.info.served_model_name
         self.wired = getattr(engine, "observer", None) is self
 
+        # 0: LoRA off (and engine stand-ins without the field, as in unit tests).
+        max_loras = int(getattr(engine.info, "max_loras", 0))
+
         def gauges() -> EngineGauges:
             snap = engine.stats_snapshot()
-            return EngineGauges(snap.num_running, snap.num_waiting, snap.kv_cache_usage)
+            return EngineGauges(
+                snap.num_running,
+                snap.num_waiting,
+                snap.kv_cache_usage,
+                max_loras,
+                snap.running_lora_adapters,
+                snap.waiting_lora_adapters,
+            )
 
         self.metrics = EngineMetrics(self.model_name, gauges)
 
@@ -127,6 +137,13 @@ class Telemetry:
         if self.wired and internal_id not in self._records:  # a duplicate id fails anyway
             self._records[internal_id] = record
         return record
+
+    def select_model(self, record: RequestRecord, model: str) -> None:
+        """The model the request runs with once resolved: the served model, or the LoRA
+        adapter it named (``gen_ai.request.model`` and the log line's ``model``)."""
+        record.attributes["model"] = model
+        if record.span is not None:
+            record.span.set_attribute("gen_ai.request.model", model)
 
     def describe(
         self, record: RequestRecord, params: SamplingParams, chat: bool, prompt: str | None

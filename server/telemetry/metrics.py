@@ -2,12 +2,14 @@
 
 Counters and histograms are fed from the engine's plain records (``StepStats`` per step,
 ``RequestStats`` per finished request) on the engine thread — a handful of locked adds per
-step. Gauges (running / waiting requests, KV cache usage) are read from the engine when
-Prometheus scrapes, so they are exact at idle. Every series carries ``model_name``.
+step. Gauges (running / waiting requests, KV cache usage, and with LoRA enabled vLLM's
+``lora_requests_info``) are read from the engine when Prometheus scrapes, so they are exact at
+idle. Every series carries ``model_name``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -43,6 +45,9 @@ class EngineGauges:
     num_running: int
     num_waiting: int
     kv_cache_usage: float  # 0..1
+    max_loras: int = 0  # 0: LoRA is not enabled (no lora_requests_info series)
+    running_lora_adapters: tuple[str, ...] = ()  # adapter names of running requests
+    waiting_lora_adapters: tuple[str, ...] = ()
 
 
 class _EngineStateCollector(Collector):
@@ -62,6 +67,27 @@ class _EngineStateCollector(Collector):
             family = GaugeMetricFamily(f"tokenwire:{name}", doc, labels=["model_name"])
             family.add_metric([self.model_name], float(value))
             yield family
+        if state.max_loras > 0:
+            yield self._lora_info(state)
+
+    def _lora_info(self, state: EngineGauges) -> Metric:
+        """vLLM's info gauge: the adapters in use as labels (sorted, comma-joined), the
+        value the Unix time of the state it shows (the engine publishes it every step)."""
+        family = GaugeMetricFamily(
+            "tokenwire:lora_requests_info",
+            "Running stats on LoRA requests.",
+            labels=["model_name", "max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+        )
+        family.add_metric(
+            [
+                self.model_name,
+                str(state.max_loras),
+                ",".join(sorted(set(state.waiting_lora_adapters))),
+                ",".join(sorted(set(state.running_lora_adapters))),
+            ],
+            time.time(),
+        )
+        return family
 
 
 class EngineMetrics:

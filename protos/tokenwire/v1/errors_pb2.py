@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tokenwire/v1/errors.proto\x12\x0ctokenwire.v1*\xe7\x03\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\"\n\x1e\x45RROR_REASON_INVALID_PARAMETER\x10\x01\x12(\n$ERROR_REASON_CONTEXT_LENGTH_EXCEEDED\x10\x02\x12\"\n\x1e\x45RROR_REASON_MALFORMED_REQUEST\x10\x03\x12 \n\x1c\x45RROR_REASON_API_KEY_INVALID\x10\x04\x12 \n\x1c\x45RROR_REASON_MODEL_NOT_FOUND\x10\x05\x12%\n!ERROR_REASON_DUPLICATE_REQUEST_ID\x10\x06\x12\x1b\n\x17\x45RROR_REASON_QUEUE_FULL\x10\x07\x12\"\n\x1e\x45RROR_REASON_TOO_MANY_SESSIONS\x10\x08\x12!\n\x1d\x45RROR_REASON_TURN_IN_PROGRESS\x10\t\x12 \n\x1c\x45RROR_REASON_SERVER_DRAINING\x10\n\x12\x1a\n\x16\x45RROR_REASON_NOT_READY\x10\x0b\x12\x1c\n\x18\x45RROR_REASON_ENGINE_DEAD\x10\x0c\x12\x1d\n\x19\x45RROR_REASON_ENGINE_ERROR\x10\rb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tokenwire/v1/errors.proto\x12\x0ctokenwire.v1*\xb1\x04\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\"\n\x1e\x45RROR_REASON_INVALID_PARAMETER\x10\x01\x12(\n$ERROR_REASON_CONTEXT_LENGTH_EXCEEDED\x10\x02\x12\"\n\x1e\x45RROR_REASON_MALFORMED_REQUEST\x10\x03\x12 \n\x1c\x45RROR_REASON_API_KEY_INVALID\x10\x04\x12 \n\x1c\x45RROR_REASON_MODEL_NOT_FOUND\x10\x05\x12%\n!ERROR_REASON_DUPLICATE_REQUEST_ID\x10\x06\x12\x1b\n\x17\x45RROR_REASON_QUEUE_FULL\x10\x07\x12\"\n\x1e\x45RROR_REASON_TOO_MANY_SESSIONS\x10\x08\x12!\n\x1d\x45RROR_REASON_TURN_IN_PROGRESS\x10\t\x12 \n\x1c\x45RROR_REASON_SERVER_DRAINING\x10\n\x12\x1a\n\x16\x45RROR_REASON_NOT_READY\x10\x0b\x12\x1c\n\x18\x45RROR_REASON_ENGINE_DEAD\x10\x0c\x12\x1d\n\x19\x45RROR_REASON_ENGINE_ERROR\x10\r\x12\x1f\n\x1b\x45RROR_REASON_ADAPTER_EXISTS\x10\x0e\x12\'\n#ERROR_REASON_LORA_UPDATING_DISABLED\x10\x0f\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,5 +32,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tokenwire.v1.errors_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ERRORREASON']._serialized_start=44
-  _globals['_ERRORREASON']._serialized_end=531
+  _globals['_ERRORREASON']._serialized_end=605
 # @@protoc_insertion_point(module_scope)

@@ -23,7 +23,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "architecture", "max_context_tokens", "vocab_size", "eos_token_ids", "has_chat_template", "max_n", "max_stop_sequences", "max_logprobs", "dtype", "tensor_parallel_size", "quantization", "weight_bytes", "kv_cache_dtype")
+    __slots__ = ("name", "architecture", "max_context_tokens", "vocab_size", "eos_token_ids", "has_chat_template", "max_n", "max_stop_sequences", "max_logprobs", "dtype", "tensor_parallel_size", "quantization", "weight_bytes", "kv_cache_dtype", "parent")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class ModelInfo(_message.Message):
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
     name: str
     architecture: str
     max_context_tokens: int
@@ -52,14 +53,15 @@ class ModelInfo(_message.Message):
     quantization: str
     weight_bytes: int
     kv_cache_dtype: str
-    def __init__(self, name: _Optional[str] = ..., architecture: _Optional[str] = ..., max_context_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., max_n: _Optional[int] = ..., max_stop_sequences: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., dtype: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., quantization: _Optional[str] = ..., weight_bytes: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ...) -> None: ...
+    parent: str
+    def __init__(self, name: _Optional[str] = ..., architecture: _Optional[str] = ..., max_context_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., max_n: _Optional[int] = ..., max_stop_sequences: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., dtype: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., quantization: _Optional[str] = ..., weight_bytes: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., parent: _Optional[str] = ...) -> None: ...
 
 class GetServerInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("version", "device", "kv_blocks_total", "block_size", "max_num_seqs", "max_num_batched_tokens", "prefix_caching", "max_sessions", "auth_required")
+    __slots__ = ("version", "device", "kv_blocks_total", "block_size", "max_num_seqs", "max_num_batched_tokens", "prefix_caching", "max_sessions", "auth_required", "max_loras", "max_lora_rank", "runtime_lora_updating")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +71,9 @@ class ServerInfo(_message.Message):
     PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
     MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     AUTH_REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORA_RANK_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_LORA_UPDATING_FIELD_NUMBER: _ClassVar[int]
     version: str
     device: str
     kv_blocks_total: int
@@ -78,7 +83,10 @@ class ServerInfo(_message.Message):
     prefix_caching: bool
     max_sessions: int
     auth_required: bool
-    def __init__(self, version: _Optional[str] = ..., device: _Optional[str] = ..., kv_blocks_total: _Optional[int] = ..., block_size: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., prefix_caching: _Optional[bool] = ..., max_sessions: _Optional[int] = ..., auth_required: _Optional[bool] = ...) -> None: ...
+    max_loras: int
+    max_lora_rank: int
+    runtime_lora_updating: bool
+    def __init__(self, version: _Optional[str] = ..., device: _Optional[str] = ..., kv_blocks_total: _Optional[int] = ..., block_size: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., prefix_caching: _Optional[bool] = ..., max_sessions: _Optional[int] = ..., auth_required: _Optional[bool] = ..., max_loras: _Optional[int] = ..., max_lora_rank: _Optional[int] = ..., runtime_lora_updating: _Optional[bool] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("model", "text", "add_special_tokens")
@@ -113,3 +121,27 @@ class DetokenizeResponse(_message.Message):
     TEXT_FIELD_NUMBER: _ClassVar[int]
     text: str
     def __init__(self, text: _Optional[str] = ...) -> None: ...
+
+class LoadAdapterRequest(_message.Message):
+    __slots__ = ("lora_name", "lora_path")
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    LORA_PATH_FIELD_NUMBER: _ClassVar[int]
+    lora_name: str
+    lora_path: str
+    def __init__(self, lora_name: _Optional[str] = ..., lora_path: _Optional[str] = ...) -> None: ...
+
+class LoadAdapterResponse(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: ModelInfo
+    def __init__(self, model: _Optional[_Union[ModelInfo, _Mapping]] = ...) -> None: ...
+
+class UnloadAdapterRequest(_message.Message):
+    __slots__ = ("lora_name",)
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    lora_name: str
+    def __init__(self, lora_name: _Optional[str] = ...) -> None: ...
+
+class UnloadAdapterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

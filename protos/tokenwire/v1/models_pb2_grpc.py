@@ -60,6 +60,16 @@ class ModelServiceStub:
                 request_serializer=tokenwire_dot_v1_dot_models__pb2.DetokenizeRequest.SerializeToString,
                 response_deserializer=tokenwire_dot_v1_dot_models__pb2.DetokenizeResponse.FromString,
                 _registered_method=True)
+        self.LoadAdapter = channel.unary_unary(
+                '/tokenwire.v1.ModelService/LoadAdapter',
+                request_serializer=tokenwire_dot_v1_dot_models__pb2.LoadAdapterRequest.SerializeToString,
+                response_deserializer=tokenwire_dot_v1_dot_models__pb2.LoadAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/tokenwire.v1.ModelService/UnloadAdapter',
+                request_serializer=tokenwire_dot_v1_dot_models__pb2.UnloadAdapterRequest.SerializeToString,
+                response_deserializer=tokenwire_dot_v1_dot_models__pb2.UnloadAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class ModelServiceServicer:
@@ -96,6 +106,26 @@ class ModelServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadAdapter(self, request, context):
+        """Load a LoRA adapter (a PEFT directory: adapter_config.json + adapter_model.safetensors)
+        under a name that requests then select as their `model`. Only on a server started with
+        --allow-runtime-lora-updating (else PERMISSION_DENIED, reason LORA_UPDATING_DISABLED),
+        which also requires an API key and --lora-root: `lora_path` is resolved against the root
+        and must lie inside it. A bad adapter is INVALID_ARGUMENT naming the field; a name already
+        loaded is ALREADY_EXISTS (reason ADAPTER_EXISTS). The server serves on either way.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadAdapter(self, request, context):
+        """Unload an adapter: new requests naming it get NOT_FOUND at once; requests already using
+        it run to completion. Same flag as LoadAdapter; an unknown name is NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ModelServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -123,6 +153,16 @@ def add_ModelServiceServicer_to_server(servicer, server):
                     servicer.Detokenize,
                     request_deserializer=tokenwire_dot_v1_dot_models__pb2.DetokenizeRequest.FromString,
                     response_serializer=tokenwire_dot_v1_dot_models__pb2.DetokenizeResponse.SerializeToString,
+            ),
+            'LoadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=tokenwire_dot_v1_dot_models__pb2.LoadAdapterRequest.FromString,
+                    response_serializer=tokenwire_dot_v1_dot_models__pb2.LoadAdapterResponse.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=tokenwire_dot_v1_dot_models__pb2.UnloadAdapterRequest.FromString,
+                    response_serializer=tokenwire_dot_v1_dot_models__pb2.UnloadAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -261,6 +301,60 @@ class ModelService:
             '/tokenwire.v1.ModelService/Detokenize',
             tokenwire_dot_v1_dot_models__pb2.DetokenizeRequest.SerializeToString,
             tokenwire_dot_v1_dot_models__pb2.DetokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tokenwire.v1.ModelService/LoadAdapter',
+            tokenwire_dot_v1_dot_models__pb2.LoadAdapterRequest.SerializeToString,
+            tokenwire_dot_v1_dot_models__pb2.LoadAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tokenwire.v1.ModelService/UnloadAdapter',
+            tokenwire_dot_v1_dot_models__pb2.UnloadAdapterRequest.SerializeToString,
+            tokenwire_dot_v1_dot_models__pb2.UnloadAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,
