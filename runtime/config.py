@@ -205,6 +205,36 @@ class LoRAConfig:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """``--speculative-config`` (vLLM's JSON keys). ``ngram``: prompt lookup — the longest
+    suffix of ``prompt_lookup_max`` .. ``prompt_lookup_min`` tokens that occurred earlier in
+    the sequence proposes the ``num_speculative_tokens`` tokens that followed it.
+    ``disable_by_batch_size``: steps with at least this many running requests decode plainly."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 5
+    model: str | None = None
+    disable_by_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.method != "ngram":
+            raise ValueError(
+                f"speculative_config method must be 'ngram', got {self.method!r} "
+                "(draft_model is not supported yet)"
+            )
+        _positive("speculative_config num_speculative_tokens", self.num_speculative_tokens)
+        _positive("speculative_config prompt_lookup_min", self.prompt_lookup_min)
+        _positive("speculative_config disable_by_batch_size", self.disable_by_batch_size)
+        if self.prompt_lookup_max < self.prompt_lookup_min:
+            raise ValueError(
+                f"speculative_config prompt_lookup_max ({self.prompt_lookup_max}) must be >= "
+                f"prompt_lookup_min ({self.prompt_lookup_min})"
+            )
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs; built once by ``LLM``/the CLI and passed down."""
 
@@ -213,6 +243,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
+    speculative_config: SpeculativeConfig | None = None
     device: str = "auto"
     # CUDA only: run every step eagerly instead of replaying decode CUDA graphs.
     enforce_eager: bool = False

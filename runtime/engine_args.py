@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import builtins
 import dataclasses
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,9 +37,62 @@ from tokenwire.runtime.config import (
     QuantizationMethod,
     SchedulerConfig,
     SchedulingPolicy,
+    SpeculativeConfig,
 )
 
 _CONFIGS = (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, LoRAConfig, EngineConfig)
+
+
+def parse_speculative_config(text: str) -> SpeculativeConfig:
+    """``--speculative-config '{"method": "ngram", "num_speculative_tokens": 4}'``."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}") from None
+    return speculative_config(data)
+
+
+def speculative_config(data: Any) -> SpeculativeConfig:
+    """A ``SpeculativeConfig`` from vLLM's JSON keys (unknown keys are refused)."""
+    if not isinstance(data, dict):
+        raise argparse.ArgumentTypeError("--speculative-config must be a JSON object")
+    known = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"--speculative-config has unknown keys {unknown}; known: {sorted(known)}"
+        )
+    try:
+        return SpeculativeConfig(**data)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"--speculative-config: {exc}") from None
+
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)([kKmMgG])")
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def parse_max_model_len(text: str) -> int | None:
+    """``--max-model-len``: ``auto`` (or -1) = the model's own (None); an integer, or vLLM's
+    human-readable forms: ``8k`` = 8000, ``25.6k`` = 25600, ``1m`` = 10**6 (decimal), ``8K`` =
+    8192, ``1M`` = 2**20 (binary, whole numbers only)."""
+    value = text.strip()
+    if value.lower() == "auto" or value == "-1":
+        return None
+    match = _SIZE.fullmatch(value)
+    try:
+        if match is None:
+            return int(value)
+        number, suffix = match.groups()
+        if suffix in _DECIMAL:
+            return int(float(number) * _DECIMAL[suffix])
+        return int(number) * _BINARY[suffix]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected auto, an integer or a size like 8k / 8K (decimals only with k, m, g), "
+            f"got {text!r}"
+        ) from None
 
 
 def parse_lora_module(text: str) -> tuple[str, str]:
@@ -279,6 +333,14 @@ class EngineArgs:
         "LoRA adapters kept in CPU memory per worker (default: --max-loras)",
         type=int,
     )
+    speculative_config: SpeculativeConfig | None = _arg(  # noqa: RUF009 (a frozen config)
+        EngineConfig,
+        "speculative_config",
+        'speculative decoding, vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_min": 2, "prompt_lookup_max": 5, "disable_by_batch_size": N}',
+        type=parse_speculative_config,
+        metavar="JSON",
+    )
 
     # ------------------------------------------------------------------ command line
     @staticmethod
@@ -361,11 +423,32 @@ class EngineArgs:
                     max_lora_rank=self.max_lora_rank,
                     max_cpu_loras=self.max_cpu_loras,
                 ),
+                speculative_config=_speculative(self.speculative_config),
                 device=self.device,
                 enforce_eager=self.enforce_eager,
             )
         except ValueError as exc:
             raise ValueError(name_flags(str(exc))) from None
+
+
+def _speculative(value: Any) -> SpeculativeConfig | None:
+    """``LLM(speculative_config={...})`` takes vLLM's dict as well as the config itself."""
+    if value is None or isinstance(value, SpeculativeConfig):
+        return value
+    try:
+        return speculative_config(value)
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _max_model_len(value: int | str | None) -> int | None:
+    """``LLM(max_model_len="8k")`` parses like the flag."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return parse_max_model_len(value)
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"max_model_len {exc}") from None
 
 
 def flag_spec(name: str) -> FlagSpec:

@@ -39,3 +39,6 @@ class ModelOutput:
     prepare_time: float = 0.0
     # Tensor parallelism: rank 0's wall time in the step's collectives (part of forward).
     collective_time: float = 0.0
+    # Speculative decoding: tokens a request emitted after ``sampled_token_ids[i]`` in the same
+    # step: the rest of its accepted drafts, then the bonus or corrected token.
+    extra_token_ids: dict[str, list[int]] = field(default_factory=dict)

@@ -38,6 +38,7 @@ from tokenwire.runtime.sampler import Sampler
 from tokenwire.runtime.sampling_metadata import RowSamplingState, build_sampling_metadata
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.scheduler_output import SchedulerOutput
+from tokenwire.runtime.spec_decode.runner_step import spec_step, write_drafts
 from tokenwire.runtime.structured.apply import apply_grammar_bitmask
 from tokenwire.runtime.structured.bitmask import GrammarBitmask
 
@@ -223,6 +224,8 @@ class ModelRunner:
             if order is not None:
                 states, query_lens = [states[i] for i in order], query_lens[order]
         rows = np.fromiter((s.row for s in states), dtype=np.int64, count=len(states))
+        if so.spec_token_ids:  # drafts go after each row's known tokens (not yet its own)
+            write_drafts(self.batch, states, so.spec_token_ids)
         arrays = self.batch.build(rows, query_lens, num_decodes)
         self.batch.num_computed[rows] += query_lens  # after this step's forward
         if self._cuda is not None:
@@ -234,6 +237,8 @@ class ModelRunner:
             positions = self._to_device(arrays.positions)
             t1 = time.perf_counter()
             hidden = self.model(input_ids, positions, self.kv_cache.layers, meta)
+        if so.spec_token_ids:
+            return spec_step(self, so, states, rows, arrays, hidden, (t0, t1, collective0))
         # A row samples when this step brings it up to date (not mid-way through a prefill).
         samples = arrays.seq_lens == self.batch.num_tokens[rows]
         if samples.all():
@@ -245,8 +250,8 @@ class ModelRunner:
             last = hidden[torch.from_numpy(arrays.query_start_loc[1:][idx] - 1)]
         logits = self.model.compute_logits(last)
         t2 = time.perf_counter()
-        prompt_lps = self._prompt_logprobs(states, arrays, hidden)
-        out = self._sample(logits, sample_states, sample_rows, so.grammar_bitmask)
+        prompt_lps = self.prompt_logprobs(states, arrays, hidden)
+        out = self.sample(logits, sample_states, sample_rows, so.grammar_bitmask)
         t3 = time.perf_counter()
         return ModelOutput(
             req_ids=out[0],
@@ -302,7 +307,7 @@ class ModelRunner:
             cpu_plan=plan,
         )
 
-    def _sample(
+    def sample(
         self,
         logits: torch.Tensor,
         states: list[CachedRequestState],
@@ -337,7 +342,7 @@ class ModelRunner:
                     )
         return req_ids, tokens, logprobs
 
-    def _prompt_logprobs(
+    def prompt_logprobs(
         self, states: list[CachedRequestState], a: StepArrays, hidden: torch.Tensor
     ) -> dict[str, list[TokenLogprobs | None]]:
         out: dict[str, list[TokenLogprobs | None]] = {}

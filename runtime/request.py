@@ -54,8 +54,10 @@ class Request:
         "hold_as",
         "lora_request",
         "max_tokens",
+        "num_accepted_tokens",
         "num_cached_tokens",
         "num_computed_tokens",
+        "num_draft_tokens",
         "num_preemptions",
         "num_prompt_tokens",
         "priority",
@@ -104,6 +106,8 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-hit tokens at first scheduling; -1 = not yet
         self.num_preemptions = 0
+        self.num_draft_tokens = 0  # speculative decoding: drafts verified, and accepted
+        self.num_accepted_tokens = 0
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None
         self.first_scheduled_time: float | None = None

@@ -106,14 +106,19 @@ def apply_penalties(logits: torch.Tensor, pen: PenaltyTensors) -> torch.Tensor:
 
 def sample_random(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
     """Temperature, min_p, top-k, top-p, then the exponential race; [B] int64 token ids."""
+    probs = random_probs(logits, meta)
+    noise = exponential_noise(probs, meta)
+    return probs.div_(noise).argmax(dim=-1)
+
+
+def random_probs(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """[B, V] the distribution random rows sample from: temperature, min_p, top-k, top-p."""
     scaled = logits / meta.temperature.unsqueeze(1)  # new tensor: in-place edits below are safe
     if meta.min_p is not None:
         apply_min_p_(scaled, meta.min_p)
     if meta.top_k is not None or meta.top_p is not None:
         scaled = apply_top_k_top_p(scaled, meta.top_k, meta.top_p)
-    probs = scaled.softmax(dim=-1)
-    noise = exponential_noise(probs, meta)
-    return probs.div_(noise).argmax(dim=-1)
+    return scaled.softmax(dim=-1)
 
 
 def apply_min_p_(logits: torch.Tensor, min_p: torch.Tensor) -> None:

@@ -24,6 +24,8 @@ from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.request import FinishReason, Request, RequestStatus
 from tokenwire.runtime.request_queue import make_queue
 from tokenwire.runtime.scheduler_output import NewRequestData, SchedulerOutput
+from tokenwire.runtime.spec_decode.accept import accept_drafts
+from tokenwire.runtime.spec_decode.ngram import NgramProposer
 from tokenwire.runtime.step_builder import StepBuilder
 from tokenwire.runtime.stop_check import token_stop
 from tokenwire.runtime.structured.manager import StructuredOutputManager, failure_output
@@ -38,9 +40,11 @@ class Scheduler:
         max_held_blocks: int = 0,
         structured: StructuredOutputManager | None = None,
         lora: LoRAAdmission | None = None,
+        proposer: NgramProposer | None = None,
     ) -> None:
         self.config = config
         self.lora = lora  # None: LoRA is not enabled
+        self.proposer = proposer  # None: no speculative decoding
         self.kv = kv_cache_manager
         self.max_model_len = max_model_len
         # Budget for blocks pinned by holders (sessions) between their requests.
@@ -171,6 +175,7 @@ class Scheduler:
             removed_lora_ids=frozenset()
             if self.lora is None
             else self.lora.ready_removals(self.requests.values()),
+            spec_token_ids=step.spec_tokens,
         )
 
     def _poll_grammars(self) -> None:
@@ -198,15 +203,22 @@ class Scheduler:
         start_budget = budget = step.budget
         prefill = 0
         i = 0
+        proposer = None if self.proposer is None else self.proposer.active(len(running))
         while i < len(running) and budget > 0:
             request = running[i]
             num_computed = request.num_computed_tokens
             num_new = min(len(request.token_ids) - num_computed, budget)
+            if proposer is not None and num_new == 1 and num_computed >= request.num_prompt_tokens:
+                draft = proposer.propose(request, budget)
+                if draft:
+                    step.spec_tokens[request.request_id] = draft
+                    num_new += len(draft)
             new_block_ids = allocate(request, num_new)
             if new_block_ids is None:
                 step.budget = budget
                 new_block_ids = self._allocate_or_preempt(request, num_new, step)
                 if new_block_ids is None:
+                    step.spec_tokens.pop(request.request_id, None)
                     break  # ``request`` itself was preempted: everything after it is gone too
             request_id = request.request_id
             num_scheduled[request_id] = num_new
@@ -354,6 +366,10 @@ class Scheduler:
                 any_finished = True
                 output.finish_reason = request.finish_reason
                 output.stop_reason = request.stop_reason
+            elif request_id in scheduler_output.spec_token_ids:
+                draft = scheduler_output.spec_token_ids[request_id]
+                extra = model_output.extra_token_ids.get(request_id, [])
+                any_finished |= accept_drafts(request, output, draft, extra, self._check_stop)
             outputs.append(output)
         if any_finished:
             self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]

@@ -62,6 +62,9 @@ class SchedulerOutput:
     grammar_bitmask: GrammarBitmask | None = None
     # Unloaded adapters no request uses any more: the workers drop them.
     removed_lora_ids: frozenset[int] = frozenset()
+    # Speculative decoding: request_id -> draft tokens scheduled after its last token (its
+    # ``num_scheduled_tokens`` counts them); the runner verifies them.
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:

@@ -38,6 +38,13 @@ class StepStats:
     num_waiting: int = 0  # requests left in the waiting queue after scheduling
     # Tensor parallelism: rank 0's time in all-reduce / all-gather (within forward/sample).
     collective_time: float = 0.0
+    # Speculative decoding: drafts verified and accepted this step; accepted_per_pos[j] counts
+    # requests whose (j+1)-th draft was accepted, drafted_per_pos[j] those that had one.
+    num_drafts: int = 0  # requests that had drafts
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    drafted_per_pos: tuple[int, ...] = ()
+    accepted_per_pos: tuple[int, ...] = ()
 
     @property
     def overhead_time(self) -> float:
@@ -57,6 +64,8 @@ class RequestStats:
     num_cached_tokens: int
     num_preemptions: int
     finish_reason: FinishReason
+    num_draft_tokens: int = 0  # speculative decoding: drafts verified for it
+    num_accepted_tokens: int = 0  # and accepted
 
 
 class EngineObserver(Protocol):

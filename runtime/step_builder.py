@@ -17,6 +17,7 @@ class StepBuilder:
         self.num_prefill_tokens = 0
         self.num_decode_tokens = 0
         self.preempted: list[Request] = []
+        self.spec_tokens: dict[str, list[int]] = {}
 
     def schedule(self, request: Request, num_tokens: int) -> None:
         self.num_scheduled[request.request_id] = num_tokens

@@ -20,6 +20,7 @@ from tokenwire.runtime.config import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
 )
 from tokenwire.runtime.engine_args import EngineArgs, engine_flags, flag_of, flag_spec
 from tokenwire.server.cli import build_parser
@@ -69,6 +70,7 @@ VALUES: dict[str, Any] = {
     "max_loras": 2,
     "max_lora_rank": 32,
     "max_cpu_loras": 4,
+    "speculative_config": SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_max=4),
 }
 
 
@@ -101,6 +103,8 @@ def argv_for(command: str) -> list[str]:
             argv.append(flag if value else "--no-" + flag.removeprefix("--"))
         elif isinstance(value, tuple):  # --lora-modules NAME=PATH ...
             argv += [flag, *(f"{name}={path}" for name, path in value)]
+        elif isinstance(value, SpeculativeConfig):  # vLLM's JSON
+            argv += [flag, json.dumps(dataclasses.asdict(value))]
         else:
             argv += [flag, str(value)]
     return argv
@@ -183,6 +187,7 @@ def test_create_engine_config_carries_every_field() -> None:
         enable_lora=True, lora_modules=(("a", "/adapters/a"), ("b", "/adapters/b")),
         max_loras=2, max_lora_rank=32, max_cpu_loras=4,
     )  # fmt: skip
+    assert config.speculative_config == VALUES["speculative_config"]
     assert (config.device, config.enforce_eager) == ("cpu", True)
 
 

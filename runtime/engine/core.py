@@ -23,6 +23,8 @@ from tokenwire.runtime.request import FinishReason, Request
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.scheduler import Scheduler
 from tokenwire.runtime.scheduler_output import SchedulerOutput
+from tokenwire.runtime.spec_decode.accept import spec_step_stats
+from tokenwire.runtime.spec_decode.ngram import NgramProposer
 from tokenwire.runtime.stats import EngineObserver, RequestStats, StepPhase, StepStats
 from tokenwire.runtime.structured.compiler import GrammarCompilerPool
 from tokenwire.runtime.structured.config import StructuredOutputsConfig
@@ -73,6 +75,9 @@ class EngineCore:
             max_held,
             self.structured,
             LoRAAdmission(config.lora.max_loras) if config.lora.enable_lora else None,
+            None
+            if config.speculative_config is None
+            else NgramProposer(config.speculative_config, self.max_model_len),
         )
 
     def _check_capacity(self, num_blocks: int) -> None:
@@ -234,6 +239,7 @@ class EngineCore:
                 duration=duration,
                 num_waiting=self.scheduler.num_waiting,
                 collective_time=mo.collective_time,
+                **spec_step_stats(so.spec_token_ids, mo.extra_token_ids),
             )
         )
 
@@ -257,5 +263,7 @@ class EngineCore:
                 num_cached_tokens=max(request.num_cached_tokens, 0),
                 num_preemptions=request.num_preemptions,
                 finish_reason=request.finish_reason,
+                num_draft_tokens=request.num_draft_tokens,
+                num_accepted_tokens=request.num_accepted_tokens,
             )
         )

@@ -1,0 +1,73 @@
+"""Prompt-lookup (n-gram) drafts, proposed by the scheduler (no torch).
+
+The longest suffix of ``prompt_lookup_max`` down to ``prompt_lookup_min`` tokens that also
+occurs earlier in the request's tokens (prompt + output) proposes the tokens that followed
+its most recent earlier occurrence, up to ``num_speculative_tokens``.
+
+Only requests whose next token does not depend on where it sits in a run of drafts get
+drafts: no repetition / frequency / presence penalties (they count earlier output tokens),
+no ``min_tokens`` still to reach, no logprobs, no structured-output grammar. Everything else
+(temperature, top-k, top-p, min-p, logit bias, seeds, stop conditions) is verified exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from tokenwire.runtime.config import SpeculativeConfig
+from tokenwire.runtime.request import Request
+
+
+def find_draft(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> list[int]:
+    """Up to ``k`` tokens that followed the latest earlier occurrence of the longest
+    matching suffix (``n_max`` .. ``n_min`` tokens); [] when none occurs."""
+    length = len(tokens)
+    for n in range(min(n_max, length - 1), n_min - 1, -1):
+        suffix = tokens[length - n :]
+        windows = sliding_window_view(tokens[: length - 1], n)
+        hits = np.flatnonzero((windows == suffix).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return [int(t) for t in tokens[start : start + k]]
+    return []
+
+
+def eligible(request: Request) -> bool:
+    """May this request's next tokens be drafted (see the module docstring)?"""
+    p = request.sampling_params
+    return (
+        request.grammar is None
+        and p.logprobs is None
+        and p.repetition_penalty == 1.0
+        and p.presence_penalty == 0.0
+        and p.frequency_penalty == 0.0
+        and request.num_output_tokens >= p.min_tokens
+    )
+
+
+class NgramProposer:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+
+    def active(self, num_running: int) -> NgramProposer | None:
+        """Itself, unless ``num_running`` reaches ``disable_by_batch_size``."""
+        limit = self.config.disable_by_batch_size
+        return self if limit is None or num_running < limit else None
+
+    def propose(self, request: Request, budget: int) -> list[int]:
+        """Drafts for a running request in decode (its last token not yet computed), at most
+        ``budget - 1`` of them and never past its ``max_tokens`` or the context length."""
+        c = request.num_tokens
+        room = min(
+            budget - 1,
+            self.config.num_speculative_tokens,
+            request.max_tokens - request.num_output_tokens - 1,
+            self.max_model_len - c - 1,
+        )
+        if room <= 0 or not eligible(request):
+            return []
+        tokens = np.asarray(request.token_ids, dtype=np.int64)
+        cfg = self.config
+        return find_draft(tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max, room)
