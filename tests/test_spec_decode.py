@@ -172,18 +172,19 @@ def test_stop_strings_n_and_preemption(tiny_model_with_tokenizer: Path, tmp_path
     assert_idle(llm2)
 
 
-def test_abort_mid_speculation_frees_every_block(tiny_model_factory: Callable[..., Path]) -> None:
-    llm = LLM(str(tiny_model_factory("llama")), device="cpu", speculative_config=NGRAM)
+def test_abort_mid_speculation_frees_every_block(
+    tiny_model_factory: Callable[..., Path], tmp_path: Path
+) -> None:
+    model = copying_model(tiny_model_factory("llama"), tmp_path / "copying")
+    recorder = Recorder()
+    llm = LLM(str(model), device="cpu", speculative_config=NGRAM, observer=recorder)
     engine = llm.engine
     for i, prompt in enumerate(PROMPTS):
-        engine.add_request(str(i), prompt, SamplingParams(temperature=0.0, max_tokens=40))
-    drafted = False
-    for _ in range(6):
+        engine.add_request(str(i), prompt * 2, SamplingParams(temperature=0.0, max_tokens=60))
+    while recorder.accepted == 0:  # until a step verified (and accepted) drafts
         engine.step()
-        drafted |= bool(engine.scheduler.proposer is not None)
     engine.abort_requests([str(i) for i in range(len(PROMPTS))])
     engine.step()  # tells the runner
-    assert drafted
     assert_idle(llm)
 
 

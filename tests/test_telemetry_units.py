@@ -126,3 +126,41 @@ def test_engine_fault_completes_the_record_without_engine_stats() -> None:
     (req,) = [s for s in exporter.get_finished_spans() if s.name == "tokenwire.request"]
     assert not req.status.is_ok
     telemetry.on_request_finished(finished("anon/r3#0", time.monotonic()))  # late: ignored
+
+
+def test_speculative_decoding_metrics_and_attributes() -> None:
+    """vLLM's spec-decode counters (per position too), step span attributes and the request's
+    acceptance rate on its span."""
+    from dataclasses import replace
+
+    telemetry, exporter = make()
+    record = telemetry.begin("r4", "anon/r4", "generate")
+    telemetry.admit(record, 1)
+    t0 = time.monotonic()
+    telemetry.on_step(step(0, {"anon/r4": 10}, t0))
+    spec = replace(
+        step(1, {"anon/r4": 4}, t0 + 0.02),
+        num_drafts=1, num_draft_tokens=3, num_accepted_tokens=2,
+        drafted_per_pos=(1, 1, 1), accepted_per_pos=(1, 1, 0),
+    )  # fmt: skip
+    telemetry.on_step(spec)
+    done = replace(finished("anon/r4", t0, out=4), num_draft_tokens=3, num_accepted_tokens=2)
+    telemetry.on_request_finished(done)
+    telemetry.end(record, "OK")
+    text = telemetry.exposition().decode()
+    value = {
+        (s.name, s.labels.get("position")): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+    assert value[("tokenwire:spec_decode_num_drafts_total", None)] == 1
+    assert value[("tokenwire:spec_decode_num_draft_tokens_total", None)] == 3
+    assert value[("tokenwire:spec_decode_num_accepted_tokens_total", None)] == 2
+    per_pos = "tokenwire:spec_decode_num_accepted_tokens_per_pos_total"
+    assert [value[(per_pos, str(i))] for i in range(3)] == [1, 1, 0]
+    spans = exporter.get_finished_spans()
+    (req,) = [s for s in spans if s.name == "tokenwire.request"]
+    assert req.attributes is not None
+    assert abs(float(req.attributes["tokenwire.spec.acceptance_rate"]) - 2 / 3) < 1e-9
+    steps = [s for s in spans if s.attributes and s.attributes.get("tokenwire.step.id") == 1]
+    assert steps and steps[0].attributes["tokenwire.spec.accepted_tokens"] == 2

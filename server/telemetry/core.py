@@ -238,4 +238,9 @@ def _summary_fields(summary: Any) -> dict[str, Any]:
         "ttft_s": ms(summary.ttft),
         "tpot_s": ms(summary.tpot),
         "e2e_s": ms(summary.e2e),
+        **(
+            {}
+            if summary.acceptance_rate is None
+            else {"spec_acceptance_rate": round(summary.acceptance_rate, 4)}
+        ),
     }

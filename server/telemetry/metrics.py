@@ -137,12 +137,33 @@ class EngineMetrics:
         self.iteration_tokens = histogram(
             "iteration_tokens_total", "Tokens scheduled per engine step.", TOKEN_BUCKETS
         ).labels(m)
+        # Speculative decoding (vLLM's names).
+        self.spec_drafts = counter(
+            "spec_decode_num_drafts", "Requests verified with draft tokens, per step."
+        ).labels(m)
+        self.spec_draft_tokens = counter(
+            "spec_decode_num_draft_tokens", "Draft tokens verified."
+        ).labels(m)
+        self.spec_accepted_tokens = counter(
+            "spec_decode_num_accepted_tokens", "Draft tokens accepted."
+        ).labels(m)
+        self._spec_accepted_per_pos = counter(
+            "spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by position in the draft (0 = first).",
+            ("position",),
+        )
 
     # ------------------------------------------------------------------ engine thread
     def on_step(self, stats: StepStats) -> None:
         self.iteration_tokens.observe(stats.num_prefill_tokens + stats.num_decode_tokens)
         if stats.num_preemptions:
             self.preemptions.inc(stats.num_preemptions)
+        if stats.num_drafts:
+            self.spec_drafts.inc(stats.num_drafts)
+            self.spec_draft_tokens.inc(stats.num_draft_tokens)
+            self.spec_accepted_tokens.inc(stats.num_accepted_tokens)
+            for position, count in enumerate(stats.accepted_per_pos):
+                self._spec_accepted_per_pos.labels(self._model, str(position)).inc(count)
 
     def on_request_finished(self, stats: RequestStats) -> None:
         self._success.labels(self._model, stats.finish_reason.value).inc()

@@ -42,6 +42,12 @@ class RequestSummary:
     ttft: float | None
     tpot: float | None
     e2e: float
+    draft_tokens: int = 0  # speculative decoding: drafts verified, and accepted
+    accepted_tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
 
 
 def summarize(stats: list[RequestStats]) -> RequestSummary:
@@ -63,6 +69,8 @@ def summarize(stats: list[RequestStats]) -> RequestSummary:
         ttft=min(first) - arrival if first else None,
         tpot=tpot,
         e2e=finished - arrival,
+        draft_tokens=sum(s.num_draft_tokens for s in stats),
+        accepted_tokens=sum(s.num_accepted_tokens for s in stats),
     )
 
 

@@ -163,6 +163,9 @@ def step_attributes(stats: StepStats) -> dict[str, int | float | str]:
         # Tensor parallelism: rank 0's wall time in all-reduce / all-gather (within forward
         # and sample; 0 on one device).
         "tokenwire.step.collective_ms": stats.collective_time * 1e3,
+        # Speculative decoding: draft tokens verified in this step, and accepted.
+        "tokenwire.spec.draft_tokens": stats.num_draft_tokens,
+        "tokenwire.spec.accepted_tokens": stats.num_accepted_tokens,
     }
 
 
@@ -180,6 +183,7 @@ def summary_attributes(summary: RequestSummary) -> dict[str, int | float | tuple
         ("tokenwire.queue_time_s", summary.queue_time),
         ("gen_ai.server.time_to_first_token", summary.ttft),
         ("gen_ai.server.time_per_output_token", summary.tpot),
+        ("tokenwire.spec.acceptance_rate", summary.acceptance_rate),
     ):
         if value is not None:
             attrs[key] = value
