@@ -138,6 +138,25 @@ def test_ends_inside_an_accepted_run(tiny_model_factory: Callable[..., Path]) ->
             assert_idle(llm)
 
 
+def test_penalties_and_min_tokens_are_exact(
+    tiny_model_factory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Position j of a draft run sees d_1 .. d_j as output: repetition / presence /
+    frequency penalties and the min_tokens mask give plain decoding's tokens."""
+    model = copying_model(tiny_model_factory("llama"), tmp_path / "copying")
+    warm, _, _ = generate(model, PROMPTS, SamplingParams(temperature=0.0, max_tokens=30))
+    prompts = [p + w[0] for p, w in zip(PROMPTS, warm, strict=True)]
+    stop = warm[0][0][-1]  # a token of the cycle: min_tokens must hold it back
+    params = SamplingParams(
+        temperature=0.0, max_tokens=20, repetition_penalty=1.05, presence_penalty=0.05,
+        frequency_penalty=0.02, min_tokens=6, stop_token_ids=[stop],
+    )  # fmt: skip
+    plain, _, _ = generate(model, prompts, params)
+    spec, llm, rec = generate(model, prompts, params, speculative_config=NGRAM)
+    assert spec == plain and rec.drafted > 0
+    assert_idle(llm)
+
+
 def test_stop_strings_n_and_preemption(tiny_model_with_tokenizer: Path, tmp_path: Path) -> None:
     model = copying_model(tiny_model_with_tokenizer, tmp_path / "copying")
     warm, _, _ = generate(model, PROMPTS, SamplingParams(temperature=0.0, max_tokens=30))

@@ -4,10 +4,10 @@ The longest suffix of ``prompt_lookup_max`` down to ``prompt_lookup_min`` tokens
 occurs earlier in the request's tokens (prompt + output) proposes the tokens that followed
 its most recent earlier occurrence, up to ``num_speculative_tokens``.
 
-Only requests whose next token does not depend on where it sits in a run of drafts get
-drafts: no repetition / frequency / presence penalties (they count earlier output tokens),
-no ``min_tokens`` still to reach, no logprobs, no structured-output grammar. Everything else
-(temperature, top-k, top-p, min-p, logit bias, seeds, stop conditions) is verified exactly.
+Requests that want logprobs or follow a structured-output grammar get no drafts (their
+matcher and logprob reports advance one token per step). Everything else — temperature,
+top-k, top-p, min-p, logit bias, penalties, min_tokens, seeds, stop conditions — is verified
+exactly (``verify``).
 """
 
 from __future__ import annotations
@@ -35,15 +35,7 @@ def find_draft(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> list[int]:
 
 def eligible(request: Request) -> bool:
     """May this request's next tokens be drafted (see the module docstring)?"""
-    p = request.sampling_params
-    return (
-        request.grammar is None
-        and p.logprobs is None
-        and p.repetition_penalty == 1.0
-        and p.presence_penalty == 0.0
-        and p.frequency_penalty == 0.0
-        and request.num_output_tokens >= p.min_tokens
-    )
+    return request.grammar is None and request.sampling_params.logprobs is None
 
 
 class NgramProposer:

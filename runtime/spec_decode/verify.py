@@ -8,13 +8,15 @@ gives the target's distribution ``p_j`` for the token after ``d_1 .. d_j``.
 - Random rows (n-gram drafts put all their mass on ``d_j``) accept ``d_j`` with probability
   ``p_j(d_j)``; at the first rejection they sample from ``p_j`` with ``d_j`` removed
   (renormalised), and when every draft is accepted they sample a bonus token from ``p_k``:
-  each emitted token follows the target's distribution (temperature, top-k, top-p, min-p
-  and logit bias applied as in the plain sampler). A seeded request draws its uniforms and
+  each emitted token follows the target's distribution (temperature, top-k, top-p, min-p,
+  logit bias, penalties and the min_tokens mask applied as in the plain sampler; position
+  ``j`` sees ``d_1 .. d_j`` as output tokens). A seeded request draws its uniforms and
   its exponential noise from its own generator, so it is reproducible.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
@@ -35,7 +37,11 @@ def verify_drafts(
     """``logits`` [sum(len(d) + 1), V]: each row's ``len(d) + 1`` positions in order.
     Returns the tokens each row emits this step (accepted drafts + one more)."""
     counts = [len(d) + 1 for d in drafts]
-    expanded = [row for row, c in zip(rows, counts, strict=True) for _ in range(c)]
+    expanded = [
+        _at_position(row, draft, j)
+        for row, draft in zip(rows, drafts, strict=True)
+        for j in range(len(draft) + 1)
+    ]
     meta = build_sampling_metadata(expanded, vocab_size, logits.device, generator)
     processed = apply_logits_processors(logits.float(), meta)
     greedy_ids: list[int] = processed.argmax(dim=-1).tolist()
@@ -49,6 +55,14 @@ def verify_drafts(
             out.append(_rejection(probs[start : start + count], draft, row, generator))
         start += count
     return out
+
+
+def _at_position(row: RowSamplingState, draft: list[int], j: int) -> RowSamplingState:
+    """The row as sampled after ``draft[:j]`` were accepted: penalties and the min_tokens
+    mask see those tokens as output, exactly as plain decoding would."""
+    if j == 0 or row.params.is_plain_greedy:
+        return row
+    return dataclasses.replace(row, output_token_ids=[*row.output_token_ids, *draft[:j]])
 
 
 def _greedy(targets: list[int], draft: list[int]) -> list[int]:
