@@ -5,7 +5,12 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-WORKLOADS = ("fixed", "mixed", "cpu")
+WORKLOADS = ("fixed", "mixed", "cpu", "repeat")
+# ``repeat``: answers that copy from their prompts (what prompt-lookup speculation is for):
+# a random passage given twice, then its first tokens again; a model continues the copy.
+REPEAT_PASSAGE = 96
+REPEAT_CUE = 8
+REPEAT_OUTPUT = 64
 
 
 @dataclass(frozen=True)
@@ -27,7 +32,8 @@ def make_workload(name: str, vocab_size: int, num_requests: int | None = None) -
     """Build a workload; token ids are clipped into the model's vocabulary.
 
     ``mixed`` reproduces nano-vllm's benchmark exactly (prompt tokens sum to 142,827 and
-    output tokens to 133,966 for the default 256 requests).
+    output tokens to 133,966 for the default 256 requests). ``repeat`` (16 requests): a random
+    96-token passage twice, then its first 8 tokens; 64 output tokens.
     """
     rng = random.Random(0)
     max_id = min(10000, vocab_size - 1)
@@ -41,6 +47,12 @@ def make_workload(name: str, vocab_size: int, num_requests: int | None = None) -
         n = num_requests or 256
         prompts = [[rng.randint(0, max_id) for _ in range(512)] for _ in range(n)]
         output_lens = [128] * n
+    elif name == "repeat":
+        n = num_requests or 16
+        low = min(1000, max_id // 2)
+        passages = [[rng.randint(low, max_id) for _ in range(REPEAT_PASSAGE)] for _ in range(n)]
+        prompts = [p + p + p[:REPEAT_CUE] for p in passages]
+        output_lens = [REPEAT_OUTPUT] * n
     elif name == "cpu":
         n = num_requests or 64
         prompts = [[rng.randint(0, max_id) for _ in range(rng.randint(32, 256))] for _ in range(n)]
