@@ -32,6 +32,7 @@ from tokenwire.kernels.attention_metadata import (
 )
 from tokenwire.kernels.dispatch import use_triton
 from tokenwire.kernels.kv_quant import dequantize_fp8, fake_quantize_fp8, is_fp8
+from tokenwire.kernels.softcap_attention import AttentionFn, attention_fn
 
 # Decode rows are bucketed by padded context length so one group's gather wastes little:
 # buckets are 32 key positions wide below 256 and 12.5% wide above. Measured on 2 shared CPU
@@ -140,16 +141,22 @@ def paged_attention(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Attention for every row of ``query`` [T, Hq, D] -> [T, Hq, D].
 
     ``k_scale``/``v_scale``: float32 [1] scales of an fp8 cache (``None`` = 1.0).
+    ``logits_soft_cap``: Gemma 2's ``cap * tanh(scores / cap)`` on the scaled logits (None: off).
     """
     if use_triton(query):
+        if logits_soft_cap is not None:  # TODO(kernels): soft-cap in the Triton kernels
+            raise NotImplementedError("attention logit soft-capping is not in the Triton kernels")
         from tokenwire.kernels.paged_attention_triton import paged_attention_triton
 
         return paged_attention_triton(query, k_cache, v_cache, meta, scale, k_scale, v_scale)
-    return paged_attention_ref(query, key, value, k_cache, v_cache, meta, scale, k_scale, v_scale)
+    return paged_attention_ref(
+        query, key, value, k_cache, v_cache, meta, scale, k_scale, v_scale, logits_soft_cap
+    )
 
 
 def paged_attention_ref(
@@ -162,6 +169,7 @@ def paged_attention_ref(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Batched torch path: decode rows by length group, prefill rows one sequence at a time.
 
@@ -180,10 +188,11 @@ def paged_attention_ref(
         )
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     kv_scales = (k_scale, v_scale) if is_fp8(k_cache) else None
+    sdpa = attention_fn(logits_soft_cap)
     for group in plan.decode_groups:
-        _attend_decode_group(query, k_cache, v_cache, group, scale, kv_scales, out)
+        _attend_decode_group(query, k_cache, v_cache, group, scale, kv_scales, out, sdpa)
     for prefill in plan.prefills:
-        _attend_prefill(query, key, value, k_cache, v_cache, prefill, scale, kv_scales, out)
+        _attend_prefill(query, key, value, k_cache, v_cache, prefill, scale, kv_scales, out, sdpa)
     num_real = int(meta.query_start_loc_np[-1])
     if num_real < out.shape[0]:
         out[num_real:].zero_()
@@ -198,6 +207,7 @@ def _attend_decode_group(
     scale: float,
     kv_scales: _KVScales,
     out: torch.Tensor,
+    sdpa: AttentionFn = F.scaled_dot_product_attention,
 ) -> None:
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     num_heads = query.shape[1]
@@ -213,9 +223,7 @@ def _attend_decode_group(
     # runs plain multi-head attention on Hkv heads (a decode row has no causal structure).
     # Measured faster than enable_gqa=True and than repeat_interleave of K/V.
     q = query.index_select(0, group.rows).view(n, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    o = F.scaled_dot_product_attention(
-        q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=group.mask, scale=scale
-    )
+    o = sdpa(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=group.mask, scale=scale)
     out.index_copy_(0, group.rows, o.reshape(n, num_heads, head_dim))
 
 
@@ -229,6 +237,7 @@ def _attend_prefill(
     scale: float,
     kv_scales: _KVScales,
     out: torch.Tensor,
+    sdpa: AttentionFn = F.scaled_dot_product_attention,
 ) -> None:
     start, end = prefill.query_start, prefill.query_end
     # 4-D [1, H, len, D] inputs: sdpa's fused CPU kernel; 3-D inputs measured ~3x slower.
@@ -249,7 +258,7 @@ def _attend_prefill(
         if kv_scales is not None:
             k = dequantize_fp8(k, kv_scales[0], query.dtype)
             v = dequantize_fp8(v, kv_scales[1], query.dtype)
-    o = F.scaled_dot_product_attention(
+    o = sdpa(
         q,
         k.transpose(0, 1).unsqueeze(0),
         v.transpose(0, 1).unsqueeze(0),
@@ -269,6 +278,7 @@ def paged_attention_dense_ref(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Oracle: per sequence, gather every context position from the cache one by one.
 
@@ -292,6 +302,8 @@ def paged_attention_dense_ref(
         k = dequantize_fp8(k_cache[blocks, offsets], k_scale, torch.float32)[:, kv_head]
         v = dequantize_fp8(v_cache[blocks, offsets], v_scale, torch.float32)[:, kv_head]
         scores = torch.einsum("qhd,khd->hqk", query[start:end].float(), k) * scale
+        if logits_soft_cap is not None:
+            scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
         query_pos = torch.arange(seq_len - (end - start), seq_len, device=device)
         allowed = key_pos[None, :] <= query_pos[:, None]
         probs = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)

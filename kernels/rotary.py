@@ -16,16 +16,20 @@ import torch
 
 from tokenwire.kernels.dispatch import use_triton
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 
 def compute_inv_freq(
-    head_dim: int, rope_theta: float, rope_scaling: Mapping[str, Any] | None
+    head_dim: int,
+    rope_theta: float,
+    rope_scaling: Mapping[str, Any] | None,
+    max_position: int | None = None,
 ) -> torch.Tensor:
     """Float32 ``[head_dim // 2]`` inverse frequencies, as transformers' rope init computes.
 
     ``rope_scaling`` is a HF ``rope_parameters``/``rope_scaling`` dict (``rope_type`` or the
-    legacy ``type`` key); None means plain rope.
+    legacy ``type`` key); None means plain rope. ``max_position`` (the served context length)
+    only matters for ``longrope``: see ``_longrope_inv_freq``.
     """
     params: Mapping[str, Any] = rope_scaling or {}
     rope_type = params.get("rope_type", params.get("type", "default"))
@@ -41,7 +45,53 @@ def compute_inv_freq(
         return inv_freq / _required(params, "factor")
     if rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, params)
+    if rope_type == "longrope":
+        return _longrope_inv_freq(head_dim, rope_theta, params, max_position)
     return inv_freq
+
+
+def rope_attention_scaling(rope_scaling: Mapping[str, Any] | None) -> float:
+    """The factor HF multiplies cos and sin by (``attention_scaling``); 1.0 unless longrope.
+
+    LongRoPE (Phi-3): ``attention_factor`` when given, else ``sqrt(1 + ln(factor) /
+    ln(original_max_position_embeddings))`` for ``factor > 1`` (``_compute_longrope_parameters``).
+    """
+    params: Mapping[str, Any] = rope_scaling or {}
+    if params.get("rope_type", params.get("type")) != "longrope":
+        return 1.0
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+    factor = _required(params, "factor")
+    if factor <= 1.0:
+        return 1.0
+    original = _required(params, "original_max_position_embeddings")
+    return math.sqrt(1 + math.log(factor) / math.log(original))
+
+
+def _longrope_inv_freq(
+    head_dim: int, rope_theta: float, params: Mapping[str, Any], max_position: int | None
+) -> torch.Tensor:
+    """LongRoPE: per-frequency divisors, ``long_factor`` beyond the pretraining length.
+
+    HF picks the factor set per forward from the current sequence length (long once it exceeds
+    ``original_max_position_embeddings``). A paged cache keeps keys rotated at earlier steps,
+    so the choice here is static per served context: the long factors when ``max_position``
+    (``max_model_len``) exceeds ``original_max_position_embeddings``, else the short ones.
+    That equals HF for every sequence when ``max_model_len`` is within the original length,
+    and for sequences already longer than it from their first forward otherwise.
+    """
+    original = _required(params, "original_max_position_embeddings")
+    use_long = max_position is not None and max_position > original
+    key = "long_factor" if use_long else "short_factor"
+    if key not in params:
+        raise ValueError(f"rope_type 'longrope' needs rope parameter {key!r}")
+    ext_factors = torch.tensor(list(params[key]), dtype=torch.float32)
+    if ext_factors.shape != (head_dim // 2,):
+        raise ValueError(
+            f"rope parameter {key!r} has {ext_factors.numel()} entries, expected {head_dim // 2}"
+        )
+    inv_freq_shape = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    return 1.0 / (ext_factors * rope_theta**inv_freq_shape)
 
 
 def _required(params: Mapping[str, Any], name: str) -> float:
@@ -71,17 +121,18 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, params: Mapping[str, Any]) -> torch
 
 
 def build_cos_sin_cache(
-    inv_freq: torch.Tensor, max_position: int, dtype: torch.dtype
+    inv_freq: torch.Tensor, max_position: int, dtype: torch.dtype, scaling: float = 1.0
 ) -> torch.Tensor:
     """``[max_position, head_dim]`` table: cos half then sin half, cast to ``dtype``.
 
     HF computes ``position.float() * inv_freq`` (an elementwise product, not a matmul) in
     float32 at every forward; the same product here gives the same bits, so precomputing
-    loses nothing.
+    loses nothing. ``scaling`` (``rope_attention_scaling``) multiplies cos and sin in float32
+    before the cast, as HF does (a multiplication by 1.0 is exact).
     """
     positions = torch.arange(max_position, dtype=torch.int64).float()
     freqs = positions[:, None] * inv_freq.to(torch.float)[None, :]
-    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+    return torch.cat((freqs.cos() * scaling, freqs.sin() * scaling), dim=-1).to(dtype)
 
 
 def apply_rotary(

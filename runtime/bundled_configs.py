@@ -2,8 +2,9 @@
 
 ``--load-format dummy`` builds random weights from a config.json, so a GPU benchmark needs no
 model hub: ``tokenwire bench throughput llama-3.2-1b --load-format dummy``. The files under
-``model_configs/<name>/config.json`` are copies of the published Hugging Face configs (bf16)
-and ship as package data. A dummy model has no tokenizer: it takes token-id prompts only.
+``model_configs/<name>/config.json`` are copies of the published Hugging Face configs (Phi-3's
+without its ``auto_map`` / ``_name_or_path``: transformers has the architecture built in) and
+ship as package data. A dummy model has no tokenizer: it takes token-id prompts only.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ BUNDLED_CONFIGS: dict[str, str] = {
     "llama-3.2-1b": "meta-llama/Llama-3.2-1B",
     "qwen3-0.6b": "Qwen/Qwen3-0.6B",
     "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
+    "gemma-2-2b": "google/gemma-2-2b",
+    "phi-3-mini-4k": "microsoft/Phi-3-mini-4k-instruct",
 }
 
 

@@ -6,6 +6,7 @@ with a config.json, exactly what ``LLM(model=path)`` loads.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 from collections.abc import Callable
@@ -65,6 +66,58 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         tie_word_embeddings=True,
         rope_theta=1000000.0,
     ),
+    # Soft-caps small enough to bite (attention scores reach ~10 here), a query scale that is
+    # not head_dim ** -0.5, and a window longer than any test sequence (masking is not tested
+    # here: full attention equals windowed attention below the window).
+    "gemma2": dict(
+        model_type="gemma2",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        query_pre_attn_scalar=24,
+        attn_logit_softcapping=5.0,
+        final_logit_softcapping=4.0,
+        sliding_window=256,
+    ),
+    # Layers: sliding (local rope base 1e4), then global (rope base 1e6, linear scaling x2).
+    "gemma3_text": dict(
+        model_type="gemma3_text",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=512,
+        query_pre_attn_scalar=16,
+        sliding_window=256,
+        sliding_window_pattern=2,
+        rope_theta=1000000.0,
+        rope_local_base_freq=10000.0,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+    ),
+    # Fused qkv_proj / gate_up_proj checkpoint tensors and LongRoPE short factors (the
+    # pretraining length equals the context, so the short set applies to every sequence).
+    "phi3": dict(
+        model_type="phi3",
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        original_max_position_embeddings=512,
+        tie_word_embeddings=False,
+        rope_scaling={
+            "rope_type": "longrope",
+            "short_factor": [1.0 + 0.25 * i for i in range(8)],
+            "long_factor": [2.0 + 1.5 * i for i in range(8)],
+        },
+    ),
 }
 TINY_VOCAB = 512
 
@@ -74,7 +127,7 @@ def build_tiny_model(family: str, out_dir: Path, seed: int = 0, **overrides: Any
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    kwargs = dict(TINY_FAMILIES[family])
+    kwargs = copy.deepcopy(TINY_FAMILIES[family])  # HF configs mutate nested rope dicts
     kwargs.update(overrides)
     model_type = kwargs.pop("model_type")
     vocab_size = kwargs.pop("vocab_size", TINY_VOCAB)

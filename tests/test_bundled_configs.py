@@ -28,6 +28,8 @@ EXPECTED = {
     "llama-3.2-1b": ("LlamaForCausalLM", 2048, 16, 32, 8, 64, 128256, True),
     "qwen3-0.6b": ("Qwen3ForCausalLM", 1024, 28, 16, 8, 128, 151936, True),
     "llama-3.1-8b": ("LlamaForCausalLM", 4096, 32, 32, 8, 128, 128256, False),
+    "gemma-2-2b": ("Gemma2ForCausalLM", 2304, 26, 8, 4, 256, 256000, True),
+    "phi-3-mini-4k": ("Phi3ForCausalLM", 3072, 32, 32, 32, 96, 32064, False),
 }
 
 

@@ -1,8 +1,10 @@
 """Model architecture description derived from a Hugging Face config.
 
 ``ModelArch`` is the only thing the model implementation reads: every family difference
-(GQA, qkv bias, q/k norm, tied embeddings, rope scaling) is a field here, so the one
-Llama-style module in ``llama.py`` covers Llama 2/3, SmolLM, Mistral, Qwen2/2.5 and Qwen3.
+(GQA, qkv bias, q/k norm, tied embeddings, rope scaling, Gemma's norms, soft-capping and
+per-layer windows, Phi-3's fused checkpoint tensors) is a field here, so the one Llama-style
+module in ``llama.py`` covers Llama 2/3, SmolLM, Mistral, Qwen2/2.5, Qwen3, Gemma 2, Gemma 3
+(text) and Phi-3/3.5. ``hf_config`` reads each family's config keys.
 """
 
 from __future__ import annotations
@@ -11,12 +13,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tokenwire.runtime.models.hf_config import family_fields
+
 # HF ``architectures`` names served by ``tokenwire.runtime.models.llama``.
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "Phi3ForCausalLM",
 )
 
 # Fallback when a config has no ``architectures`` list (e.g. ``AutoConfig.for_model``).
@@ -25,9 +32,10 @@ _MODEL_TYPE_TO_ARCH: dict[str, str] = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
-
-_DEFAULT_ROPE_THETA = 10000.0
 
 # The engine flag that sets the tensor-parallel size; split errors name it.
 TP_FLAG = "--tensor-parallel-size"
@@ -54,12 +62,29 @@ class ModelArch:
     tie_word_embeddings: bool
     attention_bias: bool  # bias on q/k/v projections (Qwen2 always)
     o_proj_bias: bool  # bias on the attention output projection (Llama attention_bias)
-    qk_norm: bool  # per-head RMSNorm on q and k before rotary (Qwen3)
-    # Attention window in tokens when the model uses sliding-window attention, else None.
-    # Full attention equals sliding-window attention while max_model_len <= sliding_window.
+    qk_norm: bool  # per-head RMSNorm on q and k before rotary (Qwen3, Gemma 3)
+    # The largest attention window of any layer when the model uses sliding-window attention,
+    # else None. Full attention equals sliding-window attention while max_model_len <= it.
     sliding_window: int | None
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    hidden_act: str = "silu"  # the MLP gate's activation (kernels.activation.gated_activation)
+    # Gemma: norm weights are offsets (scale 1 + w, applied in float32).
+    norm_unit_offset: bool = False
+    # Gemma 2/3: norms after attention and around the MLP too (4 per layer).
+    sandwich_norms: bool = False
+    embed_scale: float | None = None  # Gemma: embeddings times sqrt(hidden), in the model dtype
+    attn_scale: float | None = None  # None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar)
+    attn_logit_softcap: float | None = None  # Gemma 2: cap * tanh(scores / cap)
+    final_logit_softcap: float | None = None  # Gemma 2/3: the same on the output logits
+    # Per layer: its attention window (None: full attention); empty means ``sliding_window``
+    # for every layer.
+    layer_sliding_window: tuple[int | None, ...] = ()
+    # Gemma 3: rope base of the sliding-window layers (plain rope); global layers use
+    # rope_theta + rope_scaling. None: one rope for every layer.
+    sliding_rope_theta: float | None = None
+    # Phi-3: the checkpoint stores qkv_proj and gate_up_proj fused (split at load time).
+    fused_checkpoint_projections: bool = False
 
     @property
     def q_size(self) -> int:
@@ -68,6 +93,21 @@ class ModelArch:
     @property
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor on q.k (before any soft-cap)."""
+        return self.head_dim**-0.5 if self.attn_scale is None else self.attn_scale
+
+    def layer_window(self, layer: int) -> int | None:
+        """Layer ``layer``'s attention window in tokens; None: full attention."""
+        if not self.layer_sliding_window:
+            return self.sliding_window
+        return self.layer_sliding_window[layer]
+
+    def layer_uses_local_rope(self, layer: int) -> bool:
+        """Whether layer ``layer`` rotates with ``sliding_rope_theta`` (Gemma 3's local layers)."""
+        return self.sliding_rope_theta is not None and self.layer_window(layer) is not None
 
     def check_tensor_parallel(self, tp_size: int) -> None:
         """Raise ``ValueError`` (naming ``--tensor-parallel-size``) unless this model splits
@@ -96,13 +136,8 @@ class ModelArch:
         """Build from a ``transformers.PretrainedConfig`` or a parsed config.json dict."""
         cfg: Mapping[str, Any] = config if isinstance(config, Mapping) else config.to_dict()
         architecture = _architecture(cfg)
-        _check_supported_features(cfg)
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
-        rope_theta, rope_scaling = _rope(cfg)
-        is_qwen2 = architecture == "Qwen2ForCausalLM"
-        llama_bias = architecture in ("LlamaForCausalLM", "Qwen3ForCausalLM")
-        attention_bias = bool(cfg.get("attention_bias") or False)
         return cls(
             architecture=architecture,
             vocab_size=int(cfg["vocab_size"]),
@@ -113,16 +148,10 @@ class ModelArch:
             num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or hidden // heads),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=rope_theta,
-            rope_scaling=rope_scaling,
             max_position_embeddings=int(cfg["max_position_embeddings"]),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=is_qwen2 or (llama_bias and attention_bias),
-            o_proj_bias=llama_bias and attention_bias,
-            qk_norm=architecture == "Qwen3ForCausalLM",
-            sliding_window=_sliding_window(cfg, architecture),
             bos_token_id=_optional_int(cfg.get("bos_token_id")),
             eos_token_ids=token_id_tuple(cfg.get("eos_token_id")),
+            **family_fields(cfg, architecture),
         )
 
 
@@ -198,40 +227,3 @@ def _architecture(cfg: Mapping[str, Any]) -> str:
             + ", ".join(SUPPORTED_ARCHITECTURES)
         )
     return name
-
-
-def _check_supported_features(cfg: Mapping[str, Any]) -> None:
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"unsupported hidden_act {act!r}: only 'silu' (SwiGLU) is implemented")
-    if cfg.get("mlp_bias"):
-        raise ValueError("unsupported config: mlp_bias=True is not implemented")
-
-
-def _rope(cfg: Mapping[str, Any]) -> tuple[float, tuple[tuple[str, Any], ...] | None]:
-    """Read rope theta and scaling from either config style.
-
-    transformers >= 5 stores everything in ``rope_parameters`` (with ``rope_type`` and
-    ``rope_theta``); older config.json files use top-level ``rope_theta`` + ``rope_scaling``
-    (whose type key may be the legacy ``type``).
-    """
-    params = dict(cfg.get("rope_parameters") or {})
-    legacy = dict(cfg.get("rope_scaling") or {})
-    merged = {**legacy, **params}
-    theta = merged.pop("rope_theta", None) or cfg.get("rope_theta") or _DEFAULT_ROPE_THETA
-    rope_type = merged.pop("rope_type", None) or merged.pop("type", None) or "default"
-    merged.pop("type", None)
-    if rope_type == "default":
-        return float(theta), None
-    merged["rope_type"] = rope_type
-    return float(theta), tuple(sorted(merged.items()))
-
-
-def _sliding_window(cfg: Mapping[str, Any], architecture: str) -> int | None:
-    window = cfg.get("sliding_window")
-    if window is None:
-        return None
-    # Qwen configs carry a sliding_window value that is only used with use_sliding_window.
-    if architecture.startswith("Qwen") and not cfg.get("use_sliding_window", False):
-        return None
-    return int(window)

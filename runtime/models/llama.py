@@ -1,9 +1,13 @@
-"""One Llama-style decoder covering Llama 2/3, SmolLM, Mistral, Qwen2/2.5 and Qwen3.
+"""One Llama-style causal LM covering Llama 2/3, SmolLM, Mistral, Qwen2/2.5, Qwen3, Gemma 2,
+Gemma 3 (text) and Phi-3/3.5; every family difference is a ``ModelArch`` field (the decoder
+layer itself is in ``decoder``).
 
 Tokens are flattened (no batch dimension): a step's sequences are concatenated into ``T``
 rows and ``AttentionMetadata`` says which rows belong to which sequence and where their K/V
 lives in the paged cache. Projections are fused (``qkv_proj``, ``gate_up_proj``) so each layer
-runs four matmuls; ``load_weights`` maps HF parameter names into the fused tensors.
+runs four matmuls; ``load_weights`` maps HF parameter names into the fused tensors (and splits
+checkpoints that store them fused, like Phi-3's). Gemma scales the embeddings and soft-caps
+the final logits; Gemma 3's sliding-window layers rotate with their own rope base.
 
 Tensor parallelism: built with a ``TPGroup`` of N ranks, each rank's model holds its share of
 every projection (``layers.parallel``: heads for q/k/v, rows of the vocabulary, halves of the
@@ -16,147 +20,37 @@ exactly the single-device one.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
-from tokenwire.kernels.activation import silu_and_mul
 from tokenwire.kernels.attention_metadata import AttentionMetadata
-from tokenwire.kernels.kv_quant import LayerKVCache
-from tokenwire.kernels.paged_attention import paged_attention
-from tokenwire.kernels.rotary import apply_rotary, build_cos_sin_cache, compute_inv_freq
-from tokenwire.kernels.store_kv import store_kv
+from tokenwire.kernels.rotary import (
+    build_cos_sin_cache,
+    compute_inv_freq,
+    rope_attention_scaling,
+)
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.models.arch import ModelArch
+from tokenwire.runtime.models.decoder import DecoderLayer, KVCache, norm
+from tokenwire.runtime.models.fused_checkpoint import split_fused_projections
 from tokenwire.runtime.models.layers import (
     LinearMethod,
-    MergedColumnParallelLinear,
     ParallelLMHead,
-    QKVParallelLinear,
     QuantConfig,
-    RMSNorm,
-    RowParallelLinear,
     ShardedModule,
     ShardLoads,
     VocabParallelEmbedding,
     vocab_parallel_logits,
 )
+from tokenwire.runtime.models.layers.basic import GemmaRMSNorm
 from tokenwire.runtime.models.loading import init_random, load_checkpoint
 from tokenwire.runtime.models.weights import ShardLoad, WeightSource, replicated
 
-# One layer's paged KV cache: (k_cache, v_cache), each [num_blocks, block_size, Hkv, D], and
-# the (k_scale, v_scale) of an fp8 cache (None otherwise).
-KVCache = LayerKVCache
+__all__ = ["DecoderLayer", "KVCache", "LlamaForCausalLM", "LlamaModel", "build_model"]
 
 _SINGLE = TPGroup.single()  # immutable: the default group of one
-
-
-class Attention(nn.Module):
-    """This rank's heads (all of them at TP=1); ``o_proj`` all-reduces under TP."""
-
-    def __init__(
-        self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup, method: LinearMethod | None
-    ) -> None:
-        super().__init__()
-        self.qkv_proj = QKVParallelLinear(
-            arch.hidden_size,
-            arch.head_dim,
-            arch.num_attention_heads,
-            arch.num_key_value_heads,
-            arch.attention_bias,
-            dtype,
-            tp,
-            method,
-        )
-        self.num_heads = self.qkv_proj.num_heads
-        self.num_kv_heads = self.qkv_proj.num_kv_heads
-        self.head_dim = arch.head_dim
-        self.q_size = self.qkv_proj.q_size
-        self.kv_size = self.qkv_proj.kv_size
-        self.scale = arch.head_dim**-0.5
-        self.o_proj = RowParallelLinear(
-            arch.q_size, arch.hidden_size, arch.o_proj_bias, dtype, tp, "attention size", method
-        )
-        self.q_norm: RMSNorm | None = None
-        self.k_norm: RMSNorm | None = None
-        if arch.qk_norm:
-            self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, dtype)
-            self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, dtype)
-
-    def forward(
-        self,
-        positions: torch.Tensor,
-        hidden: torch.Tensor,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
-        cos_sin_cache: torch.Tensor,
-    ) -> torch.Tensor:
-        num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
-        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q, k = apply_rotary(q, k, positions, cos_sin_cache)
-        k_cache, v_cache, k_scale, v_scale = kv_cache
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
-        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, k_scale, v_scale)
-        result: torch.Tensor = self.o_proj(out.reshape(num_tokens, self.q_size))
-        return result
-
-
-class MLP(nn.Module):
-    """SwiGLU; the intermediate dimension is split over TP ranks, ``down_proj`` all-reduces."""
-
-    def __init__(
-        self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup, method: LinearMethod | None
-    ) -> None:
-        super().__init__()
-        inter = arch.intermediate_size
-        sizes = {"gate": inter, "up": inter}
-        self.gate_up_proj = MergedColumnParallelLinear(
-            arch.hidden_size, sizes, False, dtype, tp, "intermediate_size", method
-        )
-        self.down_proj = RowParallelLinear(
-            inter, arch.hidden_size, False, dtype, tp, "intermediate_size", method
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        result: torch.Tensor = self.down_proj(silu_and_mul(self.gate_up_proj(x)))
-        return result
-
-
-class DecoderLayer(nn.Module):
-    def __init__(
-        self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup, method: LinearMethod | None
-    ) -> None:
-        super().__init__()
-        self.self_attn = Attention(arch, dtype, tp, method)
-        self.mlp = MLP(arch, dtype, tp, method)
-        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
-        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
-
-    def forward(
-        self,
-        positions: torch.Tensor,
-        hidden: torch.Tensor,
-        residual: torch.Tensor | None,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
-        cos_sin_cache: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (mlp output, residual stream); their sum is the layer's output."""
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, kv_cache, meta, cos_sin_cache)
-        hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
-        return self.mlp(hidden), residual
 
 
 class LlamaModel(nn.Module):
@@ -168,9 +62,29 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, dtype, tp)
         self.layers = nn.ModuleList(
-            DecoderLayer(arch, dtype, tp, method) for _ in range(arch.num_hidden_layers)
+            DecoderLayer(arch, i, dtype, tp, method) for i in range(arch.num_hidden_layers)
         )
-        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
+        self.norm = norm(arch, arch.hidden_size, dtype)
+        # Gemma: HF multiplies by sqrt(hidden) rounded to the model dtype.
+        self.embed_scale: float | None = None
+        if arch.embed_scale is not None:
+            self.embed_scale = float(torch.tensor(arch.embed_scale).to(dtype))
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden: torch.Tensor = self.embed_tokens(input_ids)
+        return hidden if self.embed_scale is None else hidden * self.embed_scale
+
+
+def rope_cache(
+    arch: ModelArch,
+    theta: float,
+    scaling: dict[str, Any] | None,
+    max_position: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """[max_position, head_dim] rotary table (layout owned by ``kernels.rotary``)."""
+    inv_freq = compute_inv_freq(arch.head_dim, theta, scaling, max_position)
+    return build_cos_sin_cache(inv_freq, max_position, dtype, rope_attention_scaling(scaling))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -199,13 +113,18 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head: ParallelLMHead | None = None
         if not arch.tie_word_embeddings:
             self.lm_head = ParallelLMHead(arch.vocab_size, arch.hidden_size, dtype, tp)
-        # [max_position, head_dim] rotary table in the model dtype (layout owned by
-        # kernels.rotary); a buffer so it follows ``.to(device)``, not saved in checkpoints.
-        inv_freq = compute_inv_freq(arch.head_dim, arch.rope_theta, arch.rope_scaling_dict())
+        # [max_position, head_dim] rotary tables in the model dtype (layout owned by
+        # kernels.rotary); buffers so they follow ``.to(device)``, not saved in checkpoints.
+        # The local table (Gemma 3's sliding-window layers) exists only when a layer uses it.
         self.cos_sin_cache: torch.Tensor
-        self.register_buffer(
-            "cos_sin_cache", build_cos_sin_cache(inv_freq, max_position, dtype), persistent=False
-        )
+        self.local_cos_sin_cache: torch.Tensor | None
+        cache = rope_cache(arch, arch.rope_theta, arch.rope_scaling_dict(), max_position, dtype)
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
+        self.local_rope = tuple(map(arch.layer_uses_local_rope, range(arch.num_hidden_layers)))
+        local = None
+        if arch.sliding_rope_theta is not None and any(self.local_rope):
+            local = rope_cache(arch, arch.sliding_rope_theta, None, max_position, dtype)
+        self.register_buffer("local_cos_sin_cache", local, persistent=False)
 
     @property
     def num_local_kv_heads(self) -> int:
@@ -230,12 +149,13 @@ class LlamaForCausalLM(nn.Module):
         """input_ids/positions [T] -> final-normed hidden states [T, hidden]."""
         if len(kv_caches) != len(self.model.layers):
             raise ValueError(f"expected {len(self.model.layers)} KV caches, got {len(kv_caches)}")
-        hidden = self.model.embed_tokens(input_ids)
+        hidden = self.model.embed(input_ids)
         residual: torch.Tensor | None = None
-        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            hidden, residual = layer(
-                positions, hidden, residual, kv_cache, meta, self.cos_sin_cache
-            )
+        for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
+            rope = self.cos_sin_cache
+            if self.local_rope[i] and self.local_cos_sin_cache is not None:
+                rope = self.local_cos_sin_cache
+            hidden, residual = layer(positions, hidden, residual, kv_cache, meta, rope)
         if residual is None:  # zero-layer model
             residual = torch.zeros_like(hidden)
         normed, _ = self.model.norm.add_and_norm(hidden, residual)
@@ -246,8 +166,13 @@ class LlamaForCausalLM(nn.Module):
 
         Under TP a collective (the vocab shards are all-gathered): every rank must call it
         with the same N, in the same order, and every rank gets bitwise-identical logits.
+        Gemma's final soft-cap (``cap * tanh(logits / cap)``) runs in float32 after the gather.
         """
-        return vocab_parallel_logits(hidden, self.lm_head_weight, self.arch.vocab_size, self.tp)
+        logits = vocab_parallel_logits(hidden, self.lm_head_weight, self.arch.vocab_size, self.tp)
+        cap = self.arch.final_logit_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def shard_loads(self) -> dict[str, dict[str, ShardLoad]]:
         """Parameter name -> checkpoint shard id ("" unless fused; q/k/v and gate/up in
@@ -273,6 +198,8 @@ class LlamaForCausalLM(nn.Module):
         shard) that the checkpoint never provided (see ``loading.load_checkpoint``).
         Quantized layers then need ``process_weights_after_loading`` (the loader calls it).
         """
+        if self.arch.fused_checkpoint_projections:
+            weights = split_fused_projections(weights, self.arch)
         load_checkpoint(
             self,
             self.shard_loads(),
@@ -300,6 +227,9 @@ class LlamaForCausalLM(nn.Module):
         parameter at a time is the only extra memory.
         """
         init_random(self, self.shard_loads() if self.tp.world_size > 1 else {}, generator, std)
+        for module in self.modules():
+            if isinstance(module, GemmaRMSNorm):
+                module.weight.zero_()  # stored offsets: scale 1, as HF initialises them
 
 
 def build_model(

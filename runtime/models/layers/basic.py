@@ -1,5 +1,5 @@
 """Plain (single-rank) parameter-holding layers for inference models: Linear, Embedding,
-RMSNorm.
+RMSNorm (and Gemma's variant, ``GemmaRMSNorm``).
 
 Unlike ``torch.nn.Linear``/``nn.Embedding`` these never run a random initialiser: weights are
 allocated uninitialised (``torch.empty``) because a loader always overwrites them. That makes
@@ -59,3 +59,32 @@ class RMSNorm(nn.Module):
         """Returns (norm(x + residual), x + residual)."""
         normed, summed = fused_add_rms_norm(x, residual, self.weight, self.eps)
         return normed, summed
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma 2/3 RMSNorm: the checkpoint stores ``w`` and the scale is ``1 + w``, applied in
+    float32 before the cast back (HF ``Gemma2RMSNorm``: ``(x * (1 + w)).to(dtype)``, where
+    Llama casts first). Op for op as HF, so float32 results are bit-identical. Weights start
+    at 0 (scale 1). Plain torch ops on every device."""
+
+    def __init__(self, size: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__(size, eps, dtype)
+        with torch.no_grad():
+            self.weight.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = x.float()
+        hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (hidden * (1.0 + self.weight.float())).type_as(x)
+
+    def add_and_norm(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (norm(x + residual), x + residual); the add in the input dtype, as HF."""
+        summed = residual + x
+        return self.forward(summed), summed
+
+
+def make_rms_norm(size: int, eps: float, dtype: torch.dtype, unit_offset: bool) -> RMSNorm:
+    """``GemmaRMSNorm`` when the checkpoint's norm weights are offsets from 1, else ``RMSNorm``."""
+    return GemmaRMSNorm(size, eps, dtype) if unit_offset else RMSNorm(size, eps, dtype)

@@ -1,0 +1,184 @@
+"""One decoder layer of the Llama-style model: attention, gated MLP and their norms.
+
+Every family difference comes from ``ModelArch``: GQA, qkv/o biases, q/k norms (Qwen3,
+Gemma 3), the norm variant (Gemma's ``1 + w``), Gemma 2/3's sandwich norms (4 per layer),
+the attention scale (``query_pre_attn_scalar``), attention logit soft-capping (Gemma 2), the
+MLP activation (SwiGLU or GeGLU) and each layer's attention window.
+
+Tokens are flattened (no batch dimension); projections are fused (``qkv_proj``,
+``gate_up_proj``) and tensor-parallel (``layers.parallel``): ``o_proj`` and ``down_proj``
+all-reduce under TP. The LoRA manager wraps ``qkv_proj``, ``o_proj``, ``gate_up_proj`` and
+``down_proj`` by these names.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tokenwire.kernels.activation import gated_activation
+from tokenwire.kernels.attention_metadata import AttentionMetadata
+from tokenwire.kernels.kv_quant import LayerKVCache
+from tokenwire.kernels.paged_attention import paged_attention
+from tokenwire.kernels.rotary import apply_rotary
+from tokenwire.kernels.store_kv import store_kv
+from tokenwire.runtime.distributed.group import TPGroup
+from tokenwire.runtime.models.arch import ModelArch
+from tokenwire.runtime.models.layers import (
+    LinearMethod,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RMSNorm,
+    RowParallelLinear,
+)
+from tokenwire.runtime.models.layers.basic import make_rms_norm
+
+# One layer's paged KV cache: (k_cache, v_cache), each [num_blocks, block_size, Hkv, D], and
+# the (k_scale, v_scale) of an fp8 cache (None otherwise).
+KVCache = LayerKVCache
+
+
+def norm(arch: ModelArch, size: int, dtype: torch.dtype) -> RMSNorm:
+    """The family's RMSNorm over ``size`` features."""
+    return make_rms_norm(size, arch.rms_norm_eps, dtype, arch.norm_unit_offset)
+
+
+class Attention(nn.Module):
+    """This rank's heads (all of them at TP=1); ``o_proj`` all-reduces under TP."""
+
+    def __init__(
+        self,
+        arch: ModelArch,
+        layer: int,
+        dtype: torch.dtype,
+        tp: TPGroup,
+        method: LinearMethod | None,
+    ) -> None:
+        super().__init__()
+        self.qkv_proj = QKVParallelLinear(
+            arch.hidden_size,
+            arch.head_dim,
+            arch.num_attention_heads,
+            arch.num_key_value_heads,
+            arch.attention_bias,
+            dtype,
+            tp,
+            method,
+        )
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.head_dim = arch.head_dim
+        self.q_size = self.qkv_proj.q_size
+        self.kv_size = self.qkv_proj.kv_size
+        self.scale = arch.attention_scale
+        self.logits_soft_cap = arch.attn_logit_softcap
+        # TODO(sliding-window): pass sliding_window=self.sliding_window to paged_attention once
+        # the kernels mask by window. Until then model_loader.resolve_max_model_len keeps
+        # max_model_len <= arch.sliding_window, where full attention is exactly the same.
+        self.sliding_window = arch.layer_window(layer)
+        self.o_proj = RowParallelLinear(
+            arch.q_size, arch.hidden_size, arch.o_proj_bias, dtype, tp, "attention size", method
+        )
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if arch.qk_norm:
+            self.q_norm = norm(arch, arch.head_dim, dtype)
+            self.k_norm = norm(arch, arch.head_dim, dtype)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        cos_sin_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q, k = apply_rotary(q, k, positions, cos_sin_cache)
+        k_cache, v_cache, k_scale, v_scale = kv_cache
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        out = paged_attention(
+            q, k, v, k_cache, v_cache, meta, self.scale, k_scale, v_scale,
+            logits_soft_cap=self.logits_soft_cap,
+        )  # fmt: skip
+        result: torch.Tensor = self.o_proj(out.reshape(num_tokens, self.q_size))
+        return result
+
+
+class MLP(nn.Module):
+    """Gated MLP (SwiGLU or GeGLU); the intermediate dimension is split over TP ranks,
+    ``down_proj`` all-reduces."""
+
+    def __init__(
+        self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup, method: LinearMethod | None
+    ) -> None:
+        super().__init__()
+        inter = arch.intermediate_size
+        sizes = {"gate": inter, "up": inter}
+        self.gate_up_proj = MergedColumnParallelLinear(
+            arch.hidden_size, sizes, False, dtype, tp, "intermediate_size", method
+        )
+        self.down_proj = RowParallelLinear(
+            inter, arch.hidden_size, False, dtype, tp, "intermediate_size", method
+        )
+        self.act_and_mul = gated_activation(arch.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        result: torch.Tensor = self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
+        return result
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention and MLP with a residual stream; with ``sandwich_norms`` (Gemma)
+    the attention and MLP outputs are normed too before they join the residual."""
+
+    def __init__(
+        self,
+        arch: ModelArch,
+        layer: int,
+        dtype: torch.dtype,
+        tp: TPGroup,
+        method: LinearMethod | None,
+    ) -> None:
+        super().__init__()
+        self.self_attn = Attention(arch, layer, dtype, tp, method)
+        self.mlp = MLP(arch, dtype, tp, method)
+        self.input_layernorm = norm(arch, arch.hidden_size, dtype)
+        # Llama: the norm before the MLP. Gemma: the norm of the attention output.
+        self.post_attention_layernorm = norm(arch, arch.hidden_size, dtype)
+        self.pre_feedforward_layernorm: RMSNorm | None = None
+        self.post_feedforward_layernorm: RMSNorm | None = None
+        if arch.sandwich_norms:
+            self.pre_feedforward_layernorm = norm(arch, arch.hidden_size, dtype)
+            self.post_feedforward_layernorm = norm(arch, arch.hidden_size, dtype)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        cos_sin_cache: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (mlp output, residual stream); their sum is the layer's output."""
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, kv_cache, meta, cos_sin_cache)
+        if self.pre_feedforward_layernorm is None or self.post_feedforward_layernorm is None:
+            hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
+            return self.mlp(hidden), residual
+        hidden = self.post_attention_layernorm(hidden)
+        hidden, residual = self.pre_feedforward_layernorm.add_and_norm(hidden, residual)
+        return self.post_feedforward_layernorm(self.mlp(hidden)), residual
