@@ -40,6 +40,11 @@ class ModelConfig:
     ``model=None`` selects the embedded default (SmolLM2-135M-Instruct GGUF).
     ``max_model_len=None`` means "the model's own context length".
     ``quantization=None`` means "whatever the checkpoint's quantization_config says".
+    ``model`` / ``tokenizer`` may be Hugging Face hub ids (``ORG/NAME``), resolved from the HF
+    cache (``download_dir``, else ``$HF_HUB_CACHE``) at ``revision`` / ``tokenizer_revision``.
+    ``chat_template``: a Jinja file or inline template overriding the tokenizer's (the front
+    renders it). ``generation_config``: where requests' default sampling parameters come from:
+    ``auto`` (the model's generation_config.json), ``vllm`` (none) or a folder holding one.
     """
 
     model: str | None = None
@@ -50,9 +55,16 @@ class ModelConfig:
     seed: int = 0
     served_model_name: str | None = None
     quantization: QuantizationMethod | None = None
+    revision: str | None = None
+    tokenizer_revision: str | None = None
+    download_dir: str | None = None
+    chat_template: str | None = None
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         _positive("max_model_len", self.max_model_len)
+        if not self.generation_config:
+            raise ValueError("generation_config must be auto, vllm or a folder, got ''")
         quant_methods = ("fp8", "gptq", "awq", "int8", "gguf")
         if self.quantization is not None and self.quantization not in quant_methods:
             raise ValueError(

@@ -169,12 +169,51 @@ class EngineArgs:
         "--load-format dummy (default: the embedded SmolLM2-135M-Instruct)",
     )
     tokenizer: str | None = _arg(
-        ModelConfig, "tokenizer", "tokenizer directory (default: the model's own)", type=str
+        ModelConfig,
+        "tokenizer",
+        "tokenizer directory or Hugging Face hub id ORG/NAME (default: the model's own)",
+        type=str,
+    )
+    revision: str | None = _arg(
+        ModelConfig,
+        "revision",
+        "hub model id: the branch, tag or commit to load (default: main)",
+        type=str,
+    )
+    tokenizer_revision: str | None = _arg(
+        ModelConfig,
+        "tokenizer_revision",
+        "hub tokenizer id: the branch, tag or commit to load (default: main)",
+        type=str,
+    )
+    download_dir: str | None = _arg(
+        ModelConfig,
+        "download_dir",
+        "Hugging Face cache directory for hub ids (default: $HF_HUB_CACHE, else "
+        "$HF_HOME/hub, else ~/.cache/huggingface/hub); HF_HUB_OFFLINE=1: cache only",
+        type=str,
     )
     served_model_name: str | None = _arg(
         ModelConfig,
         "served_model_name",
         "name clients use in `model` (default: the model directory or file name)",
+        type=str,
+    )
+    chat_template: str | None = _arg(
+        ModelConfig,
+        "chat_template",
+        "Jinja chat template file, or the template itself inline, replacing the tokenizer's "
+        "for chat input (gRPC chat, OpenAI chat/completions, `tokenwire chat`, LLM.chat)",
+        type=str,
+    )
+    generation_config: str = _arg(
+        ModelConfig,
+        "generation_config",
+        "default sampling parameters (temperature, top_p, top_k, min_p, repetition_penalty, "
+        "max_new_tokens) of requests that leave them unset: auto = the model's "
+        "generation_config.json (the default model: temperature 0, top_p 0.9, "
+        "repetition_penalty 1.1), vllm = none (temperature 1.0, top_p 1.0, ...), or a folder "
+        "holding a generation_config.json",
         type=str,
     )
     dtype: DType = _arg(  # noqa: RUF009 (returns an immutable str)
@@ -186,8 +225,12 @@ class EngineArgs:
         choices=get_args(DType),
     )
     device: str = _arg(EngineConfig, "device", "auto, cpu, cuda or cuda:N", type=str)
-    max_model_len: int | None = _arg(
-        ModelConfig, "max_model_len", "context length (default: the model's own)", type=int
+    max_model_len: int | str | None = _arg(
+        ModelConfig,
+        "max_model_len",
+        "context length: an integer, 8k (= 8000), 8K (= 8192), 1m, 1M (vLLM's forms), or "
+        "auto (default: the model's own)",
+        type=parse_max_model_len,
     )
     max_num_seqs: int = _arg(
         SchedulerConfig, "max_num_seqs", "sequences scheduled in one step", type=int
@@ -386,11 +429,16 @@ class EngineArgs:
                     model=self.model,
                     tokenizer=self.tokenizer,
                     dtype=self.dtype,
-                    max_model_len=self.max_model_len,
+                    max_model_len=_max_model_len(self.max_model_len),
                     load_format=self.load_format,
                     seed=self.seed,
                     served_model_name=self.served_model_name,
                     quantization=self.quantization,
+                    revision=self.revision,
+                    tokenizer_revision=self.tokenizer_revision,
+                    download_dir=self.download_dir,
+                    chat_template=self.chat_template,
+                    generation_config=self.generation_config,
                 ),
                 cache=CacheConfig(
                     block_size=self.block_size,

@@ -1,4 +1,8 @@
-"""Offline API shaped like vLLM's: ``LLM(model=...).generate(prompts, SamplingParams)``."""
+"""Offline API shaped like vLLM's: ``LLM(model=...).generate(prompts, SamplingParams)``.
+
+``sampling_params=None`` means the model's default sampling parameters
+(``get_default_sampling_params``: ``--generation-config``, as in vLLM), and chat renders with
+``chat_template=`` if given, else ``--chat-template``, else the tokenizer's own."""
 
 from __future__ import annotations
 
@@ -13,13 +17,19 @@ from tokenwire.runtime.engine.core import EngineCore
 from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.executor.uniproc import UniprocExecutor
+from tokenwire.runtime.generation_config import loaded_model_defaults
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.output_processor import ChoiceDelta, OutputProcessor
 from tokenwire.runtime.outputs import RequestOutput
 from tokenwire.runtime.sampling_params import SamplingParams, normalize_params
 from tokenwire.runtime.stats import EngineObserver
 from tokenwire.runtime.structured.validate import StructuredValidator
-from tokenwire.runtime.tokenizer import Tokenizer, apply_chat_template, load_tokenizer
+from tokenwire.runtime.tokenizer import (
+    Tokenizer,
+    apply_chat_template,
+    load_chat_template,
+    load_tokenizer,
+)
 
 Prompt = str | list[int]
 Messages = list[dict[str, str]]
@@ -37,6 +47,10 @@ class LLM:
         config = EngineArgs(model=model, **kwargs).create_engine_config()
         self.engine = EngineCore(config, observer)
         self.tokenizer = _front_tokenizer(self.engine)
+        template = load_chat_template(config.model.chat_template)
+        if self.tokenizer is not None and template is not None:
+            self.tokenizer.chat_template = template  # type: ignore[misc]
+        self.default_sampling = loaded_model_defaults(config.model, self.engine.facts.model_path)
         self._processor = OutputProcessor(self.tokenizer)
         self._structured = StructuredValidator(has_tokenizer=self.tokenizer is not None)
         self._counter = itertools.count()
@@ -50,6 +64,11 @@ class LLM:
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What ``sampling_params=None`` means: ``SamplingParams()`` with the model's
+        generation-config defaults (vLLM's method of the same name)."""
+        return SamplingParams(**self.default_sampling)  # type: ignore[arg-type]
 
     def shutdown(self) -> None:
         """Stop the engine's worker processes (tensor parallelism). Worker processes also
@@ -78,6 +97,8 @@ class LLM:
         model), as in vLLM. An adapter the engine does not know yet is loaded by name and
         path first (its ``lora_int_id`` is then the engine's own)."""
         prompt_list: list[Prompt] = [prompts] if isinstance(prompts, str) else list(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         params = normalize_params(sampling_params, len(prompt_list))
         if priority is not None and len(priority) != len(prompt_list):
             raise ParameterError("priority", "needs one value per prompt")
@@ -101,14 +122,19 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool = True,
+        chat_template: str | None = None,
     ) -> list[RequestOutput]:
-        """Render each conversation with the model's chat template, then generate."""
+        """Render each conversation with ``chat_template`` (Jinja text) if given, else the
+        model's chat template (``--chat-template`` or the tokenizer's), then generate."""
         single = bool(messages) and isinstance(messages[0], dict)
         conversations = (
             [cast(Messages, messages)] if single else list(cast(Sequence[Messages], messages))
         )
         tokenizer = self._require_tokenizer("messages")
-        prompts = [apply_chat_template(tokenizer, conv) for conv in conversations]
+        prompts = [
+            apply_chat_template(tokenizer, conv, chat_template=chat_template)
+            for conv in conversations
+        ]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def stream(
@@ -116,7 +142,8 @@ class LLM:
     ) -> Iterator[ChoiceDelta]:
         """Generate one prompt, yielding per-step deltas (the CLI streams text from these)."""
         text, token_ids = self._tokenize(prompt)
-        request_id = self._add(text, token_ids, sampling_params or SamplingParams(), 0)
+        params = sampling_params or self.get_default_sampling_params()
+        request_id = self._add(text, token_ids, params, 0)
         try:
             while self._processor.has_unfinished_requests():
                 step = self._step()

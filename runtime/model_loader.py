@@ -2,6 +2,10 @@
 
 Sources, by ``ModelConfig``:
 - ``model=None``: the default SmolLM2-135M-Instruct GGUF (see ``default_model``);
+- a Hugging Face hub id ``ORG/NAME`` that is not a local path: its snapshot in the local HF
+  cache, downloaded first when the hub is reachable (``--revision``, ``--download-dir``,
+  ``HF_HUB_OFFLINE``; see ``hub``), then loaded as the directory (a) or GGUF file it holds;
+  served under the id. ``--tokenizer`` takes a hub id the same way;
 - a ``.gguf`` file (or ``load_format="gguf"``): converted once into an HF directory in the
   user cache (see ``gguf_convert``), then loaded like (a);
 - (a) an HF directory: config.json + one or many ``*.safetensors`` (optionally a
@@ -45,7 +49,15 @@ from tokenwire.runtime.bundled_configs import BUNDLED_CONFIGS, bundled_config_pa
 from tokenwire.runtime.config import ModelConfig
 from tokenwire.runtime.default_model import DEFAULT_SERVED_MODEL_NAME, default_gguf_path
 from tokenwire.runtime.distributed.group import TPGroup
+from tokenwire.runtime.generation_config import default_sampling
 from tokenwire.runtime.gguf_convert import ensure_converted
+from tokenwire.runtime.hub import (
+    CONFIG_PATTERNS,
+    WEIGHT_PATTERNS,
+    looks_like_hub_id,
+    resolve_hub_id,
+    resolve_tokenizer_dir,
+)
 from tokenwire.runtime.models.arch import ModelArch, token_id_tuple
 from tokenwire.runtime.models.layers import process_weights_after_loading
 from tokenwire.runtime.models.layers.quant.base import QuantConfig
@@ -57,7 +69,7 @@ from tokenwire.runtime.models.layers.quant.gguf import (
 from tokenwire.runtime.models.layers.quant.registry import resolve_quant_config
 from tokenwire.runtime.models.llama import LlamaForCausalLM, build_model
 from tokenwire.runtime.models.weights import SafetensorsWeight, WeightSource
-from tokenwire.runtime.tokenizer import Tokenizer, load_tokenizer
+from tokenwire.runtime.tokenizer import Tokenizer, load_chat_template, load_tokenizer
 
 _INDEX_FILE = "model.safetensors.index.json"
 _DEFAULT_INIT_STD = 0.02  # HF initializer_range default
@@ -78,6 +90,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     quantization: str | None = None  # the weight scheme ("gptq", "awq", "int8", "gguf")
+    tokenizer_dir: Path | None = None  # where ``tokenizer`` was loaded from (a hub snapshot...)
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -98,8 +111,13 @@ def load_model(
     No collectives run here: each rank loads independently. An impossible split raises
     ``ValueError`` naming ``--tensor-parallel-size`` before any weight is read.
     """
-    source = _resolve_source(model_config)
+    source = model_source(model_config)
     folder = source.folder
+    # Settings the front uses, checked here so a bad one is a startup error (before any
+    # weight is read); the core hands them to the front in EngineInfo.
+    tokenizer_dir = resolve_tokenizer_dir(model_config, folder)
+    load_chat_template(model_config.chat_template)
+    default_sampling(model_config, folder, source.gguf)
     config = _read_json(source.config_file)
     arch = ModelArch.from_hf_config(config)
     arch.check_tensor_parallel(tp.world_size)
@@ -119,39 +137,38 @@ def load_model(
     else:
         model.load_weights(iter_safetensors(folder))
     process_weights_after_loading(model)  # quantized layers: into the kernels' layouts
-    tokenizer_dir = Path(model_config.tokenizer) if model_config.tokenizer else folder
-    if model_config.tokenizer and not tokenizer_dir.is_dir():
-        raise ValueError(f"tokenizer: directory {model_config.tokenizer!r} does not exist")
+    tokenizer = load_tokenizer(tokenizer_dir)
     return LoadedModel(
         model=model,
         arch=arch,
         model_path=folder,
-        tokenizer=load_tokenizer(tokenizer_dir),
+        tokenizer=tokenizer,
         eos_token_ids=_eos_token_ids(folder, arch),
         max_model_len=max_model_len,
         served_model_name=model_config.served_model_name or source.served_name,
         device=device,
         dtype=dtype,
         quantization=None if quant is None else quant.name,
+        tokenizer_dir=None if tokenizer is None else tokenizer_dir,
     )
 
 
 @dataclass(frozen=True)
-class _Source:
+class ModelSource:
     folder: Path  # HF-format directory (weights, tokenizer, generation_config.json)
     config_file: Path
     served_name: str  # default served model name: directory name or GGUF file stem
     gguf: Path | None = None  # the .gguf file the folder was converted from
 
 
-def _hf_dir(folder: Path, served_name: str, gguf: Path | None = None) -> _Source:
+def _hf_dir(folder: Path, served_name: str, gguf: Path | None = None) -> ModelSource:
     if not (folder / "config.json").is_file():
         raise ValueError(f"model: {folder} has no config.json")
-    return _Source(folder, folder / "config.json", served_name, gguf)
+    return ModelSource(folder, folder / "config.json", served_name, gguf)
 
 
 def _gguf_plan(
-    model_config: ModelConfig, source: _Source, device: torch.device, dtype: torch.dtype
+    model_config: ModelConfig, source: ModelSource, device: torch.device, dtype: torch.dtype
 ) -> tuple[QuantConfig | None, torch.dtype] | None:
     """(scheme, model dtype) for a GGUF source; None: not a GGUF question (resolve as usual).
 
@@ -175,7 +192,8 @@ def _gguf_plan(
     return GGUFConfig(kind), dtype
 
 
-def _resolve_source(model_config: ModelConfig) -> _Source:
+def model_source(model_config: ModelConfig) -> ModelSource:
+    """Where the model's config, weights and tokenizer come from (a hub id: its snapshot)."""
     if model_config.model is None:
         if model_config.load_format not in ("auto", "gguf"):
             raise ValueError(
@@ -186,23 +204,47 @@ def _resolve_source(model_config: ModelConfig) -> _Source:
         return _hf_dir(ensure_converted(gguf_file), DEFAULT_SERVED_MODEL_NAME, gguf_file)
     path = Path(model_config.model).expanduser()
     fmt = model_config.load_format
+    hub_id: str | None = None
     if not path.exists():
         bundled = bundled_config_path(model_config.model) if fmt == "dummy" else None
         if bundled is not None:
-            return _Source(bundled.parent, bundled, bundled.parent.name)
-        raise ValueError(
-            f"model: {model_config.model!r} does not exist (expected a local HF directory "
-            "with config.json + *.safetensors, or a .gguf file; with --load-format dummy "
-            f"also one of the bundled configs: {', '.join(BUNDLED_CONFIGS)})"
-        )
+            return ModelSource(bundled.parent, bundled, bundled.parent.name)
+        if not looks_like_hub_id(model_config.model):
+            raise ValueError(
+                f"model: {model_config.model!r} does not exist (expected a local HF directory "
+                "with config.json + *.safetensors, a .gguf file, or a Hugging Face hub id "
+                "ORG/NAME; with --load-format dummy also one of the bundled configs: "
+                f"{', '.join(BUNDLED_CONFIGS)})"
+            )
+        hub_id, path = model_config.model, _hub_snapshot(model_config)
     if fmt == "dummy" and path.is_file():  # a bare config.json
-        return _Source(path.parent, path, path.parent.name)
-    if fmt == "gguf" or (fmt == "auto" and path.suffix == ".gguf"):
+        return ModelSource(path.parent, path, path.parent.name)
+    config_less = hub_id is not None and not (path / "config.json").is_file()
+    gguf_repo = config_less and any(path.glob("*.gguf"))
+    if fmt == "gguf" or (fmt == "auto" and (path.suffix == ".gguf" or gguf_repo)):
         gguf = _single_gguf(path)
-        return _hf_dir(ensure_converted(gguf), gguf.stem, gguf)
+        return _hf_dir(ensure_converted(gguf), hub_id or gguf.stem, gguf)
     if path.is_file():
         raise ValueError(f"model: {model_config.model!r} is a file; expected a directory or .gguf")
-    return _hf_dir(path, path.name)
+    return _hf_dir(path, hub_id or path.name)
+
+
+# The name tests/test_bundled_configs.py imports.
+_resolve_source = model_source
+
+
+def _hub_snapshot(model_config: ModelConfig) -> Path:
+    """The cached (or downloaded) snapshot of hub id ``model``: config and tokenizer files,
+    plus the weights unless they are dummy (a .gguf only with ``--load-format gguf``)."""
+    fmt = model_config.load_format
+    weights = {"dummy": (), "gguf": ("*.gguf",)}.get(fmt, WEIGHT_PATTERNS)
+    return resolve_hub_id(
+        str(model_config.model),
+        param="model",
+        revision=model_config.revision,
+        download_dir=model_config.download_dir,
+        patterns=CONFIG_PATTERNS + weights,
+    )
 
 
 def _single_gguf(path: Path) -> Path:

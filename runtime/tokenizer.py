@@ -1,7 +1,14 @@
-"""Tokenizer loading and chat-template rendering (both delegated to transformers)."""
+"""Tokenizer loading and chat-template rendering (both delegated to transformers).
+
+``--chat-template`` (vLLM's flag) replaces the tokenizer's own template: ``load_chat_template``
+reads it (a file, or the template inline) and ``load_tokenizer(..., chat_template=...)`` sets it
+on the tokenizer, so every renderer (gRPC chat, the OpenAI shim through gRPC, ``LLM.chat``,
+tool-call detection) sees the same template.
+"""
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -40,27 +47,65 @@ _TOKENIZER_FILES = (
 )
 
 
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase | None:
-    """Load the tokenizer stored in directory ``path``; None when it holds no tokenizer."""
+def load_tokenizer(
+    path: str | Path, chat_template: str | None = None
+) -> PreTrainedTokenizerBase | None:
+    """Load the tokenizer stored in directory ``path``; None when it holds no tokenizer.
+    ``chat_template`` (the Jinja text) replaces the tokenizer's own."""
     folder = Path(path)
     if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
         return None
     from transformers import AutoTokenizer
 
     tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(folder)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
     return tokenizer
+
+
+# An argument with none of these characters names a file (vLLM's rule).
+_JINJA_CHARS = "{}\n"
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """``--chat-template``: the contents of file ``value``, else ``value`` itself as an inline
+    template (escapes such as ``\\n`` decoded, as vLLM does). A path that cannot be read, or
+    a template Jinja cannot parse, is a ``ValueError`` naming ``chat_template``."""
+    if value is None:
+        return None
+    try:
+        text = Path(value).expanduser().read_text()
+    except (OSError, ValueError) as exc:
+        if not any(c in value for c in _JINJA_CHARS):
+            raise ValueError(
+                f"chat_template: {value!r} looks like a file path, but it cannot be read ({exc})"
+            ) from None
+        # latin-1 + backslashreplace keeps non-ASCII characters through unicode_escape.
+        text = codecs.decode(value.encode("latin-1", "backslashreplace"), "unicode_escape")
+    import jinja2
+
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ValueError(f"chat_template: not a valid Jinja template: {exc}") from None
+    return text
 
 
 def apply_chat_template(
     tokenizer: Tokenizer,
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None = None,
+    *,
+    chat_template: str | None = None,
 ) -> list[int]:
     """Render ``messages`` with the model's chat template (plus generation prompt) to ids;
-    ``tools`` (OpenAI tool objects) go to templates that take them."""
-    if not tokenizer.chat_template:
+    ``tools`` (OpenAI tool objects) go to templates that take them; ``chat_template`` (Jinja
+    text) replaces the tokenizer's for this call."""
+    if not (chat_template or tokenizer.chat_template):
         raise ValueError("messages: this model's tokenizer has no chat template")
     extra: dict[str, Any] = {} if not tools else {"tools": [dict(t) for t in tools]}
+    if chat_template:
+        extra["chat_template"] = chat_template
     rendered: Any = tokenizer.apply_chat_template(
         [dict(m) for m in messages], add_generation_prompt=True, tokenize=True, **extra
     )

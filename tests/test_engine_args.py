@@ -70,6 +70,11 @@ VALUES: dict[str, Any] = {
     "max_loras": 2,
     "max_lora_rank": 32,
     "max_cpu_loras": 4,
+    "revision": "v1.0",
+    "tokenizer_revision": "tok-v2",
+    "download_dir": "/hf-cache",
+    "chat_template": "/templates/chat.jinja",
+    "generation_config": "vllm",
     "speculative_config": SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_max=4),
 }
 
@@ -169,6 +174,8 @@ def test_create_engine_config_carries_every_field() -> None:
     assert config.model == ModelConfig(
         model="some/model", tokenizer="some/tokenizer", dtype="bfloat16", max_model_len=512,
         load_format="dummy", seed=7, served_model_name="served", quantization="int8",
+        revision="v1.0", tokenizer_revision="tok-v2", download_dir="/hf-cache",
+        chat_template="/templates/chat.jinja", generation_config="vllm",
     )  # fmt: skip
     assert config.cache == CacheConfig(
         block_size=32, enable_prefix_caching=False, kv_cache_memory_bytes=1 << 20,
@@ -252,6 +259,34 @@ def test_choices_come_from_the_config_literals() -> None:
     assert flag_spec("scheduling_policy").choices == ("fcfs", "priority")
 
 
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [
+        ("4096", 4096),
+        ("8k", 8000),  # vLLM: lower case is decimal ...
+        ("8K", 8192),  # ... upper case binary
+        ("25.6k", 25600),
+        ("1m", 1_000_000),
+        ("1M", 1 << 20),
+        ("auto", None),  # the model's own
+        ("-1", None),
+    ],
+)
+def test_max_model_len_forms(text: str, tokens: int | None) -> None:
+    args = subparser("serve").parse_args(["--max-model-len", text])
+    assert args.max_model_len == tokens
+    config = EngineArgs(max_model_len=text).create_engine_config()  # LLM(max_model_len="8k")
+    assert config.model.max_model_len == tokens
+
+
+def test_bad_max_model_len_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        subparser("serve").parse_args(["--max-model-len", "8.5K"])
+    assert "argument --max-model-len: expected auto, an integer" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"^--max-model-len expected auto"):
+        EngineArgs(max_model_len="lots").create_engine_config()
+
+
 # ---------------------------------------------------------------------- LLM(**kwargs)
 TINY = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128,
@@ -274,6 +309,7 @@ def test_llm_accepts_every_engine_field(tmp_path: Path) -> None:
         # One rank on one node here: tensor parallelism runs in tests/test_tensor_parallel.py.
         tensor_parallel_size=1, nnodes=1, node_rank=0, distributed_init_method=None,
         lora_modules=(),  # adapters are loaded in tests/test_lora_runtime.py
+        chat_template=None,  # templates are rendered in tests/test_generation_config.py
     )  # fmt: skip
     llm = LLM(**kwargs)
     assert llm.engine.facts.num_blocks == 64

@@ -123,7 +123,9 @@ class AsyncEngine:
         self._info = info
         self._loras.seed(info.lora_adapters)
         if info.tokenizer_path is not None:
-            self._tokenizer = await asyncio.to_thread(load_tokenizer, info.tokenizer_path)
+            self._tokenizer = await asyncio.to_thread(
+                load_tokenizer, info.tokenizer_path, info.chat_template
+            )
         self._processor = OutputProcessor(self._tokenizer)
         self._structured = StructuredValidator(has_tokenizer=self._tokenizer is not None)
         total = info.num_kv_blocks

@@ -29,9 +29,11 @@ from tokenwire.runtime.engine.messages import (
 )
 from tokenwire.runtime.engine.protocol import EngineInfo, EngineStatsSnapshot, IdleReport
 from tokenwire.runtime.errors import AdapterError, AdapterExistsError, AdapterNotFoundError
+from tokenwire.runtime.generation_config import loaded_model_defaults
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.request import Request
 from tokenwire.runtime.stats import EngineObserver, RequestStats, StepStats
+from tokenwire.runtime.tokenizer import load_chat_template
 
 # block -> the inputs queued now; blocking waits at most IDLE_CHECK_S (then maybe none).
 Receive = Callable[[bool], list[CoreInput]]
@@ -88,6 +90,8 @@ def engine_info(core: EngineCore) -> EngineInfo:
         max_loras=config.lora.max_loras if config.lora.enable_lora else 0,
         max_lora_rank=config.lora.max_lora_rank if config.lora.enable_lora else 0,
         lora_adapters=core.loras.adapters(),
+        chat_template=load_chat_template(config.model.chat_template),
+        default_sampling=loaded_model_defaults(config.model, facts.model_path),
     )
 
 

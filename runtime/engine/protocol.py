@@ -8,7 +8,7 @@ a thread of this process or in a process of its own is the client's business.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from tokenwire.runtime.lora.request import LoRARequest
@@ -47,6 +47,12 @@ class EngineInfo:
     # Adapters loaded at startup (--lora-modules); later loads and unloads go through
     # ``EngineClient.add_lora`` / ``remove_lora`` and show in ``list_loras``.
     lora_adapters: tuple[LoRARequest, ...] = ()
+    # --chat-template's Jinja text (None: the tokenizer's own); the front sets it on its
+    # tokenizer, so every chat rendered there uses it.
+    chat_template: str | None = None
+    # --generation-config: SamplingParams field -> default for requests leaving it unset
+    # (temperature, top_p, top_k, min_p, repetition_penalty, max_tokens); empty: built-ins.
+    default_sampling: dict[str, float | int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

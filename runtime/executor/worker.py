@@ -91,8 +91,7 @@ class Worker:
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def facts(self, num_blocks: int, weight_bytes: int | None = None) -> ModelFacts:
-        loaded, config = self.loaded, self.config
-        tokenizer_dir = config.model.tokenizer or str(loaded.model_path)
+        loaded = self.loaded
         return ModelFacts(
             served_model_name=loaded.served_model_name,
             arch=loaded.arch,
@@ -101,7 +100,7 @@ class Worker:
             dtype=str(loaded.dtype).removeprefix("torch."),
             device=str(self.device),
             model_path=str(loaded.model_path),
-            tokenizer_path=tokenizer_dir if loaded.tokenizer is not None else None,
+            tokenizer_path=None if loaded.tokenizer_dir is None else str(loaded.tokenizer_dir),
             num_blocks=num_blocks,
             tensor_parallel_size=self.tp.world_size,
             quantization=getattr(loaded, "quantization", None),

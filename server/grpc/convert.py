@@ -1,11 +1,14 @@
 """The one place where ``tokenwire.v1`` protos and runtime types meet.
 
-Unset optional fields take vLLM's defaults, except ``max_tokens``: unset means "until EOS or
-the context length", as in OpenAI's chat API and vLLM's OpenAI server.
+Unset optional fields take the model's default sampling parameters (``--generation-config``,
+``EngineInfo.default_sampling``: temperature, top_p, top_k, min_p, repetition_penalty,
+max_tokens) where it has them, else vLLM's defaults, except ``max_tokens``: unset means "until
+EOS or the context length", as in OpenAI's chat API and vLLM's OpenAI server.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,8 +65,11 @@ def sampling_params(
     stopping: common_pb2.StoppingOptions,
     output: common_pb2.OutputOptions,
     limits: Limits,
+    defaults: Mapping[str, float | int] | None = None,
 ) -> SamplingParams:
-    """Build and validate runtime params; errors name the proto field."""
+    """Build and validate runtime params; errors name the proto field. ``defaults``: the
+    model's default sampling parameters, for the fields the request leaves unset."""
+    model = defaults or {}
     n = _opt(sampling, "n", 1)
     if n > limits.max_n:
         raise ParameterError("n", f"must be <= {limits.max_n} (server limit), got {n}")
@@ -76,16 +82,18 @@ def sampling_params(
         )
     return SamplingParams(
         n=n,
-        temperature=_opt(sampling, "temperature", 1.0),
-        top_p=_opt(sampling, "top_p", 1.0),
-        top_k=_opt(sampling, "top_k", 0),
-        min_p=_opt(sampling, "min_p", 0.0),
+        temperature=_opt(sampling, "temperature", model.get("temperature", 1.0)),
+        top_p=_opt(sampling, "top_p", model.get("top_p", 1.0)),
+        top_k=_opt(sampling, "top_k", model.get("top_k", 0)),
+        min_p=_opt(sampling, "min_p", model.get("min_p", 0.0)),
         seed=_opt(sampling, "seed", None),
         presence_penalty=_opt(sampling, "presence_penalty", 0.0),
         frequency_penalty=_opt(sampling, "frequency_penalty", 0.0),
-        repetition_penalty=_opt(sampling, "repetition_penalty", 1.0),
+        repetition_penalty=_opt(
+            sampling, "repetition_penalty", model.get("repetition_penalty", 1.0)
+        ),
         logit_bias=dict(sampling.logit_bias) or None,
-        max_tokens=_opt(stopping, "max_tokens", None),
+        max_tokens=_opt(stopping, "max_tokens", model.get("max_tokens")),
         min_tokens=_opt(stopping, "min_tokens", 0),
         stop=tuple(stops),
         stop_token_ids=tuple(stopping.stop_token_ids),

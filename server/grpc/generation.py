@@ -109,7 +109,11 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         tooling = chat_tooling(request.chat) if chat else None
         prompt, token_ids = await convert.tokenize_input(self.tokenizers, request, tooling)
         params = convert.sampling_params(
-            request.sampling, request.stopping, request.output, self.limits
+            request.sampling,
+            request.stopping,
+            request.output,
+            self.limits,
+            self.engine.info.default_sampling,
         )
         params, parsing = self._shape(tooling, params)
         self.telemetry.describe(record, params, chat, prompt)

@@ -4,6 +4,7 @@ tokenization, and loading / unloading adapters at runtime."""
 from __future__ import annotations
 
 import importlib.metadata
+from collections.abc import Mapping
 
 import grpc
 
@@ -14,7 +15,24 @@ from tokenwire.runtime.tokenizer_pool import TokenizerPool
 from tokenwire.server.grpc.adapters import AdapterAdmin, AdapterFlags, resolve_model
 from tokenwire.server.grpc.convert import Limits
 from tokenwire.server.grpc.errors import abort, invalid_parameter, to_service_error
-from tokenwire.v1 import models_pb2, models_pb2_grpc
+from tokenwire.v1 import common_pb2, models_pb2, models_pb2_grpc
+
+_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def _default_max_tokens(defaults: Mapping[str, float | int]) -> int | None:
+    value = defaults.get("max_tokens")
+    return None if value is None else int(value)
+
+
+def _default_sampling(defaults: Mapping[str, float | int]) -> common_pb2.SamplingOptions:
+    """``EngineInfo.default_sampling`` as the SamplingOptions fields it sets."""
+    options = common_pb2.SamplingOptions()
+    for name in _SAMPLING_FIELDS:
+        if name in defaults:
+            value = defaults[name]
+            setattr(options, name, int(value) if name == "top_k" else float(value))
+    return options
 
 
 class ModelService(models_pb2_grpc.ModelServiceServicer):
@@ -57,6 +75,8 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
             quantization=info.quantization or "",
             weight_bytes=info.weight_bytes,
             kv_cache_dtype=info.kv_cache_dtype,
+            default_sampling=_default_sampling(info.default_sampling),
+            default_max_tokens=_default_max_tokens(info.default_sampling),
         )
 
     def _check_model(self, name: str) -> None:

@@ -117,7 +117,11 @@ class SessionHandler:
             )
         # Validate the defaults once so a bad Open fails the call, not every turn.
         convert.sampling_params(
-            first.open.sampling, first.open.stopping, first.open.output, self.limits
+            first.open.sampling,
+            first.open.stopping,
+            first.open.output,
+            self.limits,
+            self.engine.info.default_sampling,
         )
         session_id = uuid.uuid4().hex
         holder_id = f"session/{caller_of(context)}/{session_id}"
@@ -213,7 +217,9 @@ class _Session:
                 if engine.get_lora(state.lora.lora_name) != state.lora:  # unloaded since Open
                     raise model_not_found(state.lora.lora_name)
             prompt, messages = await state.prompt_for(self.handler.tokenizers, turn)
-            params = convert.sampling_params(*state.options(turn), self.handler.limits)
+            params = convert.sampling_params(
+                *state.options(turn), self.handler.limits, engine.info.default_sampling
+            )
             telemetry.describe(record, params, messages is not None, None)
             stream = engine.add_request(
                 request_id,
