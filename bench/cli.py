@@ -157,10 +157,14 @@ def add_serve_bench_arguments(p: argparse.ArgumentParser) -> None:
         "vLLM-style body field; default: fresh per run, so runs never reuse "
         "each other's prefix cache)",
     )
+    from tokenwire.clients.channel import add_tls_client_arguments
+
+    add_tls_client_arguments(p)  # --tls, --tls-ca, --tls-cert, --tls-key, --tls-server-name
 
 
 def serve_bench_config(args: argparse.Namespace) -> ServeBenchConfig:
     from tokenwire.bench.serve import ServeBenchConfig
+    from tokenwire.clients.channel import tls_from_args
 
     return ServeBenchConfig(
         backend=args.backend,
@@ -175,6 +179,7 @@ def serve_bench_config(args: argparse.Namespace) -> ServeBenchConfig:
         request_rate=args.request_rate,
         seed=args.seed,
         cache_salt=args.cache_salt,
+        tls=tls_from_args(args),
     )
 
 

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from tokenwire.bench.serve_metrics import RequestResult, summarize
 from tokenwire.bench.workloads import make_workload
+from tokenwire.clients.channel import TlsOptions
 
 Sender = Callable[[list[int], int], Awaitable[RequestResult]]
 
@@ -41,6 +42,7 @@ class ServeBenchConfig:
     request_rate: float | None = None  # Poisson arrivals/s; None: all at once
     seed: int = 0  # arrival times
     cache_salt: str | None = None  # None: fresh per run (no prefix-cache reuse across runs)
+    tls: TlsOptions | None = None  # gRPC over TLS (OpenAI backend: the CA verifies https)
 
 
 @dataclass
@@ -63,13 +65,17 @@ class _Timer:
 
 
 def grpc_sender(
-    target: str, api_key: str | None, cache_salt: str
+    target: str, api_key: str | None, cache_salt: str, tls: TlsOptions | None = None
 ) -> tuple[Sender, Callable[[], Awaitable[None]]]:
     import grpc
 
+    from tokenwire.clients.channel import open_aio_channel
     from tokenwire.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 
-    channel = grpc.aio.insecure_channel(target)
+    options = (
+        [("grpc.ssl_target_name_override", tls.server_name)] if tls and tls.server_name else []
+    )
+    channel = open_aio_channel(target, list(options), tls)
     stub = generation_pb2_grpc.GenerationServiceStub(channel)
     metadata = (("authorization", f"Bearer {api_key}"),) if api_key else None
 
@@ -93,12 +99,16 @@ def grpc_sender(
 
 
 def openai_sender(
-    base_url: str, model: str, api_key: str | None, cache_salt: str
+    base_url: str, model: str, api_key: str | None, cache_salt: str, tls: TlsOptions | None = None
 ) -> tuple[Sender, Callable[[], Awaitable[None]]]:
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    client = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers, timeout=None)
+    verify: str | bool = tls.ca_certs if tls and tls.ca_certs else True
+    cert = (tls.certfile, tls.keyfile) if tls and tls.certfile and tls.keyfile else None
+    client = httpx.AsyncClient(
+        base_url=base_url.rstrip("/"), headers=headers, timeout=None, verify=verify, cert=cert
+    )
 
     async def send(prompt: list[int], output_len: int) -> RequestResult:
         timer = _Timer()
@@ -180,10 +190,10 @@ async def _main(
 ) -> dict[str, Any]:
     salt = config.cache_salt if config.cache_salt is not None else uuid.uuid4().hex
     if config.backend == "grpc":
-        send, close = grpc_sender(config.target, config.api_key, salt)
-        target = f"grpc://{config.target}"
+        send, close = grpc_sender(config.target, config.api_key, salt, config.tls)
+        target = f"grpc{'s' if config.tls else ''}://{config.target}"
     else:
-        send, close = openai_sender(config.base_url, config.model, config.api_key, salt)
+        send, close = openai_sender(config.base_url, config.model, config.api_key, salt, config.tls)
         target = config.base_url
     try:
         await send(prompts[0][:16], 2)  # warm-up: connection set-up stays out of the figures

@@ -16,7 +16,14 @@ import grpc
 from tokenwire.clients import convert
 from tokenwire.clients import results as r
 from tokenwire.clients.async_session import AsyncSession
-from tokenwire.clients.client import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_TARGET, channel_options
+from tokenwire.clients.channel import (
+    DEFAULT_RETRY_POLICY,
+    RetryPolicy,
+    TlsOptions,
+    channel_options,
+    open_aio_channel,
+)
+from tokenwire.clients.client import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_TARGET
 from tokenwire.clients.convert import GenerationOptions, Messages
 from tokenwire.clients.errors import from_rpc_error
 from tokenwire.v1 import generation_pb2 as gen
@@ -28,9 +35,10 @@ T = TypeVar("T")
 
 
 class AsyncClient:
-    """Non-blocking client over one insecure grpc.aio channel. Every ``grpc.RpcError``
+    """Non-blocking client over one grpc.aio channel. Every ``grpc.RpcError``
     becomes a ``TokenwireError`` subclass. ``timeout`` is the default deadline (seconds) of
-    each call except sessions; ``None`` means no deadline."""
+    each call except sessions; ``None`` means no deadline. ``tls`` and ``retry`` as
+    ``Client``'s (TLS off, the default retry policy on)."""
 
     def __init__(
         self,
@@ -39,12 +47,14 @@ class AsyncClient:
         api_key: str | None = None,
         timeout: float | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        tls: TlsOptions | None = None,
+        retry: RetryPolicy | None = DEFAULT_RETRY_POLICY,
     ) -> None:
         self.target = target
         self._api_key = api_key
         self._timeout = timeout
-        options = channel_options(max_message_bytes)
-        self._channel = grpc.aio.insecure_channel(target, options=options)
+        options = channel_options(max_message_bytes, retry, tls)
+        self._channel = open_aio_channel(target, options, tls)
         self._generation = gen_grpc.GenerationServiceStub(self._channel)
         self._models = models_grpc.ModelServiceStub(self._channel)
 

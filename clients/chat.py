@@ -20,6 +20,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from tokenwire.clients import results as r
+from tokenwire.clients.channel import TlsOptions, add_tls_client_arguments, tls_from_args
 from tokenwire.clients.client import DEFAULT_TARGET, Client
 from tokenwire.clients.errors import TokenwireError
 from tokenwire.clients.sync_session import SyncSession
@@ -152,6 +153,7 @@ def run_chat(
     *,
     input_fn: Callable[[str], str] = input,
     out: TextIO | None = None,
+    tls: TlsOptions | None = None,
 ) -> int:
     """Run the REPL over one Session until EOF, Ctrl-C at the prompt or ``/exit``."""
     out = out or sys.stdout
@@ -162,7 +164,7 @@ def run_chat(
         options["temperature"] = temperature
     try:
         with (
-            Client(target, api_key=api_key) as client,
+            Client(target, api_key=api_key, tls=tls) as client,
             client.session(model, system_prompt, **options) as session,
         ):
             banner = f"{session.info.model} at {target} · Ctrl-C stops an answer, Ctrl-D exits"
@@ -179,9 +181,15 @@ def run_chat(
 
 def _run_from_args(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get("TOKENWIRE_API_KEY") or None
+    try:
+        tls = tls_from_args(args)
+    except ValueError as exc:
+        print(f"tokenwire chat: {exc}", file=sys.stderr)
+        return 2
     return run_chat(
-        args.target, api_key, args.model, args.system, args.max_tokens, args.temperature
-    )
+        args.target, api_key, args.model, args.system, args.max_tokens, args.temperature,
+        tls=tls,
+    )  # fmt: skip
 
 
 def add_chat_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -193,4 +201,5 @@ def add_chat_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--max-tokens", type=int, default=None, help="cap per answer")
     p.add_argument("--temperature", type=float, default=None, help="default: server's")
+    add_tls_client_arguments(p)
     p.set_defaults(func=_run_from_args)

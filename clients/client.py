@@ -15,6 +15,13 @@ import grpc
 
 from tokenwire.clients import convert
 from tokenwire.clients import results as r
+from tokenwire.clients.channel import (
+    DEFAULT_RETRY_POLICY,
+    RetryPolicy,
+    TlsOptions,
+    channel_options,
+    open_channel,
+)
 from tokenwire.clients.convert import GenerationOptions, Messages
 from tokenwire.clients.errors import from_rpc_error
 from tokenwire.clients.sync_session import SyncSession
@@ -29,17 +36,12 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 T = TypeVar("T")
 
 
-def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
-    return [
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.max_receive_message_length", max_message_bytes),
-    ]
-
-
 class Client:
-    """Blocking client over one insecure channel. Every ``grpc.RpcError`` becomes a
+    """Blocking client over one channel. Every ``grpc.RpcError`` becomes a
     ``TokenwireError`` subclass. ``timeout`` is the default deadline (seconds) of each call
-    except sessions; ``None`` means no deadline."""
+    except sessions; ``None`` means no deadline. ``tls``: connect over TLS (root CA, client
+    certificate for mTLS); plaintext without it. ``retry``: the gRPC retry policy for
+    UNAVAILABLE / RESOURCE_EXHAUSTED (``clients/channel.py``); ``None`` turns retries off."""
 
     def __init__(
         self,
@@ -48,11 +50,14 @@ class Client:
         api_key: str | None = None,
         timeout: float | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        tls: TlsOptions | None = None,
+        retry: RetryPolicy | None = DEFAULT_RETRY_POLICY,
     ) -> None:
         self.target = target
         self._api_key = api_key
         self._timeout = timeout
-        self._channel = grpc.insecure_channel(target, options=channel_options(max_message_bytes))
+        options = channel_options(max_message_bytes, retry, tls)
+        self._channel = open_channel(target, options, tls)
         self._generation = gen_grpc.GenerationServiceStub(self._channel)
         self._models = models_grpc.ModelServiceStub(self._channel)
 

@@ -10,6 +10,11 @@ server reports SERVING, with a message naming the flag to change. SIGTERM/SIGINT
 goes NOT_SERVING, new calls get UNAVAILABLE, in-flight requests finish up to
 ``--shutdown-timeout``, then the process exits 0. When the engine core dies, in-flight
 requests end UNAVAILABLE at once, the server drains the same way and exits 1.
+
+TLS (``--ssl-*``) covers both ports; the certificate files are checked before the model
+loads (exit 2 naming the flag) and reloaded on SIGHUP. The REST shim's loopback channel uses
+TLS too (it is a real TCP connection): it trusts ``--ssl-ca-certs`` plus the server's own
+certificate, and under mTLS presents the server's certificate as its client certificate.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ import asyncio
 import contextlib
 import os
 import signal
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prometheus_client import start_http_server
@@ -29,16 +35,13 @@ from tokenwire.runtime.engine.async_engine import AsyncEngine
 from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.runtime.errors import EngineDeadError
 from tokenwire.runtime.tool_parsers.output import REASONING_PARSERS, TOOL_PARSERS
+from tokenwire.server.grpc.connection import add_connection_arguments, connection_settings
 from tokenwire.server.grpc.convert import Limits
 from tokenwire.server.grpc.server import GrpcServer, GrpcSettings
 from tokenwire.server.rest.app import RestSettings
-from tokenwire.server.rest.server import (
-    RestServer,
-    add_rest_arguments,
-    loopback_target,
-    rest_settings,
-)
-from tokenwire.server.rest.upstream import Upstream
+from tokenwire.server.rest.connection import HttpConnectionSettings, http_connection_settings
+from tokenwire.server.rest.loopback import check_loopback_tls, loopback_target, loopback_upstream
+from tokenwire.server.rest.server import RestServer, add_rest_arguments, rest_settings
 from tokenwire.server.telemetry.core import Telemetry
 from tokenwire.server.telemetry.logs import (
     add_log_format_argument,
@@ -46,6 +49,8 @@ from tokenwire.server.telemetry.logs import (
     get_logger,
 )
 from tokenwire.server.telemetry.tracing import add_tracing_arguments, tracing_settings
+from tokenwire.server.tls.reloader import TlsReloader
+from tokenwire.server.tls.settings import add_ssl_arguments, tls_settings
 
 logger = get_logger("tokenwire.serve")
 
@@ -73,6 +78,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         help="prompt text (UTF-8 bytes) refused before tokenizing; default 32 per context token",
     )
     p.add_argument("--max-message-bytes", type=int, default=16 << 20)
+    add_connection_arguments(p)  # gRPC keepalive, connection age, message sizes, RPC cap
+    add_ssl_arguments(p)
     p.add_argument(
         "--max-requests",
         type=int,
@@ -152,6 +159,7 @@ def grpc_settings(args: argparse.Namespace) -> GrpcSettings:
         reasoning_parser=args.reasoning_parser,
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         lora_root=args.lora_root,
+        connection=connection_settings(args),
     )
 
 
@@ -164,6 +172,7 @@ class ServeOptions:
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     engine_in_process: bool = False
+    http: HttpConnectionSettings = field(default_factory=HttpConnectionSettings)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -173,6 +182,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if settings.allow_runtime_lora_updating and not config.lora.enable_lora:
         raise ValueError("--allow-runtime-lora-updating needs --enable-lora")
     tracing = tracing_settings(args)
+    tls = _load_tls(args)  # every certificate problem exits 2 here, before the model loads
     configure_logging(args.log_format)
     telemetry = Telemetry(tracing)
     options = ServeOptions(
@@ -181,6 +191,7 @@ def run_serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host or args.host,
         engine_in_process=args.engine_in_process,
+        http=http_connection_settings(args),
     )
     rest = None
     if not args.disable_rest:
@@ -188,7 +199,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if options.metrics_port is None:  # else /metrics lives on its own port only
             rest = replace(rest, metrics=telemetry.exposition, metrics_api_keys=settings.api_keys)
     try:
-        return asyncio.run(_serve(config, settings, rest, telemetry, options))
+        return asyncio.run(_serve(config, settings, rest, telemetry, options, tls))
     finally:
         telemetry.shutdown()  # flush spans still in the exporter's queue
 
@@ -199,9 +210,11 @@ async def _serve(
     rest_config: RestSettings | None,
     telemetry: Telemetry,
     options: ServeOptions,
+    tls: TlsReloader | None = None,
 ) -> int:
-    rest = RestServer(rest_config) if rest_config is not None else None
-    if rest is not None:
+    rest = None
+    if rest_config is not None:
+        rest = RestServer(rest_config, options.http, tls)
         rest.bind()  # a taken --port fails before the model loads
     engine = AsyncEngine(
         config,
@@ -210,9 +223,11 @@ async def _serve(
         in_process=options.engine_in_process,
     )
     stop = _signal_event()
+    # SIGHUP: new handshakes on both ports use the reloaded certificate (never a shutdown).
+    _on_sighup([tls.reload] if tls is not None else [])
     await engine.start()  # the core loads the model (in its own process by default)
     try:
-        return await _serve_started(engine, settings, rest, telemetry, options, stop)
+        return await _serve_started(engine, settings, rest, telemetry, options, stop, tls)
     finally:
         await engine.shutdown()
 
@@ -224,15 +239,16 @@ async def _serve_started(
     telemetry: Telemetry,
     options: ServeOptions,
     stop: asyncio.Event,
+    tls: TlsReloader | None = None,
 ) -> int:
     telemetry.attach(engine)
-    server = GrpcServer(engine, engine.info.served_model_name, settings, telemetry)
+    server = GrpcServer(engine, engine.info.served_model_name, settings, telemetry, tls)
     port = await server.start()  # NOT_SERVING; requests get NOT_READY until warm
     engine.on_dead(stop.set)  # a dead core: drain, then exit non-zero for the supervisor
     upstream = None
     if rest is not None:
         target = loopback_target(settings.host, port)
-        upstream = Upstream.connect(target, settings.max_message_bytes)
+        upstream = loopback_upstream(target, settings.max_message_bytes, tls)
         await rest.start(upstream)  # answers 503 NOT_READY until warm, like gRPC
     metrics_server = _start_metrics_server(telemetry, options.metrics_host, options.metrics_port)
     if not settings.api_keys:
@@ -289,6 +305,28 @@ def _log_serving(
         max_loras=info.max_loras,
         lora_adapters=[a.lora_name for a in info.lora_adapters],
     )
+
+
+def _load_tls(args: argparse.Namespace) -> TlsReloader | None:
+    """The certificate files, checked; with REST on, also that the shim can connect."""
+    tls_config = tls_settings(args)
+    if tls_config is None:
+        return None
+    tls = TlsReloader(tls_config)
+    if not args.disable_rest:
+        check_loopback_tls(tls, args.host)
+    return tls
+
+
+def _on_sighup(hooks: list[Callable[[], object]]) -> None:
+    """Run every reload hook on SIGHUP (certificates now; other reloadable files may join)."""
+
+    def reload() -> None:
+        logger.info("SIGHUP: reloading", reloadable=len(hooks))
+        for hook in hooks:
+            hook()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
 
 
 def _signal_event() -> asyncio.Event:

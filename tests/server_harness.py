@@ -31,8 +31,10 @@ from tokenwire.runtime.engine.core import EngineCore
 from tokenwire.runtime.engine.inproc_client import InprocCoreClient
 from tokenwire.runtime.engine.protocol import IdleReport
 from tokenwire.runtime.stats import EngineObserver
+from tokenwire.server.grpc.connection import ConnectionSettings
 from tokenwire.server.grpc.convert import Limits
 from tokenwire.server.grpc.server import GrpcServer, GrpcSettings
+from tokenwire.server.tls.reloader import TlsReloader
 
 T = TypeVar("T")
 MODEL_NAME = "tiny"
@@ -61,6 +63,8 @@ class ServerHarness:
         lora: LoRAConfig | None = None,
         allow_runtime_lora_updating: bool = False,
         lora_root: str | None = None,
+        tls: TlsReloader | None = None,  # serve TLS (mTLS) instead of plaintext
+        connection: ConnectionSettings | None = None,
     ) -> None:
         self.config = EngineConfig(
             model=ModelConfig(
@@ -86,7 +90,9 @@ class ServerHarness:
             reasoning_parser=reasoning_parser,
             allow_runtime_lora_updating=allow_runtime_lora_updating,
             lora_root=lora_root,
+            connection=connection or ConnectionSettings(),
         )
+        self.tls = tls
         self.observer = observer
         self.in_process = in_process  # False: the engine core runs in a process of its own
         self.warm = warm  # False: stop before warm-up (the server is NOT_READY)
@@ -110,7 +116,7 @@ class ServerHarness:
             core_observer=getattr(self.observer, "gate", None),
         )
         await self.engine.start()
-        self.server = GrpcServer(self.engine, MODEL_NAME, self.settings)
+        self.server = GrpcServer(self.engine, MODEL_NAME, self.settings, tls=self.tls)
         self.port = await self.server.start()
         if self.warm:
             await self.engine.warmup()

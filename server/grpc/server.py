@@ -1,4 +1,5 @@
-"""Assemble the grpc.aio server: services, health, reflection, auth, limits, draining."""
+"""Assemble the grpc.aio server: services, health, reflection, auth, limits, draining, TLS and
+connection management (keepalive, connection age, message sizes, concurrent-RPC cap)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ from tokenwire.runtime.tokenizer_pool import TokenizerPool
 from tokenwire.runtime.tool_parsers.output import check_parser_names
 from tokenwire.server.grpc.adapters import AdapterFlags
 from tokenwire.server.grpc.auth import ApiKeyInterceptor
+from tokenwire.server.grpc.connection import ConnectionSettings
 from tokenwire.server.grpc.convert import Limits
 from tokenwire.server.grpc.generation import GenerationService, OutputReaders
 from tokenwire.server.grpc.guard import MalformedRequestInterceptor
 from tokenwire.server.grpc.models import ModelService
 from tokenwire.server.grpc.session import SessionHandler
 from tokenwire.server.telemetry.core import Telemetry
+from tokenwire.server.tls.reloader import TlsReloader
 from tokenwire.v1 import generation_pb2, generation_pb2_grpc, models_pb2, models_pb2_grpc
 
 logger = logging.getLogger("tokenwire.server")
@@ -48,6 +51,8 @@ class GrpcSettings:
     # off unless --allow-runtime-lora-updating, which needs api_keys and --lora-root.
     allow_runtime_lora_updating: bool = False
     lora_root: str | None = None
+    # Keepalive, connection age, message sizes, concurrent-RPC cap (server/grpc/connection.py).
+    connection: ConnectionSettings = field(default_factory=ConnectionSettings)
 
     def __post_init__(self) -> None:
         check_parser_names(self.tool_call_parser, self.reasoning_parser)
@@ -59,7 +64,8 @@ class GrpcSettings:
 
 
 class GrpcServer:
-    """Starts NOT_SERVING; ``set_serving(True)`` once the engine is warm."""
+    """Starts NOT_SERVING; ``set_serving(True)`` once the engine is warm. With ``tls`` the
+    port serves TLS only (mTLS with ``--ssl-cert-reqs required``), certificates reloadable."""
 
     def __init__(
         self,
@@ -67,9 +73,11 @@ class GrpcServer:
         model_name: str,
         settings: GrpcSettings,
         telemetry: Telemetry | None = None,
+        tls: TlsReloader | None = None,
     ) -> None:
         self.engine = engine
         self.settings = settings
+        self.tls = tls
         if telemetry is None:  # request logs only: no metrics wiring, no tracing
             telemetry = Telemetry()
         if telemetry.metrics is None:
@@ -80,11 +88,11 @@ class GrpcServer:
         if settings.api_keys:  # before the decode guard: no key, no parsing
             interceptors.append(ApiKeyInterceptor(settings.api_keys))
         interceptors.append(MalformedRequestInterceptor())
-        options = [
-            ("grpc.max_receive_message_length", settings.max_message_bytes),
-            ("grpc.max_send_message_length", settings.max_message_bytes),
-        ]
-        self.server = grpc.aio.server(interceptors=interceptors, options=options)
+        self.server = grpc.aio.server(
+            interceptors=interceptors,
+            options=settings.connection.server_options(settings.max_message_bytes),
+            maximum_concurrent_rpcs=settings.connection.max_concurrent_rpcs,
+        )
         tokenizer = engine.tokenizer
         self.tokenizers = None
         if tokenizer is not None:
@@ -137,7 +145,11 @@ class GrpcServer:
 
     async def start(self) -> int:
         """Bind and start; returns the bound port (useful with port 0)."""
-        self.port = self.server.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
+        address = f"{self.settings.host}:{self.settings.port}"
+        if self.tls is not None:
+            self.port = self.server.add_secure_port(address, self.tls.grpc_credentials())
+        else:
+            self.port = self.server.add_insecure_port(address)
         if self.port == 0:
             raise ValueError(
                 f"cannot bind {self.settings.host}:{self.settings.port}: choose another --grpc-port"

@@ -4,6 +4,9 @@
 ``tokenwire rest --grpc-target HOST:PORT`` runs it alone in front of a remote gRPC server.
 The listening socket is bound before anything else starts, so a taken ``--port`` fails fast
 with a message naming the flag; ``--port 0`` binds an ephemeral port.
+
+HTTPS with ``--ssl-*`` (one ``ssl.SSLContext`` from ``TlsReloader``, reloaded in place on
+SIGHUP); HTTP keep-alive and header timeouts from ``server/rest/connection.py``.
 """
 
 from __future__ import annotations
@@ -13,17 +16,28 @@ import asyncio
 import contextlib
 import signal
 import socket
-from collections.abc import Iterator
+import ssl
+from collections.abc import Callable, Iterator
 
+import grpc
 import uvicorn
 
 from tokenwire.server.rest.app import RestSettings, create_app
-from tokenwire.server.rest.upstream import Upstream
+from tokenwire.server.rest.connection import (
+    HttpConnectionSettings,
+    add_http_connection_arguments,
+    header_timeout_protocol,
+    http_connection_settings,
+)
+from tokenwire.server.rest.loopback import loopback_target as loopback_target  # re-export
+from tokenwire.server.rest.upstream import Upstream, open_channel
 from tokenwire.server.telemetry.logs import (
     add_log_format_argument,
     configure_logging,
     get_logger,
 )
+from tokenwire.server.tls.reloader import TlsReloader
+from tokenwire.server.tls.settings import add_ssl_arguments, tls_settings
 
 logger = get_logger("tokenwire.rest")
 
@@ -58,8 +72,15 @@ class RestServer:
     ``bind`` (synchronous, before any slow start-up work) claims the port; ``start`` serves.
     """
 
-    def __init__(self, settings: RestSettings) -> None:
+    def __init__(
+        self,
+        settings: RestSettings,
+        connection: HttpConnectionSettings | None = None,
+        tls: TlsReloader | None = None,
+    ) -> None:
         self.settings = settings
+        self.connection = connection or HttpConnectionSettings()
+        self.tls = tls
         self.port = 0
         self._sock: socket.socket | None = None
         self._server: _EmbeddedServer | None = None
@@ -77,12 +98,16 @@ class RestServer:
             self._sock if self._sock is not None else _bind(self.settings.host, self.settings.port)
         )
         self._sock, self.port = sock, sock.getsockname()[1]
+        timeout = self.connection.header_timeout
         config = uvicorn.Config(
             create_app(upstream, self.settings),
             log_config=None,
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=5,
+            timeout_keep_alive=self.connection.timeout_keep_alive,
+            http="httptools" if timeout is None else header_timeout_protocol(timeout),
+            ssl_context_factory=_context_factory(self.tls),
         )
         self._server = _EmbeddedServer(config)
         # Connections queue on the listening socket until uvicorn accepts them.
@@ -92,7 +117,8 @@ class RestServer:
     @property
     def url(self) -> str:
         host = self.settings.host
-        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+        scheme = "http" if self.tls is None else "https"
+        return f"{scheme}://{f'[{host}]' if ':' in host else host}:{self.port}"
 
     async def stop(self) -> None:
         if self._server is None or self._task is None:
@@ -103,13 +129,14 @@ class RestServer:
         await self._task
 
 
-def loopback_target(host: str, port: int) -> str:
-    """Where a process reaches its own server bound on ``host``."""
-    if host in ("", "0.0.0.0"):
-        return f"127.0.0.1:{port}"
-    if host == "::":
-        return f"[::1]:{port}"
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+def _context_factory(
+    tls: TlsReloader | None,
+) -> Callable[[uvicorn.Config, Callable[[], ssl.SSLContext]], ssl.SSLContext] | None:
+    """uvicorn's hook for our own (reloadable) context; None: plain HTTP."""
+    if tls is None:
+        return None
+    context = tls.ssl_context()
+    return lambda config, default: context
 
 
 def add_rest_arguments(p: argparse.ArgumentParser) -> None:
@@ -125,6 +152,7 @@ def add_rest_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="REST: gRPC deadline per request in seconds (504 when it passes; default none)",
     )
+    add_http_connection_arguments(p)
 
 
 def rest_settings(args: argparse.Namespace, port: int) -> RestSettings:
@@ -145,29 +173,84 @@ def add_rest_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "rest", help="serve the OpenAI-compatible REST API in front of a tokenwire gRPC server"
     )
     p.add_argument("--grpc-target", default="127.0.0.1:50051", help="gRPC server HOST:PORT")
+    p.add_argument(
+        "--grpc-ca-certs",
+        default=None,
+        metavar="PEM",
+        help="reach --grpc-target over TLS, verifying its certificate against this CA bundle",
+    )
+    p.add_argument(
+        "--grpc-certfile",
+        default=None,
+        metavar="PEM",
+        help="client certificate for a gRPC server that requires one (mTLS; implies TLS)",
+    )
+    p.add_argument("--grpc-keyfile", default=None, metavar="PEM", help="key of --grpc-certfile")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     add_log_format_argument(p)
     add_rest_arguments(p)
+    add_ssl_arguments(p)
     p.set_defaults(func=run_rest)
+
+
+def _read_pem(path: str | None, flag: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ValueError(f"cannot read {flag} {path}: {exc.strerror or exc}") from None
+
+
+def upstream_credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
+    """TLS credentials for ``--grpc-target`` (re-read on every call); None: plaintext."""
+    if (args.grpc_certfile is None) != (args.grpc_keyfile is None):
+        raise ValueError("--grpc-certfile and --grpc-keyfile go together")
+    if args.grpc_ca_certs is None and args.grpc_certfile is None:
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read_pem(args.grpc_ca_certs, "--grpc-ca-certs"),
+        private_key=_read_pem(args.grpc_keyfile, "--grpc-keyfile"),
+        certificate_chain=_read_pem(args.grpc_certfile, "--grpc-certfile"),
+    )
 
 
 def run_rest(args: argparse.Namespace) -> int:
     settings = rest_settings(args, args.port)
+    connection = http_connection_settings(args)
+    tls_config = tls_settings(args)
+    tls = TlsReloader(tls_config) if tls_config is not None else None
+    upstream_credentials(args)  # unreadable files fail here, before anything starts
     configure_logging(args.log_format)
-    return asyncio.run(_serve_rest(args.grpc_target, settings))
+    server = RestServer(settings, connection, tls)
+    return asyncio.run(_serve_rest(args, server))
 
 
-async def _serve_rest(target: str, settings: RestSettings) -> int:
-    server = RestServer(settings)
+async def _serve_rest(args: argparse.Namespace, server: RestServer) -> int:
     server.bind()
-    upstream = Upstream.connect(target)
+    target = args.grpc_target
+    upstream = Upstream(open_channel(target, credentials=upstream_credentials(args)), True)
     await server.start(upstream)
     logger.info("serving rest=%s grpc_target=%s", server.url, target)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+
+    def reload() -> None:  # SIGHUP: this port's certificate and the upstream client's
+        if server.tls is not None:
+            server.tls.reload()
+        try:
+            credentials = upstream_credentials(args)
+        except ValueError as exc:
+            logger.error("upstream TLS reload failed; keeping the current channel: %s", exc)
+            return
+        if credentials is not None:
+            upstream.reconnect(open_channel(target, credentials=credentials))
+
+    loop.add_signal_handler(signal.SIGHUP, reload)
     await stop.wait()
     await server.stop()
     await upstream.close()

@@ -5,6 +5,11 @@ Forwards the caller's ``authorization``, ``x-request-id``, ``x-priority`` and W3
 Fan-out helpers run one gRPC call per prompt and cancel every sibling as soon as one fails,
 and every call that is abandoned (error, cancelled task, client gone) is cancelled, so the
 engine frees its blocks.
+
+The channel is plaintext, or TLS when the gRPC server serves TLS (``connect(credentials=)``;
+``tokenwire serve`` passes the loopback credentials of ``TlsReloader``). ``reconnect`` swaps
+in a new channel after a certificate reload: new calls use it, calls already running finish
+on the old one, which is closed with this ``Upstream``.
 """
 
 from __future__ import annotations
@@ -58,23 +63,37 @@ class Upstream:
     """Stubs over one channel; ``close`` closes the channel when this object owns it."""
 
     def __init__(self, channel: grpc.aio.Channel, owns_channel: bool = False) -> None:
-        self.channel = channel
         self.owns_channel = owns_channel
+        self._retired: list[grpc.aio.Channel] = []
+        self._use(channel)
+
+    def _use(self, channel: grpc.aio.Channel) -> None:
+        self.channel = channel
         self.generation = generation_pb2_grpc.GenerationServiceStub(channel)
         self.models = models_pb2_grpc.ModelServiceStub(channel)
         self.health = health_pb2_grpc.HealthStub(channel)
 
     @classmethod
-    def connect(cls, target: str, max_message_bytes: int = 16 << 20) -> Upstream:
-        options = [
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-        ]
-        return cls(grpc.aio.insecure_channel(target, options=options), owns_channel=True)
+    def connect(
+        cls,
+        target: str,
+        max_message_bytes: int = 16 << 20,
+        credentials: grpc.ChannelCredentials | None = None,
+        tls_name: str | None = None,
+    ) -> Upstream:
+        """A channel of its own to ``target``: TLS with ``credentials`` (``tls_name``: the
+        name checked against the server certificate when it is not the target's host)."""
+        return cls(open_channel(target, max_message_bytes, credentials, tls_name), True)
+
+    def reconnect(self, channel: grpc.aio.Channel) -> None:
+        """New calls go over ``channel``; running ones finish on the old one."""
+        self._retired.append(self.channel)
+        self._use(channel)
 
     async def close(self) -> None:
         if self.owns_channel:
-            await self.channel.close()
+            for channel in (*self._retired, self.channel):
+                await channel.close()
 
     async def serving(self, timeout: float = 5.0) -> bool:
         try:
@@ -132,6 +151,23 @@ class Upstream:
             raise errors[0]
         streams.firsts = list(firsts)
         return streams
+
+
+def open_channel(
+    target: str,
+    max_message_bytes: int = 16 << 20,
+    credentials: grpc.ChannelCredentials | None = None,
+    tls_name: str | None = None,
+) -> grpc.aio.Channel:
+    options: list[tuple[str, int | str]] = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+    if credentials is None:
+        return grpc.aio.insecure_channel(target, options=options)
+    if tls_name is not None:
+        options.append(("grpc.ssl_target_name_override", tls_name))
+    return grpc.aio.secure_channel(target, credentials, options=options)
 
 
 class OpenStreams:

@@ -1,0 +1,1 @@
+"""TLS for both ports: flags and their checks, certificate material, SIGHUP reloading."""
