@@ -159,3 +159,25 @@ def add_lora_torch(
     for start, length, slot in segments.runs:
         end = start + length
         y[start:end].addmm_(x[start:end] @ lora_a[slot].T, lora_b[slot].T)
+
+
+def slot_mask(
+    token_slots: torch.Tensor, num_slots: int, width: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """[T, num_slots * width]: 1 where column ``c`` belongs to token ``t``'s slot
+    (``c // width == slot(t)``), else 0 (tokens without an adapter: all 0)."""
+    col_slot = torch.arange(num_slots * width, device=token_slots.device) // width
+    return (token_slots.unsqueeze(1) == col_slot.unsqueeze(0)).to(dtype)
+
+
+def add_lora_masked(
+    y: torch.Tensor, x: torch.Tensor, a_flat: torch.Tensor, b_flat: torch.Tensor, mask: torch.Tensor
+) -> None:
+    """Every slot at once: ``y += ((x @ a_flat.T) * mask) @ b_flat.T`` with ``a_flat``
+    [S*R, K] (slot-major) and ``b_flat`` [N, S*R] (the same column order) and ``mask`` from
+    ``slot_mask``. Two matmuls per layer whatever the number of runs — the CPU path, where
+    per-run dispatch costs more than the extra ``S``-fold rank columns. Exact: a masked
+    column contributes exact zeros."""
+    shrunk = x @ a_flat.T
+    shrunk.mul_(mask)
+    y.addmm_(shrunk, b_flat.T)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tokenwire.kernels.lora import LoRASegments, add_lora
+from tokenwire.kernels.lora import LoRASegments, add_lora, add_lora_masked, slot_mask
 from tokenwire.runtime.models.layers.parallel import RowParallelLinear, _ColumnLinear
 
 # One projection's adapter weights, full (unsplit) tensors: A [r, in], B [out, r] (scaled).
@@ -33,15 +33,48 @@ ProjectionLoRA = tuple[torch.Tensor, torch.Tensor]
 
 class LoRAContext:
     """The step's token runs per adapter slot, shared by every LoRA layer of one model
-    (None: no token of this step uses an adapter, the layers run their base only)."""
+    (None: no token of this step uses an adapter, the layers run their base only).
 
-    def __init__(self) -> None:
+    On CPU with several runs, ``token_slots`` is set too and the layers take the masked
+    all-slots path (``add_lora_masked``: two matmuls per layer instead of two per run); the
+    masks are built once per step per rank-column width."""
+
+    def __init__(self, num_slots: int) -> None:
+        self.num_slots = num_slots
         self.segments: LoRASegments | None = None
+        self.token_slots: torch.Tensor | None = None
+        self._masks: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+    def set(self, segments: LoRASegments | None, token_slots: torch.Tensor | None) -> None:
+        self.segments, self.token_slots = segments, token_slots
+        self._masks.clear()
+
+    def mask(self, width: int, dtype: torch.dtype) -> torch.Tensor:
+        assert self.token_slots is not None
+        key = (width, dtype)
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = self._masks[key] = slot_mask(self.token_slots, self.num_slots, width, dtype)
+        return mask
+
+    def apply(self, y: torch.Tensor, x: torch.Tensor, layer: _SlotsMixin) -> None:
+        """``y += LoRA(x)`` for this step's tokens, by whichever path the step uses."""
+        if self.token_slots is not None:
+            n, s, w = layer.lora_b_nsr.shape
+            a_flat = layer.lora_a.view(s * w, -1)
+            add_lora_masked(y, x, a_flat, layer.lora_b_nsr.view(n, s * w), self.mask(w, y.dtype))
+        elif self.segments is not None:
+            add_lora(y, x, layer.lora_a, layer.lora_b, self.segments)
 
 
 class _SlotsMixin(nn.Module):
-    lora_a: torch.Tensor
-    lora_b: torch.Tensor
+    lora_a: torch.Tensor  # [S, W, K]
+    lora_b_nsr: torch.Tensor  # [N, S, W]: ``lora_b`` is its [S, N, W] view
+
+    @property
+    def lora_b(self) -> torch.Tensor:
+        """[S, N, W] (a strided view: the masked CPU path reads B as [N, S*W])."""
+        return self.lora_b_nsr.permute(1, 0, 2)
 
     def _allocate(
         self,
@@ -54,9 +87,9 @@ class _SlotsMixin(nn.Module):
     ) -> None:
         device = _device_of(base)
         a = torch.zeros(max_loras, rows_a, in_f, dtype=dtype, device=device)
-        b = torch.zeros(max_loras, out_f, rows_a, dtype=dtype, device=device)
+        b = torch.zeros(out_f, max_loras, rows_a, dtype=dtype, device=device)
         self.register_buffer("lora_a", a, persistent=False)
-        self.register_buffer("lora_b", b, persistent=False)
+        self.register_buffer("lora_b_nsr", b, persistent=False)
 
     def clear_slot(self, slot: int) -> None:
         self.lora_a[slot].zero_()
@@ -113,9 +146,8 @@ class ColumnLinearWithLoRA(_SlotsMixin):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y: torch.Tensor = self.base(x)
-        segments = self.context.segments
-        if segments is not None:
-            add_lora(y, x, self.lora_a, self.lora_b, segments)
+        if self.context.segments is not None:
+            self.context.apply(y, x, self)
         return y
 
 
@@ -155,10 +187,10 @@ class RowLinearWithLoRA(_SlotsMixin):
             return out
         if base.tp.world_size == 1:
             y: torch.Tensor = base(x)
-            add_lora(y, x, self.lora_a, self.lora_b, segments)
+            self.context.apply(y, x, self)
             return y
         partial = base.linear_method.apply(base, x, None)
-        add_lora(partial, x, self.lora_a, self.lora_b, segments)  # summed by the all-reduce
+        self.context.apply(partial, x, self)  # summed by the all-reduce
         y = base.tp.all_reduce(partial)
         if base.bias is not None:
             y.add_(base.bias)

@@ -32,6 +32,7 @@ from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.models.llama import DecoderLayer, LlamaForCausalLM
 
 LoRALayer = ColumnLinearWithLoRA | RowLinearWithLoRA
+MASKED_MAX_TOKENS = 256  # CPU steps up to this many tokens take the masked all-slots path
 
 
 def wrap_model(
@@ -68,7 +69,8 @@ class LoRAManager:
     ) -> None:
         self.config = config
         self.arch = model.arch
-        self.context = LoRAContext()
+        self.context = LoRAContext(config.max_loras)
+        self._masked = device.type == "cpu"  # the masked all-slots path (see LoRAContext)
         self.layers = wrap_model(model, config, self.context, dtype)
         self._cpu: OrderedDict[int, AdapterWeights] = OrderedDict()  # LRU: oldest first
         self._slot_of: OrderedDict[int, int] = OrderedDict()  # resident id -> slot, LRU
@@ -128,9 +130,15 @@ class LoRAManager:
     def set_tokens(self, token_slots: np.ndarray | None) -> None:
         """This step's adapter slot per token (-1: none); None: no token uses one."""
         if token_slots is None or not (token_slots >= 0).any():
-            self.context.segments = None
+            self.context.set(None, None)
             return
-        self.context.segments = self._buffers.fill(token_slots)
+        segments = self._buffers.fill(token_slots)
+        slots = None
+        # Masked: 2 matmuls per layer but S-fold rank columns for every token, which pays
+        # on decode-sized steps (dispatch-bound) and not on long prefill chunks (flop-bound).
+        if self._masked and len(segments.runs) > 1 and len(token_slots) <= MASKED_MAX_TOKENS:
+            slots = torch.from_numpy(np.ascontiguousarray(token_slots, dtype=np.int64))
+        self.context.set(segments, slots)
 
     def remove(self, lora_ids: frozenset[int]) -> None:
         """Forget unloaded adapters (their requests have all finished)."""
