@@ -32,8 +32,12 @@ class PrefillSeqPlan:
     block_ids: torch.Tensor  # int64 [ceil(seq_len / block_size)]
     # True when no earlier context exists (seq_len == query_len): attend to fresh K/V directly.
     fresh: bool
-    # Bool [query_len, seq_len], True = may attend; None when ``fresh`` (plain causal).
+    # Bool [query_len, seq_len - key_start], True = may attend; None for plain causal
+    # attention over this step's K/V (``fresh`` without a window that masks anything).
     mask: torch.Tensor | None
+    # First key position gathered (a multiple of the block size): a windowed row skips the
+    # blocks wholly before its first query's window. ``block_ids`` start at this position.
+    key_start: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +51,9 @@ class DecodeGroupPlan:
     rows: torch.Tensor  # int64 [n]: indices of these decode rows in query and output
     block_ids: torch.Tensor  # int64 [n * max_blocks]: the rows' block tables, flattened
     max_blocks: int
-    # Bool [n, 1, 1, max_blocks * block_size], True = key position < seq_len (may attend).
+    # Bool [n, 1, 1, max_blocks * block_size], True = may attend: the key position is
+    # < seq_len (and, for a windowed plan, >= seq_len - window; a windowed row's gather
+    # starts at the block of its first key, so positions are relative to that block).
     mask: torch.Tensor
 
 
@@ -57,6 +63,8 @@ class CpuAttentionPlan:
 
     decode_groups: tuple[DecodeGroupPlan, ...]
     prefills: tuple[PrefillSeqPlan, ...]
+    # (window, plan) for each sliding window of the model's layers (``attention_plan``).
+    windowed: tuple[tuple[int, CpuAttentionPlan], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

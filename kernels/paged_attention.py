@@ -4,7 +4,8 @@ The KV cache of one layer is ``k_cache``/``v_cache``, each ``[num_blocks, block_
 num_kv_heads, head_dim]``; block 0 is the null block. ``paged_attention`` runs after
 ``store_kv`` has written this step's K/V, so every key a query may see is in the cache.
 
-- ``build_cpu_plan``: once per step, turns block tables into gather indices and masks.
+- ``build_cpu_plan`` (``attention_plan``): once per step, turns block tables into gather
+  indices and masks, one set per sliding window of the model.
 - ``paged_attention_ref``: the batched torch path (today's CPU hot path).
 - ``paged_attention``: public entry point; dispatches to the Triton kernels
   (``paged_attention_triton``) for CUDA tensors or under ``TRITON_INTERPRET=1``, else to the
@@ -20,112 +21,18 @@ through e4m3 exactly as stored, so every path sees the same keys and values as a
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from tokenwire.kernels.attention_metadata import (
     AttentionMetadata,
-    CpuAttentionPlan,
     DecodeGroupPlan,
     PrefillSeqPlan,
 )
+from tokenwire.kernels.attention_plan import build_cpu_plan, plan_for_window
 from tokenwire.kernels.dispatch import use_triton
 from tokenwire.kernels.kv_quant import dequantize_fp8, fake_quantize_fp8, is_fp8
 from tokenwire.kernels.softcap_attention import AttentionFn, attention_fn
-
-# Decode rows are bucketed by padded context length so one group's gather wastes little:
-# buckets are 32 key positions wide below 256 and 12.5% wide above. Measured on 2 shared CPU
-# cores, SmolLM2 shapes, 64 decodes with context U[32, 380]: one padded group per batch is
-# 2-3x slower than ~8 length groups (the gather of padded K/V dominates); between 6 and 21
-# groups the time is flat, so the exact widths matter little.
-_LINEAR_BUCKET_TOKENS = 32
-_GEOMETRIC_FROM_TOKENS = 256
-_GEOMETRIC_RATIO = 1.125
-
-
-def build_cpu_plan(
-    query_start_loc_np: np.ndarray,
-    seq_lens_np: np.ndarray,
-    block_tables: torch.Tensor,
-    num_decodes: int,
-    block_size: int,
-) -> CpuAttentionPlan:
-    """Precompute per-step gathers so each layer only indexes and calls sdpa.
-
-    Rows ``[0, num_decodes)`` must have exactly one query token each.
-    """
-    tables = block_tables.to(torch.int64)  # once per step: index_select wants int64
-    num_seqs = len(query_start_loc_np) - 1
-    decode_groups = _plan_decode_groups(
-        np.asarray(seq_lens_np[:num_decodes], dtype=np.int64), tables, block_size
-    )
-    prefills = tuple(
-        _plan_prefill(
-            int(query_start_loc_np[i]),
-            int(query_start_loc_np[i + 1]),
-            int(seq_lens_np[i]),
-            tables[i],
-            block_size,
-        )
-        for i in range(num_decodes, num_seqs)
-    )
-    return CpuAttentionPlan(decode_groups=decode_groups, prefills=prefills)
-
-
-def _bucket_keys(padded_lens: np.ndarray) -> np.ndarray:
-    """Bucket id per row (vectorised; larger id = longer context)."""
-    linear = padded_lens // _LINEAR_BUCKET_TOKENS
-    ratio = np.maximum(padded_lens, _GEOMETRIC_FROM_TOKENS) / _GEOMETRIC_FROM_TOKENS
-    geometric = _GEOMETRIC_FROM_TOKENS // _LINEAR_BUCKET_TOKENS + np.floor(
-        np.log(ratio) / np.log(_GEOMETRIC_RATIO)
-    ).astype(np.int64)
-    return np.where(padded_lens < _GEOMETRIC_FROM_TOKENS, linear, geometric)
-
-
-def _plan_decode_groups(
-    seq_lens: np.ndarray, tables: torch.Tensor, block_size: int
-) -> tuple[DecodeGroupPlan, ...]:
-    if len(seq_lens) == 0:
-        return ()
-    num_blocks = -(-seq_lens // block_size)  # ceil division
-    keys = _bucket_keys(num_blocks * block_size)
-    order = np.argsort(-keys, kind="stable")  # longest buckets first
-    splits = np.flatnonzero(np.diff(keys[order])) + 1
-    # Built in numpy and converted once per group: this runs every step on the host.
-    tables_np = tables.numpy() if tables.device.type == "cpu" else tables.cpu().numpy()
-    groups: list[DecodeGroupPlan] = []
-    for rows_np in np.split(order, splits):
-        rows_np = np.ascontiguousarray(rows_np)
-        max_blocks = int(num_blocks[rows_np].max())
-        key_pos = np.arange(max_blocks * block_size)
-        mask = key_pos[None, :] < seq_lens[rows_np][:, None]
-        block_ids = np.ascontiguousarray(tables_np[rows_np, :max_blocks]).reshape(-1)
-        groups.append(
-            DecodeGroupPlan(
-                rows=torch.from_numpy(rows_np).to(tables.device),
-                block_ids=torch.from_numpy(block_ids).to(tables.device),
-                max_blocks=max_blocks,
-                mask=torch.from_numpy(mask[:, None, None, :]).to(tables.device),
-            )
-        )
-    return tuple(groups)
-
-
-def _plan_prefill(
-    query_start: int, query_end: int, seq_len: int, table_row: torch.Tensor, block_size: int
-) -> PrefillSeqPlan:
-    query_len = query_end - query_start
-    block_ids = table_row[: -(-seq_len // block_size)]
-    fresh = query_len == seq_len
-    mask = None
-    if not fresh:
-        # Query j sits at absolute position seq_len - query_len + j and sees keys <= it.
-        device = table_row.device
-        query_pos = torch.arange(seq_len - query_len, seq_len, device=device)
-        mask = torch.arange(seq_len, device=device)[None, :] <= query_pos[:, None]
-    return PrefillSeqPlan(query_start, query_end, seq_len, block_ids, fresh, mask)
-
 
 # (k_scale, v_scale) of an fp8 cache (a scale may be None: 1.0); None for any other cache.
 _KVScales = tuple[torch.Tensor | None, torch.Tensor | None] | None
@@ -142,21 +49,25 @@ def paged_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     logits_soft_cap: float | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Attention for every row of ``query`` [T, Hq, D] -> [T, Hq, D].
 
     ``k_scale``/``v_scale``: float32 [1] scales of an fp8 cache (``None`` = 1.0).
     ``logits_soft_cap``: Gemma 2's ``cap * tanh(scores / cap)`` on the scaled logits (None: off).
+    ``sliding_window``: query ``q`` sees keys ``q - window < k <= q`` (None: full causal).
     """
     if use_triton(query):
-        if logits_soft_cap is not None:  # TODO(kernels): soft-cap in the Triton kernels
-            raise NotImplementedError("attention logit soft-capping is not in the Triton kernels")
         from tokenwire.kernels.paged_attention_triton import paged_attention_triton
 
-        return paged_attention_triton(query, k_cache, v_cache, meta, scale, k_scale, v_scale)
+        return paged_attention_triton(
+            query, k_cache, v_cache, meta, scale, k_scale, v_scale,
+            logits_soft_cap=logits_soft_cap, sliding_window=sliding_window,
+        )  # fmt: skip
     return paged_attention_ref(
-        query, key, value, k_cache, v_cache, meta, scale, k_scale, v_scale, logits_soft_cap
-    )
+        query, key, value, k_cache, v_cache, meta, scale, k_scale, v_scale, logits_soft_cap,
+        sliding_window,
+    )  # fmt: skip
 
 
 def paged_attention_ref(
@@ -170,14 +81,16 @@ def paged_attention_ref(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     logits_soft_cap: float | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Batched torch path: decode rows by length group, prefill rows one sequence at a time.
 
     ``key``/``value`` [T, Hkv, D] are this step's rows (already in the cache); fresh prefills
     read them directly instead of gathering from the cache. Padding rows (past the last
-    sequence) come back as zeros.
+    sequence) come back as zeros. The step's plan (``meta.cpu_plan``) is used when it was
+    built for ``sliding_window``; otherwise one is built here.
     """
-    plan = meta.cpu_plan
+    plan = None if meta.cpu_plan is None else plan_for_window(meta.cpu_plan, sliding_window)
     if plan is None:
         plan = build_cpu_plan(
             meta.query_start_loc_np,
@@ -185,7 +98,10 @@ def paged_attention_ref(
             meta.block_tables,
             meta.num_decodes,
             meta.block_size,
+            () if sliding_window is None else (sliding_window,),
         )
+        plan = plan_for_window(plan, sliding_window)
+        assert plan is not None
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     kv_scales = (k_scale, v_scale) if is_fp8(k_cache) else None
     sdpa = attention_fn(logits_soft_cap)
@@ -253,8 +169,8 @@ def _attend_prefill(
         gathered = prefill.block_ids.shape[0] * block_size
         k = k_cache.index_select(0, prefill.block_ids).view(gathered, num_kv_heads, head_dim)
         v = v_cache.index_select(0, prefill.block_ids).view(gathered, num_kv_heads, head_dim)
-        k = k[: prefill.seq_len]
-        v = v[: prefill.seq_len]
+        k = k[: prefill.seq_len - prefill.key_start]
+        v = v[: prefill.seq_len - prefill.key_start]
         if kv_scales is not None:
             k = dequantize_fp8(k, kv_scales[0], query.dtype)
             v = dequantize_fp8(v, kv_scales[1], query.dtype)
@@ -263,7 +179,7 @@ def _attend_prefill(
         k.transpose(0, 1).unsqueeze(0),
         v.transpose(0, 1).unsqueeze(0),
         attn_mask=prefill.mask,
-        is_causal=prefill.fresh,
+        is_causal=prefill.mask is None,
         scale=scale,
         enable_gqa=True,
     )
@@ -279,11 +195,12 @@ def paged_attention_dense_ref(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     logits_soft_cap: float | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Oracle: per sequence, gather every context position from the cache one by one.
 
-    Softmax in float32; causal by absolute position; an fp8 cache is de-quantized in float32.
-    Slow on purpose; tests only.
+    Softmax in float32; causal by absolute position (within ``sliding_window`` when set); an
+    fp8 cache is de-quantized in float32. Slow on purpose; tests only.
     """
     out = torch.zeros_like(query)
     block_size = k_cache.shape[1]
@@ -306,6 +223,8 @@ def paged_attention_dense_ref(
             scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
         query_pos = torch.arange(seq_len - (end - start), seq_len, device=device)
         allowed = key_pos[None, :] <= query_pos[:, None]
+        if sliding_window is not None:
+            allowed &= key_pos[None, :] > query_pos[:, None] - sliding_window
         probs = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
         out[start:end] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
     return out

@@ -11,6 +11,11 @@ float16) and its scales are applied outside the dot products: ``k_scale`` multip
 ``qk_scale`` and ``v_scale`` the normalized output. That equals de-quantizing every element
 first (``(q . k) * s == q . (k * s)``), without rounding ``k * s`` to a 16-bit query dtype and
 with two scalar multiplies instead of one per cached element.
+
+Gemma 2's logit soft-cap (``SOFT_CAP > 0``) is applied to the natural-log scores,
+``cap * tanh(s / cap)``, before they return to the log2 domain; ``tanh`` is written with
+``exp2`` so the interpreter and every backend share one formula. Sliding windows are masks
+(and shorter key loops) in the kernels themselves.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from tokenwire.kernels.triton_compat import patch_interpreter_scalar_index
 patch_interpreter_scalar_index()
 
 LOG2_E = 1.4426950408889634
+# The window passed for full attention: larger than any context, and an int32 kernel argument.
+NO_WINDOW = 1 << 30
 
 
 @triton.jit
@@ -61,6 +68,7 @@ def online_softmax_step(  # type: ignore[no-untyped-def]
     acc,
     qk_scale,
     DOT_PRECISION: tl.constexpr,
+    SOFT_CAP: tl.constexpr = 0.0,
 ):
     """Fold one key tile into the running ``(max, sum, acc)`` of each query row.
 
@@ -72,6 +80,8 @@ def online_softmax_step(  # type: ignore[no-untyped-def]
     k = k.to(q.dtype)  # no-op unless the cache is fp8
     v = v.to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    if SOFT_CAP > 0.0:
+        s = soft_cap_log2(s, SOFT_CAP)
     s = tl.where(allowed, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -80,3 +90,15 @@ def online_softmax_step(  # type: ignore[no-untyped-def]
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
+
+
+@triton.jit
+def soft_cap_log2(s, SOFT_CAP: tl.constexpr):  # type: ignore[no-untyped-def]
+    """``cap * tanh(x / cap)`` of scores ``s = x * log2(e)`` held in log2 units.
+
+    ``tanh(y) = 1 - 2 / (exp(2y) + 1)``; ``exp(2y)`` overflows to ``inf`` for large ``y``,
+    which gives exactly 1, and underflows to 0 for very negative ``y``, which gives -1.
+    """
+    y = s / (LOG2_E * SOFT_CAP)  # x / cap
+    tanh = 1.0 - 2.0 / (tl.exp2(2.0 * LOG2_E * y) + 1.0)
+    return tanh * (SOFT_CAP * LOG2_E)

@@ -30,6 +30,7 @@ from tokenwire.kernels.dispatch import next_power_of_2
 from tokenwire.kernels.kv_quant import is_fp8, unit_scale
 from tokenwire.kernels.paged_attention_triton_common import (
     LOG2_E,
+    NO_WINDOW,
     load_kv_tile,
     online_softmax_step,
 )
@@ -52,6 +53,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     k_scale_ptr,  # float32 [1]: fp8 cache scales, read only when FP8
     v_scale_ptr,
     qk_scale,
+    window,  # keys at positions >= seq_len - window only (a huge value: no window)
     stride_qt,
     stride_qh,
     stride_cb,
@@ -67,6 +69,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     BLOCK_SIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     FP8: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -75,8 +78,9 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
         qk_scale = qk_scale * tl.load(k_scale_ptr)
     num_splits = tl.num_programs(2)  # a runtime value: no recompile per split count
     seq_len = tl.load(seq_lens_ptr + seq)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * split_len
+    first_key = tl.maximum(seq_len - window, 0)  # the splits share [first_key, seq_len)
+    split_len = tl.cdiv(tl.cdiv(seq_len - first_key, num_splits), BLOCK_N) * BLOCK_N
+    start = first_key + split * split_len
     end = tl.minimum(start + split_len, seq_len)
 
     offs_h = tl.arange(0, BLOCK_H)
@@ -103,7 +107,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
             stride_cb, stride_cs, stride_ch, BLOCK_SIZE,
         )  # fmt: skip
         m_i, l_i, acc = online_softmax_step(
-            q, k, v, pos_mask[None, :], m_i, l_i, acc, qk_scale, DOT_PRECISION
+            q, k, v, pos_mask[None, :], m_i, l_i, acc, qk_scale, DOT_PRECISION, SOFT_CAP
         )
 
     has_keys = l_i > 0.0
@@ -181,12 +185,16 @@ def decode_attention(
     block_n: int = _BLOCK_N,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    logits_soft_cap: float | None = None,
+    sliding_window: int | None = None,
 ) -> None:
     """Attention for ``num_seqs = seq_lens.shape[0]`` one-token rows ``query[:num_seqs]``.
 
     ``block_tables``/``seq_lens`` rows are the decode sequences in order; results land in
     ``out[:num_seqs]``. ``num_splits`` must not depend on context lengths (CUDA graphs).
     ``k_scale``/``v_scale``: an fp8 cache's float32 [1] scales (``None`` = 1.0).
+    ``logits_soft_cap``: Gemma 2's tanh cap (None: off). ``sliding_window``: only the last
+    ``sliding_window`` positions are read (None: all).
     """
     num_seqs = seq_lens.shape[0]
     _, block_size, num_kv_heads, head_dim = k_cache.shape
@@ -205,6 +213,7 @@ def decode_attention(
         query, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse,
         unit if k_scale is None else k_scale, unit if v_scale is None else v_scale,
         scale * LOG2_E,
+        NO_WINDOW if sliding_window is None else sliding_window,
         query.stride(0), query.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
@@ -217,6 +226,7 @@ def decode_attention(
         BLOCK_SIZE=block_size,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else None,
         FP8=fp8,
+        SOFT_CAP=logits_soft_cap or 0.0,
         num_warps=4,
     )  # fmt: skip
     _decode_reduce_kernel[(num_seqs, num_q_heads)](

@@ -12,7 +12,8 @@ sync, no per-step tile map) and programs past a sequence's last tile exit at onc
 Queries sit at absolute positions ``seq_len - query_len ..``, so prefix hits and later chunks of
 a chunked prefill attend to every cached position before them; keys are read from the paged
 cache (``store_kv`` already wrote this step's rows), walking ``[0, last query position]`` in
-tiles of ``BLOCK_N`` under the causal mask. An fp8 cache's ``k_scale`` folds into the score
+tiles of ``BLOCK_N`` under the causal mask (from the tile's first query's window start when
+the layer has a sliding window). An fp8 cache's ``k_scale`` folds into the score
 scale and ``v_scale`` into the output (``paged_attention_triton_common``).
 """
 
@@ -26,6 +27,7 @@ from tokenwire.kernels.dispatch import next_power_of_2
 from tokenwire.kernels.kv_quant import is_fp8, unit_scale
 from tokenwire.kernels.paged_attention_triton_common import (
     LOG2_E,
+    NO_WINDOW,
     load_kv_tile,
     online_softmax_step,
 )
@@ -61,6 +63,7 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     k_scale_ptr,  # float32 [1]: fp8 cache scales, read only when FP8
     v_scale_ptr,
     qk_scale,
+    window,  # query q sees keys q - window < k <= q (a huge value: no window)
     stride_qt,
     stride_qh,
     stride_ot,
@@ -78,6 +81,7 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     BLOCK_SIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     FP8: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -108,7 +112,9 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     kv_end = tl.minimum(seq_len, context_len + (q_tile + 1) * BLOCK_Q)  # last query pos + 1
-    for tile_start in range(0, kv_end, BLOCK_N):
+    # The tile's first query sees nothing before its window: start the key walk there.
+    kv_start = tl.maximum(context_len + q_tile * BLOCK_Q - window + 1, 0)
+    for tile_start in range(kv_start, kv_end, BLOCK_N):
         pos = tile_start + tl.arange(0, BLOCK_N)
         pos_mask = pos < kv_end
         k = load_kv_tile(
@@ -120,8 +126,9 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
             stride_cb, stride_cs, stride_ch, BLOCK_SIZE,
         )  # fmt: skip
         allowed = (pos[None, :] <= q_pos[:, None]) & pos_mask[None, :]
+        allowed = allowed & (pos[None, :] > q_pos[:, None] - window)
         m_i, l_i, acc = online_softmax_step(
-            q, k, v, allowed, m_i, l_i, acc, qk_scale, DOT_PRECISION
+            q, k, v, allowed, m_i, l_i, acc, qk_scale, DOT_PRECISION, SOFT_CAP
         )
 
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
@@ -153,12 +160,15 @@ def prefill_attention(
     block_n: int | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    logits_soft_cap: float | None = None,
+    sliding_window: int | None = None,
 ) -> None:
     """Causal attention for the sequences of ``seq_lens`` (rows ``query_start_loc[i]:[i+1]``).
 
     ``num_tokens`` (host int) is the number of query rows these sequences own; it only sizes
     the grid. Results land in the same rows of ``out``. ``k_scale``/``v_scale``: an fp8
-    cache's float32 [1] scales (``None`` = 1.0).
+    cache's float32 [1] scales (``None`` = 1.0). ``logits_soft_cap``: Gemma 2's tanh cap
+    (None: off); ``sliding_window``: query ``q`` sees keys ``q - window < k <= q``.
     """
     num_seqs = seq_lens.shape[0]
     _, block_size, num_kv_heads, head_dim = k_cache.shape
@@ -175,6 +185,7 @@ def prefill_attention(
         num_seqs,
         unit if k_scale is None else k_scale, unit if v_scale is None else v_scale,
         scale * LOG2_E,
+        NO_WINDOW if sliding_window is None else sliding_window,
         query.stride(0), query.stride(1),
         out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -188,5 +199,6 @@ def prefill_attention(
         BLOCK_SIZE=block_size,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else None,
         FP8=fp8,
+        SOFT_CAP=logits_soft_cap or 0.0,
         num_warps=warps,
     )  # fmt: skip

@@ -262,25 +262,18 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def resolve_max_model_len(requested: int | None, arch: ModelArch) -> int:
-    """The context length to serve; errors name ``max_model_len``.
+    """The context length to serve (default: the model's); errors name ``max_model_len``.
 
-    Sliding-window attention is not implemented. Full causal attention over at most
-    ``sliding_window`` tokens is exactly what a sliding-window model computes, so the default
-    is clamped to the window and a larger explicit request is refused.
+    Sliding-window layers mask by their window in the attention kernels, so a windowed model
+    (Mistral, Gemma 2/3, Phi-3) serves its whole context, not just one window.
     """
     limit = arch.max_position_embeddings
-    window = arch.sliding_window
     if requested is None:
-        return min(limit, window) if window is not None else limit
+        return limit
     if requested > limit:
         raise ValueError(
             f"max_model_len={requested} exceeds the model's context length "
             f"(max_position_embeddings={limit})"
-        )
-    if window is not None and requested > window:
-        raise ValueError(
-            f"max_model_len={requested} exceeds the model's sliding_window={window}; "
-            f"sliding-window attention is not supported, use max_model_len <= {window}"
         )
     return requested
 

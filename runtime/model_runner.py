@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from tokenwire.kernels.attention_metadata import AttentionMetadata
-from tokenwire.kernels.paged_attention import build_cpu_plan
+from tokenwire.kernels.attention_plan import build_cpu_plan
 from tokenwire.runtime.config import CacheConfig, LoRAConfig
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.input_batch import InputBatch, StepArrays
@@ -94,6 +94,9 @@ class ModelRunner:
         self.tp = tp
         self.model = loaded.model
         self.vocab_size = loaded.arch.vocab_size
+        # Each distinct sliding window of the layers gets its own CPU attention plan per step.
+        windows = (loaded.arch.layer_window(i) for i in range(loaded.arch.num_hidden_layers))
+        self.attention_windows = tuple(sorted({w for w in windows if w is not None}))
         self.eos_token_ids = loaded.eos_token_ids
         self.device = device
         self.block_size = cache_config.block_size
@@ -289,8 +292,9 @@ class ModelRunner:
         plan = None
         if dev.type == "cpu":
             plan = build_cpu_plan(
-                a.query_start_loc, a.seq_lens, block_tables, a.num_decodes, self.block_size
-            )
+                a.query_start_loc, a.seq_lens, block_tables, a.num_decodes, self.block_size,
+                self.attention_windows,
+            )  # fmt: skip
         return AttentionMetadata(
             num_tokens=len(a.input_ids),
             num_seqs=len(a.seq_lens),

@@ -154,3 +154,34 @@ def test_tiny_kv_cache_preempts_and_matches_hf(references: References, family: s
     assert sum(s.num_preemptions for s in recorder.steps) > 0
     assert sum(r.num_preemptions for r in recorder.finished) > 0
     assert_idle(llm)
+
+
+# Windows far shorter than the prompts (5..68 tokens) plus 32 generated tokens, so decodes,
+# prefill chunks and prefix hits all reach past the window; Gemma alternates windowed and
+# global layers, Qwen2 windows only its layers from max_window_layers on.
+WINDOWED = {
+    "mistral": {"sliding_window": 12},
+    "gemma2": {"sliding_window": 12},
+    "gemma3_text": {"sliding_window": 12},
+    "phi3": {"sliding_window": 12},
+    "qwen2": {"sliding_window": 12, "use_sliding_window": True, "max_window_layers": 1},
+}
+
+
+@pytest.mark.parametrize("family", sorted(WINDOWED))
+def test_sliding_window_past_the_window_matches_hf(
+    tiny_model_factory: Callable[..., Path], family: str
+) -> None:
+    """Served past its window (max_model_len is the model's, not the window), a windowed
+    model equals HF in one batch and with chunked prefill over cached prefixes."""
+    path = tiny_model_factory(family, **WINDOWED[family])
+    prompts = distinct_prompts()
+    expected = hf_greedy(path, prompts)
+    got, llm, _ = run_engine(path, prompts)
+    assert got == expected
+    assert llm.engine.max_model_len == 512
+    assert_idle(llm)
+    chunked, llm, recorder = run_engine(path, prompts + prompts[:2], max_num_batched_tokens=16)
+    assert chunked == expected + expected[:2]
+    assert any(s.phase == "mixed" for s in recorder.steps)
+    assert_idle(llm)

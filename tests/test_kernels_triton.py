@@ -256,6 +256,33 @@ def test_attention_small_tiles_cross_block_and_query_tile_boundaries() -> None:
     check_attention(ATTENTION_CASES["mixed"], 6, 2, block_size=8, block_m=16, block_n=16)
 
 
+@pytest.mark.parametrize(
+    ("window", "soft_cap"), [(7, None), (16, None), (40, 2.0), (None, 2.0)],
+    ids=["w7", "w16", "w40-cap", "cap"],
+)  # fmt: skip
+def test_attention_sliding_window_and_soft_cap(window: int | None, soft_cap: float | None) -> None:
+    """Windows shorter than, equal to and spanning several blocks, against the dense oracle:
+    decodes read only their last ``window`` keys, prefill chunks and prefix hits mask
+    ``q - window < k <= q``; the soft-cap bites (scores of ~10 capped at 2). Small tiles so
+    the windowed key walks start inside a tile and cross KV blocks; the batched CPU
+    reference (windowed plans) is checked against the same oracle."""
+    batch = make_attention_batch(ATTENTION_CASES["mixed"], 6, 2, 32, block_size=8)
+    query, key, value, k_cache, v_cache, meta = batch
+    query = query * 3.0  # larger logits, so the cap changes the result
+    kwargs = {"logits_soft_cap": soft_cap, "sliding_window": window}
+    oracle = paged_attention_dense_ref(query, k_cache, v_cache, meta, 0.25, **kwargs)
+    out = paged_attention_triton(
+        query, k_cache, v_cache, meta, 0.25, block_m=16, block_n=16, num_splits=3, **kwargs
+    )
+    torch.testing.assert_close(out, oracle, rtol=1e-4, atol=1e-5)
+    if window is not None:  # the mask matters: full attention differs from the oracle
+        full = paged_attention_dense_ref(query, k_cache, v_cache, meta, 0.25, soft_cap)
+        assert not torch.allclose(full, oracle, rtol=1e-3, atol=1e-3)
+    if DEVICE.type == "cpu":
+        ref = paged_attention_ref(query, key, value, k_cache, v_cache, meta, 0.25, **kwargs)
+        torch.testing.assert_close(ref, oracle, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("num_splits", [1, 3, 8])
 def test_decode_split_kv(num_splits: int) -> None:
     """1 split (no merging), 3 (uneven), 8 (splits past the end of short contexts: empty)."""

@@ -158,11 +158,10 @@ def test_max_model_len_defaults_and_limits(
     assert load(path, max_model_len=100).max_model_len == 100
     with pytest.raises(ValueError, match="max_model_len"):
         load(path, max_model_len=513)
-    # Sliding window: default clamps to the window, a larger explicit request is refused.
+    # Sliding window: the kernels mask by window, so the context is the model's, not the window.
     windowed = config_only_dir(tiny_model_factory("mistral"), tmp_path / "sw", sliding_window=128)
-    assert load(windowed, load_format="dummy").max_model_len == 128
-    with pytest.raises(ValueError, match=r"max_model_len.*sliding_window"):
-        load(windowed, load_format="dummy", max_model_len=256)
+    assert load(windowed, load_format="dummy").max_model_len == 512
+    assert load(windowed, load_format="dummy", max_model_len=256).max_model_len == 256
 
 
 def test_eos_ids_union_generation_config_and_served_name(

@@ -72,9 +72,6 @@ class Attention(nn.Module):
         self.kv_size = self.qkv_proj.kv_size
         self.scale = arch.attention_scale
         self.logits_soft_cap = arch.attn_logit_softcap
-        # TODO(sliding-window): pass sliding_window=self.sliding_window to paged_attention once
-        # the kernels mask by window. Until then model_loader.resolve_max_model_len keeps
-        # max_model_len <= arch.sliding_window, where full attention is exactly the same.
         self.sliding_window = arch.layer_window(layer)
         self.o_proj = RowParallelLinear(
             arch.q_size, arch.hidden_size, arch.o_proj_bias, dtype, tp, "attention size", method
@@ -107,7 +104,7 @@ class Attention(nn.Module):
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
         out = paged_attention(
             q, k, v, k_cache, v_cache, meta, self.scale, k_scale, v_scale,
-            logits_soft_cap=self.logits_soft_cap,
+            logits_soft_cap=self.logits_soft_cap, sliding_window=self.sliding_window,
         )  # fmt: skip
         result: torch.Tensor = self.o_proj(out.reshape(num_tokens, self.q_size))
         return result
