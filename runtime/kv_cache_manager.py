@@ -12,6 +12,12 @@ carries it on), so requests with different salts never share blocks. Only full b
 hashed, incrementally as tokens arrive. Full blocks are cached when *allocated*, before the
 forward runs (as vLLM v1): a request scheduled later in the same step may hit them, which is
 correct because every layer writes its K/V before attention reads it.
+
+Sliding windows: when every layer of the model attends within a window (Mistral, Phi-3), the
+blocks wholly before the current window can never be read again. ``allocate_slots`` frees
+them (leading table entries become the null block; ``num_skipped_blocks`` counts them), so a
+long request holds about one window of blocks, not its whole context. They stay cached
+(evictable) for other requests' prefix hits.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ def salt_extra_keys(cache_salt: str | None) -> bytes:
 class _RequestBlocks:
     """What the manager keeps for one request, keyed by its ``request_id``."""
 
-    __slots__ = ("block_hashes", "block_ids", "blocks", "num_cached_blocks")
+    __slots__ = ("block_hashes", "block_ids", "blocks", "num_cached_blocks", "num_skipped")
 
     def __init__(self) -> None:
         self.blocks: list[KVBlock] = []
@@ -56,15 +62,32 @@ class _RequestBlocks:
         # Leading table blocks already offered to the prefix cache (cached, or skipped as
         # duplicates of a block another request cached first).
         self.num_cached_blocks = 0
+        # Leading table entries freed as out of every layer's window (now the null block).
+        self.num_skipped = 0
+
+    def owned(self) -> list[KVBlock]:
+        """The blocks this table holds a reference on (skipped entries excluded)."""
+        return self.blocks[self.num_skipped :]
 
 
 class KVCacheManager:
     """Paged KV-cache bookkeeping for the scheduler. Pure Python; block 0 is the null block."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool,
+        sliding_window: int | None = None,
+    ) -> None:
+        """``sliding_window``: the largest window when every layer has one (None: some layer
+        attends to the whole context, nothing is ever skipped)."""
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
+        if sliding_window is not None and sliding_window <= 0:
+            raise ValueError(f"sliding_window must be positive, got {sliding_window}")
         self.block_size = block_size
+        self.sliding_window = sliding_window
         self.enable_prefix_caching = enable_prefix_caching
         self.block_pool = BlockPool(num_blocks, enable_prefix_caching)
         self._pack_block = struct.Struct(f"<{block_size}I").pack
@@ -137,6 +160,8 @@ class KVCacheManager:
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
         state = self._requests.get(request.request_id)
+        if state is not None and self.sliding_window is not None:
+            self._skip_out_of_window(request, state, self.sliding_window)
         if state is not None and not new_computed_block_ids and not num_new_computed_tokens:
             # Decode hot path: the owned blocks already have room for the new tokens.
             total = request.num_computed_tokens + num_new_tokens
@@ -148,11 +173,14 @@ class KVCacheManager:
                 return []
         num_owned = 0 if state is None else len(state.blocks)
         hit_blocks: list[KVBlock] = []
-        num_evictable_hits = 0
+        num_dead_hits = num_evictable_hits = 0
         if new_computed_block_ids or num_new_computed_tokens:  # off the decode hot path
             hit_blocks = self._hit_blocks(state, new_computed_block_ids, num_new_computed_tokens)
+            if self.sliding_window is not None:  # hit blocks already out of every window
+                dead_tokens = max(0, num_new_computed_tokens - self.sliding_window + 1)
+                num_dead_hits = min(len(hit_blocks), dead_tokens // self.block_size)
             # Evictable hits sit in the free queue but are about to be taken by this request.
-            num_evictable_hits = sum(1 for b in hit_blocks if b.ref_cnt == 0)
+            num_evictable_hits = sum(1 for b in hit_blocks[num_dead_hits:] if b.ref_cnt == 0)
         total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         num_needed = -(-total // self.block_size) - num_owned - len(hit_blocks)
         if num_needed > self.block_pool.num_free_blocks - num_evictable_hits:
@@ -161,8 +189,10 @@ class KVCacheManager:
             state = self._requests[request.request_id] = _RequestBlocks()
         added: list[int] = []
         if hit_blocks:
-            self.block_pool.touch(hit_blocks)
-            self._append(state, hit_blocks, added)
+            live_hits = hit_blocks[num_dead_hits:]
+            self.block_pool.touch(live_hits)
+            self._append(state, [self.block_pool.null_block] * num_dead_hits + live_hits, added)
+            state.num_skipped = num_dead_hits
             state.num_cached_blocks = len(hit_blocks)  # they are cached already
         if num_needed > 0:
             self._append(state, self.block_pool.get_new_blocks(num_needed), added)
@@ -195,6 +225,25 @@ class KVCacheManager:
                 raise ValueError(f"stale prefix hit: {block!r} at position {i}")
         return blocks
 
+    def _skip_out_of_window(self, request: Request, state: _RequestBlocks, window: int) -> None:
+        """Free the leading blocks no query at or after ``num_computed_tokens`` can see.
+
+        The next query sits at position ``num_computed`` or later and sees keys
+        ``> num_computed - window``, so block ``j`` (positions ``j*bs .. (j+1)*bs - 1``) is
+        dead once ``(j+1) * bs <= num_computed - window + 1``.
+        """
+        num_dead = max(0, request.num_computed_tokens - window + 1) // self.block_size
+        num_dead = min(num_dead, len(state.blocks))
+        if num_dead <= state.num_skipped:
+            return
+        null = self.block_pool.null_block
+        dead = state.blocks[state.num_skipped : num_dead]
+        for j in range(state.num_skipped, num_dead):
+            state.blocks[j] = null
+            state.block_ids[j] = null.block_id
+        state.num_skipped = num_dead
+        self.block_pool.free_blocks(reversed(dead))
+
     @staticmethod
     def _append(state: _RequestBlocks, blocks: list[KVBlock], added: list[int]) -> None:
         for block in blocks:
@@ -205,7 +254,9 @@ class KVCacheManager:
     def _cache_full_blocks(self, request: Request, state: _RequestBlocks, num_full: int) -> None:
         hashes = self._extend_block_hashes(request, state, num_full)
         cache_full_block = self.block_pool.cache_full_block
-        for i in range(state.num_cached_blocks, num_full):
+        # A block skipped before it could be hashed (its tokens arrived late, e.g. accepted
+        # speculative tokens) is simply never cached.
+        for i in range(max(state.num_cached_blocks, state.num_skipped), num_full):
             cache_full_block(state.blocks[i], hashes[i])
         state.num_cached_blocks = num_full
 
@@ -230,7 +281,7 @@ class KVCacheManager:
         state = self._requests.pop(request.request_id, None)
         if state is not None:
             # Tail blocks are the least likely to be shared, so they are evicted first.
-            self.block_pool.free_blocks(reversed(state.blocks))
+            self.block_pool.free_blocks(reversed(state.owned()))
 
     # ------------------------------------------------------------------ held tables (sessions)
     def hold(self, request: Request, holder_id: str) -> None:
@@ -245,14 +296,14 @@ class KVCacheManager:
         if state is not None:
             self._held[holder_id] = state
         if previous is not None:
-            self.block_pool.free_blocks(reversed(previous.blocks))
+            self.block_pool.free_blocks(reversed(previous.owned()))
 
     def release(self, holder_id: str) -> bool:
         """Drop a held table; its blocks become free (and stay cached, evictable)."""
         state = self._held.pop(holder_id, None)
         if state is None:
             return False
-        self.block_pool.free_blocks(reversed(state.blocks))
+        self.block_pool.free_blocks(reversed(state.owned()))
         return True
 
     def oldest_holder(self) -> str | None:
@@ -261,7 +312,7 @@ class KVCacheManager:
 
     @property
     def num_held_blocks(self) -> int:
-        return sum(len(state.blocks) for state in self._held.values())
+        return sum(len(state.owned()) for state in self._held.values())
 
     def reset_prefix_cache(self) -> bool:
         """Drop all cached hashes; refused (False) while any block is in use."""
@@ -275,16 +326,22 @@ class KVCacheManager:
         """
         ref_cnts: dict[int, int] = {}
         tables = [*self._requests.items(), *(("held:" + h, st) for h, st in self._held.items())]
+        null_id = self.block_pool.null_block.block_id
         for request_id, state in tables:
-            ids = state.block_ids
+            _check([b.block_id for b in state.blocks] == state.block_ids, f"{request_id}: mismatch")
+            skipped, ids = (
+                state.block_ids[: state.num_skipped],
+                state.block_ids[state.num_skipped :],
+            )
+            _check(all(i == null_id for i in skipped), f"{request_id}: skipped entry not null")
             _check(len(set(ids)) == len(ids), f"{request_id}: block twice in a table {ids}")
-            _check([b.block_id for b in state.blocks] == ids, f"{request_id}: table mismatch")
-            _check(state.num_cached_blocks <= len(ids), f"{request_id}: cached past the table")
+            num_entries = len(state.block_ids)
+            _check(state.num_cached_blocks <= num_entries, f"{request_id}: cached past the table")
             for i in range(state.num_cached_blocks):
                 block_hash = state.blocks[i].block_hash
                 _check(
                     block_hash is None or block_hash == state.block_hashes[i],
-                    f"{request_id}: block {ids[i]} at position {i} caches other tokens",
+                    f"{request_id}: block {state.block_ids[i]} at position {i} caches other tokens",
                 )
             for block_id in ids:
                 ref_cnts[block_id] = ref_cnts.get(block_id, 0) + 1

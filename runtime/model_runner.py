@@ -33,6 +33,7 @@ from tokenwire.runtime.lora.manager import LoRAManager
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.model_loader import LoadedModel
 from tokenwire.runtime.model_output import ModelOutput, TokenLogprobs
+from tokenwire.runtime.models.windows import distinct_windows
 from tokenwire.runtime.prompt_logprobs import prompt_logprobs_for_chunk
 from tokenwire.runtime.sampler import Sampler
 from tokenwire.runtime.sampling_metadata import RowSamplingState, build_sampling_metadata
@@ -95,8 +96,7 @@ class ModelRunner:
         self.model = loaded.model
         self.vocab_size = loaded.arch.vocab_size
         # Each distinct sliding window of the layers gets its own CPU attention plan per step.
-        windows = (loaded.arch.layer_window(i) for i in range(loaded.arch.num_hidden_layers))
-        self.attention_windows = tuple(sorted({w for w in windows if w is not None}))
+        self.attention_windows = distinct_windows(loaded.arch)
         self.eos_token_ids = loaded.eos_token_ids
         self.device = device
         self.block_size = cache_config.block_size

@@ -258,6 +258,33 @@ def test_check_invariants_detects_corruption() -> None:
         kv.check_invariants(idle=True)
 
 
+def test_sliding_window_frees_blocks_behind_every_window() -> None:
+    """Window 6, blocks of 4: after 20 computed tokens the next query (position 20) sees keys
+    15..20, so blocks 0-2 (positions 0..11) are dead; they are freed but stay cached, and a
+    later prefix hit on them takes only the live blocks."""
+    kv = KVCacheManager(num_blocks=9, block_size=4, enable_prefix_caching=True, sliding_window=6)
+    a = make_request("a", list(range(20)))
+    first = prefill(kv, a)
+    assert kv.num_free_blocks == 3
+    a.token_ids.append(99)
+    new = kv.allocate_slots(a, 1)
+    assert new is not None and len(new) == 1
+    assert kv.get_block_ids("a") == [0, 0, 0, *first[3:], *new]
+    assert kv.num_free_blocks == 8 - 6 + 3
+    assert kv.num_free_blocks == sum(1 for b in kv.block_pool.blocks[1:] if b.ref_cnt == 0)
+    kv.check_invariants()
+    b = make_request("b", list(range(20)) + [7])
+    hit_ids, num_hit = kv.get_computed_blocks(b)
+    assert (hit_ids, num_hit) == (first, 20)  # freed blocks are still cached
+    added = kv.allocate_slots(b, 1, hit_ids, num_hit)
+    assert added is not None and added[:5] == [0, 0, 0, *first[3:]]
+    assert [kv.block_pool.blocks[i].ref_cnt for i in first] == [0, 0, 0, 2, 2]
+    kv.check_invariants()
+    kv.free(a)
+    kv.free(b)
+    kv.check_invariants(idle=True)
+
+
 def test_block_pool_basics() -> None:
     pool = BlockPool(num_blocks=4, enable_caching=True)
     assert pool.num_free_blocks == 3 and 0 not in pool.free_block_ids()
@@ -300,10 +327,18 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.content: dict[int, list[int | None]] = {}
         self.count = 0
         self.history: list[Request] = []
+        self.window: int | None = None
 
-    @initialize(num_blocks=st.integers(2, 24), bs=st.sampled_from([1, 2, 4]), on=st.booleans())
-    def setup(self, num_blocks: int, bs: int, on: bool) -> None:
-        self.kv = KVCacheManager(num_blocks, bs, enable_prefix_caching=on)
+    @initialize(
+        num_blocks=st.integers(2, 24),
+        bs=st.sampled_from([1, 2, 4]),
+        on=st.booleans(),
+        window=st.one_of(st.none(), st.integers(1, 6)),
+    )
+    def setup(self, num_blocks: int, bs: int, on: bool, window: int | None) -> None:
+        """``window``: every layer attends within it, so blocks behind it are freed."""
+        self.kv = KVCacheManager(num_blocks, bs, enable_prefix_caching=on, sliding_window=window)
+        self.window = window
         self.content = {i: [None] * bs for i in range(num_blocks)}
 
     @rule(
@@ -356,7 +391,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
         if added is None:
             assert snapshot(self.kv, ids) == before, "failed allocation changed state"
             return False
-        assert added == self.kv.get_block_ids(req.request_id) and added[: len(hit_ids)] == hit_ids
+        assert added == self.kv.get_block_ids(req.request_id)
+        # Hit blocks already behind the window come back as the null block (never taken).
+        assert all(a in (h, 0) for a, h in zip(added, hit_ids, strict=False))
+        assert 0 not in added or self.window is not None
         self.running[req.request_id] = self.waiting.pop(req.request_id)
         self.forward(req, num_hit, num_hit + chunk)
         return True
@@ -367,6 +405,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
             block_id = table[pos // bs]
             assert self.kv.block_pool.blocks[block_id].ref_cnt == 1, "write to a shared block"
             self.content[block_id][pos % bs] = req.token_ids[pos]
+        for pos in range(start, end):  # every key a query attends to is live and right
+            first = 0 if self.window is None else max(0, pos - self.window + 1)
+            for key in range(first, pos + 1):
+                block_id = table[key // bs]
+                assert block_id != 0, f"key {key} of query {pos} was freed"
+                assert self.content[block_id][key % bs] == req.token_ids[key], "wrong KV read"
         req.num_computed_tokens = end
 
     def release(self, req: Request, preempt: bool) -> None:
@@ -393,7 +437,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @invariant()
     def consistent(self) -> None:
         self.kv.check_invariants()
-        used = {b for rid in self.running for b in self.kv.get_block_ids(rid)}
+        used = {b for rid in self.running for b in self.kv.get_block_ids(rid) if b != 0}
         assert self.kv.num_free_blocks + len(used) == self.kv.num_blocks
 
     def teardown(self) -> None:

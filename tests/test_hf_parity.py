@@ -185,3 +185,25 @@ def test_sliding_window_past_the_window_matches_hf(
     assert chunked == expected + expected[:2]
     assert any(s.phase == "mixed" for s in recorder.steps)
     assert_idle(llm)
+
+
+def test_sliding_window_request_outgrows_a_cache_of_one_window(
+    tiny_model_factory: Callable[..., Path],
+) -> None:
+    """Every Mistral layer is windowed, so blocks behind the window are freed: a 40 + 150
+    token request runs in a KV cache of 4 blocks (64 tokens) without preemption and equals HF."""
+    path = tiny_model_factory("mistral", **WINDOWED["mistral"])
+    prompt = distinct_prompts()[4][:40]
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        ids = model.generate(torch.tensor([prompt]), max_new_tokens=150, do_sample=False)
+    recorder = Recorder()
+    llm = LLM(
+        str(path), device="cpu", observer=recorder, num_gpu_blocks_override=5,
+        max_num_batched_tokens=16,
+    )  # fmt: skip
+    params = SamplingParams(temperature=0.0, max_tokens=150, ignore_eos=True)
+    out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+    assert out == ids[0, len(prompt) :].tolist()
+    assert sum(s.num_preemptions for s in recorder.steps) == 0
+    assert_idle(llm)

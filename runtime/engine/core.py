@@ -18,6 +18,7 @@ from tokenwire.runtime.lora.admission import LoRAAdmission
 from tokenwire.runtime.lora.registry import LoRARegistry
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.model_output import ModelOutput
+from tokenwire.runtime.models.windows import every_layer_window
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.request import FinishReason, Request
 from tokenwire.runtime.sampling_params import SamplingParams
@@ -61,7 +62,10 @@ class EngineCore:
             self.executor.shutdown()
             raise
         self.kv_cache_manager = KVCacheManager(
-            self.facts.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
+            self.facts.num_blocks,
+            config.cache.block_size,
+            config.cache.enable_prefix_caching,
+            every_layer_window(self.facts.arch),
         )
         max_held = int(self.kv_cache_manager.num_blocks * config.cache.session_cache_fraction)
         pool = GrammarCompilerPool(
@@ -81,12 +85,21 @@ class EngineCore:
         )
 
     def _check_capacity(self, num_blocks: int) -> None:
-        capacity = (num_blocks - 1) * self.config.cache.block_size  # block 0 is the null block
-        if capacity < self.max_model_len:
+        """One request of ``max_model_len`` tokens must fit alone. With a window on every
+        layer it holds at most one window plus one scheduled chunk (and a partial block at
+        each end), since the KV cache manager frees the blocks behind the window."""
+        block_size = self.config.cache.block_size
+        capacity = (num_blocks - 1) * block_size  # block 0 is the null block
+        needed = self.max_model_len
+        window = every_layer_window(self.facts.arch)
+        if window is not None:
+            chunk = self.config.scheduler.max_num_batched_tokens
+            needed = min(needed, window + chunk + 2 * block_size)
+        if capacity < needed:
             raise ValueError(
-                f"the KV cache holds {capacity} tokens, fewer than one max_model_len "
-                f"({self.max_model_len}) sequence: raise the KV cache budget or lower "
-                "--max-model-len"
+                f"the KV cache holds {capacity} tokens, fewer than the {needed} that one "
+                f"max_model_len ({self.max_model_len}) sequence needs: raise the KV cache "
+                "budget or lower --max-model-len"
             )
 
     def check_health(self) -> None:
