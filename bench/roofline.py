@@ -118,24 +118,52 @@ def lookup_device(device_name: str) -> DeviceCeilings | None:
 
 @dataclass(frozen=True)
 class ModelCost:
-    weight_bytes: int  # read by one decode step
+    weight_bytes: int  # read by one decode step (MoE: every expert, as at large batches)
     kv_bytes_per_token: int  # K and V of one token, all layers
-    matmul_params: int  # per-token matmul parameters, LM head excluded
+    matmul_params: int  # per-token matmul parameters, LM head excluded (MoE: top-k experts)
+    # MoE: bytes of the routed experts (inside weight_bytes), and the fraction of them one
+    # token uses (top_k / num_experts); a step of B tokens reads 1 - (1 - f) ** B of them.
+    routed_expert_bytes: int = 0
+    routed_fraction: float = 1.0
+
+    def step_weight_bytes(self, batch: int) -> float:
+        """Weights one decode step of ``batch`` tokens reads (uniform routing expected)."""
+        touched = 1.0 - (1.0 - self.routed_fraction) ** max(1, batch)
+        return self.weight_bytes - self.routed_expert_bytes * (1.0 - touched)
+
+
+def _mlp_params(arch: ModelArch, layer: int) -> tuple[int, int, int]:
+    """(parameters, per-token parameters, routed-expert parameters) of one layer's MLP."""
+    hidden, moe = arch.hidden_size, arch.moe
+    if moe is None or not arch.layer_is_sparse(layer):
+        dense = 3 * hidden * arch.intermediate_size
+        return dense, dense, 0
+    expert = 3 * hidden * moe.intermediate_size
+    common = hidden * moe.num_experts + 3 * hidden * moe.shared_expert_intermediate_size
+    common += hidden if moe.has_shared_expert else 0  # the shared expert's gate
+    routed = expert * moe.num_experts
+    return common + routed, common + expert * moe.top_k, routed
 
 
 def model_cost(arch: ModelArch, dtype_bytes: int) -> ModelCost:
-    hidden, q, kv, inter = arch.hidden_size, arch.q_size, arch.kv_size, arch.intermediate_size
-    per_layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inter
+    hidden, q, kv = arch.hidden_size, arch.q_size, arch.kv_size
+    per_layer = hidden * (q + 2 * kv) + q * hidden
     per_layer += 2 * hidden + (2 * arch.head_dim if arch.qk_norm else 0)  # norms
     per_layer += (q + 2 * kv) if arch.attention_bias else 0
     per_layer += hidden if arch.o_proj_bias else 0
+    mlps = [_mlp_params(arch, i) for i in range(arch.num_hidden_layers)]
     body = arch.num_hidden_layers * per_layer + hidden  # + final norm
+    active = body + sum(m[1] for m in mlps)
+    body += sum(m[0] for m in mlps)
     lm_head = arch.vocab_size * hidden
     kv_token = 2 * arch.num_hidden_layers * arch.num_key_value_heads * arch.head_dim
+    moe = arch.moe
     return ModelCost(
         weight_bytes=(body + lm_head) * dtype_bytes,
         kv_bytes_per_token=kv_token * dtype_bytes,
-        matmul_params=body,
+        matmul_params=active,
+        routed_expert_bytes=sum(m[2] for m in mlps) * dtype_bytes,
+        routed_fraction=1.0 if moe is None else moe.top_k / moe.num_experts,
     )
 
 
@@ -186,4 +214,5 @@ def decode_step_floor_s(
     cost: ModelCost, context_lens: Sequence[int], device: DeviceCeilings
 ) -> float:
     """One decode step over sequences of these context lengths (batch 1: TPOT floor)."""
-    return (cost.weight_bytes + sum(context_lens) * cost.kv_bytes_per_token) / device.bandwidth
+    weights = cost.step_weight_bytes(len(context_lens))
+    return (weights + sum(context_lens) * cost.kv_bytes_per_token) / device.bandwidth

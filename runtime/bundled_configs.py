@@ -20,6 +20,9 @@ BUNDLED_CONFIGS: dict[str, str] = {
     "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
     "gemma-2-2b": "google/gemma-2-2b",
     "phi-3-mini-4k": "microsoft/Phi-3-mini-4k-instruct",
+    # Mixture of experts: ~93 GB (Mixtral) / ~61 GB (Qwen3-MoE) of bf16 weights, one H200.
+    "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
+    "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
 }
 
 

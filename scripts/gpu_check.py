@@ -96,6 +96,7 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
     gpu_tests = [*pytest, "-m", "gpu", "tests/test_kernels_triton.py", "tests/test_sampler.py"]
     if args.smoke:  # the compiled kernel tests skip without CUDA; keep the smoke run short
         tiny = str(results.parent / "tiny-config")
+        tiny_moe = str(results.parent / "tiny-moe-config")
         return [
             Stage("kernels", gpu_tests, 40),
             stage("attn_bw", 10),
@@ -114,6 +115,7 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
                 "--tpot-only",
             ),
             stage("lora:tiny", 60, "--model", tiny),
+            stage("bench:tiny-moe", 30, "--model", tiny_moe, "--label", "tiny-moe"),
         ]
     # Priority order: the rest of the (compiled) kernel tests run last, in the time left.
     all_kernel_tests = [*pytest, "-m", "not gpu", "tests/test_kernels_triton.py"]
@@ -125,6 +127,9 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
         stage("bench:qwen3-0.6b", 50, "--model", "qwen3-0.6b"),
         stage("bench:llama-3.1-8b", 120, "--model", "llama-3.1-8b", "--hf"),
         stage("serve:llama-3.2-1b", 70, "--model", "llama-3.2-1b", "--ready-timeout", "40"),
+        # Issue 17: Mixtral-8x7B (~93 GB of bf16 dummy weights, top-2 of 8 experts through
+        # the fused-MoE Triton kernel), mixed + TPOT next to their floors.
+        stage("bench:mixtral-8x7b", 150, "--model", "mixtral-8x7b"),
         # Issue 13: FP8 weights vs the bf16 8B above (mixed + TPOT), FP8 KV cache (blocks and
         # mixed), INT4 (GPTQ layout, random codes) TPOT at batch 1.
         stage("bench:llama-3.1-8b+fp8", 100, *_eight_b("fp8", quantization="fp8")),
@@ -206,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         results = work / "records.jsonl"
         if args.smoke:
             write_tiny_config(work / "tiny-config")
+            write_tiny_config(work / "tiny-moe-config", moe=True)
         env = python_env(work)
         stages = plan(args, results)
         if args.only:
@@ -231,12 +237,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(s.status == "ok" for s in stages) else 1
 
 
-def write_tiny_config(folder: Path) -> None:
+def write_tiny_config(folder: Path, moe: bool = False) -> None:
+    """The smoke runs' tiny Llama; ``moe``: the same shapes as a Mixtral (top-2 of 4)."""
     sys.path.insert(0, str(REPO / "scripts"))
     from gpu_check_stages import SMOKE_CONFIG
 
+    config = dict(SMOKE_CONFIG)
+    if moe:
+        config.update(
+            architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=4,
+            num_experts_per_tok=2,
+        )  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(SMOKE_CONFIG))
+    (folder / "config.json").write_text(json.dumps(config))
 
 
 if __name__ == "__main__":

@@ -273,7 +273,7 @@ def test_sliding_window_frees_blocks_behind_every_window() -> None:
     assert kv.num_free_blocks == 8 - 6 + 3
     assert kv.num_free_blocks == sum(1 for b in kv.block_pool.blocks[1:] if b.ref_cnt == 0)
     kv.check_invariants()
-    b = make_request("b", list(range(20)) + [7])
+    b = make_request("b", [*range(20), 7])
     hit_ids, num_hit = kv.get_computed_blocks(b)
     assert (hit_ids, num_hit) == (first, 20)  # freed blocks are still cached
     added = kv.allocate_slots(b, 1, hit_ids, num_hit)

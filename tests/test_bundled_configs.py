@@ -30,6 +30,8 @@ EXPECTED = {
     "llama-3.1-8b": ("LlamaForCausalLM", 4096, 32, 32, 8, 128, 128256, False),
     "gemma-2-2b": ("Gemma2ForCausalLM", 2304, 26, 8, 4, 256, 256000, True),
     "phi-3-mini-4k": ("Phi3ForCausalLM", 3072, 32, 32, 32, 96, 32064, False),
+    "mixtral-8x7b": ("MixtralForCausalLM", 4096, 32, 32, 8, 128, 32000, False),
+    "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", 2048, 48, 32, 4, 128, 151936, False),
 }
 
 
@@ -47,7 +49,7 @@ def test_bundled_config_loads_into_arch(name: str) -> None:
         a.num_key_value_heads, a.head_dim, a.vocab_size, a.tie_word_embeddings,
     )  # fmt: skip
     assert got == EXPECTED[name]
-    assert a.qk_norm == (name == "qwen3-0.6b")
+    assert a.qk_norm == name.startswith("qwen3")
     if name.startswith("llama"):
         assert dict(a.rope_scaling or ())["rope_type"] == "llama3"
 

@@ -38,7 +38,8 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     stages = {s["name"]: s for s in report["stages"]}
     assert list(stages) == [
-        "kernels", "attn_bw", "parity", "bench:tiny", "serve:tiny", "bench:tiny+kvfp8", "lora:tiny"
+        "kernels", "attn_bw", "parity", "bench:tiny", "serve:tiny", "bench:tiny+kvfp8", "lora:tiny",
+        "bench:tiny-moe",
     ]  # fmt: skip
     assert all(s["status"] == "ok" for s in stages.values())
     kinds = {r.get("kind") for r in stages["bench:tiny"]["records"]}
@@ -51,6 +52,7 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
     assert figures["fixed tiny vs HF static"]["value"] > 0
     assert figures["TPOT batch 1 tiny+kvfp8 (ms)"]["value"] > 0  # --kv-cache-dtype reaches it
     assert figures["LoRA x4 mixed / base, tiny"]["value"] > 0
+    assert figures["mixed tiny-moe output tok/s"]["value"] > 0  # a Mixtral config runs
     # The summary table is the last thing printed.
     tail = proc.stdout.strip().splitlines()
     assert tail[-1].startswith("served / offline")

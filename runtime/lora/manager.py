@@ -30,6 +30,7 @@ from tokenwire.runtime.lora.layers import (
 )
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.models.llama import DecoderLayer, LlamaForCausalLM
+from tokenwire.runtime.models.moe import SparseMoeBlock
 
 LoRALayer = ColumnLinearWithLoRA | RowLinearWithLoRA
 MASKED_MAX_TOKENS = 256  # CPU steps up to this many tokens take the masked all-slots path
@@ -44,6 +45,11 @@ def wrap_model(
     for layer in model.model.layers:
         assert isinstance(layer, DecoderLayer)
         attn, mlp = layer.self_attn, layer.mlp
+        if isinstance(mlp, SparseMoeBlock):
+            raise ValueError(
+                "--enable-lora is not supported for mixture-of-experts models "
+                f"({arch.architecture})"
+            )
         qkv = ColumnLinearWithLoRA(
             attn.qkv_proj, ("q_proj", "k_proj", "v_proj"), arch.hidden_size, n, r, context, dtype
         )

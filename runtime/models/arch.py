@@ -4,7 +4,8 @@
 (GQA, qkv bias, q/k norm, tied embeddings, rope scaling, Gemma's norms, soft-capping and
 per-layer windows, Phi-3's fused checkpoint tensors) is a field here, so the one Llama-style
 module in ``llama.py`` covers Llama 2/3, SmolLM, Mistral, Qwen2/2.5, Qwen3, Gemma 2, Gemma 3
-(text) and Phi-3/3.5. ``hf_config`` reads each family's config keys.
+(text), Phi-3/3.5 and the mixture-of-experts Mixtral, Qwen2-MoE and Qwen3-MoE (``moe``: a
+``MoESpec``). ``hf_config`` and ``moe_config`` read each family's config keys.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenwire.runtime.models.hf_config import family_fields
+from tokenwire.runtime.models.moe_config import MoESpec
 
 # HF ``architectures`` names served by ``tokenwire.runtime.models.llama``.
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
@@ -24,6 +26,9 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
     "Phi3ForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
 )
 
 # Fallback when a config has no ``architectures`` list (e.g. ``AutoConfig.for_model``).
@@ -35,6 +40,9 @@ _MODEL_TYPE_TO_ARCH: dict[str, str] = {
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 
 # The engine flag that sets the tensor-parallel size; split errors name it.
@@ -85,6 +93,9 @@ class ModelArch:
     sliding_rope_theta: float | None = None
     # Phi-3: the checkpoint stores qkv_proj and gate_up_proj fused (split at load time).
     fused_checkpoint_projections: bool = False
+    # Mixtral / Qwen MoE: the sparse MLP and which layers use it (None: every MLP is dense,
+    # ``intermediate_size`` wide).
+    moe: MoESpec | None = None
 
     @property
     def q_size(self) -> int:
@@ -105,6 +116,10 @@ class ModelArch:
             return self.sliding_window
         return self.layer_sliding_window[layer]
 
+    def layer_is_sparse(self, layer: int) -> bool:
+        """Whether layer ``layer``'s MLP is a mixture of experts (else dense)."""
+        return self.moe is not None and self.moe.sparse_layers[layer]
+
     def layer_uses_local_rope(self, layer: int) -> bool:
         """Whether layer ``layer`` rotates with ``sliding_rope_theta`` (Gemma 3's local layers)."""
         return self.sliding_rope_theta is not None and self.layer_window(layer) is not None
@@ -114,13 +129,24 @@ class ModelArch:
         over ``tp_size`` ranks: attention heads and the MLP intermediate size must divide
         evenly; KV heads must either divide evenly or be replicated (``tp_size`` a multiple of
         the KV head count). The vocabulary always splits: it is padded to a multiple of
-        ``tp_size``."""
+        ``tp_size``. MoE: each expert's (and the shared expert's) intermediate size splits
+        too; ``intermediate_size`` only when some layer is dense."""
         split_heads(self.num_attention_heads, self.num_key_value_heads, 0, tp_size)
-        if self.intermediate_size % tp_size:
-            raise ValueError(
-                f"{TP_FLAG}={tp_size} does not divide the model's intermediate_size "
-                f"({self.intermediate_size}): choose a tensor-parallel size that divides it"
-            )
+        sizes = {"intermediate_size": self.intermediate_size}
+        if self.moe is not None:
+            if all(self.moe.sparse_layers):
+                sizes = {}
+            mixtral = self.architecture == "MixtralForCausalLM"  # its experts' width key
+            key = "intermediate_size" if mixtral else "moe_intermediate_size"
+            sizes[key] = self.moe.intermediate_size
+            if self.moe.has_shared_expert:
+                sizes["shared_expert_intermediate_size"] = self.moe.shared_expert_intermediate_size
+        for key, size in sizes.items():
+            if size % tp_size:
+                raise ValueError(
+                    f"{TP_FLAG}={tp_size} does not divide the model's {key} ({size}): "
+                    "choose a tensor-parallel size that divides it"
+                )
 
     def num_local_kv_heads(self, tp_size: int = 1) -> int:
         """KV heads each rank holds (and caches) under ``tp_size``-way tensor parallelism."""

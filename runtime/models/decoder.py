@@ -32,6 +32,7 @@ from tokenwire.runtime.models.layers import (
     RowParallelLinear,
 )
 from tokenwire.runtime.models.layers.basic import make_rms_norm
+from tokenwire.runtime.models.moe import SparseMoeBlock
 
 # One layer's paged KV cache: (k_cache, v_cache), each [num_blocks, block_size, Hkv, D], and
 # the (k_scale, v_scale) of an fp8 cache (None otherwise).
@@ -147,7 +148,11 @@ class DecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.self_attn = Attention(arch, layer, dtype, tp, method)
-        self.mlp = MLP(arch, dtype, tp, method)
+        self.mlp: MLP | SparseMoeBlock = (
+            SparseMoeBlock(arch, dtype, tp, method)
+            if arch.layer_is_sparse(layer)
+            else MLP(arch, dtype, tp, method)
+        )
         self.input_layernorm = norm(arch, arch.hidden_size, dtype)
         # Llama: the norm before the MLP. Gemma: the norm of the attention output.
         self.post_attention_layernorm = norm(arch, arch.hidden_size, dtype)

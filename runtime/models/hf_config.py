@@ -6,7 +6,8 @@ local rope bases default to 1e6 and 1e4). Both config styles are accepted: trans
 (``rope_parameters``, per layer type for Gemma 3; explicit ``layer_types``) and the older
 files on the Hub (``rope_theta`` + ``rope_scaling``, ``rope_local_base_freq``,
 ``sliding_window_pattern``, the even/odd rule of Gemma 2). Keys whose maths is not
-implemented raise ``ValueError`` naming the key.
+implemented raise ``ValueError`` naming the key. The mixture-of-experts keys (Mixtral,
+Qwen2-MoE, Qwen3-MoE) are read by ``moe_config``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tokenwire.kernels.activation import GATED_ACTIVATIONS
+from tokenwire.runtime.models.moe_config import QWEN2_MOE, QWEN3_MOE, moe_spec
 
 GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 _DEFAULT_ROPE_THETA = 10000.0
@@ -34,18 +36,23 @@ def family_fields(cfg: Mapping[str, Any], architecture: str) -> dict[str, Any]:
     theta, scaling, local_theta = rope(cfg, architecture)
     windows = layer_sliding_windows(cfg, architecture)
     bias = bool(cfg.get("attention_bias") or False)
-    llama_bias = architecture in ("LlamaForCausalLM", "Qwen3ForCausalLM") or gemma
+    llama_bias = architecture in ("LlamaForCausalLM", "Qwen3ForCausalLM", QWEN3_MOE) or gemma
+    # Qwen2 always has q/k/v biases; Qwen2-MoE unless qkv_bias says otherwise (HF >= 5).
+    qkv_bias = architecture == "Qwen2ForCausalLM" or (
+        architecture == QWEN2_MOE and bool(cfg.get("qkv_bias", True))
+    )
     fields: dict[str, Any] = dict(
         rope_theta=theta,
         rope_scaling=scaling,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", gemma)),
-        attention_bias=architecture == "Qwen2ForCausalLM" or (llama_bias and bias),
+        attention_bias=qkv_bias or (llama_bias and bias),
         o_proj_bias=llama_bias and bias,
-        qk_norm=architecture in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
+        qk_norm=architecture in ("Qwen3ForCausalLM", "Gemma3ForCausalLM", QWEN3_MOE),
         sliding_window=max((w for w in windows if w is not None), default=None),
         layer_sliding_window=windows,
         hidden_act=hidden_act(cfg, architecture),
         fused_checkpoint_projections=architecture == "Phi3ForCausalLM",
+        moe=moe_spec(cfg, architecture),
     )
     if gemma:
         fields.update(

@@ -4,11 +4,15 @@ The model says how each of its parameters is cut from checkpoint tensors (``shar
 parameter -> shard id -> ``ShardLoad``); these functions walk a checkpoint's HF-named tensors
 through that map. HF's separate ``q_proj``/``k_proj``/``v_proj`` and ``gate_proj``/``up_proj``
 tensors (any suffix: ``weight``, ``bias``, GPTQ/AWQ ``qweight``/``qzeros``/``scales``/``g_idx``)
-land in the fused ``qkv_proj`` / ``gate_up_proj`` parameters. Errors name the checkpoint tensor.
+land in the fused ``qkv_proj`` / ``gate_up_proj`` parameters. MoE experts' tensors (Mixtral's
+``block_sparse_moe.experts.{e}.w1/w3/w2``, Qwen's ``mlp.experts.{e}.gate_proj/up_proj/down_proj``)
+land in expert ``e`` of the stacked ``mlp.experts.w13_weight`` / ``w2_weight`` (shard ids
+``"{e}.gate"``, ``"{e}.up"``, ``"{e}.down"``). Errors name the checkpoint tensor.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from functools import partial
 
@@ -36,9 +40,28 @@ STACKED_PARAMS: tuple[tuple[str, str, str], ...] = (
     ("up_proj", "gate_up_proj", "up"),
 )
 
+# One routed expert's projection (unquantized): prefix, expert index, projection.
+_EXPERT = re.compile(r"^(.*)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
+# Checkpoint projection -> (stacked experts parameter, part of the shard id).
+_EXPERT_PARTS: dict[str, tuple[str, str]] = {
+    "w1": ("w13_weight", "gate"),
+    "gate_proj": ("w13_weight", "gate"),
+    "w3": ("w13_weight", "up"),
+    "up_proj": ("w13_weight", "up"),
+    "w2": ("w2_weight", "down"),
+    "down_proj": ("w2_weight", "down"),
+}
+_STACKED_EXPERTS = re.compile(r"^(.*)\.experts\.(w13_weight|w2_weight)$")
+
 
 def map_name(hf_name: str) -> tuple[str, str]:
     """HF parameter name -> (our parameter name, shard id; "" when not fused)."""
+    hf_name = hf_name.replace(".block_sparse_moe.", ".mlp.")  # Mixtral's MoE block
+    expert = _EXPERT.match(hf_name)
+    if expert is not None:
+        prefix, index, projection = expert.groups()
+        param, part = _EXPERT_PARTS[projection]
+        return f"{prefix}.experts.{param}", f"{index}.{part}"
     for src, dst, shard in STACKED_PARAMS:
         if f".{src}." in hf_name:
             return hf_name.replace(f".{src}.", f".{dst}."), shard
@@ -47,6 +70,12 @@ def map_name(hf_name: str) -> tuple[str, str]:
 
 def checkpoint_name(name: str, shard: str) -> str:
     """The checkpoint tensor a (fused) parameter's shard comes from, for error messages."""
+    experts = _STACKED_EXPERTS.match(name)
+    if experts is not None and "." in shard:
+        index, part = shard.split(".")
+        mixtral = {"gate": "w1", "up": "w3", "down": "w2"}[part]
+        where = f"{experts.group(1)}.experts.{index}.{part}_proj (Mixtral: {mixtral})"
+        return f"{where}.weight ({name}[{shard}])"
     for src, dst, stacked in STACKED_PARAMS:
         if shard == stacked and f".{dst}." in name:
             return f"{name.replace(f'.{dst}.', f'.{src}.')} ({name}[{shard}])"

@@ -13,7 +13,9 @@ quantized tensor, e.g. dim 1 of GPTQ's ``qweight [K/8, N]``). A range that runs 
 of the checkpoint tensor (a vocabulary padded up to a multiple of the TP size) is
 zero-filled. ``dtype`` (packed quantized tensors) is the only dtype the checkpoint tensor may
 have; ``shared`` marks a tensor that every shard of a fused layer provides whole (GPTQ's
-``g_idx``: q, k and v read the same input, so their copies must be equal).
+``g_idx``: q, k and v read the same input, so their copies must be equal). ``dst_index``
+selects one entry along dim 0 of a stacked parameter first (a MoE layer's experts, stacked
+``[E, ...]``: expert ``e``'s checkpoint tensor lands in ``param[e]``).
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ class ShardLoad:
     dst_dim: int = 0  # the local parameter's dimension the fused shards are stacked along
     dtype: torch.dtype | None = None  # the checkpoint tensor's required dtype (None: any)
     shared: bool = False  # every shard of a fused layer provides this whole tensor (equal)
+    dst_index: int | None = None  # stacked parameter (experts): the tensor lands in param[i]
 
     @property
     def local_shape(self) -> tuple[int, ...]:
@@ -136,9 +139,12 @@ def split(
     *,
     dst_dim: int = 0,
     dtype: torch.dtype | None = None,
+    dst_index: int | None = None,
 ) -> ShardLoad:
     """This rank holds ``[start, start + length)`` of the checkpoint tensor along ``dim``."""
-    return ShardLoad(tuple(full_shape), dim, start, length, dst_offset, dst_dim, dtype)
+    return ShardLoad(
+        tuple(full_shape), dim, start, length, dst_offset, dst_dim, dtype, dst_index=dst_index
+    )
 
 
 def _checked(tensor: torch.Tensor, spec: ShardLoad, label: str) -> torch.Tensor:
@@ -162,6 +168,8 @@ def load_shard(
             f"shape mismatch for {label}: checkpoint {tuple(source.shape)}, model {spec.full_shape}"
         )
     local = spec.local_shape
+    if spec.dst_index is not None:
+        param = param[spec.dst_index]
     if param.dim() and not local:  # a scalar into one element (a per-tensor scale)
         target = param[spec.dst_offset]
     elif param.dim():

@@ -1,0 +1,111 @@
+"""Mixture-of-experts MLP: top-k routing and the experts' gated MLPs, weighted and summed.
+
+- ``select_experts``: softmax over the router logits (float32), the top-k experts per token,
+  optionally renormalised so each token's k weights sum to 1 (Mixtral always; Qwen MoE with
+  ``norm_topk_prob``), as HF's routers compute them.
+- ``fused_moe``: ``out[t] = sum_j w[t, j] * down_e(act(gate_e(x_t)) * up_e(x_t))`` with
+  ``e = ids[t, j]``, the experts' weights stacked as ``w_gate_up [E, 2 * I, H]`` (gate rows,
+  then up rows) and ``w_down [E, H, I]``. Triton (``moe_triton``) on CUDA and under
+  ``TRITON_INTERPRET=1``, else the torch reference.
+
+The reference runs HF's loop (experts in ascending order, each over the rows routed to it,
+``index_add_`` into the output), so on CPU float32 it adds the same products in the same order
+as transformers. Under tensor parallelism ``I`` is this rank's share and the result is a
+partial sum (the caller all-reduces).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from tokenwire.kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
+from tokenwire.kernels.dispatch import use_triton
+
+_REFERENCE_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": silu_and_mul_ref,
+    "gelu_pytorch_tanh": gelu_tanh_and_mul_ref,
+}
+
+
+def select_experts(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T, E] router logits -> (float32 weights [T, k], int64 expert ids [T, k])."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def check_moe_shapes(
+    hidden: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> None:
+    """Raise ValueError unless the operands fit together (see ``fused_moe``)."""
+    if hidden.dim() != 2 or w_gate_up.dim() != 3 or w_down.dim() != 3:
+        raise ValueError("fused_moe wants hidden [T, H], w_gate_up [E, 2I, H], w_down [E, H, I]")
+    t, h = hidden.shape
+    e, two_i, k_in = w_gate_up.shape
+    if k_in != h or two_i % 2 or tuple(w_down.shape) != (e, h, two_i // 2):
+        raise ValueError(
+            f"fused_moe shapes do not fit: hidden {tuple(hidden.shape)}, w_gate_up "
+            f"{tuple(w_gate_up.shape)}, w_down {tuple(w_down.shape)}"
+        )
+    if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 or topk_ids.shape[0] != t:
+        raise ValueError(
+            f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} "
+            f"must both be [T={t}, k]"
+        )
+
+
+def fused_moe(
+    hidden: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str = "silu",
+) -> torch.Tensor:
+    """The routed experts' weighted sum [T, H] in ``hidden``'s dtype (see the module doc)."""
+    if activation not in _REFERENCE_ACTIVATIONS:
+        raise ValueError(
+            f"unsupported MoE activation {activation!r}; supported: "
+            + ", ".join(_REFERENCE_ACTIVATIONS)
+        )
+    if use_triton(hidden):
+        from tokenwire.kernels.moe_triton import fused_moe_triton
+
+        return fused_moe_triton(hidden, w_gate_up, w_down, topk_weights, topk_ids, activation)
+    return fused_moe_ref(hidden, w_gate_up, w_down, topk_weights, topk_ids, activation)
+
+
+def fused_moe_ref(
+    hidden: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str = "silu",
+) -> torch.Tensor:
+    """Torch reference: per expert, a gathered matmul over the rows routed to it."""
+    check_moe_shapes(hidden, w_gate_up, w_down, topk_weights, topk_ids)
+    act_and_mul = _REFERENCE_ACTIVATIONS[activation]
+    out = torch.zeros_like(hidden)
+    num_experts = w_gate_up.shape[0]
+    # [E, k, T]: which (slot, token) pairs chose each expert (HF's expert mask).
+    mask = F.one_hot(topk_ids, num_experts).permute(2, 1, 0)
+    hit = mask.sum(dim=(1, 2)).nonzero().flatten().tolist()
+    for expert in hit:
+        slot, token = torch.where(mask[expert])
+        x = hidden[token]
+        y = F.linear(act_and_mul(F.linear(x, w_gate_up[expert])), w_down[expert])
+        y = y * topk_weights[token, slot, None]
+        out.index_add_(0, token, y.to(out.dtype))
+    return out

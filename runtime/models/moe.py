@@ -1,0 +1,152 @@
+"""The sparse mixture-of-experts MLP of Mixtral, Qwen2-MoE and Qwen3-MoE.
+
+``SparseMoeBlock`` (HF's ``mlp`` / Mixtral's ``block_sparse_moe``): a replicated router
+``gate`` ([E, hidden] linear) picks each token's top-k experts (``kernels.moe.select_experts``),
+``FusedMoE`` runs them (``kernels.moe.fused_moe``: Triton on CUDA, the torch reference on CPU),
+and Qwen2-MoE adds a shared expert scaled by ``sigmoid(shared_expert_gate(x))``.
+
+Parameters: ``gate.weight`` [E, H]; ``experts.w13_weight`` [E, 2 * I, H] (each expert's gate
+rows, then its up rows) and ``experts.w2_weight`` [E, H, I]; ``shared_expert.gate_up_proj`` /
+``down_proj`` and ``shared_expert_gate.weight`` [1, H]. ``loading.map_name`` maps the HF
+per-expert tensors into the stacked ones.
+
+Tensor parallelism (as the dense MLP): every expert's intermediate dimension (and the shared
+expert's) is split evenly over the ranks, so each rank holds ``I / tp`` rows of every expert's
+gate and up and the matching columns of its down. The router is replicated, so every rank
+routes identically; the routed and shared partial sums are added and all-reduced once.
+
+Quantized schemes and LoRA do not cover the experts: building a MoE layer with a quantized
+linear method is a ``ValueError`` (LoRA refuses MoE models in ``lora.manager``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tokenwire.kernels.activation import gated_activation
+from tokenwire.kernels.moe import fused_moe, select_experts
+from tokenwire.runtime.distributed.group import TPGroup
+from tokenwire.runtime.models.arch import TP_FLAG, ModelArch
+from tokenwire.runtime.models.layers import (
+    LinearMethod,
+    MergedColumnParallelLinear,
+    RowParallelLinear,
+    ShardedModule,
+    ShardLoads,
+)
+from tokenwire.runtime.models.layers.basic import Linear
+from tokenwire.runtime.models.moe_config import MoESpec
+from tokenwire.runtime.models.weights import ShardLoad, split
+
+
+class FusedMoE(ShardedModule):
+    """The routed experts' stacked weights (this rank's share of each expert's width)."""
+
+    def __init__(
+        self, spec: MoESpec, hidden_size: int, act: str, dtype: torch.dtype, tp: TPGroup
+    ) -> None:
+        super().__init__()
+        width = spec.intermediate_size
+        if width % tp.world_size:
+            raise ValueError(
+                f"{TP_FLAG}={tp.world_size} does not divide the experts' intermediate size "
+                f"({width}): choose a tensor-parallel size that divides it"
+            )
+        self.num_experts = spec.num_experts
+        self.hidden_size = hidden_size
+        self.intermediate_size = width
+        self.local_size = width // tp.world_size
+        self.local_start = tp.rank * self.local_size
+        self.activation = act
+        local = self.local_size
+        self.w13_weight = nn.Parameter(
+            torch.empty(spec.num_experts, 2 * local, hidden_size, dtype=dtype)
+        )
+        self.w2_weight = nn.Parameter(
+            torch.empty(spec.num_experts, hidden_size, local, dtype=dtype)
+        )
+
+    def forward(
+        self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """This rank's partial sum of the routed experts' outputs [T, H]."""
+        return fused_moe(
+            x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, self.activation
+        )
+
+    def shard_loads(self) -> ShardLoads:
+        """Expert ``e``'s gate/up rows and down columns of this rank (shard ids ``"e.gate"``,
+        ``"e.up"``, ``"e.down"``)."""
+        h, full = self.hidden_size, self.intermediate_size
+        start, local = self.local_start, self.local_size
+        w13: dict[str, ShardLoad] = {}
+        w2: dict[str, ShardLoad] = {}
+        for e in range(self.num_experts):
+            for i, part in enumerate(("gate", "up")):
+                w13[f"{e}.{part}"] = split((full, h), 0, start, local, i * local, dst_index=e)
+            w2[f"{e}.down"] = split((h, full), 1, start, local, dst_index=e)
+        return {"w13_weight": w13, "w2_weight": w2}
+
+
+class SharedExpert(nn.Module):
+    """Qwen2-MoE's shared expert: a gated MLP whose ``down_proj`` does not all-reduce (the
+    block reduces its sum with the routed experts' once)."""
+
+    def __init__(self, arch: ModelArch, width: int, dtype: torch.dtype, tp: TPGroup) -> None:
+        super().__init__()
+        what = "shared_expert_intermediate_size"
+        sizes = {"gate": width, "up": width}
+        self.gate_up_proj = MergedColumnParallelLinear(
+            arch.hidden_size, sizes, False, dtype, tp, what
+        )
+        self.down_proj = RowParallelLinear(width, arch.hidden_size, False, dtype, tp, what)
+        self.act_and_mul = gated_activation(arch.hidden_act)
+
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's partial product (the full output at TP=1)."""
+        down = self.down_proj
+        return down.linear_method.apply(down, self.act_and_mul(self.gate_up_proj(x)), None)
+
+
+class SparseMoeBlock(nn.Module):
+    """Router + routed experts (+ Qwen2-MoE's gated shared expert); one all-reduce."""
+
+    def __init__(
+        self,
+        arch: ModelArch,
+        dtype: torch.dtype,
+        tp: TPGroup,
+        method: LinearMethod | None,
+    ) -> None:
+        super().__init__()
+        spec = arch.moe
+        assert spec is not None, "SparseMoeBlock needs a MoE architecture"
+        if method is not None and method.name:
+            raise ValueError(
+                f"quantization {method.name!r} is not supported for mixture-of-experts models "
+                f"({arch.architecture}): the experts run unquantized only; drop --quantization "
+                "(or serve an unquantized checkpoint)"
+            )
+        self.tp = tp
+        self.top_k = spec.top_k
+        self.renormalize = spec.renormalize
+        self.gate = Linear(arch.hidden_size, spec.num_experts, False, dtype)
+        self.experts = FusedMoE(spec, arch.hidden_size, arch.hidden_act, dtype, tp)
+        self.shared_expert: SharedExpert | None = None
+        self.shared_expert_gate: Linear | None = None
+        if spec.has_shared_expert:
+            width = spec.shared_expert_intermediate_size
+            self.shared_expert = SharedExpert(arch, width, dtype, tp)
+            self.shared_expert_gate = Linear(arch.hidden_size, 1, False, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = select_experts(self.gate(x), self.top_k, self.renormalize)
+        out: torch.Tensor = self.experts(x, weights, ids)
+        if self.shared_expert is not None and self.shared_expert_gate is not None:
+            scale = F.sigmoid(self.shared_expert_gate(x))
+            out = out + scale * self.shared_expert.partial(x)
+        if self.tp.world_size > 1:
+            out = self.tp.all_reduce(out)
+        return out

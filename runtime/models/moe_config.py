@@ -1,0 +1,118 @@
+"""Mixture-of-experts config keys (Mixtral, Qwen2-MoE, Qwen3-MoE) -> ``MoESpec``.
+
+The keys each family's HF implementation reads, with HF's defaults:
+
+- Mixtral: ``num_local_experts`` (8), ``num_experts_per_tok`` (2); every layer is sparse, each
+  expert's MLP is ``intermediate_size`` wide and the top-k softmax weights are always
+  renormalised to sum to 1.
+- Qwen2-MoE: ``num_experts`` (60), ``num_experts_per_tok`` (4), ``moe_intermediate_size``
+  (1408), ``norm_topk_prob`` (False: the top-k weights stay softmax probabilities), a shared
+  expert ``shared_expert_intermediate_size`` (5632) wide scaled by ``sigmoid(shared_expert_gate
+  (x))``; ``decoder_sparse_step`` (1) and ``mlp_only_layers`` ([]) choose which layers stay
+  dense (their MLP is ``intermediate_size`` wide): layer ``i`` is sparse when ``i`` is not in
+  ``mlp_only_layers`` and ``(i + 1) % decoder_sparse_step == 0``.
+- Qwen3-MoE: as Qwen2-MoE (defaults 128 experts, top 8, 768 wide) without a shared expert.
+  transformers >= 5 writes ``num_local_experts`` for it; both names are read.
+
+Values outside what the maths here implements are ``ValueError``s naming the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MIXTRAL = "MixtralForCausalLM"
+QWEN2_MOE = "Qwen2MoeForCausalLM"
+QWEN3_MOE = "Qwen3MoeForCausalLM"
+MOE_ARCHITECTURES = (MIXTRAL, QWEN2_MOE, QWEN3_MOE)
+
+# architecture -> (experts, top-k, expert width, shared expert width) when the key is absent.
+_DEFAULTS: dict[str, tuple[int, int, int, int]] = {
+    MIXTRAL: (8, 2, 14336, 0),
+    QWEN2_MOE: (60, 4, 1408, 5632),
+    QWEN3_MOE: (128, 8, 768, 0),
+}
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """The sparse MLP of a mixture-of-experts model."""
+
+    num_experts: int
+    top_k: int  # experts per token
+    intermediate_size: int  # each routed expert's MLP width
+    renormalize: bool  # top-k weights rescaled to sum to 1 (Mixtral always; Qwen norm_topk_prob)
+    # Qwen2-MoE: width of the shared expert every token goes through (0: none), its output
+    # scaled by sigmoid(shared_expert_gate(x)).
+    shared_expert_intermediate_size: int
+    sparse_layers: tuple[bool, ...]  # per layer: sparse MoE block (True) or dense MLP
+
+    @property
+    def has_shared_expert(self) -> bool:
+        return self.shared_expert_intermediate_size > 0
+
+
+def moe_spec(cfg: Mapping[str, Any], architecture: str) -> MoESpec | None:
+    """The model's ``MoESpec``; None for dense families (and a MoE config with 0 experts,
+    which HF builds as all-dense layers)."""
+    if architecture not in MOE_ARCHITECTURES:
+        return None
+    d_experts, d_top_k, d_width, d_shared = _DEFAULTS[architecture]
+    n_layers = int(cfg["num_hidden_layers"])
+    if architecture == MIXTRAL:
+        experts_key, width_key = "num_local_experts", "intermediate_size"
+        renormalize = True
+        sparse = [True] * n_layers
+    else:
+        experts_key = "num_experts" if "num_experts" in cfg else "num_local_experts"
+        width_key = "moe_intermediate_size"
+        renormalize = bool(cfg.get("norm_topk_prob", False))
+        sparse = _qwen_sparse_layers(cfg, n_layers)
+        if cfg.get("use_sliding_window"):
+            raise ValueError(
+                f"unsupported config: use_sliding_window=True for {architecture} "
+                "(sliding-window attention is not implemented for Qwen MoE layers)"
+            )
+    num_experts = _int(cfg, experts_key, d_experts, minimum=0)
+    if num_experts == 0:
+        return None
+    top_k = _int(cfg, "num_experts_per_tok", d_top_k, minimum=1)
+    if top_k > num_experts:
+        raise ValueError(
+            f"num_experts_per_tok={top_k} exceeds the {num_experts} experts ({experts_key})"
+        )
+    shared = 0
+    if architecture == QWEN2_MOE:
+        shared = _int(cfg, "shared_expert_intermediate_size", d_shared, minimum=1)
+    return MoESpec(
+        num_experts=num_experts,
+        top_k=top_k,
+        intermediate_size=_int(cfg, width_key, d_width, minimum=1),
+        renormalize=renormalize,
+        shared_expert_intermediate_size=shared,
+        sparse_layers=tuple(sparse),
+    )
+
+
+def _qwen_sparse_layers(cfg: Mapping[str, Any], n_layers: int) -> list[bool]:
+    step = _int(cfg, "decoder_sparse_step", 1, minimum=1)
+    dense = cfg.get("mlp_only_layers") or []
+    if not isinstance(dense, list | tuple):
+        raise ValueError(f"mlp_only_layers must be a list of layer indices, got {dense!r}")
+    for layer in dense:
+        if not isinstance(layer, int) or not 0 <= layer < n_layers:
+            raise ValueError(
+                f"mlp_only_layers lists {layer!r}, not a layer index in [0, {n_layers})"
+            )
+    return [i not in dense and (i + 1) % step == 0 for i in range(n_layers)]
+
+
+def _int(cfg: Mapping[str, Any], key: str, default: int, *, minimum: int) -> int:
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"unsupported config: {key}={value!r} (an integer >= {minimum})")
+    return value
