@@ -221,6 +221,8 @@ class SpeculativeConfig:
     """``--speculative-config`` (vLLM's JSON keys). ``ngram``: prompt lookup — the longest
     suffix of ``prompt_lookup_max`` .. ``prompt_lookup_min`` tokens that occurred earlier in
     the sequence proposes the ``num_speculative_tokens`` tokens that followed it.
+    ``draft_model``: ``model`` (a small model with the target's vocabulary, loaded like the
+    target: a local folder or hub id, same dtype and device) proposes them greedily.
     ``disable_by_batch_size``: steps with at least this many running requests decode plainly."""
 
     method: str = "ngram"
@@ -231,11 +233,14 @@ class SpeculativeConfig:
     disable_by_batch_size: int | None = None
 
     def __post_init__(self) -> None:
-        if self.method != "ngram":
+        if self.method not in ("ngram", "draft_model"):
             raise ValueError(
-                f"speculative_config method must be 'ngram', got {self.method!r} "
-                "(draft_model is not supported yet)"
+                f"speculative_config method must be 'ngram' or 'draft_model', got {self.method!r}"
             )
+        if self.method == "draft_model" and not self.model:
+            raise ValueError("speculative_config method 'draft_model' needs 'model' (a path)")
+        if self.method == "ngram" and self.model is not None:
+            raise ValueError("speculative_config 'model' is only for method 'draft_model'")
         _positive("speculative_config num_speculative_tokens", self.num_speculative_tokens)
         _positive("speculative_config prompt_lookup_min", self.prompt_lookup_min)
         _positive("speculative_config disable_by_batch_size", self.disable_by_batch_size)

@@ -31,9 +31,11 @@ def cuda_kv_cache(
     max_num_batched_tokens: int,
     cuda_graphs: bool,
     tp_size: int = 1,
+    extra_bytes_per_block: int = 0,
 ) -> KVCache:
     """Allocate this rank's KV cache (its local KV heads under ``tp_size``-way tensor
-    parallelism): ``num_blocks_override``, else what fits after profiling."""
+    parallelism): ``num_blocks_override``, else what fits after profiling, sharing the
+    memory with ``extra_bytes_per_block`` of another cache (a draft model's)."""
     num_blocks = cache_config.num_blocks_override
     if num_blocks is None:
         kv_dtype = kv_cache_torch_dtype(cache_config.kv_cache_dtype, loaded.dtype)
@@ -48,7 +50,8 @@ def cuda_kv_cache(
         num_blocks = gpu_num_blocks(
             report,
             cache_config.gpu_memory_utilization,
-            bytes_per_block(loaded.arch, cache_config.block_size, kv_dtype, tp_size),
+            bytes_per_block(loaded.arch, cache_config.block_size, kv_dtype, tp_size)
+            + extra_bytes_per_block,
             min_blocks_for(loaded.max_model_len, cache_config.block_size),
             cuda_graphs,
         )

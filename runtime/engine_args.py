@@ -380,7 +380,8 @@ class EngineArgs:
         EngineConfig,
         "speculative_config",
         'speculative decoding, vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": 4, '
-        '"prompt_lookup_min": 2, "prompt_lookup_max": 5, "disable_by_batch_size": N}',
+        '"prompt_lookup_min": 2, "prompt_lookup_max": 5, "disable_by_batch_size": N} or '
+        '{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}',
         type=parse_speculative_config,
         metavar="JSON",
     )

@@ -50,13 +50,16 @@ def num_blocks_for(
     device: torch.device,
     dtype: torch.dtype,
     tp_size: int = 1,
+    extra_bytes_per_block: int = 0,
 ) -> int:
     """Blocks that fit one rank's budget (CPU: ``kv_cache_memory_bytes`` per rank) for a model
-    of ``dtype``, stored as ``cache_config.kv_cache_dtype`` says."""
+    of ``dtype``, stored as ``cache_config.kv_cache_dtype`` says. ``extra_bytes_per_block``:
+    another cache addressed by the same blocks (a draft model's) shares the budget."""
     if cache_config.num_blocks_override is not None:
         return cache_config.num_blocks_override
     kv_dtype = kv_cache_torch_dtype(cache_config.kv_cache_dtype, dtype)
     per_block = bytes_per_block(arch, cache_config.block_size, kv_dtype, tp_size)
+    per_block += extra_bytes_per_block
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         budget = int(total * cache_config.gpu_memory_utilization)
@@ -107,11 +110,15 @@ class KVCache:
         dtype: torch.dtype,
         num_blocks: int | None = None,
         tp_size: int = 1,
+        extra_bytes_per_block: int = 0,
     ) -> KVCache:
         """This rank's cache for a model of ``dtype``. ``num_blocks``: a count already sized for
-        this device (CUDA profiling, or the minimum over TP ranks)."""
+        this device (CUDA profiling, or the minimum over TP ranks); else sized here, sharing
+        the budget with ``extra_bytes_per_block`` of another cache (``num_blocks_for``)."""
         if num_blocks is None:
-            num_blocks = num_blocks_for(arch, cache_config, device, dtype, tp_size)
+            num_blocks = num_blocks_for(
+                arch, cache_config, device, dtype, tp_size, extra_bytes_per_block
+            )
         shape = (
             arch.num_hidden_layers,
             2,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,13 +27,13 @@ from tokenwire.kernels.attention_plan import build_cpu_plan
 from tokenwire.runtime.config import CacheConfig, LoRAConfig
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.input_batch import InputBatch, StepArrays
-from tokenwire.runtime.kv_cache import KVCache
 from tokenwire.runtime.lora.manager import LoRAManager
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.model_loader import LoadedModel
 from tokenwire.runtime.model_output import ModelOutput, TokenLogprobs
 from tokenwire.runtime.models.windows import distinct_windows
 from tokenwire.runtime.prompt_logprobs import prompt_logprobs_for_chunk
+from tokenwire.runtime.runner_caches import build_caches
 from tokenwire.runtime.sampler import Sampler
 from tokenwire.runtime.sampling_metadata import RowSamplingState, build_sampling_metadata
 from tokenwire.runtime.sampling_params import SamplingParams
@@ -42,9 +41,6 @@ from tokenwire.runtime.scheduler_output import SchedulerOutput
 from tokenwire.runtime.spec_decode.runner_step import spec_step, write_drafts
 from tokenwire.runtime.structured.apply import apply_grammar_bitmask
 from tokenwire.runtime.structured.bitmask import GrammarBitmask
-
-if TYPE_CHECKING:
-    from tokenwire.runtime.cuda_executor import CudaExecutor
 
 _SINGLE = TPGroup.single()  # immutable: the default group of one
 
@@ -85,7 +81,10 @@ class ModelRunner:
         enforce_eager: bool = False,
         tp: TPGroup = _SINGLE,
         lora: LoRAConfig | None = None,
+        draft: LoadedModel | None = None,
     ) -> None:
+        """``draft``: the draft model of ``draft_model`` speculation; its KV cache shares the
+        budget and the block ids of the target's."""
         model_tp = loaded.model.tp
         if (model_tp.rank, model_tp.world_size) != (tp.rank, tp.world_size):
             raise ValueError(
@@ -106,25 +105,13 @@ class ModelRunner:
         if lora is not None and lora.enable_lora:
             self.lora = LoRAManager(self.model, lora, loaded.dtype, device)
             enforce_eager = True
-        self._cuda: CudaExecutor | None = None
-        if device.type == "cuda":
-            from tokenwire.runtime.cuda_executor import CudaExecutor, cuda_kv_cache, graphs_enabled
-
-            self.kv_cache = cuda_kv_cache(
-                loaded,
-                cache_config,
-                max_num_seqs,
-                max_num_batched_tokens,
-                graphs_enabled(enforce_eager),
-                tp.world_size,
-            )
-            self._cuda = CudaExecutor(
-                loaded, self.kv_cache, max_num_seqs, max_num_batched_tokens, enforce_eager
-            )
-        else:
-            self.kv_cache = KVCache.allocate(
-                loaded.arch, cache_config, device, loaded.dtype, tp_size=tp.world_size
-            )
+        caches = build_caches(
+            loaded, draft, cache_config, device, max_num_seqs, max_num_batched_tokens,
+            enforce_eager, tp.world_size,
+        )  # fmt: skip
+        self.kv_cache = caches.kv_cache
+        self._cuda = caches.cuda
+        self.drafter = caches.drafter
         self.batch = InputBatch(max_num_seqs, loaded.max_model_len, self.block_size)
         self.requests: dict[str, CachedRequestState] = {}
         self._num_prompt_logprob_reqs = 0  # live requests that asked for prompt logprobs
@@ -141,6 +128,9 @@ class ModelRunner:
     def _update_states(self, so: SchedulerOutput) -> None:
         if so.removed_lora_ids and self.lora is not None:
             self.lora.remove(so.removed_lora_ids)
+        if self.drafter is not None:
+            for request_id in (*so.finished_req_ids, *so.preempted_req_ids):
+                self.drafter.forget(request_id)
         for request_id in so.finished_req_ids:
             state = self.requests.pop(request_id, None)
             if state is None:
@@ -227,21 +217,28 @@ class ModelRunner:
             if order is not None:
                 states, query_lens = [states[i] for i in order], query_lens[order]
         rows = np.fromiter((s.row for s in states), dtype=np.int64, count=len(states))
-        if so.spec_token_ids:  # drafts go after each row's known tokens (not yet its own)
-            write_drafts(self.batch, states, so.spec_token_ids)
+        drafts = so.spec_token_ids
+        if drafts and self.drafter is not None:  # the scheduler sent placeholders
+            drafts = self.drafter.propose(self, states, drafts)
+        if drafts:  # drafts go after each row's known tokens (not yet its own)
+            write_drafts(self.batch, states, drafts)
         arrays = self.batch.build(rows, query_lens, num_decodes)
         self.batch.num_computed[rows] += query_lens  # after this step's forward
         if self._cuda is not None:
             t1 = time.perf_counter()
             hidden = self._cuda.forward(arrays)  # graph replay or eager; enqueues only
         else:
-            meta = self._attention_metadata(arrays)
-            input_ids = self._to_device(arrays.input_ids)
-            positions = self._to_device(arrays.positions)
+            meta = self.attention_metadata(arrays)
+            input_ids = self.to_device(arrays.input_ids)
+            positions = self.to_device(arrays.positions)
             t1 = time.perf_counter()
             hidden = self.model(input_ids, positions, self.kv_cache.layers, meta)
-        if so.spec_token_ids:
-            return spec_step(self, so, states, rows, arrays, hidden, (t0, t1, collective0))
+        if drafts:
+            times = (t0, t1, collective0)
+            verified = spec_step(self, so, drafts, states, rows, arrays, hidden, times)
+            if self.drafter is not None:
+                self.drafter.settle(self, states)
+            return verified
         # A row samples when this step brings it up to date (not mid-way through a prefill).
         samples = arrays.seq_lens == self.batch.num_tokens[rows]
         if samples.all():
@@ -282,27 +279,31 @@ class ModelRunner:
         )
         return [requests[rid] for rid in order], query_lens, len(decodes)
 
-    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+    def to_device(self, array: np.ndarray) -> torch.Tensor:
         tensor = torch.from_numpy(array)
         return tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)
 
-    def _attention_metadata(self, a: StepArrays) -> AttentionMetadata:
+    def attention_metadata(
+        self, a: StepArrays, windows: tuple[int, ...] | None = None
+    ) -> AttentionMetadata:
+        """The step's attention metadata; on CPU with gather plans for ``windows`` (default:
+        this model's sliding windows)."""
         dev = self.device
-        block_tables = self._to_device(a.block_tables)
+        block_tables = self.to_device(a.block_tables)
         plan = None
         if dev.type == "cpu":
             plan = build_cpu_plan(
                 a.query_start_loc, a.seq_lens, block_tables, a.num_decodes, self.block_size,
-                self.attention_windows,
+                self.attention_windows if windows is None else windows,
             )  # fmt: skip
         return AttentionMetadata(
             num_tokens=len(a.input_ids),
             num_seqs=len(a.seq_lens),
             num_decodes=a.num_decodes,
             block_size=self.block_size,
-            slot_mapping=self._to_device(a.slot_mapping),
-            query_start_loc=self._to_device(a.query_start_loc),
-            seq_lens=self._to_device(a.seq_lens),
+            slot_mapping=self.to_device(a.slot_mapping),
+            query_start_loc=self.to_device(a.query_start_loc),
+            seq_lens=self.to_device(a.seq_lens),
             block_tables=block_tables,
             max_query_len=a.max_query_len,
             max_seq_len=a.max_seq_len,

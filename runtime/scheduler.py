@@ -25,7 +25,7 @@ from tokenwire.runtime.request import FinishReason, Request, RequestStatus
 from tokenwire.runtime.request_queue import make_queue
 from tokenwire.runtime.scheduler_output import NewRequestData, SchedulerOutput
 from tokenwire.runtime.spec_decode.accept import accept_drafts
-from tokenwire.runtime.spec_decode.ngram import NgramProposer
+from tokenwire.runtime.spec_decode.draft_slots import Proposer
 from tokenwire.runtime.step_builder import StepBuilder
 from tokenwire.runtime.stop_check import token_stop
 from tokenwire.runtime.structured.manager import StructuredOutputManager, failure_output
@@ -40,7 +40,7 @@ class Scheduler:
         max_held_blocks: int = 0,
         structured: StructuredOutputManager | None = None,
         lora: LoRAAdmission | None = None,
-        proposer: NgramProposer | None = None,
+        proposer: Proposer | None = None,
     ) -> None:
         self.config = config
         self.lora = lora  # None: LoRA is not enabled

@@ -25,7 +25,7 @@ from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.scheduler import Scheduler
 from tokenwire.runtime.scheduler_output import SchedulerOutput
 from tokenwire.runtime.spec_decode.accept import spec_step_stats
-from tokenwire.runtime.spec_decode.ngram import NgramProposer
+from tokenwire.runtime.spec_decode.draft_slots import make_proposer
 from tokenwire.runtime.stats import EngineObserver, RequestStats, StepPhase, StepStats
 from tokenwire.runtime.structured.compiler import GrammarCompilerPool
 from tokenwire.runtime.structured.config import StructuredOutputsConfig
@@ -79,9 +79,7 @@ class EngineCore:
             max_held,
             self.structured,
             LoRAAdmission(config.lora.max_loras) if config.lora.enable_lora else None,
-            None
-            if config.speculative_config is None
-            else NgramProposer(config.speculative_config, self.max_model_len),
+            make_proposer(config.speculative_config, self.max_model_len),
         )
 
     def _check_capacity(self, num_blocks: int) -> None:

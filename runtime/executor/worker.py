@@ -19,6 +19,7 @@ from tokenwire.runtime.model_loader import LoadedModel, load_model, resolve_dtyp
 from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.model_runner import ModelRunner
 from tokenwire.runtime.scheduler_output import SchedulerOutput
+from tokenwire.runtime.spec_decode.draft_model import load_draft_model
 
 
 def resolve_device(device: str, local_rank: int = 0, ranks_per_node: int = 1) -> torch.device:
@@ -61,6 +62,10 @@ class Worker:
             keep_freed_memory()
         dtype = resolve_dtype(config.model.dtype, device)
         self.loaded: LoadedModel = load_model(config.model, device, dtype, tp)
+        spec = config.speculative_config
+        draft = None
+        if spec is not None and spec.method == "draft_model":
+            draft = load_draft_model(config.model, spec, self.loaded, tp)
         sched = config.scheduler
         self.runner = ModelRunner(
             self.loaded,
@@ -72,6 +77,7 @@ class Worker:
             enforce_eager=config.enforce_eager,
             tp=tp,
             lora=config.lora,
+            draft=draft,
         )
 
     @property

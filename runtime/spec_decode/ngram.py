@@ -51,15 +51,23 @@ class NgramProposer:
     def propose(self, request: Request, budget: int) -> list[int]:
         """Drafts for a running request in decode (its last token not yet computed), at most
         ``budget - 1`` of them and never past its ``max_tokens`` or the context length."""
-        c = request.num_tokens
-        room = min(
-            budget - 1,
-            self.config.num_speculative_tokens,
-            request.max_tokens - request.num_output_tokens - 1,
-            self.max_model_len - c - 1,
-        )
-        if room <= 0 or not eligible(request):
+        room = draft_room(self.config, self.max_model_len, request, budget)
+        if room <= 0:
             return []
         tokens = np.asarray(request.token_ids, dtype=np.int64)
         cfg = self.config
         return find_draft(tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max, room)
+
+
+def draft_room(config: SpeculativeConfig, max_model_len: int, request: Request, budget: int) -> int:
+    """How many drafts a decoding request may take this step: at most ``budget - 1`` and
+    ``num_speculative_tokens``, never past its ``max_tokens`` or the context length; 0 for a
+    request that is not ``eligible``."""
+    if not eligible(request):
+        return 0
+    return min(
+        budget - 1,
+        config.num_speculative_tokens,
+        request.max_tokens - request.num_output_tokens - 1,
+        max_model_len - request.num_tokens - 1,
+    )

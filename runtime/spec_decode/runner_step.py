@@ -38,17 +38,18 @@ def write_drafts(
 def spec_step(
     runner: ModelRunner,
     so: SchedulerOutput,
+    drafts: dict[str, list[int]],
     states: list[CachedRequestState],
     rows: np.ndarray,
     arrays: StepArrays,
     hidden: torch.Tensor,
     times: tuple[float, float, float],
 ) -> ModelOutput:
-    """Sample the rows without drafts, verify the drafted ones; ``times`` = (step start,
-    forward start, collective clock at the start)."""
+    """Sample the rows without drafts, verify the drafted ones (``drafts``: the scheduler's
+    n-gram drafts, or the worker's draft-model proposals); ``times`` = (step start, forward
+    start, collective clock at the start)."""
     t0, t1, collective0 = times
     batch = runner.batch
-    drafts = so.spec_token_ids
     # A row samples when this step brings it up to date; a drafted row runs past it.
     idx = np.flatnonzero(arrays.seq_lens >= batch.num_tokens[rows])
     counts = np.array([1 + len(drafts.get(states[i].request_id, ())) for i in idx], np.int64)
