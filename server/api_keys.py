@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from typing import Protocol
 
 
 def _digest(value: str) -> bytes:
@@ -22,6 +23,12 @@ def bearer_of(values: list[str]) -> str | None:
     if scheme.lower() != "bearer" or not token:
         return None
     return token
+
+
+class KeyCheck(Protocol):
+    """Whether a bearer token is a valid key (``KeyChecker``, or the tenant registry)."""
+
+    def is_valid(self, token: str | None) -> bool: ...
 
 
 class KeyChecker:

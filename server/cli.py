@@ -1,5 +1,6 @@
 """``tokenwire`` command line: ``serve``, ``rest`` (the REST shim alone), ``generate`` (offline),
-``chat``, ``worker`` (tensor-parallel ranks of nodes other than 0), ``bench ...``."""
+``chat``, ``worker`` (tensor-parallel ranks of nodes other than 0), ``hash-key`` (an API key's
+``--api-key-file`` form), ``bench ...``."""
 
 from __future__ import annotations
 
@@ -69,6 +70,27 @@ def _run_worker(args: argparse.Namespace) -> int:
     return run_node(config)
 
 
+def _add_hash_key(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "hash-key",
+        help="print the sha256:<hex> form of an API key for --api-key-file",
+        description="Hash an API key for the keys list of --api-key-file. Without KEY, the "
+        "key is read from the first line of stdin (keeps it out of the shell history).",
+    )
+    p.add_argument("key", nargs="?", default=None, help="the key (default: read stdin)")
+    p.set_defaults(func=_run_hash_key)
+
+
+def _run_hash_key(args: argparse.Namespace) -> int:
+    from tokenwire.server.tenants.config import hash_key
+
+    key = args.key if args.key is not None else sys.stdin.readline().rstrip("\r\n")
+    if not key:
+        raise ValueError("hash-key: the key is empty")
+    print(hash_key(key))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from tokenwire.bench.cli import add_parsers as add_bench_parsers
     from tokenwire.clients.chat import add_chat_parser
@@ -82,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     add_chat_parser(sub)
     _add_worker(sub)
+    _add_hash_key(sub)
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     add_bench_parsers(bench)
     return parser

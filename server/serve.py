@@ -49,6 +49,8 @@ from tokenwire.server.telemetry.logs import (
     get_logger,
 )
 from tokenwire.server.telemetry.tracing import add_tracing_arguments, tracing_settings
+from tokenwire.server.tenants.config import load_tenant_file
+from tokenwire.server.tenants.registry import TenantRegistry
 from tokenwire.server.tls.reloader import TlsReloader
 from tokenwire.server.tls.settings import add_ssl_arguments, tls_settings
 
@@ -67,7 +69,15 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         "--api-key",
         action="append",
         default=None,
-        help="required bearer key (repeatable; also TOKENWIRE_API_KEY)",
+        help="required bearer key (repeatable; also TOKENWIRE_API_KEY); with --api-key-file "
+        "these keys form the tenant 'default' (no limits)",
+    )
+    p.add_argument(
+        "--api-key-file",
+        default=None,
+        metavar="PATH",
+        help="tenants (YAML or TOML): hashed keys, allowed models, max priority, rate limits "
+        "(README: Tenants and rate limits); reloaded on SIGHUP",
     )
     p.add_argument("--max-n", type=int, default=16)
     p.add_argument("--max-stop-sequences", type=int, default=16)
@@ -143,10 +153,12 @@ def grpc_settings(args: argparse.Namespace) -> GrpcSettings:
     keys = list(args.api_key or [])
     if not keys and os.environ.get("TOKENWIRE_API_KEY"):
         keys = [os.environ["TOKENWIRE_API_KEY"]]
+    tenants = None if args.api_key_file is None else load_tenant_file(args.api_key_file)
     return GrpcSettings(
         host=args.host,
         port=args.grpc_port,
         api_keys=tuple(keys),
+        tenants=tenants,
         limits=Limits(
             max_n=args.max_n,
             max_stop_sequences=args.max_stop_sequences,
@@ -193,13 +205,15 @@ def run_serve(args: argparse.Namespace) -> int:
         engine_in_process=args.engine_in_process,
         http=http_connection_settings(args),
     )
+    tenants = TenantRegistry(settings.tenants, settings.api_keys)
     rest = None
     if not args.disable_rest:
         rest = rest_settings(args, args.port)
         if options.metrics_port is None:  # else /metrics lives on its own port only
-            rest = replace(rest, metrics=telemetry.exposition, metrics_api_keys=settings.api_keys)
+            keys = tenants if tenants.auth_required else None  # any tenant's key
+            rest = replace(rest, metrics=telemetry.exposition, metrics_keys=keys)
     try:
-        return asyncio.run(_serve(config, settings, rest, telemetry, options, tls))
+        return asyncio.run(_serve(config, settings, rest, telemetry, options, tls, tenants))
     finally:
         telemetry.shutdown()  # flush spans still in the exporter's queue
 
@@ -211,6 +225,7 @@ async def _serve(
     telemetry: Telemetry,
     options: ServeOptions,
     tls: TlsReloader | None = None,
+    tenants: TenantRegistry | None = None,
 ) -> int:
     rest = None
     if rest_config is not None:
@@ -223,11 +238,16 @@ async def _serve(
         in_process=options.engine_in_process,
     )
     stop = _signal_event()
-    # SIGHUP: new handshakes on both ports use the reloaded certificate (never a shutdown).
-    _on_sighup([tls.reload] if tls is not None else [])
+    # SIGHUP: new handshakes on both ports use the reloaded certificate (never a shutdown);
+    # the key file is re-read (a bad one keeps the old tenants; in-flight requests keep theirs).
+    tenants = tenants or TenantRegistry(settings.tenants, settings.api_keys)
+    hooks: list[Callable[[], object]] = [tls.reload] if tls is not None else []
+    if settings.tenants is not None:
+        hooks.append(tenants.reload)
+    _on_sighup(hooks)
     await engine.start()  # the core loads the model (in its own process by default)
     try:
-        return await _serve_started(engine, settings, rest, telemetry, options, stop, tls)
+        return await _serve_started(engine, settings, rest, telemetry, options, stop, tls, tenants)
     finally:
         await engine.shutdown()
 
@@ -240,9 +260,11 @@ async def _serve_started(
     options: ServeOptions,
     stop: asyncio.Event,
     tls: TlsReloader | None = None,
+    tenants: TenantRegistry | None = None,
 ) -> int:
     telemetry.attach(engine)
-    server = GrpcServer(engine, engine.info.served_model_name, settings, telemetry, tls)
+    model = engine.info.served_model_name
+    server = GrpcServer(engine, model, settings, telemetry, tls, tenants)
     port = await server.start()  # NOT_SERVING; requests get NOT_READY until warm
     engine.on_dead(stop.set)  # a dead core: drain, then exit non-zero for the supervisor
     upstream = None
@@ -251,7 +273,7 @@ async def _serve_started(
         upstream = loopback_upstream(target, settings.max_message_bytes, tls)
         await rest.start(upstream)  # answers 503 NOT_READY until warm, like gRPC
     metrics_server = _start_metrics_server(telemetry, options.metrics_host, options.metrics_port)
-    if not settings.api_keys:
+    if not server.tenants.auth_required:
         logger.warning("no --api-key configured: the server accepts every caller")
     with contextlib.suppress(EngineDeadError):  # a core dying now is handled below
         await engine.warmup()
@@ -319,7 +341,7 @@ def _load_tls(args: argparse.Namespace) -> TlsReloader | None:
 
 
 def _on_sighup(hooks: list[Callable[[], object]]) -> None:
-    """Run every reload hook on SIGHUP (certificates now; other reloadable files may join)."""
+    """Run every reload hook on SIGHUP (certificates, the tenant key file)."""
 
     def reload() -> None:
         logger.info("SIGHUP: reloading", reloadable=len(hooks))

@@ -157,9 +157,9 @@ def test_request_id_and_forwarded_headers(
     seen: list[dict[str, str]] = []
     real = grpc_generation.call_context
 
-    def record(context: grpc.aio.ServicerContext, request_id: str = "") -> Any:
+    def record(context: grpc.aio.ServicerContext, *args: Any) -> Any:
         seen.append({m.key: m.value for m in context.invocation_metadata() or ()})
-        return real(context, request_id)
+        return real(context, *args)
 
     monkeypatch.setattr(grpc_generation, "call_context", record)
     headers = {

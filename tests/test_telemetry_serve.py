@@ -351,9 +351,10 @@ def test_metrics_after_known_workload(served: Served) -> None:
         key = f"tokenwire:{name}{{{labels}}}"
         return after[key] - before.get(key, 0.0)
 
-    assert delta("prompt_tokens_total") == 21
-    assert delta("generation_tokens_total") == 15
-    assert delta("request_success_total", f"finish_reason=length,{m}") == 3
+    t = f"{m},tenant=default"  # per-request counters carry the tenant (--api-key: default)
+    assert delta("prompt_tokens_total", t) == 21
+    assert delta("generation_tokens_total", t) == 15
+    assert delta("request_success_total", f"finish_reason=length,{t}") == 3
     assert delta("prefix_cache_queries_total") == 21
     assert delta("e2e_request_latency_seconds_count") == 3
     assert delta("time_to_first_token_seconds_count") == 3

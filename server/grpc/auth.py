@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 
-from tokenwire.server.api_keys import KeyChecker, bearer_of
+from tokenwire.server.api_keys import KeyCheck, bearer_of
 from tokenwire.server.grpc.errors import ServiceError, abort
 from tokenwire.v1 import errors_pb2
 
@@ -40,8 +40,12 @@ def bearer_token(metadata: Any) -> str | None:
     return bearer_of(authorization_values(metadata))
 
 
-class ApiKeyInterceptor(KeyChecker, grpc.aio.ServerInterceptor):
-    """Refuses every call without one valid ``authorization: Bearer <key>`` header."""
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses every call without one valid ``authorization: Bearer <key>`` header. ``keys``
+    is read per call (the tenant registry: a SIGHUP reload takes effect at once)."""
+
+    def __init__(self, keys: KeyCheck) -> None:
+        self.keys = keys
 
     async def intercept_service(
         self,
@@ -52,7 +56,7 @@ class ApiKeyInterceptor(KeyChecker, grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or method.startswith(OPEN_PREFIXES):
             return handler
-        if self.is_valid(bearer_token(handler_call_details.invocation_metadata)):
+        if self.keys.is_valid(bearer_token(handler_call_details.invocation_metadata)):
             return handler
         return _denying(handler)
 

@@ -1,29 +1,31 @@
-"""Per-call facts read from gRPC metadata: caller identity, request id, priority.
+"""Per-call facts read from gRPC metadata: caller identity (tenant), request id, priority.
 
-Request ids are namespaced by caller inside the engine (``<caller>/<request_id>``), so two
-callers may use the same id, ``Cancel`` can only reach the caller's own requests, and a
-duplicate is reported only to the caller who owns the first one.
+Request ids are namespaced by caller inside the engine (``<caller>/<request_id>``: per tenant
+of ``--api-key-file``, per key of ``--api-key``), so two tenants may use the same id,
+``Cancel`` can only reach the tenant's own requests, and a duplicate is reported only to the
+tenant who owns the first one.
 """
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from dataclasses import dataclass
 
 import grpc
 
 from tokenwire.runtime.errors import ParameterError
-from tokenwire.server.grpc.auth import authorization_values, bearer_token
+from tokenwire.server.grpc.auth import UNAUTHENTICATED, authorization_values, bearer_token
+from tokenwire.server.tenants.registry import Caller, TenantRegistry
 
 MAX_REQUEST_ID_CHARS = 128
 
 
 @dataclass(frozen=True)
 class CallContext:
-    caller: str  # short hash of the API key, or "anon" when the server is open
+    caller: str  # the request-id namespace: the tenant's, or "anon" when the server is open
     request_id: str  # as the client knows it
-    priority: int
+    priority: int  # after the tenant's max_priority clamp
+    who: Caller  # the tenant as admitted (a reload later does not change it)
 
     @property
     def internal_id(self) -> str:
@@ -42,19 +44,26 @@ def metadata_value(context: grpc.aio.ServicerContext, key: str) -> str | None:
     return None
 
 
-def caller_of(context: grpc.aio.ServicerContext) -> str:
-    """The caller's identity: a hash prefix of its bearer key (never the key itself), from
-    the same header value the API-key check reads; "anon" without one."""
+def identify(context: grpc.aio.ServicerContext, tenants: TenantRegistry) -> Caller:
+    """The caller's tenant, from the same header value the API-key check reads. Its
+    namespace is never the key itself: a tenant's name, a hash prefix of an ``--api-key``
+    key, or "anon" when the server is open."""
     metadata = context.invocation_metadata()
     if len(authorization_values(metadata)) > 1:
         raise ParameterError("authorization", "send at most one authorization header")
-    token = bearer_token(metadata)
-    if token is None:
-        return "anon"
-    return hashlib.sha256(token.encode()).hexdigest()[:16]
+    caller = tenants.identify(bearer_token(metadata))
+    if caller is None:  # the key was dropped by a reload since the interceptor checked it
+        raise UNAUTHENTICATED
+    return caller
 
 
-def call_context(context: grpc.aio.ServicerContext, request_id: str = "") -> CallContext:
+def caller_of(context: grpc.aio.ServicerContext, tenants: TenantRegistry) -> str:
+    return identify(context, tenants).namespace
+
+
+def call_context(
+    context: grpc.aio.ServicerContext, tenants: TenantRegistry, request_id: str = ""
+) -> CallContext:
     """Request id from the message, else ``x-request-id``, else a fresh one."""
     rid = request_id or metadata_value(context, "x-request-id") or uuid.uuid4().hex
     if len(rid) > MAX_REQUEST_ID_CHARS or not rid.isprintable():
@@ -66,4 +75,5 @@ def call_context(context: grpc.aio.ServicerContext, request_id: str = "") -> Cal
         priority = int(raw_priority) if raw_priority else 0
     except ValueError:
         raise ParameterError("x-priority", "must be an integer") from None
-    return CallContext(caller_of(context), rid, priority)
+    who = identify(context, tenants)
+    return CallContext(who.namespace, rid, who.tenant.clamp_priority(priority), who)

@@ -1,7 +1,8 @@
 """Error mapping: runtime and server exceptions -> gRPC status with ``google.rpc`` details.
 
 Every non-OK status carries a ``google.rpc.Status`` whose details hold an
-``ErrorInfo{reason, domain: "tokenwire", metadata}`` (plus ``RetryInfo`` for QUEUE_FULL).
+``ErrorInfo{reason, domain: "tokenwire", metadata}`` (plus ``RetryInfo`` for QUEUE_FULL and a
+tenant's RATE_LIMITED).
 ``reason`` is a ``tokenwire.v1.ErrorReason``; the wire carries its bare name ("QUEUE_FULL").
 Unexpected exceptions become INTERNAL with a generic message naming the request id; the
 details go to the server log only. No message carries a path, traceback or secret.
@@ -30,6 +31,7 @@ from tokenwire.runtime.errors import (
     QueueFullError,
     clip,
 )
+from tokenwire.server.tenants.limits import LimitExceeded, ModelNotAllowed
 from tokenwire.v1 import errors_pb2
 from tokenwire.v1.reasons import reason_name
 
@@ -88,6 +90,24 @@ def model_not_found(name: str) -> ServiceError:
     )
 
 
+def tenant_error(exc: LimitExceeded | ModelNotAllowed) -> ServiceError:
+    """A tenant's limit (RESOURCE_EXHAUSTED + RetryInfo) or model list (PERMISSION_DENIED)."""
+    if isinstance(exc, ModelNotAllowed):
+        return ServiceError(
+            grpc.StatusCode.PERMISSION_DENIED,
+            errors_pb2.ERROR_REASON_MODEL_NOT_ALLOWED,
+            str(exc),
+            {"tenant": exc.tenant, "model": clip(exc.model)},
+        )
+    return ServiceError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        errors_pb2.ERROR_REASON_RATE_LIMITED,
+        str(exc),
+        {"tenant": exc.tenant, "limit": exc.limit},
+        retry_after=exc.retry_after,
+    )
+
+
 def to_service_error(exc: BaseException, request_id: str | None = None) -> ServiceError:
     """Classify an exception; unknown ones become a generic INTERNAL error."""
     if isinstance(exc, ServiceError):
@@ -130,6 +150,8 @@ def to_service_error(exc: BaseException, request_id: str | None = None) -> Servi
             str(exc),
             retry_after=exc.retry_after,
         )
+    if isinstance(exc, LimitExceeded | ModelNotAllowed):
+        return tenant_error(exc)
     if isinstance(exc, NotReadyError):
         return ServiceError(
             grpc.StatusCode.UNAVAILABLE,

@@ -36,6 +36,8 @@ from tokenwire.server.grpc.tools import (
 )
 from tokenwire.server.telemetry.core import Telemetry
 from tokenwire.server.telemetry.record import RequestRecord
+from tokenwire.server.tenants.limits import Lease, ModelNotAllowed
+from tokenwire.server.tenants.registry import TenantRegistry
 from tokenwire.v1 import generation_pb2, generation_pb2_grpc
 
 Events = AsyncIterator[generation_pb2.GenerateStreamResponse]
@@ -51,6 +53,7 @@ class _Submitted:
     record: RequestRecord
     parsing: OutputParsing | None  # reasoning / tool calls to read out of the text
     model: str  # the request's model: the served model's name or a LoRA adapter's
+    lease: Lease  # the tenant's request slot: generated tokens are charged to it
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         sessions: SessionHandler,
         telemetry: Telemetry,
         readers: OutputReaders | None = None,
+        tenants: TenantRegistry | None = None,
     ) -> None:
         self.engine = engine
         self.model_name = model_name
@@ -79,6 +83,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         self.sessions = sessions
         self.telemetry = telemetry
         self.readers = readers or OutputReaders()
+        self.tenants = tenants or TenantRegistry()
 
     def _shape(
         self, tooling: ChatTooling | None, params: SamplingParams
@@ -123,8 +128,8 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
                 prompt,
                 token_ids,
                 params,
-                priority=call.priority,
-                cache_salt=request.cache_salt or None,
+                priority=call.priority,  # clamped to the tenant's max_priority
+                cache_salt=call.who.cache_salt(request.cache_salt or None),
                 lora_request=lora,
             )
         except ParameterError as exc:
@@ -148,17 +153,23 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         call: CallContext | None = None
         stream: RequestStream | None = None
         record: RequestRecord | None = None
+        lease: Lease | None = None
         status = "CANCELLED"  # unless the body completes or fails
         try:
-            call = call_context(context, request.request_id)
+            call = call_context(context, self.tenants, request.request_id)
             record = self.telemetry.begin(call.request_id, call.internal_id, kind)
+            self.telemetry.set_tenant(record, call.who.name)
             self.telemetry.bind(record)
+            model = request.model or self.model_name  # resolved: the base or an adapter
+            if not call.who.tenant.allows_model(model):
+                raise ModelNotAllowed(call.who.name, model)
+            lease = self.tenants.admit(call.who)  # the tenant's limits, before the engine's
             stream, num_top, parsing = await self._submit(call, request, record)
             await context.send_initial_metadata((("x-request-id", call.request_id),))
-            model = request.model or self.model_name  # resolved: the base or an adapter
-            yield _Submitted(call, stream, num_top, record, parsing, model)
+            yield _Submitted(call, stream, num_top, record, parsing, model, lease)
             status = "OK"
         except Exception as exc:
+            self.telemetry.refused(exc)
             err = to_service_error(exc, call.request_id if call else None)
             status = err.code.name
             await abort(context, err)
@@ -167,6 +178,8 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             # id that made this call fail as a duplicate.
             if call is not None and stream is not None and not stream.done:
                 self.engine.abort(call.internal_id)
+            if lease is not None:
+                lease.release()
             if record is not None:
                 self.telemetry.end(record, status)
 
@@ -174,7 +187,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> generation_pb2.GenerateResponse:
         async with self._request(context, request, "generate") as sub:
-            output = await _final_output(sub.stream)
+            output = await _final_output(sub.stream, sub.lease)
             self.telemetry.record_completion(sub.record, [c.text for c in output.outputs])
             return generation_pb2.GenerateResponse(
                 request_id=sub.call.request_id,
@@ -207,6 +220,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
                 )
             elif isinstance(item, ChoiceDelta):
                 counts[item.index] = counts.get(item.index, 0) + len(item.token_ids)
+                sub.lease.charge(len(item.token_ids))
                 parser = None
                 if sub.parsing is not None:
                     parser = parsers.get(item.index)
@@ -224,7 +238,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         self, request: generation_pb2.CancelRequest, context: grpc.aio.ServicerContext
     ) -> generation_pb2.CancelResponse:
         try:
-            rid = internal_id(caller_of(context), request.request_id)
+            rid = internal_id(caller_of(context, self.tenants), request.request_id)
         except Exception as exc:
             await abort(context, to_service_error(exc))
         # True exactly once per request: the first Cancel of a request still in flight.
@@ -282,9 +296,11 @@ def delta_events(
     return events
 
 
-async def _final_output(stream: RequestStream) -> RequestOutput:
+async def _final_output(stream: RequestStream, lease: Lease) -> RequestOutput:
     async for item in stream:
-        if isinstance(item, RequestFinished):
+        if isinstance(item, ChoiceDelta):
+            lease.charge(len(item.token_ids))  # as produced, like a stream
+        elif isinstance(item, RequestFinished):
             return item.output
         if isinstance(item, RequestFailed):
             raise item.error

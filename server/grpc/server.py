@@ -24,6 +24,8 @@ from tokenwire.server.grpc.guard import MalformedRequestInterceptor
 from tokenwire.server.grpc.models import ModelService
 from tokenwire.server.grpc.session import SessionHandler
 from tokenwire.server.telemetry.core import Telemetry
+from tokenwire.server.tenants.config import TenantConfig
+from tokenwire.server.tenants.registry import TenantRegistry, merged_config
 from tokenwire.server.tls.reloader import TlsReloader
 from tokenwire.v1 import generation_pb2, generation_pb2_grpc, models_pb2, models_pb2_grpc
 
@@ -40,6 +42,9 @@ class GrpcSettings:
     host: str = "127.0.0.1"
     port: int = 50051
     api_keys: tuple[str, ...] = ()
+    # --api-key-file: tenants with models, a priority clamp and limits (merged with api_keys,
+    # whose keys form the tenant "default").
+    tenants: TenantConfig | None = None
     limits: Limits = field(default_factory=Limits)
     max_message_bytes: int = 16 << 20
     max_sessions: int = 256
@@ -56,7 +61,9 @@ class GrpcSettings:
 
     def __post_init__(self) -> None:
         check_parser_names(self.tool_call_parser, self.reasoning_parser)
-        self.adapter_flags.check(self.api_keys)
+        merged = merged_config(self.api_keys, self.tenants)  # --api-key with the key file
+        # Runtime LoRA updating needs authenticated callers: keys of either flag.
+        self.adapter_flags.check(tuple(t.name for t in merged.tenants))
 
     @property
     def adapter_flags(self) -> AdapterFlags:
@@ -74,6 +81,7 @@ class GrpcServer:
         settings: GrpcSettings,
         telemetry: Telemetry | None = None,
         tls: TlsReloader | None = None,
+        tenants: TenantRegistry | None = None,
     ) -> None:
         self.engine = engine
         self.settings = settings
@@ -83,10 +91,12 @@ class GrpcServer:
         if telemetry.metrics is None:
             telemetry.attach(engine)
         self.telemetry = telemetry
+        # Key -> tenant, limits and accounting; ``tenants.reload()`` re-reads the key file.
+        self.tenants = tenants or TenantRegistry(settings.tenants, settings.api_keys)
         # The OTel interceptor runs first, so even a call refused by auth gets its RPC span.
         interceptors = list(telemetry.grpc_interceptors())
-        if settings.api_keys:  # before the decode guard: no key, no parsing
-            interceptors.append(ApiKeyInterceptor(settings.api_keys))
+        if self.tenants.auth_required:  # before the decode guard: no key, no parsing
+            interceptors.append(ApiKeyInterceptor(self.tenants))
         interceptors.append(MalformedRequestInterceptor())
         self.server = grpc.aio.server(
             interceptors=interceptors,
@@ -106,6 +116,7 @@ class GrpcServer:
             settings.max_sessions,
             settings.session_idle_timeout,
             telemetry,
+            self.tenants,
         )
         generation_pb2_grpc.add_GenerationServiceServicer_to_server(
             GenerationService(
@@ -116,6 +127,7 @@ class GrpcServer:
                 self.sessions,
                 telemetry,
                 OutputReaders(settings.tool_call_parser, settings.reasoning_parser),
+                self.tenants,
             ),
             self.server,
         )
@@ -126,7 +138,7 @@ class GrpcServer:
                 settings.limits,
                 self.tokenizers,
                 settings.max_sessions,
-                bool(settings.api_keys),
+                self.tenants.auth_required,
                 settings.adapter_flags,
             ),
             self.server,

@@ -22,7 +22,7 @@ from tokenwire.runtime.output_processor import ChoiceDelta, RequestStarted
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
 from tokenwire.server.grpc import convert
 from tokenwire.server.grpc.adapters import resolve_model
-from tokenwire.server.grpc.call_context import caller_of
+from tokenwire.server.grpc.call_context import identify
 from tokenwire.server.grpc.errors import (
     ServiceError,
     abort,
@@ -34,6 +34,8 @@ from tokenwire.server.grpc.errors import (
 from tokenwire.server.grpc.guard import checked_messages
 from tokenwire.server.grpc.session_state import SessionState
 from tokenwire.server.telemetry.core import Telemetry
+from tokenwire.server.tenants.limits import Lease, ModelNotAllowed
+from tokenwire.server.tenants.registry import Caller, TenantRegistry
 from tokenwire.v1 import errors_pb2
 from tokenwire.v1 import generation_pb2 as pb
 
@@ -50,8 +52,10 @@ class SessionHandler:
         max_sessions: int,
         idle_timeout: float,
         telemetry: Telemetry,
+        tenants: TenantRegistry | None = None,
     ) -> None:
         self.engine = engine
+        self.tenants = tenants or TenantRegistry()
         self.tokenizers = tokenizers
         self.telemetry = telemetry
         self.model_name = model_name
@@ -76,12 +80,15 @@ class SessionHandler:
     ) -> AsyncIterator[pb.SessionResponse]:
         requests = checked_messages(requests)
         try:
-            state = await self._open_session(requests, context)
+            who = identify(context, self.tenants)
+            state = await self._open_session(requests, who)
+            lease = self.tenants.open_session(who)  # the tenant's max_sessions, last
         except Exception as exc:
+            self.telemetry.refused(exc)
             await abort(context, to_service_error(exc))
         out: Out = asyncio.Queue()
         self._open[state.session_id] = out
-        session = _Session(self, state, out)
+        session = _Session(self, state, out, who)
         reader = asyncio.create_task(session.read(requests))
         try:
             yield pb.SessionResponse(
@@ -101,11 +108,14 @@ class SessionHandler:
                 await reader
             await session.close()
             del self._open[state.session_id]
+            lease.release()
 
-    async def _open_session(self, requests: Any, context: grpc.aio.ServicerContext) -> SessionState:
+    async def _open_session(self, requests: Any, who: Caller) -> SessionState:
         first = await anext(aiter(requests), None)
         if first is None or first.WhichOneof("message") != "open":
             raise invalid_parameter("open", "the first message of a session must be Open")
+        if not who.tenant.allows_model(first.open.model or self.model_name):
+            raise ModelNotAllowed(who.name, first.open.model or self.model_name)
         # The session binds the adapter its Open names for every turn (None: the base model).
         lora = resolve_model(self.engine, self.model_name, first.open.model)
         if len(self._open) >= self.max_sessions:
@@ -124,13 +134,14 @@ class SessionHandler:
             self.engine.info.default_sampling,
         )
         session_id = uuid.uuid4().hex
-        holder_id = f"session/{caller_of(context)}/{session_id}"
+        holder_id = f"session/{who.namespace}/{session_id}"
         return SessionState(session_id, holder_id, first.open, lora)
 
 
 class _Session:
-    def __init__(self, handler: SessionHandler, state: SessionState, out: Out) -> None:
+    def __init__(self, handler: SessionHandler, state: SessionState, out: Out, who: Caller) -> None:
         self.handler = handler
+        self.who = who  # the tenant at Open: every turn is admitted and charged as this tenant
         self.engine = handler.engine
         self.state = state
         self.out = out
@@ -209,9 +220,12 @@ class _Session:
         record = telemetry.begin(
             f"{state.session_id}/turn-{number}", request_id, "session_turn", parent
         )
+        telemetry.set_tenant(record, self.who.name)
         telemetry.bind(record)  # this turn's task only
         status = "CANCELLED"  # unless the turn ends otherwise
+        lease = None
         try:
+            lease = self.handler.tenants.admit(self.who)  # each turn is a request
             if state.lora is not None:
                 telemetry.select_model(record, state.lora.lora_name)
                 if engine.get_lora(state.lora.lora_name) != state.lora:  # unloaded since Open
@@ -226,19 +240,23 @@ class _Session:
                 None,
                 prompt,
                 params,
-                cache_salt=state.open.cache_salt or None,
+                priority=self.who.tenant.clamp_priority(0),
+                cache_salt=self.who.cache_salt(state.open.cache_salt or None),
                 hold_as=state.holder_id,
                 lora_request=state.lora,
             )
             telemetry.admit(record, params.n)
         except Exception as exc:
+            if lease is not None:
+                lease.release()
+            telemetry.refused(exc)
             err = to_service_error(exc, request_id)
             self._turn_error(number, err)
             telemetry.end(record, err.code.name)
             return
         self.turn_request = request_id
         try:
-            await self._stream_turn(stream, number, prompt, messages, params.logprobs)
+            await self._stream_turn(stream, number, prompt, messages, params.logprobs, lease)
             status = "OK"
         except Exception as exc:
             err = to_service_error(exc, request_id)
@@ -247,6 +265,7 @@ class _Session:
         finally:
             self.turn_request = None
             engine.abort(request_id)
+            lease.release()
             telemetry.end(record, status)
 
     async def _stream_turn(
@@ -256,6 +275,7 @@ class _Session:
         prompt: list[int],
         messages: list[dict[str, str]] | None,
         num_top: int | None,
+        lease: Lease,
     ) -> None:
         put = self.out.put_nowait
         async for item in stream:
@@ -271,6 +291,7 @@ class _Session:
                     )
                 )
             elif isinstance(item, ChoiceDelta):
+                lease.charge(len(item.token_ids))
                 if item.text or item.token_ids:
                     put(
                         pb.SessionResponse(

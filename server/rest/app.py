@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
-from tokenwire.server.api_keys import KeyChecker, bearer_of
+from tokenwire.server.api_keys import KeyCheck, KeyChecker, bearer_of
 from tokenwire.server.rest.errors import RestError, clip, from_rpc_error, from_validation_errors
 from tokenwire.server.rest.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from tokenwire.server.rest.models import (
@@ -62,6 +62,8 @@ class RestSettings:
     metrics: Callable[[], bytes] | None = None
     # With keys, ``GET /metrics`` needs ``authorization: Bearer <key>`` like every gRPC call.
     metrics_api_keys: tuple[str, ...] = ()
+    # Or any key the server's tenant registry knows (``--api-key-file``; reloadable).
+    metrics_keys: KeyCheck | None = None
 
 
 class ClientGone(Exception):
@@ -119,7 +121,9 @@ class Routes:
     def __init__(self, upstream: Upstream, settings: RestSettings) -> None:
         self.upstream = upstream
         self.settings = settings
-        self._metrics_keys = KeyChecker(settings.metrics_api_keys)
+        self._metrics_keys: KeyCheck = settings.metrics_keys or KeyChecker(
+            settings.metrics_api_keys
+        )
         self.started = int(time.time())
 
     async def chat(self, request: Request, body: ChatCompletionRequest) -> Response:
@@ -227,7 +231,7 @@ class Routes:
 
     async def metrics(self, request: Request) -> Response:
         assert self.settings.metrics is not None
-        if self.settings.metrics_api_keys:
+        if self.settings.metrics_api_keys or self.settings.metrics_keys is not None:
             token = bearer_of(request.headers.getlist("authorization"))
             if not self._metrics_keys.is_valid(token):
                 raise RestError(

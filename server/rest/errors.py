@@ -10,9 +10,9 @@ passed through only from tokenwire's own statuses (ErrorInfo domain "tokenwire",
 carry a path, traceback or key), and only when the rich status agrees with the call's own code
 (grpc-core replaces the code when it drops a call, e.g. RESOURCE_EXHAUSTED for oversized
 trailers); anything else gets a fixed message. Only RESOURCE_EXHAUSTED with a rate-limit reason
-(QUEUE_FULL, TOO_MANY_SESSIONS) is a 429, which SDKs retry; any other RESOURCE_EXHAUSTED is a
-413. Client input quoted in a message is clipped (``clip``): an error never grows with what the
-client sent.
+(QUEUE_FULL, TOO_MANY_SESSIONS, a tenant's RATE_LIMITED) is a 429 (with ``Retry-After``), which
+SDKs retry; any other RESOURCE_EXHAUSTED is a 413. Client input quoted in a message is clipped
+(``clip``): an error never grows with what the client sent.
 """
 
 from __future__ import annotations
@@ -63,9 +63,14 @@ _OPENAI_CODES: dict[errors_pb2.ErrorReason, str] = {
     errors_pb2.ERROR_REASON_CONTEXT_LENGTH_EXCEEDED: "context_length_exceeded",
     errors_pb2.ERROR_REASON_QUEUE_FULL: "rate_limit_exceeded",
     errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS: "rate_limit_exceeded",
+    errors_pb2.ERROR_REASON_RATE_LIMITED: "rate_limit_exceeded",  # a tenant's limit
 }
 _RATE_LIMIT_REASONS = frozenset(
-    {errors_pb2.ERROR_REASON_QUEUE_FULL, errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS}
+    {
+        errors_pb2.ERROR_REASON_QUEUE_FULL,
+        errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS,
+        errors_pb2.ERROR_REASON_RATE_LIMITED,
+    }
 )
 _FALLBACK_MESSAGES = {
     grpc.StatusCode.UNAVAILABLE: "the inference server is unavailable",

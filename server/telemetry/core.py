@@ -30,8 +30,11 @@ from tokenwire.server.telemetry.tracing import (
     TracingSettings,
     build_tracer_provider,
 )
+from tokenwire.server.tenants.limits import LimitExceeded
 
 _PROPAGATOR = TraceContextTextMapPropagator()  # stateless
+# The metrics' tenant of an engine request without a handler record (engine-only callers).
+DEFAULT_TENANT_LABEL = "default"
 
 
 class Telemetry:
@@ -100,9 +103,10 @@ class Telemetry:
             self.spans.step_span(stats, self._lookup)
 
     def on_request_finished(self, stats: RequestStats) -> None:
-        if self.metrics is not None:
-            self.metrics.on_request_finished(stats)
         record = self._lookup(stats.request_id)
+        if self.metrics is not None:
+            tenant = record.attributes.get("tenant") if record is not None else None
+            self.metrics.on_request_finished(stats, tenant or DEFAULT_TENANT_LABEL)
         if record is not None and record.add_stats(stats):
             self._finalize(record)
 
@@ -137,6 +141,18 @@ class Telemetry:
         if self.wired and internal_id not in self._records:  # a duplicate id fails anyway
             self._records[internal_id] = record
         return record
+
+    def set_tenant(self, record: RequestRecord, tenant: str) -> None:
+        """The request's tenant (a key-file name, "default" or "anonymous": a bounded set):
+        ``tokenwire.tenant`` on the span, ``tenant`` on the log line and the metrics."""
+        record.attributes["tenant"] = tenant
+        if record.span is not None:
+            record.span.set_attribute("tokenwire.tenant", tenant)
+
+    def refused(self, exc: BaseException) -> None:
+        """Count a request a tenant's limit refused (any other failure: nothing)."""
+        if isinstance(exc, LimitExceeded) and self.metrics is not None:
+            self.metrics.rate_limited(exc.tenant, exc.limit)
 
     def select_model(self, record: RequestRecord, model: str) -> None:
         """The model the request runs with once resolved: the served model, or the LoRA
@@ -214,6 +230,7 @@ class Telemetry:
             "trace_id": record.trace_id,
             "span_id": record.span_id,
             "model": record.attributes["model"],
+            "tenant": record.attributes.get("tenant"),
             "kind": record.kind,
             "status": record.status,
         }

@@ -106,13 +106,22 @@ class EngineMetrics:
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(f"tokenwire:{name}", doc, labels, registry=reg, buckets=buckets)
 
+        # Per-request counters carry the tenant: a name from --api-key-file, "default" or
+        # "anonymous" (bounded by the key file, never by what a client sends).
         self._success = counter(
-            "request_success", "Finished requests by finish reason.", ("finish_reason",)
+            "request_success",
+            "Finished requests by finish reason.",
+            ("finish_reason", "tenant"),
         )
         self._model = model_name
         m = model_name
-        self.prompt_tokens = counter("prompt_tokens", "Prefill tokens processed.").labels(m)
-        self.generation_tokens = counter("generation_tokens", "Tokens generated.").labels(m)
+        self._prompt_tokens = counter("prompt_tokens", "Prefill tokens processed.", ("tenant",))
+        self._generation_tokens = counter("generation_tokens", "Tokens generated.", ("tenant",))
+        self._rate_limited = counter(
+            "tenant_rate_limited_requests",
+            "Requests refused by a tenant's limit (--api-key-file).",
+            ("tenant", "limit"),
+        )
         self.preemptions = counter("num_preemptions", "Cumulative preemptions.").labels(m)
         self.prefix_queries = counter(
             "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
@@ -165,10 +174,10 @@ class EngineMetrics:
             for position, count in enumerate(stats.accepted_per_pos):
                 self._spec_accepted_per_pos.labels(self._model, str(position)).inc(count)
 
-    def on_request_finished(self, stats: RequestStats) -> None:
-        self._success.labels(self._model, stats.finish_reason.value).inc()
-        self.prompt_tokens.inc(stats.num_prompt_tokens)
-        self.generation_tokens.inc(stats.num_output_tokens)
+    def on_request_finished(self, stats: RequestStats, tenant: str = "default") -> None:
+        self._success.labels(self._model, stats.finish_reason.value, tenant).inc()
+        self._prompt_tokens.labels(self._model, tenant).inc(stats.num_prompt_tokens)
+        self._generation_tokens.labels(self._model, tenant).inc(stats.num_output_tokens)
         self.prefix_queries.inc(stats.num_prompt_tokens)
         self.prefix_hits.inc(stats.num_cached_tokens)
         self.e2e.observe(stats.finished_time - stats.arrival_time)
@@ -182,6 +191,10 @@ class EngineMetrics:
                 )
                 for _ in range(stats.num_output_tokens - 1):
                     self.itl.observe(mean)
+
+    def rate_limited(self, tenant: str, limit: str) -> None:
+        """A tenant's limit refused a request (event loop)."""
+        self._rate_limited.labels(self._model, tenant, limit).inc()
 
     # ------------------------------------------------------------------ scrape
     def exposition(self) -> bytes:

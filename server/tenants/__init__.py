@@ -1,0 +1,1 @@
+"""Tenants: API keys mapped to names, allowed models, a priority clamp and rate limits."""

@@ -1,0 +1,148 @@
+"""``tokenwire serve --api-key-file`` as a real process: startup errors name the flag, SIGHUP
+re-reads the key file (a bad file keeps the old tenants), and the tenant appears on the JSON
+canonical log line and on ``/metrics``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from grpc_helpers import greedy_request as request
+
+from tokenwire.server.cli import main
+from tokenwire.server.tenants.config import hash_key
+from tokenwire.v1 import generation_pb2_grpc
+
+
+def _serve_args(model: Path, *flags: str) -> list[str]:
+    return ["serve", str(model), "--grpc-port", "0", "--port", "0", *flags]
+
+
+def _key_file(path: Path, rps: float, burst: int) -> None:
+    path.write_text(
+        "tenants:\n"
+        "  - name: team\n"
+        f"    keys: ['{hash_key('team-key')}']\n"
+        f"    limits: {{requests_per_second: {rps}, burst: {burst}}}\n"
+    )
+
+
+def test_startup_errors_name_the_flag(
+    tiny_model_with_tokenizer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "keys.yaml"
+    bad.write_text("tenants:\n  - name: team\n    keys: [sha256:00]\n")
+    good = tmp_path / "good.toml"
+    good.write_text(f'[[tenants]]\nname = "default"\nkeys = ["{hash_key("k")}"]\n')
+    other = tmp_path / "other.toml"
+    other.write_text(f'[[tenants]]\nname = "team"\nkeys = ["{hash_key("k")}"]\n')
+    cases = [
+        (["--api-key-file", str(bad)], f"--api-key-file {bad}: tenants[0].keys[0]"),
+        (["--api-key-file", str(tmp_path / "none.yaml")], "cannot read"),
+        (["--api-key-file", str(good), "--api-key", "admin"], "rename it or drop --api-key"),
+        (["--api-key-file", str(other), "--api-key", "k"], "--api-key: a key is also a key"),
+    ]
+    for flags, expected in cases:
+        assert main(_serve_args(tiny_model_with_tokenizer, *flags)) == 2, flags
+        err = capsys.readouterr().err
+        assert err.startswith("tokenwire: error: ") and expected in err, (flags, err)
+
+
+class _Lines:
+    """The server's stdout, line by line, with a wait for a pattern (no sleeps)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        self.cond = threading.Condition()
+        threading.Thread(target=self._read, args=(proc,), daemon=True).start()
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        for line in proc.stdout or ():
+            with self.cond:
+                self.lines.append(line)
+                self.cond.notify_all()
+
+    def wait_for(self, pattern: str, after: int = 0, timeout: float = 60.0) -> re.Match[str]:
+        found: list[re.Match[str]] = []
+
+        def seen() -> bool:
+            found[:] = [m for line in self.lines[after:] if (m := re.search(pattern, line))]
+            return bool(found)
+
+        with self.cond:
+            assert self.cond.wait_for(seen, timeout), f"no {pattern!r} in:\n{''.join(self.lines)}"
+        return found[0]
+
+
+@pytest.mark.slow
+def test_sighup_reloads_the_key_file(tiny_model_with_tokenizer: Path, tmp_path: Path) -> None:
+    keys = tmp_path / "keys.yaml"
+    _key_file(keys, rps=1000, burst=1000)
+    exe = shutil.which("tokenwire", path=os.path.dirname(sys.executable))
+    assert exe is not None
+    cmd = [exe, *_serve_args(tiny_model_with_tokenizer, "--engine-in-process")]
+    cmd += ["--log-format", "json", "--max-model-len", "256", "--served-model-name", "tiny"]
+    cmd += ["--api-key-file", str(keys), "--api-key", "admin-key"]  # merged: "default"
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, PYTHONSAFEPATH="1"),
+    )  # fmt: skip
+    try:
+        out = _Lines(proc)
+        match = out.wait_for(r"serving model=.* grpc=(\S+):(\d+) rest=http://(\S+):(\d+)")
+        target, rest = (
+            f"{match.group(1)}:{match.group(2)}",
+            f"http://{match.group(3)}:{match.group(4)}",
+        )
+        team = (("authorization", "Bearer team-key"),)
+        with grpc.insecure_channel(target) as channel:
+            stub = generation_pb2_grpc.GenerationServiceStub(channel)
+
+            def generate(rid: str) -> grpc.StatusCode:
+                try:
+                    stub.Generate(request([1, 2, 3], 2, rid), metadata=team, timeout=60)
+                except grpc.RpcError as err:
+                    return err.code()  # type: ignore[no-any-return]
+                return grpc.StatusCode.OK
+
+            assert [generate(f"a{i}") for i in range(3)] == [grpc.StatusCode.OK] * 3
+            mark = len(out.lines)
+            keys.write_text("tenants: [{name: team, keys: [oops]}]\n")
+            proc.send_signal(signal.SIGHUP)
+            out.wait_for("tenant key file reload failed", after=mark)
+            assert generate("b0") == grpc.StatusCode.OK  # the old limits hold
+            mark = len(out.lines)
+            _key_file(keys, rps=0.01, burst=1)  # the level carries over, clipped to 1
+            proc.send_signal(signal.SIGHUP)
+            out.wait_for("tenant key file reloaded", after=mark)
+            assert [generate(f"c{i}") for i in range(2)] == [
+                grpc.StatusCode.OK,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            ]
+        records = [json.loads(line) for line in out.lines if line.startswith("{")]
+        finished = [r for r in records if r.get("event") == "request_finished"]
+        assert {r["request_id"]: r["tenant"] for r in finished}["c0"] == "team"
+        metrics = httpx.get(
+            f"{rest}/metrics", headers={"authorization": "Bearer admin-key"}, timeout=30
+        ).text
+        assert re.search(r'request_success_total\{[^}]*tenant="team"[^}]*\} 5\.0', metrics)
+        assert re.search(
+            r'tenant_rate_limited_requests_total\{limit="requests_per_second",'
+            r'model_name="tiny",tenant="team"\} 1\.0',
+            metrics,
+        )
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
