@@ -142,6 +142,12 @@ def add_serve_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", choices=WORKLOADS, default="cpu")
     p.add_argument("--num-requests", type=int, default=None)
     p.add_argument("--vocab-size", type=int, default=49152)
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="model folder or hub id whose tokenizer renders the edit workload's chat prompts "
+        "(default: the default model's)",
+    )
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument(
         "--request-rate",
@@ -175,6 +181,7 @@ def serve_bench_config(args: argparse.Namespace) -> ServeBenchConfig:
         workload=args.workload,
         num_requests=args.num_requests,
         vocab_size=args.vocab_size,
+        tokenizer=args.tokenizer,
         concurrency=args.concurrency,
         request_rate=args.request_rate,
         seed=args.seed,

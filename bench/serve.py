@@ -20,7 +20,7 @@ from typing import Any, Literal
 from tqdm import tqdm
 
 from tokenwire.bench.serve_metrics import RequestResult, summarize
-from tokenwire.bench.workloads import make_workload
+from tokenwire.bench.workloads import bench_tokenizer, make_workload
 from tokenwire.clients.channel import TlsOptions
 
 Sender = Callable[[list[int], int], Awaitable[RequestResult]]
@@ -38,6 +38,7 @@ class ServeBenchConfig:
     workload: str = "cpu"
     num_requests: int | None = None
     vocab_size: int = 49152  # token ids are drawn below this
+    tokenizer: str | None = None  # ``edit`` prompts: this tokenizer (default: the default model's)
     concurrency: int = 16
     request_rate: float | None = None  # Poisson arrivals/s; None: all at once
     seed: int = 0  # arrival times
@@ -174,7 +175,8 @@ async def _run_load(
 
 def serve_bench_summary(config: ServeBenchConfig) -> dict[str, Any]:
     """Run the load and return the JSON record (vLLM's result keys)."""
-    workload = make_workload(config.workload, config.vocab_size, config.num_requests)
+    tokenizer = bench_tokenizer(config.tokenizer) if config.workload == "edit" else None
+    workload = make_workload(config.workload, config.vocab_size, config.num_requests, tokenizer)
     return asyncio.run(_main(config, workload.prompts, workload.output_lens, workload.name))
 
 

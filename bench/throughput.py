@@ -101,7 +101,8 @@ def throughput_result(config: ThroughputConfig) -> dict[str, Any]:
     recorder = StepRecorder()
     llm = build_llm(config.engine, recorder)
     engine = llm.engine
-    workload = make_workload(config.workload, engine.vocab_size, config.num_requests)
+    tokenizer = llm.get_tokenizer() if config.workload == "edit" else None
+    workload = make_workload(config.workload, engine.vocab_size, config.num_requests, tokenizer)
     llm.generate([workload.prompts[0]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
     recorder.steps.clear()
     seconds = run_workload(llm, workload)

@@ -295,3 +295,18 @@ def test_greedy_verification_accepts_the_argmax_prefix() -> None:
     assert verify_drafts(logits, [row], [[2, 4]], 6, None) == [[2, 4, 1]]
     assert verify_drafts(logits, [row], [[2, 3]], 6, None) == [[2, 4]]
     assert verify_drafts(logits, [row], [[0, 4]], 6, None) == [[2]]
+
+
+def test_edit_workload_prompts_hold_their_passages(smollm_tokenizer: Any) -> None:
+    """The ``edit`` bench workload: chat prompts (the model's template) that contain the
+    passage the answer should copy; the token-id workloads need no tokenizer."""
+    from tokenwire.bench.edit_texts import PASSAGES
+    from tokenwire.bench.workloads import make_workload
+
+    with pytest.raises(ValueError, match="tokenizer"):
+        make_workload("edit", 49152)
+    workload = make_workload("edit", 49152, tokenizer=smollm_tokenizer)
+    assert len(workload.prompts) == 16 and workload.output_lens == [64] * 16
+    for i, prompt in enumerate(workload.prompts):
+        text = smollm_tokenizer.decode(prompt)
+        assert PASSAGES[i % len(PASSAGES)] in text and "<|im_start|>assistant" in text
