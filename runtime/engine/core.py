@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 from tokenwire.runtime.config import EngineConfig
+from tokenwire.runtime.engine.fault import step_fault_from_env
 from tokenwire.runtime.engine.validation import validate_request
 from tokenwire.runtime.errors import DuplicateRequestError
 from tokenwire.runtime.executor.base import Executor, make_executor
@@ -49,6 +50,7 @@ class EngineCore:
     ) -> None:
         self.config = config
         self.observer = observer
+        self._fault = step_fault_from_env()  # TOKENWIRE_TEST_FAULT (tests only); else None
         self.executor = executor if executor is not None else make_executor(config)
         try:
             self.facts = self.executor.facts
@@ -201,6 +203,8 @@ class EngineCore:
             if self.structured.num_pending:
                 self.structured.wait(GRAMMAR_WAIT_S)
             return []
+        if self._fault is not None:
+            self._fault.before_execute()
         mo = self.executor.execute_model(so)
         t2 = time.perf_counter()
         outputs = self.scheduler.update(so, mo)

@@ -161,6 +161,7 @@ class CoreLoop:
         self._step_id = 0
         self._outputs: list[EngineCoreOutput] = []
         self._faults: list[RequestFault] = []
+        self._released = False  # a holder's blocks were freed: the snapshot must go out
 
     def run(self) -> None:
         """Until a ``Shutdown`` input; exceptions propagate (the caller reports them)."""
@@ -187,7 +188,8 @@ class CoreLoop:
         elif isinstance(message, AbortRequests):
             self._outputs.extend(core.abort_requests(message.request_ids))
         elif isinstance(message, ReleaseHolder):
-            core.release_holder(message.holder_id)
+            # At idle no step follows: without a flush the KV gauges would keep the blocks.
+            self._released |= core.release_holder(message.holder_id)
         elif isinstance(message, AddLoRA | RemoveLoRA):
             self._flush()
             self.send(lora_reply(core, message))
@@ -216,7 +218,7 @@ class CoreLoop:
     def _flush(self) -> None:
         steps, finished = self.collector.take()
         evicted = self.core.pop_evicted_holders()
-        if not (self._outputs or steps or finished or evicted or self._faults):
+        if not (self._outputs or steps or finished or evicted or self._faults or self._released):
             return
         result = StepResult(
             outputs=self._outputs,
@@ -226,5 +228,5 @@ class CoreLoop:
             faults=self._faults,
             snapshot=snapshot(self.core, self._step_id),
         )
-        self._outputs, self._faults = [], []
+        self._outputs, self._faults, self._released = [], [], False
         self.send(result)

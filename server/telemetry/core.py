@@ -75,6 +75,8 @@ class Telemetry:
                 max_loras,
                 snap.running_lora_adapters,
                 snap.waiting_lora_adapters,
+                kv_num_blocks=snap.kv_blocks_total,
+                kv_free_blocks=snap.kv_blocks_free,
             )
 
         self.metrics = EngineMetrics(self.model_name, gauges)

@@ -48,6 +48,8 @@ class EngineGauges:
     max_loras: int = 0  # 0: LoRA is not enabled (no lora_requests_info series)
     running_lora_adapters: tuple[str, ...] = ()  # adapter names of running requests
     waiting_lora_adapters: tuple[str, ...] = ()
+    kv_num_blocks: int = 0  # KV blocks requests can use (the null block excluded)
+    kv_free_blocks: int = 0  # of those, blocks no request holds (evictable cached included)
 
 
 class _EngineStateCollector(Collector):
@@ -63,6 +65,8 @@ class _EngineStateCollector(Collector):
             ("num_requests_running", "Requests in model execution batches.", state.num_running),
             ("num_requests_waiting", "Requests waiting to be processed.", state.num_waiting),
             ("kv_cache_usage_perc", "KV cache usage; 1 means 100 percent.", state.kv_cache_usage),
+            ("kv_cache_num_blocks", "KV cache blocks requests can use.", state.kv_num_blocks),
+            ("kv_cache_free_blocks", "KV cache blocks no request holds.", state.kv_free_blocks),
         ):
             family = GaugeMetricFamily(f"tokenwire:{name}", doc, labels=["model_name"])
             family.add_metric([self.model_name], float(value))

@@ -1,0 +1,63 @@
+"""Test-only fault injection into the engine core: ``TOKENWIRE_TEST_FAULT="step:N"`` makes the
+N-th ``execute_model`` call of the core (1-based, warm-up steps included) raise
+``InjectedFault`` before the executor runs.
+
+Read once when the ``EngineCore`` is built (in the core's own process under ``serve``, which
+inherits the server's environment). Unset or empty: no hook at all. What follows a fault is
+the engine's ordinary failure path (see tests/test_faults.py): the core loop ends, the front
+declares the engine dead, in-flight requests end UNAVAILABLE / ENGINE_DEAD and the server
+drains and exits 1. Never set it in production.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+FAULT_ENV = "TOKENWIRE_TEST_FAULT"
+
+
+class InjectedFault(RuntimeError):
+    """The fault ``TOKENWIRE_TEST_FAULT`` asked for."""
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """Raise at the ``step``-th ``execute_model`` call (1-based)."""
+
+    step: int
+
+    def __post_init__(self) -> None:
+        if self.step < 1:
+            raise ValueError(f"{FAULT_ENV}: step must be >= 1, got {self.step}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> FaultPlan | None:
+        """The plan in ``environ`` (default ``os.environ``); None when unset or empty."""
+        raw = (os.environ if environ is None else environ).get(FAULT_ENV, "").strip()
+        if not raw:
+            return None
+        kind, _, value = raw.partition(":")
+        if kind != "step" or not value.strip().isdigit():
+            raise ValueError(f'{FAULT_ENV}={raw!r}: expected "step:N" with N >= 1')
+        return cls(int(value))
+
+
+class StepFault:
+    """Counts ``execute_model`` calls and raises at the planned one (once)."""
+
+    def __init__(self, plan: FaultPlan) -> None:
+        self.plan = plan
+        self.calls = 0
+
+    def before_execute(self) -> None:
+        self.calls += 1
+        if self.calls == self.plan.step:
+            raise InjectedFault(f"{FAULT_ENV}: injected fault at execute_model call {self.calls}")
+
+
+def step_fault_from_env(environ: Mapping[str, str] | None = None) -> StepFault | None:
+    """The hook ``EngineCore`` installs, or None (the normal case)."""
+    plan = FaultPlan.from_env(environ)
+    return None if plan is None else StepFault(plan)
