@@ -169,7 +169,9 @@ class Scheduler:
             num_decode_tokens=step.num_decode_tokens,
             finished_req_ids=finished,
             preempted_req_ids=frozenset(r.request_id for r in step.preempted),
-            grammar_bitmask=self.structured.bitmask_for(step.num_scheduled, self.requests)
+            grammar_bitmask=self.structured.bitmask_for(
+                step.num_scheduled, self.requests, step.spec_tokens
+            )
             if self.structured is not None and self._num_constrained
             else None,
             removed_lora_ids=frozenset()
@@ -369,7 +371,8 @@ class Scheduler:
             elif request_id in scheduler_output.spec_token_ids:
                 draft = scheduler_output.spec_token_ids[request_id]
                 extra = model_output.extra_token_ids.get(request_id, [])
-                any_finished |= accept_drafts(request, output, draft, extra, self._check_stop)
+                check = self._check_stop if grammar is None else self._advance_and_check
+                any_finished |= accept_drafts(request, output, draft, extra, check)
             outputs.append(output)
         if any_finished:
             self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
@@ -390,6 +393,13 @@ class Scheduler:
                 output = EngineCoreOutput(request_id, [], num_cached_tokens=0)
                 outputs.append(output)
             output.new_prompt_logprobs = positions
+
+    def _advance_and_check(self, request: Request, token: int) -> bool:
+        """An accepted draft of a constrained request: its matcher takes it, then the stop
+        checks run (a completed grammar ends the request)."""
+        assert request.grammar is not None
+        request.grammar.accept(token)
+        return self._check_stop(request, token)
 
     def _check_stop(self, request: Request, token: int) -> bool:
         """Token-level stop checks; stop strings are checked by the front's detokenizer."""

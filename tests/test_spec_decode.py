@@ -310,3 +310,34 @@ def test_edit_workload_prompts_hold_their_passages(smollm_tokenizer: Any) -> Non
     for i, prompt in enumerate(workload.prompts):
         text = smollm_tokenizer.decode(prompt)
         assert PASSAGES[i % len(PASSAGES)] in text and "<|im_start|>assistant" in text
+
+
+def test_structured_output_speculation_is_exact(
+    tiny_model_with_tokenizer: Path, tmp_path: Path
+) -> None:
+    """Constrained requests speculate too: drafts are cut to what the grammar accepts, each
+    scored position is masked by the matcher's state after the drafts before it, and only
+    verified tokens advance the matcher. Greedy outputs equal plain constrained decoding, the
+    text still matches, and drafts really get accepted (the copying model cycles through the
+    few a/b tokens the pattern allows; its 90-character limit cuts the last drafts)."""
+    import re
+
+    from tokenwire.runtime.sampling_params import StructuredOutputsParams
+
+    model = copying_model(tiny_model_with_tokenizer, tmp_path / "copying")
+    pattern = r"[ab]{30,90}\."
+    constrained = StructuredOutputsParams(regex=pattern)
+    params = SamplingParams(temperature=0.0, max_tokens=48, structured_outputs=constrained)
+    prompts = [p[:12] for p in PROMPTS]
+    plain, _, _ = generate(model, prompts, params)
+    spec, llm, rec = generate(model, prompts, params, speculative_config=NGRAM)
+    assert spec == plain
+    assert rec.accepted > 0
+    tokenizer = llm.get_tokenizer()
+    for out in spec:
+        assert re.fullmatch(pattern, tokenizer.decode(out[0], skip_special_tokens=True))
+    sampled = SamplingParams(temperature=0.9, seed=3, max_tokens=48, structured_outputs=constrained)
+    outs = llm.generate(prompts, sampled, use_tqdm=False)
+    for o in outs:
+        assert re.fullmatch(pattern, o.outputs[0].text), o.outputs[0].text
+    assert_idle(llm)

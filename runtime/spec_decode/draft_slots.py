@@ -37,7 +37,9 @@ class DraftModelSlots:
 
     def propose(self, request: Request, budget: int) -> list[int]:
         """``k`` placeholders for the worker's draft model (``ngram.draft_room`` bounds k)."""
-        room = draft_room(self.config, self.max_model_len, request, budget)
+        # Structured-output requests get none: their drafts would have to be cut to the
+        # grammar here, and the workers make them.
+        room = draft_room(self.config, self.max_model_len, request, budget, grammar_ok=False)
         return [PLACEHOLDER_TOKEN] * max(room, 0)
 
 

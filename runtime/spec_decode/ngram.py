@@ -4,10 +4,11 @@ The longest suffix of ``prompt_lookup_max`` down to ``prompt_lookup_min`` tokens
 occurs earlier in the request's tokens (prompt + output) proposes the tokens that followed
 its most recent earlier occurrence, up to ``num_speculative_tokens``.
 
-Requests that want logprobs or follow a structured-output grammar get no drafts (their
-matcher and logprob reports advance one token per step). Everything else — temperature,
-top-k, top-p, min-p, logit bias, penalties, min_tokens, seeds, stop conditions — is verified
-exactly (``verify``).
+Requests that want logprobs get no drafts (their logprob reports advance one token per
+step). A structured-output request's drafts are cut to what its grammar accepts and verified
+against per-position masks (``grammar_drafts``). Everything else — temperature, top-k,
+top-p, min-p, logit bias, penalties, min_tokens, seeds, stop conditions — is verified exactly
+(``verify``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from tokenwire.runtime.config import SpeculativeConfig
 from tokenwire.runtime.request import Request
+from tokenwire.runtime.spec_decode.grammar_drafts import grammar_prefix
 
 
 def find_draft(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> list[int]:
@@ -33,9 +35,13 @@ def find_draft(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> list[int]:
     return []
 
 
-def eligible(request: Request) -> bool:
-    """May this request's next tokens be drafted (see the module docstring)?"""
-    return request.grammar is None and request.sampling_params.logprobs is None
+def eligible(request: Request, grammar_ok: bool = True) -> bool:
+    """May this request's next tokens be drafted (see the module docstring)? ``grammar_ok``:
+    whether the proposer can cut drafts to a grammar (it must know them: not so for the
+    workers' draft model)."""
+    if request.sampling_params.logprobs is not None:
+        return False
+    return grammar_ok or request.grammar is None
 
 
 class NgramProposer:
@@ -56,14 +62,21 @@ class NgramProposer:
             return []
         tokens = np.asarray(request.token_ids, dtype=np.int64)
         cfg = self.config
-        return find_draft(tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max, room)
+        draft = find_draft(tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max, room)
+        return grammar_prefix(request, draft)
 
 
-def draft_room(config: SpeculativeConfig, max_model_len: int, request: Request, budget: int) -> int:
+def draft_room(
+    config: SpeculativeConfig,
+    max_model_len: int,
+    request: Request,
+    budget: int,
+    grammar_ok: bool = True,
+) -> int:
     """How many drafts a decoding request may take this step: at most ``budget - 1`` and
     ``num_speculative_tokens``, never past its ``max_tokens`` or the context length; 0 for a
     request that is not ``eligible``."""
-    if not eligible(request):
+    if not eligible(request, grammar_ok):
         return 0
     return min(
         budget - 1,

@@ -20,6 +20,7 @@ from tokenwire.runtime.input_batch import InputBatch, StepArrays
 from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.scheduler_output import SchedulerOutput
 from tokenwire.runtime.spec_decode.verify import verify_drafts
+from tokenwire.runtime.structured.apply import apply_grammar_bitmask
 
 if TYPE_CHECKING:
     from tokenwire.runtime.model_runner import CachedRequestState, ModelRunner
@@ -72,8 +73,13 @@ def spec_step(
     if spec:
         pos = np.concatenate([np.arange(first[j], first[j] + counts[j]) for j in spec])
         spec_states = [states[idx[j]] for j in spec]
+        spec_logits = logits[torch.from_numpy(pos)]
+        if so.grammar_bitmask is not None:  # constrained rows: one mask row per position
+            starts = np.cumsum([0] + [int(counts[j]) for j in spec])[:-1]
+            row_of = {s.request_id: int(o) for s, o in zip(spec_states, starts, strict=True)}
+            apply_grammar_bitmask(spec_logits, row_of, so.grammar_bitmask)
         emitted = verify_drafts(
-            logits[torch.from_numpy(pos)],
+            spec_logits,
             [s.sampling for s in spec_states],
             [drafts[s.request_id] for s in spec_states],
             runner.vocab_size,

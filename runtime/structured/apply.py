@@ -33,9 +33,15 @@ def _disallowed_on_host(words: np.ndarray, vocab_size: int) -> torch.Tensor:
 def apply_grammar_bitmask(
     logits: torch.Tensor, row_of: dict[str, int], bitmask: GrammarBitmask
 ) -> None:
-    """In place: ``logits[row_of[rid]]`` keeps only the tokens its grammar allows. Requests
-    of the bitmask that sample nothing this step (absent from ``row_of``) are skipped."""
-    picks = [(i, row_of[rid]) for i, rid in enumerate(bitmask.req_ids) if rid in row_of]
+    """In place: ``logits[row_of[rid]]`` keeps only the tokens its grammar allows; the
+    ``j``-th bitmask row of a request (a speculating one has several) masks logits row
+    ``row_of[rid] + j``. Requests of the bitmask absent from ``row_of`` are skipped."""
+    seen: dict[str, int] = {}
+    picks = []
+    for i, rid in enumerate(bitmask.req_ids):
+        if rid in row_of:
+            picks.append((i, row_of[rid] + seen.get(rid, 0)))
+            seen[rid] = seen.get(rid, 0) + 1
     if not picks:
         return
     words = bitmask.to_array()

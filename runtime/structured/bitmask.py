@@ -20,7 +20,8 @@ def num_words(vocab_size: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class GrammarBitmask:
-    """Row ``i`` (``words`` little-endian int32) belongs to request ``req_ids[i]``."""
+    """Row ``i`` (``words`` little-endian int32) belongs to request ``req_ids[i]``; a
+    speculating request has consecutive rows, one per scored position, in order."""
 
     req_ids: list[str]
     words: int

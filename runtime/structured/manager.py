@@ -25,6 +25,7 @@ import numpy as np
 
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.request import FinishReason
+from tokenwire.runtime.spec_decode.grammar_drafts import fill_draft_rows
 from tokenwire.runtime.structured.bitmask import GrammarBitmask, num_words
 from tokenwire.runtime.structured.compiler import GrammarCompilerPool
 from tokenwire.runtime.structured.validate import compiler_message
@@ -138,9 +139,13 @@ class StructuredOutputManager:
             wait_futures(futures, timeout, FIRST_COMPLETED)
 
     def bitmask_for(
-        self, num_scheduled: Mapping[str, int], requests: Mapping[str, Request]
+        self,
+        num_scheduled: Mapping[str, int],
+        requests: Mapping[str, Request],
+        drafts: Mapping[str, list[int]] | None = None,
     ) -> GrammarBitmask | None:
         """The bitmask of the constrained requests a step brings up to date (they sample);
+        a request with ``drafts`` gets one row per scored position (``grammar_drafts``).
         None when there are none."""
         rows = []
         for request_id, num_new in num_scheduled.items():
@@ -150,15 +155,23 @@ class StructuredOutputManager:
                 and request.num_computed_tokens + num_new >= request.num_tokens
             ):
                 rows.append(request)
-        return self.bitmask(rows) if rows else None
+        return self.bitmask(rows, drafts or {}) if rows else None
 
-    def bitmask(self, requests: list[Request]) -> GrammarBitmask:
-        """Allowed next tokens of each request (all ready, none terminated)."""
-        array = np.empty((len(requests), self.words), dtype=np.int32)
-        for i, request in enumerate(requests):
+    def bitmask(
+        self, requests: list[Request], drafts: Mapping[str, list[int]] | None = None
+    ) -> GrammarBitmask:
+        """Allowed next tokens of each request (all ready, none terminated): one row, or
+        ``1 + len(draft)`` consecutive rows for a request with drafts."""
+        drafts = drafts or {}
+        counts = [1 + len(drafts.get(r.request_id, ())) for r in requests]
+        array = np.empty((sum(counts), self.words), dtype=np.int32)
+        req_ids: list[str] = []
+        for request, count in zip(requests, counts, strict=True):
             assert request.grammar is not None
-            request.grammar.matcher.fill_next_token_bitmask(array, i)
-        return GrammarBitmask.from_array([r.request_id for r in requests], array)
+            draft = drafts.get(request.request_id, [])
+            fill_draft_rows(request.grammar.matcher, draft, array, len(req_ids))
+            req_ids.extend([request.request_id] * count)
+        return GrammarBitmask.from_array(req_ids, array)
 
     def shutdown(self) -> None:
         self.pool.shutdown()
