@@ -231,3 +231,37 @@ def test_prompt_logprobs_survive_preemption(model_dir: Path) -> None:
         assert out.prompt_logprobs[0] is None
         assert all(prompt[i] in out.prompt_logprobs[i] for i in range(1, len(prompt)))  # type: ignore[operator]
     llm.engine.kv_cache_manager.check_invariants(idle=True)
+
+
+def test_a_step_that_only_preempts_reaches_the_runner(
+    tiny_model_factory: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request that cannot fit preempts itself, and nothing else runs: that step schedules
+    no token but must still reach the runner, which releases the request's row (it used to be
+    dropped, leaking a row per preemption until 'input batch is full' killed the engine).
+    Startup normally refuses a cache this small; the check is bypassed to force it."""
+    from tokenwire.runtime.engine.core import EngineCore
+    from tokenwire.runtime.executor.uniproc import UniprocExecutor
+
+    monkeypatch.setattr(EngineCore, "_check_capacity", lambda self, num_blocks: None)
+    llm = LLM(
+        str(tiny_model_factory("llama")), device="cpu", num_gpu_blocks_override=5,
+        max_num_batched_tokens=16, max_num_seqs=2,
+    )  # fmt: skip
+    engine = llm.engine
+    params = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
+    engine.add_request("big", list(range(3, 43)), params)  # 140 tokens > 64 slots
+    for _ in range(60):
+        engine.step()
+        if engine.scheduler.num_preemptions_total:
+            break
+    assert engine.scheduler.num_preemptions_total == 1
+    engine.step()  # back in waiting: 65 tokens never fit 4 blocks again
+    executor = engine.executor
+    assert isinstance(executor, UniprocExecutor)
+    batch = executor.worker.runner.batch
+    assert len(batch._free_rows) == 2  # the preempted request holds no row
+    engine.abort_requests(["big"])
+    engine.step()
+    assert len(batch._free_rows) == 2
+    engine.kv_cache_manager.check_invariants(idle=True)

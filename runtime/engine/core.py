@@ -199,7 +199,9 @@ class EngineCore:
         t0 = time.perf_counter()
         so = self.scheduler.schedule()
         t1 = time.perf_counter()
-        if so.is_empty and not so.finished_req_ids:
+        # An empty step still goes out when it finishes or preempts requests: the workers
+        # must release their rows (a request that preempted itself used to leak one).
+        if so.is_empty and not so.finished_req_ids and not so.preempted_req_ids:
             if self.structured.num_pending:
                 self.structured.wait(GRAMMAR_WAIT_S)
             return []
