@@ -116,6 +116,7 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
             ),
             stage("lora:tiny", 60, "--model", tiny),
             stage("bench:tiny-moe", 30, "--model", tiny_moe, "--label", "tiny-moe"),
+            stage("spec:tiny", 30, "--model", tiny),
         ]
     # Priority order: the rest of the (compiled) kernel tests run last, in the time left.
     all_kernel_tests = [*pytest, "-m", "not gpu", "tests/test_kernels_triton.py"]
@@ -137,6 +138,8 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
         stage("bench:llama-3.1-8b+int4", 70, *_eight_b("int4", quantization="gptq"), "--tpot-only"),
         # Issue 15: 4 LoRA adapters mixed vs the base, Llama-3.2-1B dummy weights.
         stage("lora:llama-3.2-1b", 90, "--model", "llama-3.2-1b"),
+        # Issue 16: n-gram speculation vs plain, 1 and 64 streams (a copying dummy model).
+        stage("spec:llama-3.2-1b", 60, "--model", "llama-3.2-1b"),
         Stage("kernels-all", all_kernel_tests, 120),
     ]
 

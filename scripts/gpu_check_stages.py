@@ -251,6 +251,59 @@ def stage_lora(args: argparse.Namespace, record: Recorder) -> None:
            ratio=r["lora_mixed_vs_base"])  # fmt: skip
 
 
+def stage_spec(args: argparse.Namespace, record: Recorder) -> None:
+    """Issue 16: output tok/s with n-gram speculation (k = 3) over plain decoding, one stream
+    (requests one at a time) and 64 at once, on the ``repeat`` workload. Dummy weights never
+    copy, so every ``o_proj`` and ``down_proj`` is zeroed after loading (a "copying" model:
+    the next token depends on the current one only, greedy text soon cycles and drafts get
+    accepted) — the verify step's cost at a high acceptance rate, not a real model's rate."""
+    import dataclasses
+
+    from tokenwire.bench.throughput import StepRecorder, build_llm, release_device_memory
+    from tokenwire.runtime.config import SpeculativeConfig
+    from tokenwire.runtime.sampling_params import SamplingParams
+
+    ngram = SpeculativeConfig("ngram", 3, prompt_lookup_min=2, prompt_lookup_max=4)
+    base = _bench_config(args).engine
+    for spec in (None, ngram):
+        steps = StepRecorder()
+        llm = build_llm(dataclasses.replace(base, speculative_config=spec), steps)
+        _zero_residual_writes(llm)
+        engine = llm.engine
+        for streams in (1, 2 if args.smoke else 64):
+            w = _workload("repeat", engine.vocab_size, args.smoke)
+            prompts = (w.prompts * streams)[: max(streams, len(w.prompts))]
+            params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=w.output_lens[0])
+            llm.generate(prompts[:1], params, use_tqdm=False)  # warm-up
+            steps.steps.clear()
+            start = time.perf_counter()
+            batches = [[p] for p in prompts] if streams == 1 else [prompts]
+            for batch in batches:
+                llm.generate(batch, params, use_tqdm=False)
+            seconds = time.perf_counter() - start
+            tokens = len(prompts) * w.output_lens[0]
+            record(kind="spec", model=args.label or args.model, method="ngram" if spec else "plain",
+                   streams=streams, output_tok_s=round(tokens / seconds, 1),
+                   draft_tokens=sum(s.num_draft_tokens for s in steps.steps),
+                   accepted_tokens=sum(s.num_accepted_tokens for s in steps.steps))  # fmt: skip
+        device = engine.facts.device
+        llm.shutdown()
+        del llm, engine
+        release_device_memory(__import__("torch").device(device))
+
+
+def _zero_residual_writes(llm: Any) -> None:
+    """Zero every layer's ``o_proj`` and ``down_proj`` weights in place (CUDA graphs keep
+    their pointers): attention and MLP still run, but add nothing to the residual stream."""
+    import torch
+
+    model = llm.engine.executor.worker.runner.model
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                param.zero_()
+
+
 def _hf_static(
     args: argparse.Namespace, model_path: Path, device: Any, dtype: Any, vocab: int,
     record: Recorder,
@@ -344,7 +397,7 @@ def stage_serve(args: argparse.Namespace, record: Recorder) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("stage", choices=["attn_bw", "parity", "bench", "serve", "lora"])
+    p.add_argument("stage", choices=["attn_bw", "parity", "bench", "serve", "lora", "spec"])
     p.add_argument("--results", type=Path, required=True)
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--model", default="llama-3.2-1b", help="bundled name or config dir")
@@ -363,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench": stage_bench,
         "serve": stage_serve,
         "lora": stage_lora,
+        "spec": stage_spec,
     }
     stages[args.stage](args, Recorder(args.results, args.stage))
     return 0

@@ -18,6 +18,8 @@ ATTN_FRACTION_TARGET = 0.70
 SERVE_RATIO_TARGET = 0.90
 FP8_TPOT_SPEEDUP_TARGET = 1.4  # issue 13: FP8 weights >= 1.4x bf16 decode at batch 1
 LORA_RATIO_TARGET = 0.8  # issue 15: 4 adapters mixed keep >= 80% of the base's tok/s
+SPEC_TARGET = 1.7  # issue 16: n-gram speculation at one stream
+SPEC_FLOOR = 0.95  # issue 16: at many streams it must not lose more than 5%
 
 
 class StageLike(Protocol):
@@ -96,6 +98,7 @@ def summary_rows(stages: Sequence[StageLike]) -> list[dict[str, Any]]:
             label = s.name.split(":")[1]
             rows += _bench_rows([s], _model_key(s, label), label)
     rows += _lora_rows(stages)
+    rows += _spec_rows(stages)
     rows.append(_serve_row(stages))
     rows += _quant_rows(stages)
     return rows
@@ -114,6 +117,29 @@ def _lora_rows(stages: Sequence[StageLike]) -> list[dict[str, Any]]:
         label = s.name.split(":")[1]
         rows.append(_row(f"LoRA x4 mixed / base, {label}", value, f">= {LORA_RATIO_TARGET}",
                          ref, ok, "x"))  # fmt: skip
+    return rows
+
+
+def _spec_rows(stages: Sequence[StageLike]) -> list[dict[str, Any]]:
+    """Issue 16: n-gram speculation over plain decoding (target >= 1.7x at one stream; at
+    many streams it must not lose more than 5%)."""
+    rows = []
+    for s in stages:
+        if not s.name.startswith("spec:"):
+            continue
+        label = s.name.split(":")[1]
+        for streams in sorted({r["streams"] for r in s.records if r.get("kind") == "spec"}):
+            plain = _find([s], "spec", method="plain", streams=streams)
+            spec = _find([s], "spec", method="ngram", streams=streams)
+            value = spec["output_tok_s"] / plain["output_tok_s"] if plain and spec else None
+            want = SPEC_TARGET if streams == 1 else SPEC_FLOOR
+            ok = None if value is None else value >= want
+            ref = "-" if spec is None else (
+                f"plain {plain['output_tok_s'] if plain else '-'} tok/s, "
+                f"{spec['accepted_tokens']}/{spec['draft_tokens']} drafts accepted"
+            )  # fmt: skip
+            rows.append(_row(f"ngram / plain, {streams} stream(s), {label} (copying)", value,
+                             f">= {want}", ref, ok, "x"))  # fmt: skip
     return rows
 
 

@@ -39,7 +39,7 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
     stages = {s["name"]: s for s in report["stages"]}
     assert list(stages) == [
         "kernels", "attn_bw", "parity", "bench:tiny", "serve:tiny", "bench:tiny+kvfp8", "lora:tiny",
-        "bench:tiny-moe",
+        "bench:tiny-moe", "spec:tiny",
     ]  # fmt: skip
     assert all(s["status"] == "ok" for s in stages.values())
     kinds = {r.get("kind") for r in stages["bench:tiny"]["records"]}
@@ -53,6 +53,12 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
     assert figures["TPOT batch 1 tiny+kvfp8 (ms)"]["value"] > 0  # --kv-cache-dtype reaches it
     assert figures["LoRA x4 mixed / base, tiny"]["value"] > 0
     assert figures["mixed tiny-moe output tok/s"]["value"] > 0  # a Mixtral config runs
+    spec = stages["spec:tiny"]["records"]
+    assert {(r["method"], r["streams"]) for r in spec} == {
+        (m, n) for m in ("plain", "ngram") for n in (1, 2)
+    }
+    assert sum(r["accepted_tokens"] for r in spec) > 0  # the copying model's drafts land
+    assert figures["ngram / plain, 1 stream(s), tiny (copying)"]["value"] > 0
     # The summary table is the last thing printed.
     tail = proc.stdout.strip().splitlines()
     assert tail[-1].startswith("served / offline")
