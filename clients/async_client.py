@@ -37,8 +37,8 @@ T = TypeVar("T")
 class AsyncClient:
     """Non-blocking client over one grpc.aio channel. Every ``grpc.RpcError``
     becomes a ``TokenwireError`` subclass. ``timeout`` is the default deadline (seconds) of
-    each call except sessions; ``None`` means no deadline. ``tls`` and ``retry`` as
-    ``Client``'s (TLS off, the default retry policy on)."""
+    each call except sessions; ``None`` means no deadline. ``tls``, ``retry`` and
+    ``load_balancing`` as ``Client``'s (TLS off, the default retry policy on)."""
 
     def __init__(
         self,
@@ -49,11 +49,12 @@ class AsyncClient:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         tls: TlsOptions | None = None,
         retry: RetryPolicy | None = DEFAULT_RETRY_POLICY,
+        load_balancing: str | None = None,
     ) -> None:
         self.target = target
         self._api_key = api_key
         self._timeout = timeout
-        options = channel_options(max_message_bytes, retry, tls)
+        options = channel_options(max_message_bytes, retry, tls, load_balancing)
         self._channel = open_aio_channel(target, options, tls)
         self._generation = gen_grpc.GenerationServiceStub(self._channel)
         self._models = models_grpc.ModelServiceStub(self._channel)

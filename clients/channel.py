@@ -103,16 +103,21 @@ def channel_options(
     max_message_bytes: int,
     retry: RetryPolicy | None = DEFAULT_RETRY_POLICY,
     tls: TlsOptions | None = None,
+    load_balancing: str | None = None,
 ) -> list[tuple[str, int | str]]:
+    """``load_balancing``: gRPC's client-side policy, e.g. ``round_robin`` to spread calls over
+    every address a target resolves to (a Kubernetes headless Service:
+    ``dns:///tokenwire-headless.NAMESPACE.svc:50051``); None: gRPC's default (pick_first)."""
     options: list[tuple[str, int | str]] = [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
     ]
-    if retry is not None:
-        options.append(("grpc.enable_retries", 1))
-        options.append(("grpc.service_config", json.dumps(retry.service_config())))
-    else:
-        options.append(("grpc.enable_retries", 0))
+    config: dict[str, Any] = {} if retry is None else retry.service_config()
+    if load_balancing is not None:
+        config["loadBalancingConfig"] = [{load_balancing: {}}]
+    options.append(("grpc.enable_retries", 0 if retry is None else 1))
+    if config:
+        options.append(("grpc.service_config", json.dumps(config)))
     if tls is not None and tls.server_name is not None:
         options.append(("grpc.ssl_target_name_override", tls.server_name))
     return options

@@ -41,7 +41,9 @@ class Client:
     ``TokenwireError`` subclass. ``timeout`` is the default deadline (seconds) of each call
     except sessions; ``None`` means no deadline. ``tls``: connect over TLS (root CA, client
     certificate for mTLS); plaintext without it. ``retry``: the gRPC retry policy for
-    UNAVAILABLE / RESOURCE_EXHAUSTED (``clients/channel.py``); ``None`` turns retries off."""
+    UNAVAILABLE / RESOURCE_EXHAUSTED (``clients/channel.py``); ``None`` turns retries off.
+    ``load_balancing``: ``"round_robin"`` spreads calls over every address ``target`` resolves
+    to (a Kubernetes headless Service, or ``ipv4:HOST:PORT,HOST:PORT``)."""
 
     def __init__(
         self,
@@ -52,11 +54,12 @@ class Client:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         tls: TlsOptions | None = None,
         retry: RetryPolicy | None = DEFAULT_RETRY_POLICY,
+        load_balancing: str | None = None,
     ) -> None:
         self.target = target
         self._api_key = api_key
         self._timeout = timeout
-        options = channel_options(max_message_bytes, retry, tls)
+        options = channel_options(max_message_bytes, retry, tls, load_balancing)
         self._channel = open_channel(target, options, tls)
         self._generation = gen_grpc.GenerationServiceStub(self._channel)
         self._models = models_grpc.ModelServiceStub(self._channel)

@@ -98,3 +98,38 @@ def test_async_client_stream_and_cancel(harness: ServerHarness) -> None:
 
     assert asyncio.run(scenario()) == ["cancelled"]
     harness.assert_idle()
+
+
+def test_round_robin_spreads_calls_over_every_address(
+    tiny_model_factory: Callable[..., Path],
+) -> None:
+    """``load_balancing="round_robin"`` over a target that resolves to two servers (what a
+    headless Service gives) sends calls to both; the default (pick_first) sticks to one."""
+    counters = [_Finished(), _Finished()]
+    servers = [ServerHarness(tiny_model_factory("llama"), observer=c).start() for c in counters]
+    try:
+        target = "ipv4:" + ",".join(s.target for s in servers)
+        for policy, expect_both in (("round_robin", True), (None, False)):
+            before = [c.count for c in counters]
+            with Client(target, load_balancing=policy) as client:
+                for _ in range(6):
+                    client.generate([5, 6, 7], max_tokens=1)
+            counts = [c.count - b for c, b in zip(counters, before, strict=True)]
+            assert sum(counts) == 6
+            assert (min(counts) > 0) == expect_both, (policy, counts)
+    finally:
+        for server in servers:
+            server.stop()
+
+
+class _Finished:
+    """Counts the requests a server's engine finished (an ``EngineObserver``)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_step(self, stats: object) -> None:
+        pass
+
+    def on_request_finished(self, stats: object) -> None:
+        self.count += 1
