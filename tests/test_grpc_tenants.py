@@ -33,7 +33,13 @@ from tokenwire.runtime.stats import RequestStats
 from tokenwire.server.telemetry.core import Telemetry
 from tokenwire.server.telemetry.tracing import TracingSettings
 from tokenwire.server.tenants.config import hash_key, parse_tenants
-from tokenwire.v1 import common_pb2, generation_pb2, generation_pb2_grpc
+from tokenwire.v1 import (
+    common_pb2,
+    generation_pb2,
+    generation_pb2_grpc,
+    models_pb2,
+    models_pb2_grpc,
+)
 
 pb = generation_pb2
 SLOW = {"requests_per_second": 0.01}  # one request per 100 s after the burst
@@ -119,6 +125,24 @@ def test_a_model_outside_the_tenants_list_is_permission_denied(
     )
     assert reply.status_code == 403
     assert reply.json()["error"]["code"] == "model_not_allowed"
+
+
+def test_models_are_listed_per_tenant(harness: ServerHarness, rest: RestHarness) -> None:
+    """ListModels (and REST /v1/models, through it) shows a tenant only the models it may
+    use; GetModelInfo of another is PERMISSION_DENIED."""
+    with harness.channel() as channel:
+        models = models_pb2_grpc.ModelServiceStub(channel)
+        listed = models.ListModels(models_pb2.ListModelsRequest(), metadata=auth("kb"))
+        assert [m.name for m in listed.models] == ["tiny"]
+        narrow = models.ListModels(models_pb2.ListModelsRequest(), metadata=auth("kn"))
+        assert list(narrow.models) == []
+        assert models.GetModelInfo(models_pb2.GetModelInfoRequest(), metadata=auth("kb")).name
+        err = refused(
+            lambda: models.GetModelInfo(models_pb2.GetModelInfoRequest(), metadata=auth("kn"))
+        )
+        assert err.code() == grpc.StatusCode.PERMISSION_DENIED
+    reply = httpx.get(f"{rest.url}/v1/models", headers={"authorization": "Bearer kn"}, timeout=30)
+    assert reply.status_code == 200 and reply.json()["data"] == []
 
 
 def test_requests_per_second_over_the_burst_is_resource_exhausted_with_retry_info(

@@ -13,8 +13,11 @@ from tokenwire.runtime.sampling_params import MAX_LOGPROBS
 from tokenwire.runtime.tokenizer import Tokenizer
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
 from tokenwire.server.grpc.adapters import AdapterAdmin, AdapterFlags, resolve_model
+from tokenwire.server.grpc.call_context import identify
 from tokenwire.server.grpc.convert import Limits
 from tokenwire.server.grpc.errors import abort, invalid_parameter, to_service_error
+from tokenwire.server.tenants.limits import ModelNotAllowed
+from tokenwire.server.tenants.registry import TenantRegistry
 from tokenwire.v1 import common_pb2, models_pb2, models_pb2_grpc
 
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -45,8 +48,12 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         max_sessions: int,
         auth_required: bool,
         adapter_flags: AdapterFlags | None = None,
+        tenants: TenantRegistry | None = None,
     ) -> None:
+        """``tenants``: ListModels shows a caller only the models its tenant may use, and
+        GetModelInfo of any other is PERMISSION_DENIED (None: every caller sees all)."""
         self.engine = engine
+        self.tenants = tenants
         self.tokenizers = tokenizers
         self.model_name = model_name
         self.limits = limits
@@ -92,15 +99,25 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         self, request: models_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> models_pb2.ListModelsResponse:
         adapters = self.engine.list_loras() if self.engine.info.max_loras > 0 else []
-        return models_pb2.ListModelsResponse(
-            models=[self._info(), *(self._info(a.lora_name) for a in adapters)]
-        )
+        models = [self._info(), *(self._info(a.lora_name) for a in adapters)]
+        try:
+            tenant = None if self.tenants is None else identify(context, self.tenants).tenant
+        except Exception as exc:
+            await abort(context, to_service_error(exc))
+        if tenant is not None:
+            models = [m for m in models if tenant.allows_model(m.name)]
+        return models_pb2.ListModelsResponse(models=models)
 
     async def GetModelInfo(
         self, request: models_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> models_pb2.ModelInfo:
         try:
             self._check_model(request.model)
+            if self.tenants is not None:
+                tenant = identify(context, self.tenants).tenant
+                name = request.model or self.model_name
+                if not tenant.allows_model(name):
+                    raise ModelNotAllowed(tenant.name, name)
             return self._info(request.model)
         except Exception as exc:
             await abort(context, to_service_error(exc))

@@ -140,6 +140,7 @@ class GrpcServer:
                 settings.max_sessions,
                 self.tenants.auth_required,
                 settings.adapter_flags,
+                self.tenants,
             ),
             self.server,
         )
