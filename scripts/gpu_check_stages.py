@@ -259,6 +259,8 @@ def stage_spec(args: argparse.Namespace, record: Recorder) -> None:
     accepted) — the verify step's cost at a high acceptance rate, not a real model's rate."""
     import dataclasses
 
+    import torch
+
     from tokenwire.bench.throughput import StepRecorder, build_llm, release_device_memory
     from tokenwire.runtime.config import SpeculativeConfig
     from tokenwire.runtime.sampling_params import SamplingParams
@@ -289,7 +291,7 @@ def stage_spec(args: argparse.Namespace, record: Recorder) -> None:
         device = engine.facts.device
         llm.shutdown()
         del llm, engine
-        release_device_memory(__import__("torch").device(device))
+        release_device_memory(torch.device(device))
 
 
 def _zero_residual_writes(llm: Any) -> None:

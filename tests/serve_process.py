@@ -28,6 +28,14 @@ class Served:
     rest_url: str
     lines: list[str]  # every line the server printed so far (a reader thread appends)
 
+    @property
+    def core_pid(self) -> int:
+        for line in self.lines:
+            match = re.search(r'"engine_core_pid": (\d+)', line)
+            if match:
+                return int(match.group(1))
+        raise AssertionError("no engine_core_pid in the startup line")
+
     def group(self) -> list[int]:
         """Live processes of the server's process group (``ps``), zombies excluded."""
         out = subprocess.run(

@@ -11,14 +11,9 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -28,80 +23,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_helpers import details_of, greedy_request
 from rest_harness import RestHarness
+from serve_process import Served, serve, wait_gone
 from server_harness import ServerHarness
 
 from tokenwire.v1 import generation_pb2_grpc
 
 pytestmark = pytest.mark.slow
-SERVING = re.compile(r"serving model=.* grpc=(\S+:\d+) rest=(\S+)")
-
-
-@dataclass
-class Served:
-    proc: subprocess.Popen[str]
-    target: str
-    rest_url: str
-    lines: list[str]
-
-    @property
-    def core_pid(self) -> int:
-        for line in self.lines:
-            match = re.search(r'"engine_core_pid": (\d+)', line)
-            if match:
-                return int(match.group(1))
-        raise AssertionError("no engine_core_pid in the startup line")
-
-    def group(self) -> list[int]:
-        """Live processes of the server's process group (``ps``), zombies excluded."""
-        out = subprocess.run(
-            ["ps", "-o", "pid=,stat=", "-g", str(self.proc.pid)],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout
-        return [
-            int(p) for p, stat in (line.split() for line in out.splitlines()) if "Z" not in stat
-        ]
-
-
-def serve(model: Path, *args: str) -> Served:
-    exe = shutil.which("tokenwire", path=os.path.dirname(sys.executable))
-    assert exe is not None
-    cmd = [exe, "serve", str(model), "--grpc-port", "0", "--port", "0", "--log-format", "json"]
-    proc = subprocess.Popen(
-        [*cmd, "--max-model-len", "256", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=dict(os.environ, PYTHONSAFEPATH="1"),
-        start_new_session=True,  # its own process group: ``ps -g`` lists the whole tree
-    )
-    assert proc.stdout is not None
-    lines: list[str] = []
-    for line in proc.stdout:
-        lines.append(line)
-        match = SERVING.search(line)
-        if match:
-
-            def keep_reading() -> None:
-                assert proc.stdout is not None
-                lines.extend(proc.stdout)
-
-            threading.Thread(target=keep_reading, daemon=True).start()
-            return Served(proc, match.group(1), match.group(2), lines)
-    raise AssertionError("serve exited before serving:\n" + "".join(lines))
-
-
-def wait_gone(pids: list[int], timeout: float) -> list[int]:
-    """The pids still alive after ``timeout`` s (psutil waits on each process)."""
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    return [p.pid for p in alive if p.status() != psutil.STATUS_ZOMBIE]
 
 
 @pytest.fixture()
