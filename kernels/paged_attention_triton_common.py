@@ -29,6 +29,9 @@ from tokenwire.kernels.triton_compat import patch_interpreter_scalar_index
 patch_interpreter_scalar_index()
 
 LOG2_E = 1.4426950408889634
+# The same inside kernels: compiled Triton reads only constexpr globals (the interpreter
+# reads any), so jitted code uses this one.
+LOG2_E_C = tl.constexpr(LOG2_E)
 # The window passed for full attention: larger than any context, and an int32 kernel argument.
 NO_WINDOW = 1 << 30
 
@@ -99,6 +102,6 @@ def soft_cap_log2(s, SOFT_CAP: tl.constexpr):  # type: ignore[no-untyped-def]
     ``tanh(y) = 1 - 2 / (exp(2y) + 1)``; ``exp(2y)`` overflows to ``inf`` for large ``y``,
     which gives exactly 1, and underflows to 0 for very negative ``y``, which gives -1.
     """
-    y = s / (LOG2_E * SOFT_CAP)  # x / cap
-    tanh = 1.0 - 2.0 / (tl.exp2(2.0 * LOG2_E * y) + 1.0)
-    return tanh * (SOFT_CAP * LOG2_E)
+    y = s / (LOG2_E_C * SOFT_CAP)  # x / cap
+    tanh = 1.0 - 2.0 / (tl.exp2(2.0 * LOG2_E_C * y) + 1.0)
+    return tanh * (SOFT_CAP * LOG2_E_C)

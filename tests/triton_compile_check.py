@@ -19,24 +19,37 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-_PTR_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.int32: "i32", torch.int64: "i64"}
+_PTR_TYPES = {
+    torch.float32: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float8_e4m3fn: "fp8e4nv",
+    torch.int32: "i32",
+    torch.int64: "i64",
+}
+# Hopper's largest shared-memory allocation per block (227 KiB): a kernel asking more
+# compiles but fails at launch with OutOfResources.
+SM90_MAX_SHARED = 232_448
 Launch = tuple[Any, tuple[Any, ...], dict[str, Any]]
 
 
 def capture_launches() -> list[Launch]:
     """Run each wrapper once on CPU tensors; record ``(kernel, args, kwargs)`` per launch."""
-    from tokenwire.kernels.activation_triton import silu_and_mul_triton
-    from tokenwire.kernels.attention_metadata import AttentionMetadata
-    from tokenwire.kernels.paged_attention_triton import paged_attention_triton
-    from tokenwire.kernels.rmsnorm_triton import fused_add_rms_norm_triton, rms_norm_triton
-    from tokenwire.kernels.rotary_triton import apply_rotary_triton
-    from tokenwire.kernels.store_kv_triton import store_kv_triton
-
     launches: list[Launch] = []
     JITFunction.__getitem__ = lambda self, grid: (  # type: ignore[method-assign]
         lambda *args, **kwargs: launches.append((self, args, kwargs))
     )
-    bf16 = torch.bfloat16
+    _attention_launches()
+    _elementwise_launches()
+    _moe_launches()
+    return launches
+
+
+def _attention_launches() -> None:
+    """bf16 at model head shapes; Mistral's window, Gemma 2's head_dim 256 with window and
+    soft cap, an fp8 cache with scales, and float32 (the GPU check's parity stage)."""
+    from tokenwire.kernels.attention_metadata import AttentionMetadata
+    from tokenwire.kernels.paged_attention_triton import paged_attention_triton
+
     qsl = torch.tensor([0, 1, 2, 12], dtype=torch.int32)
     meta = AttentionMetadata(
         num_tokens=12, num_seqs=3, num_decodes=2, block_size=16,
@@ -45,17 +58,62 @@ def capture_launches() -> list[Launch]:
         block_tables=torch.ones(3, 4, dtype=torch.int32), max_query_len=10, max_seq_len=40,
         query_start_loc_np=qsl.numpy(), seq_lens_np=qsl.numpy(),
     )  # fmt: skip
-    for hq, hkv, d in ((32, 8, 128), (9, 3, 64)):
-        cache = torch.empty(8, 16, hkv, d, dtype=bf16)
-        paged_attention_triton(torch.empty(12, hq, d, dtype=bf16), cache, cache, meta, 0.1)
-    x = torch.empty(4, 4096, dtype=bf16)
-    rms_norm_triton(x, x[0], 1e-5)
-    fused_add_rms_norm_triton(x, x, x[0], 1e-5)
-    silu_and_mul_triton(torch.empty(4, 2 * 14336, dtype=bf16))
+    bf16, fp8 = torch.bfloat16, torch.float8_e4m3fn
+    scales = torch.ones(1), torch.ones(1)
+    cases: list[tuple[tuple[int, int, int], torch.dtype, torch.dtype, dict[str, Any]]] = [
+        ((32, 8, 128), bf16, bf16, {}),  # Llama-3.1-8B
+        ((9, 3, 64), bf16, bf16, {}),  # SmolLM2-135M
+        ((32, 8, 128), bf16, bf16, {"sliding_window": 4096}),  # Mistral-7B
+        ((8, 4, 256), bf16, bf16, {"sliding_window": 4096, "logits_soft_cap": 50.0}),
+        ((8, 4, 256), bf16, bf16, {}),  # Gemma 2's global layers
+        ((32, 8, 128), bf16, fp8, {"k_scale": scales[0], "v_scale": scales[1]}),
+        ((4, 2, 32), torch.float32, torch.float32, {}),  # the parity stage's tiny Llama
+        ((4, 2, 64), torch.float32, torch.float32, {"sliding_window": 12}),
+    ]
+    for (hq, hkv, d), dtype, cache_dtype, extra in cases:
+        cache = torch.empty(8, 16, hkv, d, dtype=cache_dtype)
+        query = torch.empty(12, hq, d, dtype=dtype)
+        paged_attention_triton(query, cache, cache, meta, 0.1, **extra)
+
+
+def _elementwise_launches() -> None:
+    from tokenwire.kernels.activation_triton import gelu_tanh_and_mul_triton, silu_and_mul_triton
+    from tokenwire.kernels.rmsnorm_triton import fused_add_rms_norm_triton, rms_norm_triton
+    from tokenwire.kernels.rotary_triton import apply_rotary_triton
+    from tokenwire.kernels.store_kv_triton import store_kv_triton
+
+    bf16 = torch.bfloat16
+    slots = torch.arange(4)
+    for dtype in (bf16, torch.float32):
+        x = torch.empty(4, 4096, dtype=dtype)
+        rms_norm_triton(x, x[0], 1e-5)
+        fused_add_rms_norm_triton(x, x, x[0], 1e-5)
+        silu_and_mul_triton(torch.empty(4, 2 * 14336, dtype=dtype))
+        gelu_tanh_and_mul_triton(torch.empty(4, 2 * 9216, dtype=dtype))  # Gemma-2-2B
+        k = torch.empty(4, 8, 128, dtype=dtype)
+        store_kv_triton(k, k, torch.empty(4, 16, 8, 128, dtype=dtype), torch.empty_like(k), slots)
+        apply_rotary_triton(torch.empty(4, 32, 128, dtype=dtype), k, slots, torch.empty(9, 128))
     k = torch.empty(4, 8, 128, dtype=bf16)
-    store_kv_triton(k, k, torch.empty(4, 16, 8, 128, dtype=bf16), torch.empty_like(k), qsl)
-    apply_rotary_triton(torch.empty(4, 32, 128, dtype=bf16), k, qsl, torch.empty(9, 128))
-    return launches
+    fp8_cache = torch.empty(4, 16, 8, 128, dtype=torch.float8_e4m3fn)
+    store_kv_triton(k, k, fp8_cache, fp8_cache, slots, torch.ones(1), torch.ones(1))
+    k256 = torch.empty(4, 4, 256, dtype=bf16)  # Gemma 2: head_dim 256
+    apply_rotary_triton(torch.empty(4, 8, 256, dtype=bf16), k256, slots, torch.empty(9, 256))
+
+
+def _moe_launches() -> None:
+    """Mixtral-8x7B (8 experts, top 2) and Qwen3-30B-A3B (128 experts, top 8) at decode and
+    prefill sizes (each tile choice of ``default_tiles``), and a float32 tiny one."""
+    from tokenwire.kernels.moe_triton import fused_moe_triton
+
+    bf16 = torch.bfloat16
+    shapes = [(4096, 14336, 8, 2, bf16), (2048, 768, 128, 8, bf16), (64, 96, 4, 2, torch.float32)]
+    for hidden, inter, experts, top_k, dtype in shapes:
+        w13 = torch.empty(experts, 2 * inter, hidden, dtype=dtype)  # untouched: no memory
+        w2 = torch.empty(experts, hidden, inter, dtype=dtype)
+        for tokens in (1, 16 * experts, 512 * experts // top_k):
+            ids = torch.arange(tokens * top_k).remainder(experts).view(tokens, top_k)
+            weights = torch.full((tokens, top_k), 1.0 / top_k)
+            fused_moe_triton(torch.empty(tokens, hidden, dtype=dtype), w13, w2, weights, ids)
 
 
 def compile_launch(launch: Launch, target: GPUTarget) -> None:
@@ -75,7 +133,10 @@ def compile_launch(launch: Launch, target: GPUTarget) -> None:
             signature[name] = "fp32"
         else:
             signature[name] = "i64" if abs(value) >= 2**31 else "i32"
-    triton.compile(ASTSource(fn, signature, constexprs), target=target, options=options)
+    kernel = triton.compile(ASTSource(fn, signature, constexprs), target=target, options=options)
+    shared = kernel.metadata.shared
+    if shared > SM90_MAX_SHARED:
+        raise RuntimeError(f"needs {shared} bytes of shared memory, sm_90 has {SM90_MAX_SHARED}")
 
 
 def main() -> int:
