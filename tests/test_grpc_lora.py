@@ -32,6 +32,7 @@ from tokenwire.runtime.engine.protocol import EngineStatsSnapshot
 from tokenwire.server.cli import main
 from tokenwire.server.grpc.server import GrpcServer, GrpcSettings
 from tokenwire.server.telemetry.core import Telemetry
+from tokenwire.server.tenants.config import parse_tenants
 from tokenwire.v1 import (
     common_pb2,
     generation_pb2,
@@ -457,6 +458,51 @@ def test_updates_need_the_key_and_the_flag(
         server = off.GetServerInfo(models_pb2.GetServerInfoRequest(), metadata=AUTH)
         assert not server.runtime_lora_updating
     assert names(models) == [MODEL_NAME, "alpha"]  # nothing changed
+    harness.assert_idle()
+
+
+def test_tenants_manage_only_the_adapters_they_may_use(
+    harness: ServerHarness, models: models_pb2_grpc.ModelServiceStub, adapters: Adapters
+) -> None:
+    """With a key file, LoadAdapter / UnloadAdapter of a name outside the caller's tenant
+    list is PERMISSION_DENIED MODEL_NOT_ALLOWED and changes nothing; a name on it works."""
+    config = parse_tenants(
+        {"tenants": [{"name": "team", "keys": ["plain:kt"], "models": [MODEL_NAME, "gamma"]}]}
+    )
+    settings = GrpcSettings(
+        port=0, tenants=config, allow_runtime_lora_updating=True, lora_root=str(adapters.root)
+    )
+
+    async def start() -> tuple[GrpcServer, int]:
+        server = GrpcServer(harness.engine, MODEL_NAME, settings, Telemetry())
+        port = await server.start()
+        await server.set_serving(True)
+        return server, port
+
+    server, port = harness.run(start())
+    team = (("authorization", "Bearer kt"),)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = models_pb2_grpc.ModelServiceStub(ch)
+            for call in (
+                lambda: stub.LoadAdapter(
+                    models_pb2.LoadAdapterRequest(lora_name="beta", lora_path="beta"),
+                    metadata=team,
+                ),
+                lambda: stub.UnloadAdapter(
+                    models_pb2.UnloadAdapterRequest(lora_name="alpha"), metadata=team
+                ),
+            ):
+                err = expect_error(call, grpc.StatusCode.PERMISSION_DENIED, "MODEL_NOT_ALLOWED")
+                assert "tenant 'team' may not use model" in err.details()
+            assert names(models) == [MODEL_NAME, "alpha"]  # nothing changed
+            gamma = models_pb2.LoadAdapterRequest(lora_name="gamma", lora_path="beta")
+            assert stub.LoadAdapter(gamma, metadata=team).model.name == "gamma"
+            assert names(models) == [MODEL_NAME, "alpha", "gamma"]
+            stub.UnloadAdapter(models_pb2.UnloadAdapterRequest(lora_name="gamma"), metadata=team)
+    finally:
+        harness.run(server.stop(grace=0.5))
+    assert names(models) == [MODEL_NAME, "alpha"]
     harness.assert_idle()
 
 

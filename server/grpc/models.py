@@ -50,8 +50,9 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         adapter_flags: AdapterFlags | None = None,
         tenants: TenantRegistry | None = None,
     ) -> None:
-        """``tenants``: ListModels shows a caller only the models its tenant may use, and
-        GetModelInfo of any other is PERMISSION_DENIED (None: every caller sees all)."""
+        """``tenants``: ListModels shows a caller only the models its tenant may use;
+        GetModelInfo, LoadAdapter and UnloadAdapter of any other name are PERMISSION_DENIED
+        (None: every caller sees and manages all)."""
         self.engine = engine
         self.tenants = tenants
         self.tokenizers = tokenizers
@@ -90,6 +91,14 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         """The base model or a loaded adapter (same tokenizer and limits); NOT_FOUND else."""
         resolve_model(self.engine, self.model_name, name)
 
+    def _check_tenant(self, context: grpc.aio.ServicerContext, name: str) -> None:
+        """ModelNotAllowed unless the caller's tenant may use ``name`` (no tenants: all)."""
+        if self.tenants is None:
+            return
+        tenant = identify(context, self.tenants).tenant
+        if not tenant.allows_model(name):
+            raise ModelNotAllowed(tenant.name, name)
+
     def _pool(self) -> TokenizerPool:
         if self.tokenizers is None:
             raise invalid_parameter("model", "this model has no tokenizer")
@@ -113,11 +122,7 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
     ) -> models_pb2.ModelInfo:
         try:
             self._check_model(request.model)
-            if self.tenants is not None:
-                tenant = identify(context, self.tenants).tenant
-                name = request.model or self.model_name
-                if not tenant.allows_model(name):
-                    raise ModelNotAllowed(tenant.name, name)
+            self._check_tenant(context, request.model or self.model_name)
             return self._info(request.model)
         except Exception as exc:
             await abort(context, to_service_error(exc))
@@ -145,6 +150,8 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         self, request: models_pb2.LoadAdapterRequest, context: grpc.aio.ServicerContext
     ) -> models_pb2.LoadAdapterResponse:
         try:
+            if request.lora_name:  # an empty name is INVALID_ARGUMENT below
+                self._check_tenant(context, request.lora_name)
             lora = await self.adapters.load(request.lora_name, request.lora_path)
             return models_pb2.LoadAdapterResponse(model=self._info(lora.lora_name))
         except Exception as exc:
@@ -154,6 +161,8 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         self, request: models_pb2.UnloadAdapterRequest, context: grpc.aio.ServicerContext
     ) -> models_pb2.UnloadAdapterResponse:
         try:
+            if request.lora_name:  # an empty name is INVALID_ARGUMENT below
+                self._check_tenant(context, request.lora_name)
             await self.adapters.unload(request.lora_name)
             return models_pb2.UnloadAdapterResponse()
         except Exception as exc:
