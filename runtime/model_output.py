@@ -42,3 +42,5 @@ class ModelOutput:
     # Speculative decoding: tokens a request emitted after ``sampled_token_ids[i]`` in the same
     # step: the rest of its accepted drafts, then the bonus or corrected token.
     extra_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # ... and their logprobs, for requests that asked (one per extra token, in order).
+    extra_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)

@@ -336,15 +336,10 @@ class ModelRunner:
             state.output_token_ids.append(token)
         logprobs: dict[str, TokenLogprobs] = {}
         if result.logprobs is not None:
-            ids = result.logprobs.token_ids.tolist()
-            lps = result.logprobs.logprobs.tolist()
-            ranks = result.logprobs.ranks.tolist()
-            for i, state in enumerate(states):
-                k = state.params.logprobs
-                if k is not None:
-                    logprobs[state.request_id] = TokenLogprobs(
-                        ids[i][: k + 1], lps[i][: k + 1], ranks[i]
-                    )
+            rows_lps = result.logprobs.rows([s.params.logprobs for s in states])
+            for state, entry in zip(states, rows_lps, strict=True):
+                if entry is not None:
+                    logprobs[state.request_id] = entry
         return req_ids, tokens, logprobs
 
     def prompt_logprobs(

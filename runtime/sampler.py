@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenwire.runtime.model_output import TokenLogprobs
 from tokenwire.runtime.sampling_metadata import PenaltyTensors, SamplingMetadata
 
 _NEG_INF = float("-inf")
@@ -32,6 +33,16 @@ class LogprobsTensors:
     token_ids: torch.Tensor  # [B, 1 + K] int64
     logprobs: torch.Tensor  # [B, 1 + K] float32
     ranks: torch.Tensor  # [B] int64, 1-based rank of the sampled token (ties count against it)
+
+    def rows(self, ks: list[int | None]) -> list[TokenLogprobs | None]:
+        """Per row, the chosen token and its top ``ks[i]`` alternatives (None: not asked)."""
+        ids = self.token_ids.tolist()
+        lps = self.logprobs.tolist()
+        ranks = self.ranks.tolist()
+        return [
+            None if k is None else TokenLogprobs(ids[i][: k + 1], lps[i][: k + 1], ranks[i])
+            for i, k in enumerate(ks)
+        ]
 
 
 @dataclass(frozen=True)

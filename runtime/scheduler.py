@@ -373,6 +373,9 @@ class Scheduler:
                 extra = model_output.extra_token_ids.get(request_id, [])
                 check = self._check_stop if grammar is None else self._advance_and_check
                 any_finished |= accept_drafts(request, output, draft, extra, check)
+                if output.new_logprobs is not None and len(output.new_token_ids) > 1:
+                    run = model_output.extra_logprobs.get(request_id, [])
+                    output.new_logprobs.extend(run[: len(output.new_token_ids) - 1])
             outputs.append(output)
         if any_finished:
             self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]

@@ -157,6 +157,36 @@ def test_penalties_and_min_tokens_are_exact(
     assert_idle(llm)
 
 
+def test_logprobs_with_speculation_equal_plain_decoding(
+    tiny_model_factory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A request that wants logprobs is drafted too: every emitted token (accepted drafts and
+    the bonus) reports the chosen token's logprob and rank and the top-k, equal to plain
+    decoding's; a run that ends inside (max_tokens) reports one entry per token."""
+    model = copying_model(tiny_model_factory("llama"), tmp_path / "copying")
+    warm, _, _ = generate(model, PROMPTS, SamplingParams(temperature=0.0, max_tokens=30))
+    prompts = [p + w[0] for p, w in zip(PROMPTS, warm, strict=True)]
+    params = SamplingParams(temperature=0.0, max_tokens=15, logprobs=3)
+    llm = LLM(str(model), device="cpu")
+    plain = llm.generate(prompts, params, use_tqdm=False)
+    recorder = Recorder()
+    spec_llm = LLM(str(model), device="cpu", observer=recorder, speculative_config=NGRAM)
+    spec = spec_llm.generate(prompts, params, use_tqdm=False)
+    assert recorder.accepted > len(prompts)  # runs of several tokens per step happened
+    for got, want in zip(spec, plain, strict=True):
+        g, w = got.outputs[0], want.outputs[0]
+        assert g.token_ids == w.token_ids
+        assert g.logprobs is not None and w.logprobs is not None
+        assert len(g.logprobs) == len(g.token_ids) == 15
+        for position, expected in zip(g.logprobs, w.logprobs, strict=True):
+            assert list(position) == list(expected)  # chosen token, then the top 3
+            for token, entry in expected.items():
+                assert position[token].rank == entry.rank
+                assert position[token].logprob == pytest.approx(entry.logprob, abs=1e-4)
+        assert g.cumulative_logprob == pytest.approx(w.cumulative_logprob, abs=1e-3)
+    assert_idle(spec_llm)
+
+
 def test_stop_strings_n_and_preemption(tiny_model_with_tokenizer: Path, tmp_path: Path) -> None:
     model = copying_model(tiny_model_with_tokenizer, tmp_path / "copying")
     warm, _, _ = generate(model, PROMPTS, SamplingParams(temperature=0.0, max_tokens=30))

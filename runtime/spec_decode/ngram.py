@@ -4,11 +4,11 @@ The longest suffix of ``prompt_lookup_max`` down to ``prompt_lookup_min`` tokens
 occurs earlier in the request's tokens (prompt + output) proposes the tokens that followed
 its most recent earlier occurrence, up to ``num_speculative_tokens``.
 
-Requests that want logprobs get no drafts (their logprob reports advance one token per
-step). A structured-output request's drafts are cut to what its grammar accepts and verified
-against per-position masks (``grammar_drafts``). Everything else — temperature, top-k,
-top-p, min-p, logit bias, penalties, min_tokens, seeds, stop conditions — is verified exactly
-(``verify``).
+A request that wants logprobs gets them for every emitted token (from the verifying
+forward's scores at its position). A structured-output request's drafts are cut to what its
+grammar accepts and verified against per-position masks (``grammar_drafts``). Everything
+else — temperature, top-k, top-p, min-p, logit bias, penalties, min_tokens, seeds, stop
+conditions — is verified exactly (``verify``).
 """
 
 from __future__ import annotations
@@ -39,8 +39,6 @@ def eligible(request: Request, grammar_ok: bool = True) -> bool:
     """May this request's next tokens be drafted (see the module docstring)? ``grammar_ok``:
     whether the proposer can cut drafts to a grammar (it must know them: not so for the
     workers' draft model)."""
-    if request.sampling_params.logprobs is not None:
-        return False
     return grammar_ok or request.grammar is None
 
 

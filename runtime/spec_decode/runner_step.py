@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from tokenwire.runtime.input_batch import InputBatch, StepArrays
-from tokenwire.runtime.model_output import ModelOutput
+from tokenwire.runtime.model_output import ModelOutput, TokenLogprobs
+from tokenwire.runtime.sampler import gather_logprobs
 from tokenwire.runtime.scheduler_output import SchedulerOutput
 from tokenwire.runtime.spec_decode.verify import verify_drafts
 from tokenwire.runtime.structured.apply import apply_grammar_bitmask
@@ -70,12 +71,13 @@ def spec_step(
         so.grammar_bitmask,
     )
     extra: dict[str, list[int]] = {}
+    extra_lps: dict[str, list[TokenLogprobs]] = {}
     if spec:
         pos = np.concatenate([np.arange(first[j], first[j] + counts[j]) for j in spec])
         spec_states = [states[idx[j]] for j in spec]
         spec_logits = logits[torch.from_numpy(pos)]
+        starts = np.cumsum([0] + [int(counts[j]) for j in spec])[:-1]
         if so.grammar_bitmask is not None:  # constrained rows: one mask row per position
-            starts = np.cumsum([0] + [int(counts[j]) for j in spec])[:-1]
             row_of = {s.request_id: int(o) for s, o in zip(spec_states, starts, strict=True)}
             apply_grammar_bitmask(spec_logits, row_of, so.grammar_bitmask)
         emitted = verify_drafts(
@@ -85,12 +87,17 @@ def spec_step(
             runner.vocab_size,
             runner.generator,
         )
+        run_lps = run_logprobs(spec_logits, starts, spec_states, emitted)
         for state, row, out in zip(spec_states, rows[idx[spec]], emitted, strict=True):
             _append_run(batch, state, int(row), out, len(drafts[state.request_id]))
             req_ids.append(state.request_id)
             tokens.append(out[0])
             if len(out) > 1:
                 extra[state.request_id] = out[1:]
+            if state.request_id in run_lps:
+                logprobs[state.request_id], *rest = run_lps[state.request_id]
+                if rest:
+                    extra_lps[state.request_id] = rest
     t3 = time.perf_counter()
     return ModelOutput(
         req_ids=req_ids,
@@ -102,7 +109,36 @@ def spec_step(
         sample_time=t3 - t2,
         collective_time=runner.tp.clock.seconds - collective0,
         extra_token_ids=extra,
+        extra_logprobs=extra_lps,
     )
+
+
+def run_logprobs(
+    logits: torch.Tensor,
+    starts: np.ndarray,
+    states: list[CachedRequestState],
+    emitted: list[list[int]],
+) -> dict[str, list[TokenLogprobs]]:
+    """Logprobs of every token a verified row emitted, for the rows that asked: token ``j``
+    of a run from position ``j`` of the row's scores (``logits`` rows ``starts[i] + j``),
+    log-softmax of those logits as the plain sampler reports (after a grammar mask)."""
+    want = [i for i, s in enumerate(states) if s.params.logprobs is not None]
+    if not want:
+        return {}
+    positions = [int(starts[i]) + j for i in want for j in range(len(emitted[i]))]
+    chosen = [t for i in want for t in emitted[i]]
+    k = max(int(states[i].params.logprobs or 0) for i in want)
+    raw = torch.log_softmax(logits[torch.tensor(positions, device=logits.device)].float(), dim=-1)
+    sampled = torch.tensor(chosen, dtype=torch.int64, device=logits.device)
+    lp = gather_logprobs(raw, sampled, k)
+    entries = lp.rows([states[i].params.logprobs for i in want for _ in emitted[i]])
+    out: dict[str, list[TokenLogprobs]] = {}
+    at = 0
+    for i in want:
+        n = len(emitted[i])
+        out[states[i].request_id] = [e for e in entries[at : at + n] if e is not None]
+        at += n
+    return out
 
 
 def _append_run(
