@@ -28,7 +28,7 @@ from tokenwire.server.rest.app import RestSettings
 from tokenwire.server.rest.connection import HttpConnectionSettings, http_connection_settings
 from tokenwire.server.rest.server import RestServer
 from tokenwire.server.rest.upstream import Upstream
-from tokenwire.server.serve import grpc_settings
+from tokenwire.server.serve_args import grpc_settings
 from tokenwire.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 
 T = TypeVar("T")

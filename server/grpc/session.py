@@ -29,9 +29,15 @@ from tokenwire.server.grpc.errors import (
     invalid_parameter,
     model_not_found,
     to_service_error,
-    to_status_proto,
 )
 from tokenwire.server.grpc.guard import checked_messages
+from tokenwire.server.grpc.session_messages import (
+    notice,
+    turn_delta,
+    turn_ends,
+    turn_error,
+    turn_started,
+)
 from tokenwire.server.grpc.session_state import SessionState
 from tokenwire.server.telemetry.core import Telemetry
 from tokenwire.server.tenants.limits import Lease, ModelNotAllowed
@@ -69,11 +75,8 @@ class SessionHandler:
         return len(self._open)
 
     def notify_draining(self) -> None:
-        notice = pb.SessionNotice(
-            kind=pb.NOTICE_KIND_DRAINING, message="the server is shutting down"
-        )
         for out in self._open.values():
-            out.put_nowait(pb.SessionResponse(notice=notice))
+            out.put_nowait(notice(pb.NOTICE_KIND_DRAINING, "the server is shutting down"))
 
     async def run(
         self, requests: Any, context: grpc.aio.ServicerContext
@@ -280,60 +283,25 @@ class _Session:
         put = self.out.put_nowait
         async for item in stream:
             if isinstance(item, RequestStarted):
-                put(
-                    pb.SessionResponse(
-                        turn_started=pb.TurnStarted(
-                            turn=number,
-                            request_id=f"{self.state.session_id}/turn-{number}",
-                            prompt_tokens=item.num_prompt_tokens,
-                            cached_tokens=item.num_cached_tokens,
-                        )
-                    )
-                )
+                put(turn_started(number, self.state.session_id, item))
             elif isinstance(item, ChoiceDelta):
                 lease.charge(len(item.token_ids))
                 if item.text or item.token_ids:
-                    put(
-                        pb.SessionResponse(
-                            delta=pb.TurnDelta(
-                                turn=number, delta=convert.token_delta(item, num_top)
-                            )
-                        )
-                    )
+                    put(turn_delta(number, item, num_top))
             elif isinstance(item, RequestFinished):
-                output = item.output
-                usage = convert.usage(output)
-                for c in output.outputs:
-                    put(
-                        pb.SessionResponse(
-                            turn_end=pb.TurnEnd(
-                                turn=number,
-                                index=c.index,
-                                finish_reason=convert.finish_reason(c.finish_reason),
-                                usage=usage,
-                                **convert.stop_fields(c.stop_reason),
-                            )
-                        )
-                    )
-                first = output.outputs[0]
+                for message in turn_ends(number, item.output):
+                    put(message)
+                first = item.output.outputs[0]
                 self.state.commit(prompt, messages, first.text, first.token_ids)
                 self.engine.on_holder_evicted(self.state.holder_id, self._evicted)
             elif isinstance(item, RequestFailed):
                 raise item.error
 
     def _turn_error(self, number: int, err: ServiceError) -> None:
-        self.out.put_nowait(
-            pb.SessionResponse(
-                turn_end=pb.TurnEnd(
-                    turn=number,
-                    finish_reason=convert.finish_reason(None),
-                    error=to_status_proto(err),
-                )
-            )
-        )
+        self.out.put_nowait(turn_error(number, err))
 
     def _notice(self, kind: pb.NoticeKind, message: str) -> None:
-        self.out.put_nowait(pb.SessionResponse(notice=pb.SessionNotice(kind=kind, message=message)))
+        self.out.put_nowait(notice(kind, message))
 
     def _evicted(self) -> None:
         self._notice(

@@ -1,0 +1,135 @@
+"""The ``tokenwire serve`` flags (beyond the engine's own, ``runtime/engine_args.py``) and
+the gRPC server settings they make."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from tokenwire.runtime.engine_args import EngineArgs
+from tokenwire.runtime.tool_parsers.output import REASONING_PARSERS, TOOL_PARSERS
+from tokenwire.server.grpc.connection import add_connection_arguments, connection_settings
+from tokenwire.server.grpc.convert import Limits
+from tokenwire.server.grpc.server import GrpcSettings
+from tokenwire.server.rest.server import add_rest_arguments
+from tokenwire.server.telemetry.logs import add_log_format_argument
+from tokenwire.server.telemetry.tracing import add_tracing_arguments
+from tokenwire.server.tenants.config import load_tenant_file
+from tokenwire.server.tls.settings import add_ssl_arguments
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """Every ``tokenwire serve`` flag, MODEL and the engine's flags included."""
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--grpc-port", type=int, default=50051)
+    p.add_argument("--port", type=int, default=8000, help="REST port (0: any free port)")
+    p.add_argument("--disable-rest", action="store_true", help="serve gRPC only")
+    add_rest_arguments(p)
+    EngineArgs.add_cli_args(p)  # MODEL and every engine flag (runtime/engine_args.py)
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        help="required bearer key (repeatable; also TOKENWIRE_API_KEY); with --api-key-file "
+        "these keys form the tenant 'default' (no limits)",
+    )
+    p.add_argument(
+        "--api-key-file",
+        default=None,
+        metavar="PATH",
+        help="tenants (YAML or TOML): hashed keys, allowed models, max priority, rate limits "
+        "(README: Tenants and rate limits); reloaded on SIGHUP",
+    )
+    p.add_argument("--max-n", type=int, default=16)
+    p.add_argument("--max-stop-sequences", type=int, default=16)
+    p.add_argument(
+        "--max-prompt-bytes",
+        type=int,
+        default=None,
+        help="prompt text (UTF-8 bytes) refused before tokenizing; default 32 per context token",
+    )
+    p.add_argument("--max-message-bytes", type=int, default=16 << 20)
+    add_connection_arguments(p)  # gRPC keepalive, connection age, message sizes, RPC cap
+    add_ssl_arguments(p)
+    p.add_argument(
+        "--max-requests",
+        type=int,
+        default=4096,
+        help="in-flight sequences before RESOURCE_EXHAUSTED (a request with n choices counts n)",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        choices=sorted(TOOL_PARSERS),
+        default=None,
+        help="read tool calls out of chat output when tool_choice is auto (hermes: "
+        "Qwen2.5/Qwen3/SmolLM2/Hermes <tool_call> JSON; llama3_json; mistral)",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_PARSERS),
+        default=None,
+        help="split <think>…</think> reasoning from chat answers (reasoning_content)",
+    )
+    p.add_argument(
+        "--allow-runtime-lora-updating",
+        action="store_true",
+        help="allow loading / unloading LoRA adapters at runtime (gRPC ModelService.LoadAdapter "
+        "/ UnloadAdapter, REST /v1/load_lora_adapter, /v1/unload_lora_adapter); needs "
+        "--enable-lora, --api-key and --lora-root",
+    )
+    p.add_argument(
+        "--lora-root",
+        default=None,
+        metavar="DIR",
+        help="runtime-loaded adapters must lie inside this directory (lora_path is resolved "
+        "against it; .. and symlinks cannot leave it)",
+    )
+    p.add_argument("--max-sessions", type=int, default=256)
+    p.add_argument("--session-idle-timeout", type=float, default=600.0)
+    p.add_argument("--shutdown-timeout", type=float, default=30.0)
+    add_log_format_argument(p)
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus /metrics on this port only, without auth (default: on the "
+        "REST --port, where it needs the API key when --api-key is set)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        default=None,
+        help="bind address of --metrics-port (default: --host); keep it internal",
+    )
+    p.add_argument(
+        "--engine-in-process",
+        action="store_true",
+        help="run the engine core on a thread of the server process (debugging) instead of "
+        "a process of its own",
+    )
+    add_tracing_arguments(p)
+
+
+def grpc_settings(args: argparse.Namespace) -> GrpcSettings:
+    keys = list(args.api_key or [])
+    if not keys and os.environ.get("TOKENWIRE_API_KEY"):
+        keys = [os.environ["TOKENWIRE_API_KEY"]]
+    tenants = None if args.api_key_file is None else load_tenant_file(args.api_key_file)
+    return GrpcSettings(
+        host=args.host,
+        port=args.grpc_port,
+        api_keys=tuple(keys),
+        tenants=tenants,
+        limits=Limits(
+            max_n=args.max_n,
+            max_stop_sequences=args.max_stop_sequences,
+            max_prompt_bytes=args.max_prompt_bytes,
+        ),
+        max_message_bytes=args.max_message_bytes,
+        max_sessions=args.max_sessions,
+        session_idle_timeout=args.session_idle_timeout,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
+        allow_runtime_lora_updating=args.allow_runtime_lora_updating,
+        lora_root=args.lora_root,
+        connection=connection_settings(args),
+    )
