@@ -29,7 +29,7 @@ def server() -> Iterator[tuple[subprocess.Popen[str], str]]:
     exe = shutil.which("tokenwire", path=os.path.dirname(sys.executable))
     assert exe is not None
     proc = subprocess.Popen(
-        [exe, "serve", "--grpc-port", "0", "--port", "0", "--shutdown-timeout", "60"],
+        [exe, "serve", "--grpc-port", "0", "--port", "0", "--shutdown-timeout", "150"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -71,7 +71,7 @@ def test_sigterm_drains_then_exits_zero(server: tuple[subprocess.Popen[str], str
     with Client(target, timeout=300) as client, grpc.insecure_channel(target) as channel:
         watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
         assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
-        events = client.stream([1, 2, 3, 4], max_tokens=200, ignore_eos=True, temperature=0.0)
+        events = client.stream([1, 2, 3, 4], max_tokens=100, ignore_eos=True, temperature=0.0)
         first = next(events)  # the request is admitted and running
         proc.send_signal(signal.SIGTERM)
         assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
@@ -82,5 +82,5 @@ def test_sigterm_drains_then_exits_zero(server: tuple[subprocess.Popen[str], str
         watch.cancel()
     ends = [e for e in rest if isinstance(e, ChoiceEnd)]
     assert isinstance(first, StreamStart)
-    assert len(ends) == 1 and ends[0].completion_tokens == 200
-    assert proc.wait(timeout=120) == 0
+    assert len(ends) == 1 and ends[0].completion_tokens == 100
+    assert proc.wait(timeout=200) == 0
