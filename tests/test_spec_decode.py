@@ -51,7 +51,10 @@ class Recorder:
 
 
 def generate(
-    model: Path, prompts: list[list[int]], params: SamplingParams, **kwargs: Any
+    model: Path,
+    prompts: list[list[int]],
+    params: SamplingParams | list[SamplingParams],
+    **kwargs: Any,
 ) -> tuple[list[list[list[int]]], LLM, Recorder]:
     recorder = Recorder()
     llm = LLM(str(model), device="cpu", observer=recorder, **kwargs)
@@ -122,20 +125,19 @@ def test_greedy_equals_plain_decoding(
 
 def test_ends_inside_an_accepted_run(tiny_model_factory: Callable[..., Path]) -> None:
     """max_tokens, a stop token and EOS inside a run of accepted drafts end the request at the
-    same token as plain decoding."""
+    same token as plain decoding (one batch per kind of ending, each prompt its own stop)."""
     model = tiny_model_factory("llama")
     base = SamplingParams(temperature=0.0, max_tokens=24)
     plain, _, _ = generate(model, PROMPTS, base)
-    for i, ref in enumerate(plain):
-        tokens = ref[0]
-        for params in (
-            SamplingParams(temperature=0.0, max_tokens=7),
-            SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[tokens[9]]),
-        ):
-            want, _, _ = generate(model, [PROMPTS[i]], params)
-            got, llm, _ = generate(model, [PROMPTS[i]], params, speculative_config=NGRAM)
-            assert got == want
-            assert_idle(llm)
+    stops = [
+        SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[r[0][9]]) for r in plain
+    ]
+    for params in ([SamplingParams(temperature=0.0, max_tokens=7)] * len(PROMPTS), stops):
+        want, _, _ = generate(model, PROMPTS, params)
+        got, llm, _ = generate(model, PROMPTS, params, speculative_config=NGRAM)
+        assert got == want
+        assert all(len(w[0]) < 24 for w in want)  # every request ended early
+        assert_idle(llm)
 
 
 def test_penalties_and_min_tokens_are_exact(
