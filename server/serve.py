@@ -12,7 +12,8 @@ goes NOT_SERVING, new calls get UNAVAILABLE, in-flight requests finish up to
 requests end UNAVAILABLE at once, the server drains the same way and exits 1.
 
 TLS (``--ssl-*``) covers both ports; the certificate files are checked before the model
-loads (exit 2 naming the flag) and reloaded on SIGHUP. The REST shim's loopback channel uses
+loads (exit 2 naming the flag) and reloaded on SIGHUP (and, with ``--reload-interval``, when
+they or ``--api-key-file`` change: ``file_watch``). The REST shim's loopback channel uses
 TLS too (it is a real TCP connection): it trusts ``--ssl-ca-certs`` plus the server's own
 certificate, and under mTLS presents the server's certificate as its client certificate.
 """
@@ -33,6 +34,7 @@ from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.engine.async_engine import AsyncEngine
 from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.runtime.errors import EngineDeadError
+from tokenwire.server.file_watch import FileWatcher, watched_paths
 from tokenwire.server.grpc.server import GrpcServer, GrpcSettings
 from tokenwire.server.rest.app import RestSettings
 from tokenwire.server.rest.connection import HttpConnectionSettings, http_connection_settings
@@ -65,6 +67,7 @@ class ServeOptions:
     metrics_host: str = "127.0.0.1"
     engine_in_process: bool = False
     http: HttpConnectionSettings = field(default_factory=HttpConnectionSettings)
+    reload_interval: float | None = None  # poll the reloadable files (None: SIGHUP only)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -84,6 +87,7 @@ def run_serve(args: argparse.Namespace) -> int:
         metrics_host=args.metrics_host or args.host,
         engine_in_process=args.engine_in_process,
         http=http_connection_settings(args),
+        reload_interval=args.reload_interval,
     )
     tenants = TenantRegistry(settings.tenants, settings.api_keys)
     rest = None
@@ -124,11 +128,13 @@ async def _serve(
     hooks: list[Callable[[], object]] = [tls.reload] if tls is not None else []
     if settings.tenants is not None:
         hooks.append(tenants.reload)
-    _on_sighup(hooks)
+    watcher = _reload_on(hooks, options.reload_interval, tls, settings)
     await engine.start()  # the core loads the model (in its own process by default)
     try:
         return await _serve_started(engine, settings, rest, telemetry, options, stop, tls, tenants)
     finally:
+        if watcher is not None:
+            watcher.cancel()
         await engine.shutdown()
 
 
@@ -220,15 +226,31 @@ def _load_tls(args: argparse.Namespace) -> TlsReloader | None:
     return tls
 
 
-def _on_sighup(hooks: list[Callable[[], object]]) -> None:
-    """Run every reload hook on SIGHUP (certificates, the tenant key file)."""
+def _reload_on(
+    hooks: list[Callable[[], object]],
+    interval: float | None,
+    tls: TlsReloader | None,
+    settings: GrpcSettings,
+) -> asyncio.Task[None] | None:
+    """Run every reload hook (certificates, the tenant key file) on SIGHUP and, with
+    ``--reload-interval``, when one of their files changes; returns the watching task."""
 
     def reload() -> None:
-        logger.info("SIGHUP: reloading", reloadable=len(hooks))
         for hook in hooks:
             hook()
 
-    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
+    def on_signal() -> None:
+        logger.info("SIGHUP: reloading", reloadable=len(hooks))
+        reload()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_signal)
+    tls_files = [] if tls is None else [tls.settings.certfile, tls.settings.keyfile]
+    tls_files += [] if tls is None else [tls.settings.ca_certs]
+    key_file = [None if settings.tenants is None else settings.tenants.path]
+    paths = watched_paths(tls_files, key_file)
+    if interval is None or not paths:
+        return None
+    return asyncio.get_running_loop().create_task(FileWatcher(paths, reload).run(interval))
 
 
 def _signal_event() -> asyncio.Event:

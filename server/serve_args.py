@@ -87,6 +87,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-sessions", type=int, default=256)
     p.add_argument("--session-idle-timeout", type=float, default=600.0)
     p.add_argument("--shutdown-timeout", type=float, default=30.0)
+    p.add_argument(
+        "--reload-interval",
+        type=_positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="also reload (as on SIGHUP) when the TLS files or --api-key-file change, "
+        "checked this often: for Kubernetes Secret volumes, which change without a signal "
+        "(default: SIGHUP only)",
+    )
     add_log_format_argument(p)
     p.add_argument(
         "--metrics-port",
@@ -133,3 +142,10 @@ def grpc_settings(args: argparse.Namespace) -> GrpcSettings:
         lora_root=args.lora_root,
         connection=connection_settings(args),
     )
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value

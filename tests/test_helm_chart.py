@@ -59,6 +59,7 @@ def test_default_cpu_profile_probes_grace_and_non_root() -> None:
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 600
     assert args.host == "0.0.0.0" and args.device == "cpu" and args.model is None
     assert args.shutdown_timeout == 30.0 and grace_seconds(docs) > args.shutdown_timeout + 5
+    assert args.reload_interval is None  # nothing to reload without TLS or tenants
     assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
     assert c["image"] == "tokenwire:0.1.0-cpu"
     assert "nvidia.com/gpu" not in c["resources"].get("limits", {})
@@ -183,6 +184,7 @@ def test_tls_and_tenants_secrets_mounted_where_the_flags_point(
         data = base64.b64decode(secret["data"][path.rsplit("/", 1)[1]])
         assert data == source.read_bytes()
     assert args.ssl_cert_reqs.value == "required"
+    assert args.reload_interval == 30.0  # the mounted Secrets are followed without a signal
     assert secrets[files[args.ssl_certfile]]["type"] == "kubernetes.io/tls"
     # The rendered key file is one the server accepts.
     copy = tmp_path / Path(args.api_key_file).name

@@ -146,3 +146,55 @@ def test_sighup_reloads_the_key_file(tiny_model_with_tokenizer: Path, tmp_path: 
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.slow
+def test_reload_interval_follows_a_kubernetes_secret_update(
+    tiny_model_with_tokenizer: Path, tmp_path: Path
+) -> None:
+    """The key file mounted as a Secret volume (``keys.yaml -> ..data/keys.yaml``) is updated
+    the kubelet's way, by swapping ``..data``; with ``--reload-interval`` and no SIGHUP the
+    server re-reads it and the new limit holds."""
+    secret = tmp_path / "secret"
+    for version, rps in (("..v1", 1000.0), ("..v2", 0.01)):
+        (secret / version).mkdir(parents=True)
+        _key_file(secret / version / "keys.yaml", rps=rps, burst=1)
+    (secret / "..data").symlink_to("..v1")
+    (secret / "keys.yaml").symlink_to("..data/keys.yaml")
+    exe = shutil.which("tokenwire", path=os.path.dirname(sys.executable))
+    assert exe is not None
+    cmd = [exe, *_serve_args(tiny_model_with_tokenizer, "--engine-in-process")]
+    cmd += ["--max-model-len", "256", "--api-key-file", str(secret / "keys.yaml")]
+    cmd += ["--reload-interval", "0.1"]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, PYTHONSAFEPATH="1"),
+    )  # fmt: skip
+    try:
+        out = _Lines(proc)
+        target = out.wait_for(r"serving model=.* grpc=(\S+:\d+)").group(1)
+        team = (("authorization", "Bearer team-key"),)
+        with grpc.insecure_channel(target) as channel:
+            stub = generation_pb2_grpc.GenerationServiceStub(channel)
+
+            def generate(rid: str) -> grpc.StatusCode:
+                try:
+                    stub.Generate(request([1, 2, 3], 2, rid), metadata=team, timeout=60)
+                except grpc.RpcError as err:
+                    return err.code()  # type: ignore[no-any-return]
+                return grpc.StatusCode.OK
+
+            assert [generate(f"a{i}") for i in range(2)] == [grpc.StatusCode.OK] * 2
+            mark = len(out.lines)
+            os.symlink("..v2", secret / "..data_tmp")
+            os.replace(secret / "..data_tmp", secret / "..data")  # one rename, no signal
+            out.wait_for("tenant key file reloaded", after=mark)
+            assert [generate(f"b{i}") for i in range(2)] == [
+                grpc.StatusCode.OK,  # the burst of 1
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            ]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -131,6 +131,10 @@ the engine shutdown and the final server stop. Always above --shutdown-timeout.
 - --api-key-file
 - {{ include "tokenwire.tenantsDir" . }}/{{ .Values.tenants.key }}
 {{- end }}
+{{- if and (or .Values.tls.enabled .Values.tenants.enabled) (gt (float64 .Values.server.reloadIntervalSeconds) 0.0) }}
+- --reload-interval
+- {{ .Values.server.reloadIntervalSeconds | quote }}
+{{- end }}
 {{- range .Values.server.extraArgs }}
 - {{ . | quote }}
 {{- end }}
