@@ -48,7 +48,10 @@ class FileWatcher:
         changed = [p for p, a, b in zip(self.paths, self._last, now, strict=True) if a != b]
         logger.info("watched files changed: reloading", files=changed)
         self._last = now
-        self.on_change()
+        try:
+            self.on_change()
+        except Exception:  # a reload that raises must not end the watching
+            logger.exception("reload after a file change failed")
         return True
 
     async def run(self, interval: float) -> None:

@@ -248,7 +248,10 @@ def _reload_on(
     tls_files += [] if tls is None else [tls.settings.ca_certs]
     key_file = [None if settings.tenants is None else settings.tenants.path]
     paths = watched_paths(tls_files, key_file)
-    if interval is None or not paths:
+    if interval is None:
+        return None
+    if not paths:
+        logger.warning("--reload-interval: nothing to watch (no --ssl-* files or --api-key-file)")
         return None
     return asyncio.get_running_loop().create_task(FileWatcher(paths, reload).run(interval))
 

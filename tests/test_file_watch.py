@@ -46,6 +46,22 @@ def test_each_change_runs_the_reload_once(tmp_path: Path) -> None:
     assert signature(str(tmp_path / "absent")) is None
 
 
+def test_a_failing_reload_keeps_the_watch(tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+    path.write_text("one")
+    calls: list[int] = []
+
+    def reload() -> None:
+        calls.append(1)
+        raise RuntimeError("half-written file")
+
+    watcher = FileWatcher([str(path)], reload)
+    path.write_text("two, longer")
+    assert watcher.check() and not watcher.check()
+    path.write_text("three, longer still")
+    assert watcher.check() and len(calls) == 2
+
+
 def test_run_looks_periodically(tmp_path: Path) -> None:
     path = tmp_path / "keys.yaml"
     path.write_text("one")
