@@ -244,10 +244,9 @@ def _reload_on(
         reload()
 
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_signal)
-    tls_files = [] if tls is None else [tls.settings.certfile, tls.settings.keyfile]
-    tls_files += [] if tls is None else [tls.settings.ca_certs]
-    key_file = [None if settings.tenants is None else settings.tenants.path]
-    paths = watched_paths(tls_files, key_file)
+    t = None if tls is None else tls.settings
+    tls_files = [] if t is None else [t.certfile, t.keyfile, t.ca_certs]
+    paths = watched_paths(tls_files, [None if settings.tenants is None else settings.tenants.path])
     if interval is None:
         return None
     if not paths:
