@@ -4,6 +4,7 @@ canonical log line and on ``/metrics``."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -84,18 +85,35 @@ class _Lines:
         return found[0]
 
 
+def _start(model: Path, *flags: str) -> subprocess.Popen[str]:
+    """``tokenwire serve`` (engine in process, context 256) with ``flags``, stdout piped."""
+    exe = shutil.which("tokenwire", path=os.path.dirname(sys.executable))
+    assert exe is not None
+    cmd = [exe, *_serve_args(model, "--engine-in-process", "--max-model-len", "256", *flags)]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, PYTHONSAFEPATH="1"),
+    )  # fmt: skip
+
+
+def _generate_as_team(stub: generation_pb2_grpc.GenerationServiceStub, rid: str) -> grpc.StatusCode:
+    """One short Generate with the key file's ``team`` key; its status code."""
+    try:
+        stub.Generate(
+            request([1, 2, 3], 2, rid), metadata=(("authorization", "Bearer team-key"),), timeout=60
+        )
+    except grpc.RpcError as err:
+        return err.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
+
+
 @pytest.mark.slow
 def test_sighup_reloads_the_key_file(tiny_model_with_tokenizer: Path, tmp_path: Path) -> None:
     keys = tmp_path / "keys.yaml"
     _key_file(keys, rps=1000, burst=1000)
-    exe = shutil.which("tokenwire", path=os.path.dirname(sys.executable))
-    assert exe is not None
-    cmd = [exe, *_serve_args(tiny_model_with_tokenizer, "--engine-in-process")]
-    cmd += ["--log-format", "json", "--max-model-len", "256", "--served-model-name", "tiny"]
-    cmd += ["--api-key-file", str(keys), "--api-key", "admin-key"]  # merged: "default"
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=dict(os.environ, PYTHONSAFEPATH="1"),
+    proc = _start(
+        tiny_model_with_tokenizer, "--log-format", "json", "--served-model-name", "tiny",
+        "--api-key-file", str(keys), "--api-key", "admin-key",  # merged: "default"
     )  # fmt: skip
     try:
         out = _Lines(proc)
@@ -104,17 +122,10 @@ def test_sighup_reloads_the_key_file(tiny_model_with_tokenizer: Path, tmp_path: 
             f"{match.group(1)}:{match.group(2)}",
             f"http://{match.group(3)}:{match.group(4)}",
         )
-        team = (("authorization", "Bearer team-key"),)
         with grpc.insecure_channel(target) as channel:
-            stub = generation_pb2_grpc.GenerationServiceStub(channel)
-
-            def generate(rid: str) -> grpc.StatusCode:
-                try:
-                    stub.Generate(request([1, 2, 3], 2, rid), metadata=team, timeout=60)
-                except grpc.RpcError as err:
-                    return err.code()  # type: ignore[no-any-return]
-                return grpc.StatusCode.OK
-
+            generate = functools.partial(
+                _generate_as_team, generation_pb2_grpc.GenerationServiceStub(channel)
+            )
             assert [generate(f"a{i}") for i in range(3)] == [grpc.StatusCode.OK] * 3
             mark = len(out.lines)
             keys.write_text("tenants: [{name: team, keys: [oops]}]\n")
@@ -161,29 +172,15 @@ def test_reload_interval_follows_a_kubernetes_secret_update(
         _key_file(secret / version / "keys.yaml", rps=rps, burst=1)
     (secret / "..data").symlink_to("..v1")
     (secret / "keys.yaml").symlink_to("..data/keys.yaml")
-    exe = shutil.which("tokenwire", path=os.path.dirname(sys.executable))
-    assert exe is not None
-    cmd = [exe, *_serve_args(tiny_model_with_tokenizer, "--engine-in-process")]
-    cmd += ["--max-model-len", "256", "--api-key-file", str(secret / "keys.yaml")]
-    cmd += ["--reload-interval", "0.1"]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=dict(os.environ, PYTHONSAFEPATH="1"),
-    )  # fmt: skip
+    keys = str(secret / "keys.yaml")
+    proc = _start(tiny_model_with_tokenizer, "--api-key-file", keys, "--reload-interval", "0.1")
     try:
         out = _Lines(proc)
         target = out.wait_for(r"serving model=.* grpc=(\S+:\d+)").group(1)
-        team = (("authorization", "Bearer team-key"),)
         with grpc.insecure_channel(target) as channel:
-            stub = generation_pb2_grpc.GenerationServiceStub(channel)
-
-            def generate(rid: str) -> grpc.StatusCode:
-                try:
-                    stub.Generate(request([1, 2, 3], 2, rid), metadata=team, timeout=60)
-                except grpc.RpcError as err:
-                    return err.code()  # type: ignore[no-any-return]
-                return grpc.StatusCode.OK
-
+            generate = functools.partial(
+                _generate_as_team, generation_pb2_grpc.GenerationServiceStub(channel)
+            )
             assert [generate(f"a{i}") for i in range(2)] == [grpc.StatusCode.OK] * 2
             mark = len(out.lines)
             os.symlink("..v2", secret / "..data_tmp")
