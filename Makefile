@@ -52,7 +52,7 @@ typecheck: dev
 bench: dev
 	$(VENV)/bin/tokenwire bench throughput --workload cpu --compare hf
 
-# The one GPU check (issue 6; README "GPU check"). No `dev` prerequisite: the GPU box has no
+# The one GPU check (issue 6; docs/gpu-check.md). No `dev` prerequisite: the GPU box has no
 # registry, so it runs with its own python3; GPU_CHECK_ARGS=--smoke runs the plumbing on CPU.
 gpu-check:
 	$(if $(wildcard $(PY)),$(PY),python3) scripts/gpu_check.py $(GPU_CHECK_ARGS)

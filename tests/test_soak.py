@@ -5,7 +5,7 @@ disconnects and bad requests. Afterwards, read from outside (``/metrics``, ``psu
 running or waiting, KV usage back at 0 with every block free, the server tree's RSS growth
 under ``RSS_GROWTH_BOUND``, no INTERNAL / UNKNOWN / 5xx anywhere, and the server still serves.
 
-The summary line (``SOAK ...``) is the README figure:
+The summary line (``SOAK ...``) is the figure in docs/soak-and-fault-tests.md:
 ``TOKENWIRE_SOAK_SECONDS=300 .venv/bin/pytest -s tests/test_soak.py``.
 """
 
@@ -31,7 +31,7 @@ from soak_workers import MODES, WEIGHTS, Tally, rest_stream, session, stream, un
 SOAK_SECONDS = float(os.environ.get("TOKENWIRE_SOAK_SECONDS", "300"))
 SEED = 18
 KV_BLOCKS = 64  # small enough that the callers press on it (preemption included)
-# Measured on a busy 2-core box (README "Soak and fault tests"), 30 s and 300 s runs: the
+# Measured on a busy 2-core box (docs/soak-and-fault-tests.md), 30 s and 300 s runs: the
 # tree's RSS never rose more than 0.7 MiB above its post-warm-up value and ended ~25 MiB below
 # it. 64 MiB of margin still catches a leak of ~35 KiB per call over the 300 s run's ~1900.
 RSS_GROWTH_BOUND = 64 * 2**20
