@@ -121,7 +121,7 @@ class AsyncEngine:
         """Start the core, wait until it has loaded the model, load the tokenizer."""
         info = await self.client.start()
         self._info = info
-        self._loras.seed(info.lora_adapters)
+        self._loras.seed(info.lora_adapters, info.max_lora_rank)
         if info.tokenizer_path is not None:
             self._tokenizer = await asyncio.to_thread(
                 load_tokenizer, info.tokenizer_path, info.chat_template
