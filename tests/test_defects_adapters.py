@@ -299,3 +299,32 @@ def test_the_good_adapter_loads_and_changes_the_output(
     finally:
         unload(channel, "good")
     harness.assert_idle()
+
+
+# ---------------------------------------------------------------------------- --lora-root
+@pytest.mark.parametrize("folder", ["config-link-out", "weights-link-out", "both-link-out"])
+def test_a_file_symlink_out_of_the_root_is_refused(
+    harness: ServerHarness, channel: grpc.Channel, root: Path, folder: str
+) -> None:
+    err = refused_load(channel, folder, folder)
+    assert "inside the server's --lora-root" in err.details(), err.details()
+    assert str(root) not in err.details() and "defects-outside" not in err.details()
+    names = [
+        m.name
+        for m in models_pb2_grpc.ModelServiceStub(channel)
+        .ListModels(models_pb2.ListModelsRequest(), metadata=AUTH)
+        .models
+    ]
+    assert folder not in names
+    harness.assert_idle()
+
+
+def test_a_file_symlink_inside_the_root_is_fine(
+    harness: ServerHarness, channel: grpc.Channel
+) -> None:
+    assert load(channel, "snap", "snapshot").model.name == "snap"
+    try:
+        assert len(generate(channel, "snap")) == 4
+    finally:
+        unload(channel, "snap")
+    harness.assert_idle()

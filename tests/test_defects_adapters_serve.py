@@ -68,7 +68,7 @@ def check_bad_adapters(served: Served) -> None:
     core_pid = served.core_pid
     with grpc.insecure_channel(served.target) as channel:
         base = generate(channel)
-        for folder in SERVED_BAD:
+        for folder in (*SERVED_BAD, "config-link-out"):
             err = refused_load(channel, folder, folder)
             phrase = BAD[folder][1] if folder in BAD else "inside the server's --lora-root"
             assert phrase.lower() in err.details().lower(), err.details()

@@ -5,7 +5,9 @@ A request's ``model`` is the served model's name (or empty) for the base model, 
 of a loaded adapter; anything else is NOT_FOUND (MODEL_NOT_FOUND). Runtime updates are off
 unless the server runs with ``--allow-runtime-lora-updating``, which needs an API key (every
 call then carries one) and ``--lora-root DIR``: a ``lora_path`` is resolved against the root
-(``realpath``: neither ``..`` nor a symlink can leave it) and must lie inside it. Messages never
+(``realpath``: neither ``..`` nor a symlink can leave it) and must lie inside it, and so
+must the real path of each file the engine opens in it (``adapter_config.json``,
+``adapter_model.safetensors``: a file symlinked out of the root is refused). Messages never
 show the resolved path or the root: only what the client sent. Engine calls are shielded, so
 a caller who gives up mid-load never leaves the engine half-way.
 """
@@ -20,7 +22,7 @@ import grpc
 
 from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.errors import AdapterError, AdapterNotFoundError, clip
-from tokenwire.runtime.lora.request import LoRARequest
+from tokenwire.runtime.lora.request import ADAPTER_FILES, LoRARequest
 from tokenwire.server.grpc.errors import ServiceError, invalid_parameter, model_not_found
 from tokenwire.server.telemetry.logs import get_logger
 from tokenwire.v1 import errors_pb2
@@ -110,13 +112,23 @@ class AdapterAdmin:
         if "\x00" in given:
             raise invalid_parameter("lora_path", "must not contain NUL characters")
         resolved = os.path.realpath(os.path.join(self.root, given))
-        if os.path.commonpath([self.root, resolved]) != self.root:
+        if not self._inside(resolved):
             raise invalid_parameter(
                 "lora_path", "must name a directory inside the server's --lora-root"
             )
         if not os.path.isdir(resolved):
             raise invalid_parameter("lora_path", "no adapter directory there")
+        # Every file the engine opens, not only the folder: a file may be a symlink too.
+        for name in ADAPTER_FILES:
+            if not self._inside(os.path.realpath(os.path.join(resolved, name))):
+                raise invalid_parameter(
+                    "lora_path", f"its {name} must lie inside the server's --lora-root"
+                )
         return resolved
+
+    def _inside(self, real: str) -> bool:
+        assert self.root is not None
+        return os.path.commonpath([self.root, real]) == self.root
 
     async def load(self, name: str, given_path: str) -> LoRARequest:
         if not self.allowed:
