@@ -69,6 +69,13 @@ def resolve_model(engine: EngineClient, base_name: str, name: str) -> LoRAReques
     return lora
 
 
+def adapter_not_found(name: str) -> ServiceError:
+    """LoadAdapter / UnloadAdapter of a name that is not loaded, or that the caller's tenant
+    may not use: the same answer, so it tells nothing about other tenants' adapters."""
+    err = model_not_found(name)
+    return ServiceError(err.code, err.reason, err.message, {**err.metadata, "param": "lora_name"})
+
+
 def updating_disabled() -> ServiceError:
     return ServiceError(
         grpc.StatusCode.PERMISSION_DENIED,
@@ -149,11 +156,8 @@ class AdapterAdmin:
             raise invalid_parameter("lora_name", "is required")
         try:
             await asyncio.shield(self.engine.remove_lora(name))
-        except AdapterNotFoundError as exc:
-            err = model_not_found(name)
-            raise ServiceError(
-                err.code, err.reason, str(exc), {**err.metadata, "param": "lora_name"}
-            ) from None
+        except AdapterNotFoundError:
+            raise adapter_not_found(name) from None
         logger.info("lora_adapter_unloaded", lora_name=name)
 
     def _scrubbed(self, exc: AdapterError, path: str, given: str) -> AdapterError:
