@@ -216,3 +216,10 @@ def test_read_adapter_refuses_bad_configs(
 ) -> None:
     with pytest.raises(AdapterError, match=phrase):
         read_adapter(str(adapter_dir(tmp_path, config)), max_rank=8)
+
+
+@pytest.mark.parametrize("path", ["a\x00b", "/" + "x" * 5000, "/nonexistent/adapter"])
+def test_unusable_paths_are_adapter_errors(path: str) -> None:
+    with pytest.raises(AdapterError) as caught:
+        read_adapter(path, max_rank=8)
+    assert caught.value.param == "lora_path"

@@ -13,6 +13,7 @@ raises nothing but ``AdapterError``.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,10 +68,10 @@ class AdapterFiles:
     tensors: dict[str, TensorInfo]
 
 
-def _config(directory: Path) -> dict[str, Any]:
-    if not directory.is_dir():
+def _config(path: str) -> dict[str, Any]:
+    if not os.path.isdir(path):  # never raises (a NUL, a name too long: False)
         raise AdapterError("lora_path", "is not a directory")
-    config = read_json_file(directory / CONFIG_FILE, CONFIG_FILE)
+    config = read_json_file(Path(path) / CONFIG_FILE, CONFIG_FILE)
     if not isinstance(config, dict):
         raise AdapterError(CONFIG_FILE, "must hold a JSON object")
     peft_type = config.get("peft_type", "LORA")
@@ -159,7 +160,7 @@ def _check_ranks(
 def read_adapter(path: str, max_rank: int) -> AdapterFiles:
     """Check a PEFT adapter directory's files; ``AdapterError`` names what is wrong."""
     directory = Path(path)
-    config = _config(directory)
+    config = _config(path)
     rank, scaling = _scaling(config, max_rank)
     _check_targets(config)
     tensors = read_safetensors_header(directory / WEIGHTS_FILE, WEIGHTS_FILE)

@@ -120,7 +120,7 @@ def open_regular(path: Path, what: str) -> Iterator[tuple[int, int]]:
         fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
         raise AdapterError("lora_path", f"has no {what}") from None
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
         raise AdapterError(what, f"cannot be opened ({type(exc).__name__})") from None
     try:
         info = os.fstat(fd)
