@@ -109,27 +109,26 @@ def test_keys_outside_the_file_are_refused(stub: Any) -> None:
     assert err.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
-def test_a_model_outside_the_tenants_list_is_permission_denied(
-    stub: Any, rest: RestHarness
-) -> None:
+def test_a_model_outside_the_tenants_list_is_not_found(stub: Any, rest: RestHarness) -> None:
+    """Answered like a model that does not exist: no tenant learns what others may use."""
     err = refused(lambda: stub.Generate(request([1, 2], 1), metadata=auth("kn"), timeout=30))
-    assert err.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert err.code() == grpc.StatusCode.NOT_FOUND
     info, _ = details_of(err)
-    assert info is not None and info.reason == "MODEL_NOT_ALLOWED"
-    assert err.details() == "tenant 'narrow' may not use model 'tiny'"
+    assert info is not None and info.reason == "MODEL_NOT_FOUND"
+    assert err.details() == "model 'tiny' is not served here"
     reply = httpx.post(
         f"{rest.url}/v1/completions",
         json={"model": "tiny", "prompt": [1, 2], "max_tokens": 1},
         headers={"authorization": "Bearer kn"},
         timeout=30,
     )
-    assert reply.status_code == 403
-    assert reply.json()["error"]["code"] == "model_not_allowed"
+    assert reply.status_code == 404
+    assert reply.json()["error"]["code"] == "model_not_found"
 
 
 def test_models_are_listed_per_tenant(harness: ServerHarness, rest: RestHarness) -> None:
     """ListModels (and REST /v1/models, through it) shows a tenant only the models it may
-    use; GetModelInfo of another is PERMISSION_DENIED."""
+    use; GetModelInfo of another is NOT_FOUND, as for a model that does not exist."""
     with harness.channel() as channel:
         models = models_pb2_grpc.ModelServiceStub(channel)
         listed = models.ListModels(models_pb2.ListModelsRequest(), metadata=auth("kb"))
@@ -140,7 +139,7 @@ def test_models_are_listed_per_tenant(harness: ServerHarness, rest: RestHarness)
         err = refused(
             lambda: models.GetModelInfo(models_pb2.GetModelInfoRequest(), metadata=auth("kn"))
         )
-        assert err.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert err.code() == grpc.StatusCode.NOT_FOUND
     reply = httpx.get(f"{rest.url}/v1/models", headers={"authorization": "Bearer kn"}, timeout=30)
     assert reply.status_code == 200 and reply.json()["data"] == []
 

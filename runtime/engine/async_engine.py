@@ -31,7 +31,7 @@ from tokenwire.runtime.engine.messages import (
 )
 from tokenwire.runtime.engine.protocol import EngineInfo, EngineStatsSnapshot, IdleReport
 from tokenwire.runtime.engine.request_stream import RequestFailed, RequestFinished, RequestStream
-from tokenwire.runtime.engine.validation import validate_request
+from tokenwire.runtime.engine.validation import validate_priority, validate_request
 from tokenwire.runtime.errors import (
     AdapterNotFoundError,
     DrainingError,
@@ -121,7 +121,7 @@ class AsyncEngine:
         """Start the core, wait until it has loaded the model, load the tokenizer."""
         info = await self.client.start()
         self._info = info
-        self._loras.seed(info.lora_adapters)
+        self._loras.seed(info.lora_adapters, info.max_lora_rank)
         if info.tokenizer_path is not None:
             self._tokenizer = await asyncio.to_thread(
                 load_tokenizer, info.tokenizer_path, info.chat_template
@@ -217,6 +217,7 @@ class AsyncEngine:
             raise AdapterNotFoundError(lora_request.lora_name)
         info = self.info
         validate_request(prompt_token_ids, params, info.vocab_size, info.max_model_len)
+        validate_priority(priority)
         self._structured.check(params)  # the constraint parses (the core compiles it)
         children = self._processor.add_request(request_id, prompt, prompt_token_ids, params)
         stream = RequestStream(request_id, params.n)
@@ -224,19 +225,25 @@ class AsyncEngine:
         self._num_seqs += params.n
         self._idle.clear()
         # Only choice 0 continues a session, so only its blocks are held.
-        self.client.send(
-            AddRequest(
-                request_id,
-                list(prompt_token_ids),
-                [
-                    ChildRequest(child_id, child_params, hold_as if i == 0 else None)
-                    for i, (child_id, child_params) in enumerate(children)
-                ],
-                priority,
-                cache_salt,
-                lora_request,
-            )
+        message = AddRequest(
+            request_id,
+            list(prompt_token_ids),
+            [
+                ChildRequest(child_id, child_params, hold_as if i == 0 else None)
+                for i, (child_id, child_params) in enumerate(children)
+            ],
+            priority,
+            cache_salt,
+            lora_request,
         )
+        try:
+            self.client.send(message)
+        except Exception:  # not sent (e.g. a value the wire cannot encode): nothing stays
+            self._processor.abort(request_id)
+            self._streams.pop(request_id, None)
+            self._num_seqs -= params.n
+            self._mark_idle()
+            raise
         return stream
 
     def abort(self, request_id: str) -> bool:

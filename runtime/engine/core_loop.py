@@ -8,6 +8,7 @@ and request statistics the core reported, evicted session holders and a state sn
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable
 
@@ -39,6 +40,7 @@ from tokenwire.runtime.tokenizer import load_chat_template
 Receive = Callable[[bool], list[CoreInput]]
 IDLE_CHECK_S = 1.0  # an idle core checks its executor's workers this often
 Send = Callable[[CoreOutput], None]
+logger = logging.getLogger("tokenwire.engine")
 
 
 class StatsCollector:
@@ -119,7 +121,11 @@ def _adapter_names(requests: Iterable[Request]) -> tuple[str, ...]:
 
 
 def lora_reply(core: EngineCore, message: AddLoRA | RemoveLoRA) -> LoRAReply:
-    """Apply an adapter load / unload; a refusal travels back as data (the core lives on)."""
+    """Apply an adapter load / unload; a refusal travels back as data (the core lives on).
+
+    An adapter's files are the client's data: whatever reading them raises (the readers
+    raise only ``AdapterError``; anything else is a reader bug) refuses that load, never
+    the engine. The registry changes only once every check has passed."""
     try:
         if isinstance(message, AddLoRA):
             lora = core.add_lora(message.name, message.path)
@@ -131,6 +137,10 @@ def lora_reply(core: EngineCore, message: AddLoRA | RemoveLoRA) -> LoRAReply:
         return LoRAReply(message.call_id, error="exists", message=str(exc))
     except AdapterNotFoundError as exc:
         return LoRAReply(message.call_id, error="not_found", message=str(exc))
+    except Exception as exc:  # never a traceback or a path: the type names the failure
+        logger.warning("refused a LoRA adapter whose files failed to read: %s", type(exc).__name__)
+        text = f"the adapter's files cannot be read ({type(exc).__name__})"
+        return LoRAReply(message.call_id, error="invalid", param="lora_path", message=text)
     return LoRAReply(message.call_id, lora=lora)
 
 

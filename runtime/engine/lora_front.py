@@ -1,7 +1,10 @@
 """The front's view of the LoRA adapters: name -> ``LoRARequest``, kept in step with the core.
 
 Loads and unloads are calls to the core (``AddLoRA`` / ``RemoveLoRA``), answered in order
-with the core's other outputs. An unload takes the name out of this registry at once, so no
+with the core's other outputs. Before a load is sent, the front reads the adapter's files
+itself (bounded, on a worker thread: ``lora.checks.read_adapter``), so a hostile or broken
+adapter fails its call here and never reaches the core; the core checks it again against
+the model. An unload takes the name out of this registry at once, so no
 new request can select the adapter; requests already sent run to completion in the core.
 """
 
@@ -13,6 +16,7 @@ from collections.abc import Callable
 
 from tokenwire.runtime.engine.messages import AddLoRA, CoreInput, LoRAReply, RemoveLoRA
 from tokenwire.runtime.errors import AdapterError, AdapterExistsError, AdapterNotFoundError
+from tokenwire.runtime.lora.checks import read_adapter
 from tokenwire.runtime.lora.request import LoRARequest
 
 LORA_CALL_TIMEOUT_S = 120.0  # reading a large adapter's header is quick; this is a backstop
@@ -24,10 +28,12 @@ class LoRAFront:
         self._by_name: dict[str, LoRARequest] = {}
         self._calls: dict[int, asyncio.Future[LoRAReply]] = {}
         self._call_ids = itertools.count(1)
+        self._max_rank = 0  # 0: LoRA is off (the core says so)
 
-    def seed(self, adapters: tuple[LoRARequest, ...]) -> None:
-        """The adapters the core loaded at startup."""
+    def seed(self, adapters: tuple[LoRARequest, ...], max_rank: int) -> None:
+        """The adapters the core loaded at startup, and ``--max-lora-rank``."""
         self._by_name = {a.lora_name: a for a in adapters}
+        self._max_rank = max_rank
 
     def get(self, name: str) -> LoRARequest | None:
         return self._by_name.get(name)
@@ -38,6 +44,8 @@ class LoRAFront:
     async def add(self, name: str, path: str) -> LoRARequest:
         if name in self._by_name:
             raise AdapterExistsError(name)
+        if self._max_rank > 0:
+            await asyncio.to_thread(read_adapter, path, self._max_rank)
         reply = await self._call(lambda call_id: AddLoRA(call_id, name, path))
         if reply.lora is None:
             raise _error(reply, name)

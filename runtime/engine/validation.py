@@ -9,6 +9,15 @@ from __future__ import annotations
 from tokenwire.runtime.errors import ContextLengthError, ParameterError
 from tokenwire.runtime.sampling_params import SamplingParams
 
+# The range of a request's priority: a signed 64-bit integer, what the front <-> core wire
+# (msgspec) carries.
+PRIORITY_MIN, PRIORITY_MAX = -(2**63), 2**63 - 1
+
+
+def validate_priority(priority: int) -> None:
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise ParameterError("priority", "must be an integer in [-2**63, 2**63 - 1]")
+
 
 def validate_request(
     prompt_token_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int

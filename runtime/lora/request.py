@@ -11,6 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The two files of a PEFT adapter directory (every one the engine opens).
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
+
 
 @dataclass(frozen=True, slots=True)
 class LoRARequest:

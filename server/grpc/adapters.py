@@ -5,7 +5,9 @@ A request's ``model`` is the served model's name (or empty) for the base model, 
 of a loaded adapter; anything else is NOT_FOUND (MODEL_NOT_FOUND). Runtime updates are off
 unless the server runs with ``--allow-runtime-lora-updating``, which needs an API key (every
 call then carries one) and ``--lora-root DIR``: a ``lora_path`` is resolved against the root
-(``realpath``: neither ``..`` nor a symlink can leave it) and must lie inside it. Messages never
+(``realpath``: neither ``..`` nor a symlink can leave it) and must lie inside it, and so
+must the real path of each file the engine opens in it (``adapter_config.json``,
+``adapter_model.safetensors``: a file symlinked out of the root is refused). Messages never
 show the resolved path or the root: only what the client sent. Engine calls are shielded, so
 a caller who gives up mid-load never leaves the engine half-way.
 """
@@ -20,7 +22,7 @@ import grpc
 
 from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.errors import AdapterError, AdapterNotFoundError, clip
-from tokenwire.runtime.lora.request import LoRARequest
+from tokenwire.runtime.lora.request import ADAPTER_FILES, LoRARequest
 from tokenwire.server.grpc.errors import ServiceError, invalid_parameter, model_not_found
 from tokenwire.server.telemetry.logs import get_logger
 from tokenwire.v1 import errors_pb2
@@ -67,6 +69,13 @@ def resolve_model(engine: EngineClient, base_name: str, name: str) -> LoRAReques
     return lora
 
 
+def adapter_not_found(name: str) -> ServiceError:
+    """LoadAdapter / UnloadAdapter of a name that is not loaded, or that the caller's tenant
+    may not use: the same answer, so it tells nothing about other tenants' adapters."""
+    err = model_not_found(name)
+    return ServiceError(err.code, err.reason, err.message, {**err.metadata, "param": "lora_name"})
+
+
 def updating_disabled() -> ServiceError:
     return ServiceError(
         grpc.StatusCode.PERMISSION_DENIED,
@@ -110,13 +119,23 @@ class AdapterAdmin:
         if "\x00" in given:
             raise invalid_parameter("lora_path", "must not contain NUL characters")
         resolved = os.path.realpath(os.path.join(self.root, given))
-        if os.path.commonpath([self.root, resolved]) != self.root:
+        if not self._inside(resolved):
             raise invalid_parameter(
                 "lora_path", "must name a directory inside the server's --lora-root"
             )
         if not os.path.isdir(resolved):
             raise invalid_parameter("lora_path", "no adapter directory there")
+        # Every file the engine opens, not only the folder: a file may be a symlink too.
+        for name in ADAPTER_FILES:
+            if not self._inside(os.path.realpath(os.path.join(resolved, name))):
+                raise invalid_parameter(
+                    "lora_path", f"its {name} must lie inside the server's --lora-root"
+                )
         return resolved
+
+    def _inside(self, real: str) -> bool:
+        assert self.root is not None
+        return os.path.commonpath([self.root, real]) == self.root
 
     async def load(self, name: str, given_path: str) -> LoRARequest:
         if not self.allowed:
@@ -137,11 +156,8 @@ class AdapterAdmin:
             raise invalid_parameter("lora_name", "is required")
         try:
             await asyncio.shield(self.engine.remove_lora(name))
-        except AdapterNotFoundError as exc:
-            err = model_not_found(name)
-            raise ServiceError(
-                err.code, err.reason, str(exc), {**err.metadata, "param": "lora_name"}
-            ) from None
+        except AdapterNotFoundError:
+            raise adapter_not_found(name) from None
         logger.info("lora_adapter_unloaded", lora_name=name)
 
     def _scrubbed(self, exc: AdapterError, path: str, given: str) -> AdapterError:

@@ -18,6 +18,7 @@ from tokenwire.server.grpc.auth import UNAUTHENTICATED, authorization_values, be
 from tokenwire.server.tenants.registry import Caller, TenantRegistry
 
 MAX_REQUEST_ID_CHARS = 128
+PRIORITY_MIN, PRIORITY_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -75,5 +76,7 @@ def call_context(
         priority = int(raw_priority) if raw_priority else 0
     except ValueError:
         raise ParameterError("x-priority", "must be an integer") from None
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:  # what the engine's wire carries
+        raise ParameterError("x-priority", "must be an integer in [-2**63, 2**63 - 1]")
     who = identify(context, tenants)
     return CallContext(who.namespace, rid, who.tenant.clamp_priority(priority), who)

@@ -91,14 +91,11 @@ def model_not_found(name: str) -> ServiceError:
 
 
 def tenant_error(exc: LimitExceeded | ModelNotAllowed) -> ServiceError:
-    """A tenant's limit (RESOURCE_EXHAUSTED + RetryInfo) or model list (PERMISSION_DENIED)."""
+    """A tenant's limit (RESOURCE_EXHAUSTED + RetryInfo) or model list. A model outside the
+    caller's list is answered exactly like one that does not exist (NOT_FOUND, as OpenAI
+    answers), so no tenant can learn which models and adapters other tenants have."""
     if isinstance(exc, ModelNotAllowed):
-        return ServiceError(
-            grpc.StatusCode.PERMISSION_DENIED,
-            errors_pb2.ERROR_REASON_MODEL_NOT_ALLOWED,
-            str(exc),
-            {"tenant": exc.tenant, "model": clip(exc.model)},
-        )
+        return model_not_found(exc.model)
     return ServiceError(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         errors_pb2.ERROR_REASON_RATE_LIMITED,

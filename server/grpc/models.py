@@ -12,7 +12,12 @@ from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.sampling_params import MAX_LOGPROBS
 from tokenwire.runtime.tokenizer import Tokenizer
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
-from tokenwire.server.grpc.adapters import AdapterAdmin, AdapterFlags, resolve_model
+from tokenwire.server.grpc.adapters import (
+    AdapterAdmin,
+    AdapterFlags,
+    adapter_not_found,
+    resolve_model,
+)
 from tokenwire.server.grpc.call_context import identify
 from tokenwire.server.grpc.convert import Limits
 from tokenwire.server.grpc.errors import abort, invalid_parameter, to_service_error
@@ -50,9 +55,10 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         adapter_flags: AdapterFlags | None = None,
         tenants: TenantRegistry | None = None,
     ) -> None:
-        """``tenants``: ListModels shows a caller only the models its tenant may use;
-        GetModelInfo, LoadAdapter and UnloadAdapter of any other name are PERMISSION_DENIED
-        (None: every caller sees and manages all)."""
+        """``tenants``: ListModels shows a caller only the models its tenant may use; every
+        other RPC that takes a name answers one outside the tenant's list exactly like an
+        unknown name (NOT_FOUND), so no tenant learns other tenants' adapters (None: every
+        caller sees and manages all)."""
         self.engine = engine
         self.tenants = tenants
         self.tokenizers = tokenizers
@@ -92,12 +98,22 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         resolve_model(self.engine, self.model_name, name)
 
     def _check_tenant(self, context: grpc.aio.ServicerContext, name: str) -> None:
-        """ModelNotAllowed unless the caller's tenant may use ``name`` (no tenants: all)."""
+        """ModelNotAllowed (answered as NOT_FOUND) unless the caller's tenant may use
+        ``name`` (no tenants: all). Checked before the name is resolved, always."""
         if self.tenants is None:
             return
         tenant = identify(context, self.tenants).tenant
-        if not tenant.allows_model(name):
-            raise ModelNotAllowed(tenant.name, name)
+        if not tenant.allows_model(name or self.model_name):
+            raise ModelNotAllowed(tenant.name, name or self.model_name)
+
+    def _check_adapter_tenant(self, context: grpc.aio.ServicerContext, name: str) -> None:
+        """LoadAdapter / UnloadAdapter: a name outside the tenant's list is answered like
+        unloading one that is not loaded (an empty name is INVALID_ARGUMENT later)."""
+        try:
+            if name:
+                self._check_tenant(context, name)
+        except ModelNotAllowed:
+            raise adapter_not_found(name) from None
 
     def _pool(self) -> TokenizerPool:
         if self.tokenizers is None:
@@ -121,8 +137,8 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         self, request: models_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> models_pb2.ModelInfo:
         try:
+            self._check_tenant(context, request.model)
             self._check_model(request.model)
-            self._check_tenant(context, request.model or self.model_name)
             return self._info(request.model)
         except Exception as exc:
             await abort(context, to_service_error(exc))
@@ -150,8 +166,7 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         self, request: models_pb2.LoadAdapterRequest, context: grpc.aio.ServicerContext
     ) -> models_pb2.LoadAdapterResponse:
         try:
-            if request.lora_name:  # an empty name is INVALID_ARGUMENT below
-                self._check_tenant(context, request.lora_name)
+            self._check_adapter_tenant(context, request.lora_name)
             lora = await self.adapters.load(request.lora_name, request.lora_path)
             return models_pb2.LoadAdapterResponse(model=self._info(lora.lora_name))
         except Exception as exc:
@@ -161,8 +176,7 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         self, request: models_pb2.UnloadAdapterRequest, context: grpc.aio.ServicerContext
     ) -> models_pb2.UnloadAdapterResponse:
         try:
-            if request.lora_name:  # an empty name is INVALID_ARGUMENT below
-                self._check_tenant(context, request.lora_name)
+            self._check_adapter_tenant(context, request.lora_name)
             await self.adapters.unload(request.lora_name)
             return models_pb2.UnloadAdapterResponse()
         except Exception as exc:
@@ -172,6 +186,7 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         self, request: models_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
     ) -> models_pb2.TokenizeResponse:
         try:
+            self._check_tenant(context, request.model)
             self._check_model(request.model)
             pool = self._pool()
             special = request.add_special_tokens if request.HasField("add_special_tokens") else True
@@ -185,6 +200,7 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         self, request: models_pb2.DetokenizeRequest, context: grpc.aio.ServicerContext
     ) -> models_pb2.DetokenizeResponse:
         try:
+            self._check_tenant(context, request.model)
             self._check_model(request.model)
             pool = self._pool()
             vocab = self.engine.info.vocab_size
