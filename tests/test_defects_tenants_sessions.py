@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import queue
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from google.rpc import code_pb2, error_details_pb2
 from grpc_helpers import details_of
 from server_harness import ServerHarness
 
+from tokenwire.runtime import tokenizer_pool
 from tokenwire.server.tenants.config import hash_key, load_tenant_file
 from tokenwire.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 
@@ -165,3 +167,67 @@ def test_a_withdrawn_model_and_a_new_limit_refuse_turns_in_band(
     assert _reason(end) == (code_pb2.RESOURCE_EXHAUSTED, "RATE_LIMITED")
     session.close()  # refused turns never ended the session
     harness.assert_idle()
+
+
+def test_cancel_turn_written_with_its_turn_cancels_it(
+    harness: ServerHarness, channel: grpc.Channel
+) -> None:
+    stopping = common_pb2.StoppingOptions(max_tokens=MAX_TOKENS, ignore_eos=True)
+    session = KeyedSession(channel, OTHER, stopping=stopping)
+    cancel = pb.SessionRequest(cancel_turn=pb.SessionCancelTurn())
+    session.send(session.turn(user_message="Tell me a long story about a cat"), cancel)
+    end = session.turn_end()
+    assert end.finish_reason == common_pb2.FINISH_REASON_CANCELLED and end.turn == 1
+    assert end.usage.completion_tokens < MAX_TOKENS // 20, end.usage
+    # Nothing runs any more (bounded: the core answers after every earlier command) ...
+    assert not harness.kv_report(timeout=30).has_unfinished_requests
+    # ... and the cancel was spent on that turn: the next one runs to its length.
+    short = common_pb2.StoppingOptions(max_tokens=3, ignore_eos=True)
+    session.send(session.turn(user_message="And a dog?", stopping=short))
+    end = session.turn_end()
+    assert end.finish_reason == common_pb2.FINISH_REASON_LENGTH and end.turn == 2
+    assert end.usage.completion_tokens == 3
+    session.close()
+    harness.assert_idle(timeout=30)  # every stream ended, every KV block free
+
+
+class TokenizerGate:
+    """Holds the server's text tokenization (the real tokenizer, in its pool thread) until
+    released, so a turn is certainly still before the engine when later messages arrive."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.entered, self._release = threading.Event(), threading.Event()
+        real = tokenizer_pool._encode
+
+        def gated(*args: Any) -> list[int]:
+            self.entered.set()
+            assert self._release.wait(30), "the gate was never released"
+            return real(*args)
+
+        monkeypatch.setattr(tokenizer_pool, "_encode", gated)
+
+    def release(self) -> None:
+        self._release.set()
+
+
+def test_cancel_turn_before_the_turn_reaches_the_engine_cancels_it(
+    harness: ServerHarness, channel: grpc.Channel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window made wide: turn 1 is held in tokenization while its CancelTurn and a
+    second Turn arrive; the second Turn's in-band TURN_IN_PROGRESS proves the CancelTurn
+    before it was read before turn 1 reached the engine."""
+    stopping = common_pb2.StoppingOptions(max_tokens=MAX_TOKENS, ignore_eos=True)
+    session = KeyedSession(channel, OTHER, stopping=stopping)
+    gate = TokenizerGate(monkeypatch)
+    cancel = pb.SessionRequest(cancel_turn=pb.SessionCancelTurn())
+    session.send(session.turn(text="A long story"), cancel, session.turn(text="Another"))
+    refused = session.turn_end()
+    assert refused.turn == 2 and refused.error.code == code_pb2.FAILED_PRECONDITION
+    assert gate.entered.is_set()
+    gate.release()
+    end = session.turn_end()
+    assert end.turn == 1 and end.finish_reason == common_pb2.FINISH_REASON_CANCELLED
+    assert end.usage.completion_tokens < MAX_TOKENS // 20, end.usage
+    assert not harness.kv_report(timeout=30).has_unfinished_requests
+    session.close()
+    harness.assert_idle(timeout=30)

@@ -158,6 +158,7 @@ class _Session:
         self.out = out
         self.turn_task: asyncio.Task[None] | None = None
         self.turn_request: str | None = None
+        self.cancel_pending = False  # CancelTurn came while the prompt was being tokenized
         self.failure: ServiceError | None = None  # ends the call once the queue is drained
 
     async def read(self, requests: Any) -> None:
@@ -204,6 +205,8 @@ class _Session:
         if kind == "cancel_turn":
             if self.turn_request is not None:
                 self.engine.abort(self.turn_request)
+            elif self.turn_task is not None and not self.turn_task.done():
+                self.cancel_pending = True  # the turn it follows is not in the engine yet
         elif kind == "turn":
             self.state.turns += 1
             if self.turn_task is not None and not self.turn_task.done():
@@ -220,6 +223,7 @@ class _Session:
                 if who is None:  # a reload revoked the key since the session opened
                     self.failure = UNAUTHENTICATED
                     return False
+                self.cancel_pending = False  # a CancelTurn cancels the turn it follows
                 self.turn_task = asyncio.create_task(
                     self._turn(message.turn, self.state.turns, who)
                 )
@@ -275,6 +279,8 @@ class _Session:
             telemetry.end(record, err.code.name)
             return
         self.turn_request = request_id
+        if self.cancel_pending:  # CancelTurn arrived before the turn reached the engine
+            engine.abort(request_id)
         try:
             await self._stream_turn(stream, number, prompt, messages, params.logprobs, lease)
             status = "OK"
