@@ -97,7 +97,10 @@ class TestCA:
         ips: tuple[str, ...] = (),
         server: bool = True,
         client: bool = True,
+        valid: tuple[datetime.timedelta, datetime.timedelta] = (-_DAY, 30 * _DAY),
     ) -> Issued:
+        """``valid``: the validity period, as offsets from now (default: a day ago to 30
+        days ahead)."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         usages = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
@@ -108,8 +111,8 @@ class TestCA:
             .issuer_name(self.cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _DAY)
-            .not_valid_after(now + 30 * _DAY)
+            .not_valid_before(now + valid[0])
+            .not_valid_after(now + valid[1])
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         )
@@ -119,10 +122,14 @@ class TestCA:
             builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
         return _write(self.folder, stem, builder.sign(self.key, hashes.SHA256()), key)
 
-    def server_cert(self, stem: str = "server") -> Issued:
+    def server_cert(
+        self,
+        stem: str = "server",
+        valid: tuple[datetime.timedelta, datetime.timedelta] = (-_DAY, 30 * _DAY),
+    ) -> Issued:
         """For 127.0.0.1 and localhost; usable as a client certificate too (the REST shim
         presents the server's certificate under mTLS)."""
-        return self.issue(stem, "localhost", dns=("localhost",), ips=("127.0.0.1",))
+        return self.issue(stem, "localhost", dns=("localhost",), ips=("127.0.0.1",), valid=valid)
 
     def client_cert(self, stem: str = "client") -> Issued:
         return self.issue(stem, f"{stem}.tokenwire.test", server=False)

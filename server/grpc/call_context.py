@@ -47,8 +47,8 @@ def metadata_value(context: grpc.aio.ServicerContext, key: str) -> str | None:
 
 def identify(context: grpc.aio.ServicerContext, tenants: TenantRegistry) -> Caller:
     """The caller's tenant, from the same header value the API-key check reads. Its
-    namespace is never the key itself: a tenant's name, a hash prefix of an ``--api-key``
-    key, or "anon" when the server is open."""
+    namespace is never the key nor anything derived from it: a tenant's name, the position
+    of an ``--api-key`` key among those flags, or "anon" when the server is open."""
     metadata = context.invocation_metadata()
     if len(authorization_values(metadata)) > 1:
         raise ParameterError("authorization", "send at most one authorization header")

@@ -4,6 +4,11 @@ A reader task consumes client messages while a turn task streams the running tur
 CancelTurn never waits behind generation: it aborts the turn's engine request, which ends
 with CANCELLED within one engine step. Everything the client sees goes through one queue.
 Per-turn errors travel in-band (``TurnEnd.error``) and the session goes on.
+
+Each turn is a request of the key's tenant as the table is *now* (a key-file reload reaches
+open sessions): admitted and charged as that tenant; a model it may no longer use refuses the
+turn in-band (PERMISSION_DENIED); a revoked key ends the session UNAUTHENTICATED, as a new
+call would end, freeing its KV blocks and session slot. A running turn finishes.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from tokenwire.runtime.output_processor import ChoiceDelta, RequestStarted
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
 from tokenwire.server.grpc import convert
 from tokenwire.server.grpc.adapters import resolve_model
+from tokenwire.server.grpc.auth import UNAUTHENTICATED, bearer_token
 from tokenwire.server.grpc.call_context import identify
 from tokenwire.server.grpc.errors import (
     ServiceError,
@@ -91,7 +97,7 @@ class SessionHandler:
             await abort(context, to_service_error(exc))
         out: Out = asyncio.Queue()
         self._open[state.session_id] = out
-        session = _Session(self, state, out, who)
+        session = _Session(self, state, out, bearer_token(context.invocation_metadata()))
         reader = asyncio.create_task(session.read(requests))
         try:
             yield pb.SessionResponse(
@@ -142,14 +148,17 @@ class SessionHandler:
 
 
 class _Session:
-    def __init__(self, handler: SessionHandler, state: SessionState, out: Out, who: Caller) -> None:
+    def __init__(
+        self, handler: SessionHandler, state: SessionState, out: Out, token: str | None
+    ) -> None:
         self.handler = handler
-        self.who = who  # the tenant at Open: every turn is admitted and charged as this tenant
+        self._token = token  # the caller's key, looked up again for every turn; never shown
         self.engine = handler.engine
         self.state = state
         self.out = out
         self.turn_task: asyncio.Task[None] | None = None
         self.turn_request: str | None = None
+        self.cancel_pending = False  # CancelTurn came while the prompt was being tokenized
         self.failure: ServiceError | None = None  # ends the call once the queue is drained
 
     async def read(self, requests: Any) -> None:
@@ -196,6 +205,8 @@ class _Session:
         if kind == "cancel_turn":
             if self.turn_request is not None:
                 self.engine.abort(self.turn_request)
+            elif self.turn_task is not None and not self.turn_task.done():
+                self.cancel_pending = True  # the turn it follows is not in the engine yet
         elif kind == "turn":
             self.state.turns += 1
             if self.turn_task is not None and not self.turn_task.done():
@@ -208,7 +219,14 @@ class _Session:
                     ),
                 )
             else:
-                self.turn_task = asyncio.create_task(self._turn(message.turn, self.state.turns))
+                who = self.handler.tenants.identify(self._token)  # the table as of now
+                if who is None:  # a reload revoked the key since the session opened
+                    self.failure = UNAUTHENTICATED
+                    return False
+                self.cancel_pending = False  # a CancelTurn cancels the turn it follows
+                self.turn_task = asyncio.create_task(
+                    self._turn(message.turn, self.state.turns, who)
+                )
         else:
             self._turn_error(
                 self.state.turns,
@@ -216,19 +234,22 @@ class _Session:
             )
         return True
 
-    async def _turn(self, turn: pb.SessionTurn, number: int) -> None:
+    async def _turn(self, turn: pb.SessionTurn, number: int, who: Caller) -> None:
         state, engine, telemetry = self.state, self.engine, self.handler.telemetry
         request_id = f"{state.holder_id}/turn-{number}"
         parent = telemetry.parent_from(turn.traceparent, turn.tracestate)
         record = telemetry.begin(
             f"{state.session_id}/turn-{number}", request_id, "session_turn", parent
         )
-        telemetry.set_tenant(record, self.who.name)
+        telemetry.set_tenant(record, who.name)
         telemetry.bind(record)  # this turn's task only
         status = "CANCELLED"  # unless the turn ends otherwise
         lease = None
         try:
-            lease = self.handler.tenants.admit(self.who)  # each turn is a request
+            model = state.open.model or self.handler.model_name
+            if not who.tenant.allows_model(model):  # a reload withdrew it since Open
+                raise ModelNotAllowed(who.name, model)
+            lease = self.handler.tenants.admit(who)  # each turn is a request
             if state.lora is not None:
                 telemetry.select_model(record, state.lora.lora_name)
                 if engine.get_lora(state.lora.lora_name) != state.lora:  # unloaded since Open
@@ -243,8 +264,8 @@ class _Session:
                 None,
                 prompt,
                 params,
-                priority=self.who.tenant.clamp_priority(0),
-                cache_salt=self.who.cache_salt(state.open.cache_salt or None),
+                priority=who.tenant.clamp_priority(0),
+                cache_salt=who.cache_salt(state.open.cache_salt or None),
                 hold_as=state.holder_id,
                 lora_request=state.lora,
             )
@@ -258,6 +279,8 @@ class _Session:
             telemetry.end(record, err.code.name)
             return
         self.turn_request = request_id
+        if self.cancel_pending:  # CancelTurn arrived before the turn reached the engine
+            engine.abort(request_id)
         try:
             await self._stream_turn(stream, number, prompt, messages, params.logprobs, lease)
             status = "OK"

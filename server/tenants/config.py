@@ -33,6 +33,7 @@ import yaml
 
 HASH_PREFIX = "sha256:"
 PLAIN_PREFIX = "plain:"
+_FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")  # what an unknown field may echo
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # The tenant of --api-key keys, and of every caller of a server without keys.
 DEFAULT_TENANT = "default"
@@ -114,11 +115,43 @@ def load_tenant_file(path: str | Path) -> TenantConfig:
     try:
         data = tomllib.loads(text) if suffix == ".toml" else yaml.safe_load(text)
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
-        raise TenantConfigError(f"{where}: not valid {suffix[1:].upper()}: {exc}") from None
+        raise TenantConfigError(f"{where}: {_syntax_error(exc)}") from None
     try:
         return parse_tenants(data, str(path))
     except TenantConfigError as exc:
         raise TenantConfigError(f"{where}: {exc}") from None
+
+
+_QUOTED = re.compile(r"'([^']*)'|\"([^\"]*)\"")
+_HARMLESS = re.compile(r".{0,2}|<[a-z ]+>")  # a character ('\t'), a token ('<block end>')
+
+
+def _unquoted(message: str) -> str:
+    """``message`` with every quoted text that could be a piece of a key replaced by ..."""
+
+    def keep(match: re.Match[str]) -> str:
+        inner = match.group(1) if match.group(1) is not None else match.group(2)
+        return match.group(0) if _HARMLESS.fullmatch(inner) else "..."
+
+    return _QUOTED.sub(keep, message)
+
+
+def _syntax_error(exc: yaml.YAMLError | tomllib.TOMLDecodeError) -> str:
+    """Where the file is broken and what the parser expected, never the text it found: the
+    line may hold a key. PyYAML's message quotes the line itself (dropped: only the problem
+    and its position are kept), and a quoted text longer than a character or a token name
+    is replaced by ..."""
+    if isinstance(exc, tomllib.TOMLDecodeError):
+        return "not valid TOML: " + _unquoted(str(exc))
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None or not isinstance(problem, str):
+        return "not valid YAML"
+    message = f"not valid YAML at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if isinstance(context, str) and start is not None:  # "while scanning a quoted scalar"
+        message += f" ({context} at line {start.line + 1}, column {start.column + 1})"
+    return _unquoted(message)
 
 
 def parse_tenants(data: Any, path: str | None = None) -> TenantConfig:
@@ -236,5 +269,9 @@ def _integer(value: Any, at: str, minimum: int | None = 1) -> int | None:
 
 def _no_unknown(item: Mapping[str, Any], known: set[str], at: str) -> None:
     unknown = sorted(str(k) for k in item if k not in known)
-    if unknown:
+    if not unknown:
+        return
+    if _FIELD_NAME.fullmatch(unknown[0]):
         raise TenantConfigError(f"{at}.{unknown[0]}: unknown field (known: {sorted(known)})")
+    # Not echoed: a key on a line of its own parses as a field name ("plain:KEY: ...").
+    raise TenantConfigError(f"{at}: an unknown field (known: {sorted(known)})")

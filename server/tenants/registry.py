@@ -9,7 +9,6 @@ and the lease it was admitted with.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import time
 from dataclasses import dataclass
@@ -81,6 +80,7 @@ class TenantRegistry:
     ) -> None:
         self._clock = clock
         self._api_keys = api_keys
+        self._api_digests = tuple(key_digest(k) for k in api_keys)
         self._usage: dict[str, TenantUsage] = {}
         anonymous = Tenant(ANONYMOUS_TENANT, (), share_prefix_cache=True)
         self._anonymous = Caller(anonymous, TenantUsage(anonymous, clock), "anon")
@@ -114,6 +114,14 @@ class TenantRegistry:
                 found = tenant
         return found
 
+    def _api_key_index(self, token: str) -> int:
+        """The position of ``token`` among the ``--api-key`` keys (constant-time)."""
+        candidate, found = key_digest(token), -1
+        for i, digest in enumerate(self._api_digests):
+            if hmac.compare_digest(candidate, digest):
+                found = i
+        return found
+
     def is_valid(self, token: str | None) -> bool:
         return token is not None and self._tenant_of(token) is not None
 
@@ -127,7 +135,9 @@ class TenantRegistry:
             return None
         assert token is not None
         if tenant.name == DEFAULT_TENANT:  # --api-key: ids scoped per key, as before tenants
-            namespace = hashlib.sha256(token.encode()).hexdigest()[:16]
+            # The key's position, never anything derived from the key: engine request ids
+            # reach spans and log lines, and a hash prefix there is key material.
+            namespace = f"api-key-{self._api_key_index(token)}"
         else:
             namespace = f"tenant:{tenant.name}"
         return Caller(tenant, self._usage[tenant.name], namespace)

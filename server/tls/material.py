@@ -1,12 +1,12 @@
 """Certificate material read from the ``--ssl-*`` files and checked before it is used.
 
 Every problem is a ``ValueError`` naming the flag: a file that cannot be read, one without a
-PEM certificate or key, a key that does not match the certificate, a CA bundle without a
-certificate. ``check_loopback`` also proves, with an in-memory TLS handshake, that the REST
-shim can reach its own gRPC server: the server certificate verifies against the shim's
-roots (``--ssl-ca-certs`` plus ``--ssl-certfile`` itself, so a self-signed certificate is
-its own root), and under mTLS the shim's client certificate (the server's own) verifies
-against ``--ssl-ca-certs``.
+PEM certificate or key, a server certificate outside its validity period, a key that does
+not match the certificate, a CA bundle without a certificate. ``check_loopback`` also
+proves, with an in-memory TLS handshake, that the REST shim can reach its own gRPC server:
+the server certificate verifies against the shim's roots (``--ssl-ca-certs`` plus
+``--ssl-certfile`` itself, so a self-signed certificate is its own root), and under mTLS the
+shim's client certificate (the server's own) verifies against ``--ssl-ca-certs``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenwire.server.tls.settings import CertReqs, TlsSettings
+from tokenwire.server.tls.validity import check_validity
 
 _PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----\r?\n.*?-----END \1-----\r?\n?", re.DOTALL)
 _VERIFY_MODES = {
@@ -61,6 +62,8 @@ def load_material(settings: TlsSettings) -> TlsMaterial:
     chain = _blocks(raw, "CERTIFICATE")
     if not chain:
         raise ValueError(f"--ssl-certfile {settings.certfile} holds no PEM certificate")
+    # Expired or not yet valid: every verifying client would fail (startup and reloads).
+    check_validity(chain.decode("ascii", "replace"), "--ssl-certfile", settings.certfile)
     key_flag, key_path = "--ssl-keyfile", settings.keyfile
     if key_path is None:
         key_flag, key_path = "--ssl-certfile", settings.certfile  # key and cert in one file
