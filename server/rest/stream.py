@@ -135,6 +135,8 @@ class ChatChunks(_Chunks):
         )
 
     def on_delta(self, prompt: int, delta: generation_pb2.TokenDelta) -> bytes:
+        if not (delta.text or delta.reasoning_text or delta.tool_calls or self.spec.logprobs):
+            return b""  # tokens whose text is held back (a tool call's, a stop string's)
         logprobs = {"content": chat_logprobs(delta.logprobs), "refusal": None}
         body: JSON = {"content": delta.text}
         if delta.reasoning_text or delta.tool_calls:
