@@ -8,6 +8,8 @@ Elements are found with a small JSON scanner (depth and string state) and each i
 
 from __future__ import annotations
 
+import json
+
 from tokenwire.runtime.tool_parsers.call_body import CallBody
 from tokenwire.runtime.tool_parsers.types import (
     IdFactory,
@@ -20,11 +22,16 @@ from tokenwire.runtime.tool_parsers.types import (
 class JsonArrayToolParser:
     """``[{"name": ..., "parameters": {...}}, ...]`` -> tool calls (no content).
 
-    ``element_depth`` 1 reads top-level objects instead (``{...}; {...}``, llama3_json)."""
+    ``element_depth`` 1 reads top-level objects instead (``{...}; {...}``, llama3_json).
+    ``forced``: the grammar writes every call whole, so one still open at the end was cut
+    short and gets no made-up ``{}`` arguments (a cut call is dropped from a unary answer)."""
 
-    def __init__(self, new_id: IdFactory = new_call_id, element_depth: int = 2) -> None:
+    def __init__(
+        self, new_id: IdFactory = new_call_id, element_depth: int = 2, forced: bool = False
+    ) -> None:
         self._new_id = new_id
         self._element_depth = element_depth
+        self._forced = forced
         self._text = ""
         self._scanned = 0
         self._depth = 0
@@ -32,6 +39,12 @@ class JsonArrayToolParser:
         self._escaped = False
         self._start: int | None = None  # where the open element began
         self._calls: list[CallBody] = []
+        self._opened = False
+
+    @property
+    def complete(self) -> bool:
+        """The whole output so far is closed JSON (``required``: the array ended)."""
+        return self._opened and self._depth == 0 and not self._in_string
 
     def feed(self, text: str) -> ParsedDelta:
         out = ParsedDelta()
@@ -46,7 +59,8 @@ class JsonArrayToolParser:
     def finish(self) -> ParsedDelta:
         out = ParsedDelta()
         if self._start is not None:
-            out.tool_calls.extend(self._calls[-1].finish(self._text[self._start :]))
+            call, text = self._calls[-1], self._text[self._start :]
+            out.tool_calls.extend(call.update(text) if self._forced else call.finish(text))
             self._start = None
         return out
 
@@ -64,6 +78,7 @@ class JsonArrayToolParser:
             self._in_string = True
         elif char in "[{":
             self._depth += 1
+            self._opened = True
             if self._depth == self._element_depth and char == "{":
                 self._start = i
                 self._calls.append(CallBody(len(self._calls), self._new_id))
@@ -83,6 +98,12 @@ class NamedToolParser:
         self._new_id = new_id
         self._started = False
         self._held = ""
+        self._arguments = ""
+
+    @property
+    def complete(self) -> bool:
+        """The arguments so far are one whole JSON value."""
+        return _is_json(self._arguments)
 
     def feed(self, text: str) -> ParsedDelta:
         out = ParsedDelta()
@@ -93,6 +114,7 @@ class NamedToolParser:
         body = text.rstrip()  # trailing spaces wait: the end of the output drops them
         self._held = text[len(body) :]
         if body:
+            self._arguments += body
             out.tool_calls.append(_args_piece(body))
         return out
 
@@ -102,6 +124,14 @@ class NamedToolParser:
             self._started = True
             out.tool_calls.append(_first_piece(self.name, self._new_id()))
         return out
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _first_piece(name: str, call_id: str) -> ToolCallPiece:

@@ -4,8 +4,11 @@ per-choice ``ChoiceParser`` that does it incrementally.
 Text flows through the reasoning parser first (its content goes on), then through the tool
 parser chosen by the request's ``tool_choice``: the configured ``--tool-call-parser`` for
 ``auto``, the JSON-array reader for ``required``, the arguments reader for a named function.
-A unary answer runs the very same code over the whole text, so streamed deltas always
-concatenate to the unary fields.
+A unary answer runs the very same code over the whole text, so streamed deltas concatenate
+to the unary fields, with one exception: a ``required`` or named call that the grammar could
+not finish (cut by ``max_tokens`` or a stop) is dropped from the unary answer (vLLM's
+behaviour), while a stream has already sent its pieces (its finish reason says "length").
+A streamed delta carries at most one piece per call (``ChoiceParser.step``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from tokenwire.runtime.tool_parsers.types import (
     IdFactory,
     ParsedDelta,
     ToolCallInfo,
+    coalesce_pieces,
     merge_pieces,
     new_call_id,
 )
@@ -100,7 +104,7 @@ class OutputParsing:
             assert self.tool_call_parser is not None
             tools = TOOL_PARSERS[self.tool_call_parser](new_id, self.parallel_tool_calls)
         elif self.tool_mode == "required":
-            tools = JsonArrayToolParser(new_id)
+            tools = JsonArrayToolParser(new_id, forced=True)
         elif self.tool_mode == "named":
             assert self.function is not None
             tools = NamedToolParser(self.function, new_id)
@@ -111,7 +115,11 @@ class OutputParsing:
         parser = self.new(new_id)
         delta = parser.feed(text)
         delta.extend(parser.finish())
-        return ParsedOutput(delta.content, delta.reasoning, merge_pieces(delta.tool_calls))
+        calls = merge_pieces(delta.tool_calls)
+        forced = parser.tools
+        if isinstance(forced, JsonArrayToolParser | NamedToolParser) and not forced.complete:
+            calls = []  # the grammar's JSON was cut short (max_tokens, a stop): no call
+        return ParsedOutput(delta.content, delta.reasoning, calls)
 
 
 class ChoiceParser:
@@ -127,6 +135,15 @@ class ChoiceParser:
     def finish(self) -> ParsedDelta:
         tail = ParsedDelta() if self.reasoning is None else self.reasoning.finish()
         return self._tools(tail, final=True)
+
+    def step(self, text: str, final: bool) -> ParsedDelta:
+        """One output delta (``final``: the output ends with it) as one ``ParsedDelta`` with
+        at most one tool-call piece per call, as a streamed chunk must carry it."""
+        delta = self.feed(text)
+        if final:
+            delta.extend(self.finish())
+        delta.tool_calls = coalesce_pieces(delta.tool_calls)
+        return delta
 
     def _tools(self, delta: ParsedDelta, final: bool) -> ParsedDelta:
         if self.tools is None:

@@ -1,7 +1,10 @@
 """``tool_choice`` -> the output constraint that enforces it (vLLM's approach).
 
 ``required``: a JSON array of at least one ``{"name": <one of the tools>, "parameters": <its
-schema>}`` (at most one when parallel calls are off). A named function: its parameters
+schema>}`` (at most one when parallel calls are off). A tool schema with local refs
+(``$defs``, ``definitions``, ``#``) is placed whole under the combined schema's ``$defs``
+(``tool_<i>``) with its refs rewritten to point there, so same-named ``$defs`` of two tools
+never meet. A named function: its parameters
 schema itself. ``auto`` and ``none`` constrain nothing (``auto`` is parsed from the text).
 A tool without parameters takes exactly ``{}``. Tool-call JSON is written with ``json.dumps``
 separators, not any whitespace: a model cannot pad a call with endless blank space.
@@ -74,18 +77,80 @@ class ToolChoice:
             )
         if self.mode != "required":
             return None
-        calls = [
-            {
-                "type": "object",
-                "properties": {
-                    "name": {"type": "string", "enum": [t.name]},
-                    "parameters": t.parameters or _NO_PARAMETERS,
-                },
-                "required": ["name", "parameters"],
-            }
-            for t in tools
-        ]
+        calls, defs = [], {}
+        for i, tool in enumerate(tools):
+            parameters = tool.parameters or _NO_PARAMETERS
+            if _has_local_ref(parameters):
+                # Its refs point into its own document: it moves whole under the combined
+                # schema's ``$defs`` and every local ref gets that place as its prefix.
+                key = f"tool_{i}"
+                defs[key] = _prefix_refs(parameters, f"#/$defs/{key}")
+                parameters = {"$ref": f"#/$defs/{key}"}
+            calls.append(
+                {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string", "enum": [tool.name]},
+                        "parameters": parameters,
+                    },
+                    "required": ["name", "parameters"],
+                }
+            )
         schema: dict[str, Any] = {"type": "array", "items": {"anyOf": calls}, "minItems": 1}
         if not parallel:
             schema["maxItems"] = 1
+        if defs:
+            schema["$defs"] = defs
         return StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+
+
+# Keywords whose values are data, not subschemas: a "$ref" key inside them is not a ref;
+# and keywords whose values map names to subschemas (a name there is not a keyword).
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+_SCHEMA_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
+
+
+def _is_pointer(ref: Any) -> bool:
+    """A JSON-pointer ref into the same document (``#`` or ``#/...``; not an anchor)."""
+    return isinstance(ref, str) and (ref == "#" or ref.startswith("#/"))
+
+
+def _has_local_ref(schema: Any, names: bool = False) -> bool:
+    """Whether ``schema`` holds a local ref (the same walk as ``_prefix_refs``)."""
+    if isinstance(schema, list):
+        return any(_has_local_ref(v) for v in schema)
+    if not isinstance(schema, dict):
+        return False
+    for key, value in schema.items():
+        if names:
+            found = _has_local_ref(value)
+        elif key == "$ref":
+            found = _is_pointer(value)
+        else:
+            found = key not in _DATA_KEYWORDS and _has_local_ref(value, key in _SCHEMA_MAPS)
+        if found:
+            return True
+    return False
+
+
+def _prefix_refs(schema: Any, base: str, names: bool = False) -> Any:
+    """``schema`` with every local ref (``#``, ``#/$defs/X``, ``#/properties/y``, ...) made
+    relative to ``base``, the place the schema moves to; other values as they are.
+    ``names``: ``schema`` maps names to subschemas (the value of ``properties``, ...)."""
+    if isinstance(schema, list):
+        return [_prefix_refs(v, base) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if names:
+            out[key] = _prefix_refs(value, base)
+        elif key == "$ref" and _is_pointer(value):
+            out[key] = base + value[1:]
+        elif key in _DATA_KEYWORDS:
+            out[key] = value
+        else:
+            out[key] = _prefix_refs(value, base, names=key in _SCHEMA_MAPS)
+    return out

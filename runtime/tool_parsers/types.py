@@ -63,6 +63,22 @@ def merge_pieces(pieces: list[ToolCallPiece]) -> list[ToolCallInfo]:
     return [calls[i] for i in sorted(calls)]
 
 
+def coalesce_pieces(pieces: list[ToolCallPiece]) -> list[ToolCallPiece]:
+    """At most one piece per call index, in first-seen order (OpenAI sends one delta per
+    call per chunk): a call's later pieces' arguments join its first piece of the list,
+    which keeps that piece's id and name."""
+    merged: dict[int, ToolCallPiece] = {}
+    for piece in pieces:
+        known = merged.get(piece.index)
+        if known is None:
+            merged[piece.index] = piece
+        else:
+            merged[piece.index] = ToolCallPiece(
+                piece.index, known.id, known.name, known.arguments + piece.arguments
+            )
+    return list(merged.values())
+
+
 def held_prefix(text: str, tag: str) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of ``tag`` (text
     that may yet become the tag, so a streaming parser must hold it back)."""

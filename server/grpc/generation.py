@@ -275,9 +275,7 @@ def delta_events(
     events = []
     delta = convert.token_delta(item, num_top)
     if parser is not None:
-        parsed = parser.feed(item.text)
-        if item.finish_reason is not None:
-            parsed.extend(parser.finish())
+        parsed = parser.step(item.text, final=item.finish_reason is not None)
         delta.text, delta.reasoning_text = parsed.content, parsed.reasoning
         delta.tool_calls.extend(tool_delta_proto(p) for p in parsed.tool_calls)
     if delta.text or delta.token_ids or delta.tool_calls or delta.reasoning_text:

@@ -102,14 +102,17 @@ def chat_tooling(chat: common_pb2.ChatInput) -> ChatTooling:
 
 
 def _tool_choice(chat: common_pb2.ChatInput, has_tools: bool) -> ToolChoice | None:
-    if not chat.HasField("tool_choice"):
+    """The choice sent (else ``auto`` when there are tools); a choice without tools is an
+    error, as at OpenAI (even ``none``)."""
+    kind = chat.tool_choice.WhichOneof("choice") if chat.HasField("tool_choice") else None
+    mode = _MODES.get(chat.tool_choice.mode) if kind == "mode" else None
+    if kind != "function_name" and mode is None:  # unset (or UNSPECIFIED)
         return ToolChoice("auto") if has_tools else None
-    kind = chat.tool_choice.WhichOneof("choice")
+    if not has_tools:
+        raise ParameterError("tool_choice", "is only allowed when tools are given")
     if kind == "function_name":
         return ToolChoice("named", chat.tool_choice.function_name)
-    mode = _MODES.get(chat.tool_choice.mode) if kind == "mode" else None
-    if mode is None:
-        return ToolChoice("auto") if has_tools else None
+    assert mode is not None
     return ToolChoice(mode)
 
 

@@ -29,8 +29,19 @@ from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
 from tokenwire.server.api_keys import KeyCheck, KeyChecker, bearer_of
-from tokenwire.server.rest.errors import RestError, clip, from_rpc_error, from_validation_errors
-from tokenwire.server.rest.middleware import BodyLimitMiddleware, RequestIdMiddleware
+from tokenwire.server.rest.errors import (
+    RestError,
+    clip,
+    from_rpc_error,
+    from_validation_errors,
+    invalid,
+)
+from tokenwire.server.rest.middleware import (
+    MAX_REQUEST_ID_CHARS,
+    BodyLimitMiddleware,
+    RequestIdMiddleware,
+    valid_request_id,
+)
 from tokenwire.server.rest.models import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -136,8 +147,10 @@ class Routes:
     async def _generate(
         self, request: Request, translated: Translated, stream: bool, kind: str
     ) -> Response:
-        rid: str = request.state.request_id
-        options = call_options(request.headers, rid, self.settings.request_timeout)
+        rid = _request_id(request, translated.request_id)
+        timeout = self.settings.request_timeout
+        options = call_options(request.headers, rid, timeout, translated.priority)
+        id_header = {"x-request-id": rid}
         response_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{rid}"
         created = int(time.time())
         upstream = self.upstream
@@ -149,7 +162,9 @@ class Routes:
                 unary = upstream.generate_all(translated.requests, options)
                 responses = await until_disconnect(request, unary)
         except grpc.aio.AioRpcError as err:
-            raise from_rpc_error(err, translated.params) from None
+            error = from_rpc_error(err, translated.params)
+            error.headers.update(id_header)
+            raise error from None
         if not stream:
             if kind == "chat":
                 body = chat_response(
@@ -159,7 +174,7 @@ class Routes:
                 body = completion_response(
                     response_id, created, responses, translated.n, translated.logprobs
                 )
-            return JSONResponse(body)
+            return JSONResponse(body, headers=id_header)
         spec = StreamSpec(
             response_id,
             created,
@@ -167,10 +182,11 @@ class Routes:
             translated.logprobs,
             translated.include_usage,
             translated.named_tool,
+            translated.continuous_usage,
         )
         chunks = ChatChunks(spec) if kind == "chat" else CompletionChunks(spec)
         events = sse_events(streams, chunks, translated.params)
-        return SSEResponse(streams, events, {"cache-control": "no-cache"})
+        return SSEResponse(streams, events, {"cache-control": "no-cache", **id_header})
 
     async def list_models(self, request: Request) -> JSONResponse:
         reply = await self._models_call(request, "ListModels", models_pb2.ListModelsRequest())
@@ -249,6 +265,19 @@ class Routes:
         if await self.upstream.serving():
             return JSONResponse({"status": "ready"})
         raise RestError(503, "the inference server is not ready", "not_ready")
+
+
+def _request_id(request: Request, from_body: str | None) -> str:
+    """The ``x-request-id`` header's id, else the body's ``request_id`` (vLLM's field; the
+    header wins, as in vLLM), else the one the middleware made up."""
+    if from_body is None or request.headers.get("x-request-id") is not None:
+        return str(request.state.request_id)
+    if not valid_request_id(from_body.encode()):
+        raise invalid(
+            "request_id",
+            f"request_id must be printable ASCII, at most {MAX_REQUEST_ID_CHARS} characters",
+        )
+    return from_body
 
 
 def _error_response(err: RestError) -> JSONResponse:

@@ -4,9 +4,15 @@ Strict: wrong JSON types are 400s, never coerced (``"0.5"`` is not a number). Ev
 that travels in a proto field is range-checked here (uint32 ids, int32 top_k, uint64 seed),
 so the gRPC message can always be built; whether a value makes sense (temperature >= 0, ids
 inside the vocabulary, ...) is the gRPC server's call, in one place. Unknown fields are
-rejected by name; OpenAI fields tokenwire does not implement are accepted only as ``null``
-(or at their no-op value) and otherwise rejected by name, never silently ignored. ``user``
-(and ``safety_identifier``) are accepted and ignored: they only label the caller at OpenAI.
+rejected by name. The rule for fields OpenAI or vLLM define: one that cannot change the
+answer is accepted (and ignored, or honoured where tokenwire has the feature); one that
+would change it and is not implemented is accepted only as ``null`` or at its no-op value
+and otherwise rejected by name, never silently ignored. Accepted and ignored: ``user``,
+``safety_identifier``, ``metadata`` (labels), ``service_tier`` (one tier), ``store``
+(nothing is stored), ``prompt_cache_key`` / ``prompt_cache_retention`` /
+``prompt_cache_options`` (prefix caching is automatic; ``cache_salt`` isolates), ``prediction``
+(a latency hint), ``reasoning_effort`` (no template here takes it), ``include_obfuscation``
+(no padding is added), ``guided_decoding_backend`` "auto"/"xgrammar" (the backend in use).
 Every string anywhere in a request (fields, list items, content parts, keys) must be valid
 Unicode: JSON can spell a lone UTF-16 surrogate (``"\\ud800"``), which protobuf cannot encode,
 so it is a 400 naming the string's path, checked once for every field.
@@ -21,42 +27,27 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    WithJsonSchema,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from tokenwire.server.rest.errors import NOT_UNICODE, clip
+from tokenwire.server.rest.field_types import (
+    EmptyOnly,
+    FalseOnly,
+    GrammarBackend,
+    TextOnly,
+    TrueOnly,
+    Unsupported,
+)
 
 U32_MAX = 2**32 - 1
 U32 = Annotated[int, Field(ge=0, le=U32_MAX)]
 I32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 U64 = Annotated[int, Field(ge=0, le=2**64 - 1)]
 NonEmptyIds = Annotated[list[U32], Field(min_length=1)]
-
-
-def _reject(value: Any) -> None:
-    if value is not None:
-        raise PydanticCustomError(
-            "unsupported_parameter", "this parameter is not supported by tokenwire"
-        )
-
-
-def _reject_true(value: bool | None) -> bool | None:
-    if value:
-        raise PydanticCustomError("unsupported_parameter", "only false is supported by tokenwire")
-    return value
-
-
-# An OpenAI field tokenwire does not implement: only null passes.
-Unsupported = Annotated[
-    Any,
-    AfterValidator(_reject),
-    WithJsonSchema({"type": "null", "description": "not supported by tokenwire"}),
-]
-# A flag tokenwire does not implement: only false/null pass.
-FalseOnly = Annotated[bool | None, AfterValidator(_reject_true)]
 
 
 def _logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
@@ -113,8 +104,9 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool | None = None
-    continuous_usage_stats: Unsupported = None
-    include_obfuscation: FalseOnly = None
+    # vLLM: with include_usage, every chunk carries the usage so far
+    continuous_usage_stats: bool | None = None
+    include_obfuscation: bool | None = None  # accepted and ignored (no padding field)
 
 
 class TextPart(_Strict):
@@ -187,6 +179,13 @@ class NamedToolChoice(_Strict):
     function: NamedFunction
 
 
+class Prediction(_Strict):
+    """OpenAI's predicted output: a latency hint (accepted and ignored)."""
+
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+
 class JsonSchemaFormat(_Strict):
     name: str
     description: str | None = None
@@ -235,8 +234,18 @@ class CommonFields(_Strict):
     stop: str | list[str] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    user: str | None = None  # accepted and ignored
-    safety_identifier: str | None = None  # accepted and ignored
+    # accepted and ignored (they cannot change the answer; see the module docstring)
+    user: str | None = None
+    safety_identifier: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    # vLLM's request id and priority (lower runs first): as the x-request-id and x-priority
+    # headers, which win when both are sent
+    request_id: str | None = None
+    priority: I32 | None = None
     # vLLM extras
     top_k: I32 | None = None
     min_p: float | None = None
@@ -255,13 +264,20 @@ class CommonFields(_Strict):
     guided_regex: str | None = None
     guided_choice: Annotated[list[str], Field(min_length=1)] | None = None
     guided_grammar: str | None = None
-    guided_decoding_backend: Unsupported = None
+    guided_decoding_backend: GrammarBackend = None
     guided_whitespace_pattern: Unsupported = None
-    # OpenAI fields tokenwire does not implement
-    metadata: Unsupported = None
-    store: FalseOnly = None
-    service_tier: Unsupported = None
-    prompt_cache_key: Unsupported = None
+    # vLLM fields tokenwire does not implement (their no-op value passes)
+    use_beam_search: FalseOnly = None
+    return_tokens_as_token_ids: FalseOnly = None
+    return_token_ids: FalseOnly = None
+    structural_tag: Unsupported = None
+    truncate_prompt_tokens: Unsupported = None
+    prompt_logprobs: Unsupported = None
+    allowed_token_ids: Unsupported = None
+    bad_words: Unsupported = None
+    logits_processors: Unsupported = None
+    kv_transfer_params: Unsupported = None
+    vllm_xargs: Unsupported = None
 
     @field_validator("*", mode="after")
     @classmethod
@@ -284,12 +300,28 @@ class ChatCompletionRequest(CommonFields):
     function_call: Unsupported = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
+    # accepted and ignored (they cannot change the answer)
+    prediction: Prediction | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = (
+        None
+    )
+    prompt_cache_options: dict[str, Any] | None = None
+    modalities: TextOnly = None
+    # OpenAI fields tokenwire does not implement
     audio: Unsupported = None
-    modalities: Unsupported = None
-    prediction: Unsupported = None
-    reasoning_effort: Unsupported = None
+    moderation: Unsupported = None
     verbosity: Unsupported = None
     web_search_options: Unsupported = None
+    # vLLM's chat extras: only what tokenwire does anyway passes
+    include_reasoning: TrueOnly = None
+    add_generation_prompt: TrueOnly = None
+    continue_final_message: FalseOnly = None
+    add_special_tokens: FalseOnly = None  # the chat template adds the special tokens
+    echo: FalseOnly = None
+    documents: Unsupported = None
+    chat_template: Unsupported = None
+    chat_template_kwargs: Unsupported = None
+    mm_processor_kwargs: Unsupported = None
 
 
 class CompletionRequest(CommonFields):
@@ -306,8 +338,19 @@ class CompletionRequest(CommonFields):
     )
     logprobs: U32 | None = None
     echo: FalseOnly = None
-    best_of: Unsupported = None
-    suffix: Unsupported = None
+    best_of: U32 | None = None  # only equal to n (no extra candidates)
+    suffix: EmptyOnly = None
+    add_special_tokens: TrueOnly = None  # vLLM: the prompt is tokenized with them
+    prompt_embeds: Unsupported = None
+
+    @field_validator("best_of", mode="after")
+    @classmethod
+    def _best_of_is_n(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and value != (info.data.get("n") or 1):
+            raise PydanticCustomError(
+                "unsupported_parameter", "only best_of equal to n is supported by tokenwire"
+            )
+        return value
 
 
 class _AdapterBody(_Strict):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypedDict
 
 from tokenwire.server.rest.errors import invalid
 from tokenwire.server.rest.models import (
@@ -17,6 +18,7 @@ from tokenwire.server.rest.models import (
     ChatMessage,
     CommonFields,
     CompletionRequest,
+    StreamOptions,
 )
 from tokenwire.server.rest.structured import chat_tools, structured_output
 from tokenwire.v1 import common_pb2, generation_pb2
@@ -37,6 +39,9 @@ class Translated:
     logprobs: bool  # whether the client asked for logprobs
     include_usage: bool = False
     named_tool: bool = False  # tool_choice named a function: calls end with "stop"
+    continuous_usage: bool = False  # usage so far on every chunk (vLLM)
+    request_id: str | None = None  # vLLM's body field (the x-request-id header wins)
+    priority: int | None = None  # vLLM's body field (the x-priority header wins)
 
 
 def _sampling(body: CommonFields) -> common_pb2.SamplingOptions:
@@ -68,10 +73,27 @@ def _stopping(body: CommonFields, max_tokens: int | None) -> common_pb2.Stopping
     )
 
 
-def _check_stream_options(body: CommonFields) -> bool:
+class _CallFields(TypedDict):
+    include_usage: bool
+    continuous_usage: bool
+    request_id: str | None
+    priority: int | None
+
+
+def _call_fields(body: CommonFields) -> _CallFields:
+    """``Translated``'s fields from ``stream_options`` and vLLM's request id and priority.
+    ``continuous_usage_stats`` needs ``include_usage``, which it implies when unset (vLLM)."""
+    options = body.stream_options or StreamOptions()
     if body.stream_options is not None and not body.stream:
         raise invalid("stream_options", "stream_options is only allowed when stream is true")
-    return bool(body.stream_options and body.stream_options.include_usage)
+    continuous = bool(options.continuous_usage_stats)
+    include_usage = continuous if options.include_usage is None else options.include_usage
+    return _CallFields(
+        include_usage=include_usage,
+        continuous_usage=include_usage and continuous,
+        request_id=body.request_id,
+        priority=body.priority,
+    )
 
 
 def chat_request(body: ChatCompletionRequest) -> Translated:
@@ -110,8 +132,8 @@ def chat_request(body: ChatCompletionRequest) -> Translated:
         params,
         body.n or 1,
         bool(body.logprobs),
-        _check_stream_options(body),
         named_tool=named,
+        **_call_fields(body),
     )
 
 
@@ -175,5 +197,5 @@ def completion_requests(body: CompletionRequest) -> Translated:
         **structured_params,
     }
     return Translated(
-        requests, params, body.n or 1, body.logprobs is not None, _check_stream_options(body)
+        requests, params, body.n or 1, body.logprobs is not None, **_call_fields(body)
     )

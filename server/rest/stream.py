@@ -4,7 +4,12 @@ Chat: per choice a ``delta.role`` chunk first (at the gRPC Start event), content
 per TokenDelta), one final chunk with an empty delta and ``finish_reason`` (at ChoiceEnd).
 Completions: text chunks and a final chunk per choice; prompt ``i``'s choice ``j`` is index
 ``i * n + j``. With ``stream_options.include_usage`` every chunk carries ``"usage": null`` and
-a last chunk with no choices carries the usage of all prompts. Then ``data: [DONE]``. An
+a last chunk with no choices carries the usage of all prompts; with vLLM's
+``continuous_usage_stats`` too, every chunk carries the usage so far instead of null (the
+prompt tokens of the prompts started and every token generated, all choices together, so
+the last one equals the final usage). Chat chunks whose tokens produced no visible text (a
+tool call's held-back JSON, a possible stop string) are not sent unless logprobs are asked
+for; their tokens count in the next chunk's usage. Then ``data: [DONE]``. An
 error after the stream started becomes an SSE error event (the OpenAI envelope), then
 ``[DONE]``.
 """
@@ -29,6 +34,7 @@ from tokenwire.server.rest.responses import (
     sum_usage,
     tool_call_delta,
 )
+from tokenwire.server.rest.responses import usage as usage_body
 from tokenwire.server.rest.upstream import Event, OpenStreams
 from tokenwire.v1 import common_pb2, generation_pb2
 
@@ -48,6 +54,7 @@ class StreamSpec:
     logprobs: bool
     include_usage: bool
     named_tool: bool = False
+    continuous_usage: bool = False  # vLLM's continuous_usage_stats: usage so far per chunk
 
 
 class _Chunks:
@@ -59,6 +66,8 @@ class _Chunks:
         self.spec = spec
         self.model = ""
         self.usages: list[common_pb2.Usage] = []
+        self.prompts: dict[int, generation_pb2.StreamStart] = {}  # started prompts
+        self.generated = 0  # tokens generated so far, all choices
 
     def chunk(self, choices: list[JSON], usage: JSON | None = None) -> bytes:
         payload: JSON = {
@@ -69,15 +78,28 @@ class _Chunks:
             "choices": choices,
         }
         if self.spec.include_usage:
-            payload["usage"] = usage
+            payload["usage"] = usage if usage is not None or not choices else self.so_far()
         return sse(payload)
+
+    def so_far(self) -> JSON | None:
+        """With continuous usage: the usage of the response so far (else None)."""
+        if not self.spec.continuous_usage:
+            return None
+        starts = self.prompts.values()
+        return usage_body(
+            sum(s.prompt_tokens for s in starts),
+            self.generated,
+            sum(s.cached_tokens for s in starts),
+        )
 
     def on_event(self, prompt: int, event: Event) -> bytes:
         kind = event.WhichOneof("event")
         if kind == "start":
             self.model = event.start.model
+            self.prompts[prompt] = event.start
             return self.on_start(prompt)
         if kind == "delta":
+            self.generated += len(event.delta.token_ids)
             return self.on_delta(prompt, event.delta)
         if kind == "end":
             return self.on_end(prompt, event.end)
@@ -135,6 +157,8 @@ class ChatChunks(_Chunks):
         )
 
     def on_delta(self, prompt: int, delta: generation_pb2.TokenDelta) -> bytes:
+        if not (delta.text or delta.reasoning_text or delta.tool_calls or self.spec.logprobs):
+            return b""  # tokens whose text is held back (a tool call's, a stop string's)
         logprobs = {"content": chat_logprobs(delta.logprobs), "refusal": None}
         body: JSON = {"content": delta.text}
         if delta.reasoning_text or delta.tool_calls:

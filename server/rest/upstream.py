@@ -47,8 +47,13 @@ class CallOptions:
         return CallOptions(rid, (*rest, ("x-request-id", rid)), self.timeout)
 
 
-def call_options(headers: Mapping[str, str], request_id: str, timeout: float | None) -> CallOptions:
+def call_options(
+    headers: Mapping[str, str], request_id: str, timeout: float | None, priority: int | None = None
+) -> CallOptions:
+    """``priority``: the body's (vLLM's field), sent as ``x-priority`` unless the header is."""
     metadata = [("x-request-id", request_id)]
+    if priority is not None and headers.get("x-priority") is None:
+        metadata.append(("x-priority", str(priority)))
     for name in FORWARDED_HEADERS:
         value = headers.get(name)
         if value is None:
