@@ -1,11 +1,13 @@
 """``GrammarCompilerPool``: compiles constraints for one tokenizer off the engine's step loop.
 
 Compiles run on a small thread pool (xgrammar compiles in C++ with the interpreter lock
-released), so a slow schema never stalls a step. Results are cached by ``GrammarSpec`` (kind,
-text, whitespace mode) — the pool belongs to one tokenizer, so the tokenizer is part of every
-key — as futures: identical constraints arriving together compile once. The tokenizer's
-vocabulary (xgrammar ``TokenizerInfo``) is built on the pool by the first compile, so an
-engine that never sees a constrained request never loads it.
+released), so a slow schema never stalls a step; each starts with the size and depth limits
+(a request that reached the core without the front's check fails on them, not in xgrammar).
+Results are cached by ``GrammarSpec`` (kind, text, whitespace mode) — the pool belongs to one
+tokenizer, so the tokenizer is part of every key — as futures: identical constraints arriving
+together compile once. The tokenizer's vocabulary (xgrammar ``TokenizerInfo``) is built on
+the pool by the first compile, so an engine that never sees a constrained request never
+loads it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from tokenwire.runtime.structured.config import StructuredOutputsConfig
+from tokenwire.runtime.structured.limits import limits_problem
 from tokenwire.runtime.structured.params import MAX_JSON_WHITESPACE, GrammarSpec
 from tokenwire.runtime.tokenizer import load_tokenizer
 
@@ -60,6 +63,9 @@ class GrammarCompilerPool:
 
     # ------------------------------------------------------------------ on the pool
     def _compile(self, spec: GrammarSpec) -> Any:
+        problem = limits_problem(spec, self.config.limits)
+        if problem is not None:
+            raise ValueError(f"the constraint {problem}")
         compiler = self._get_compiler()
         if spec.kind == "json":
             return compiler.compile_json_schema(
