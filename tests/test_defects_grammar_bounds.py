@@ -1,7 +1,7 @@
-"""Regression tests for defects items 2 and 3 on the engine side: the front's validator keeps
-no constraint text, a constraint that skipped the front is still bounded in the core
-(per-request error, the core lives on), a compile that outlives its limit fails only its
-request, and a Session turn's bomb stays in-band.
+"""Regression tests for defects items 2 and 3 on the engine side: the compile cache is bounded
+by compiled bytes, the front's validator keeps no constraint text, a constraint that skipped
+the front is still bounded in the core (per-request error, the core lives on), a compile
+that outlives its limit fails only its request, and a Session turn's bomb stays in-band.
 """
 
 from __future__ import annotations
@@ -9,9 +9,11 @@ from __future__ import annotations
 import gc
 import json
 import queue
+import threading
 import time
 import tracemalloc
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +27,57 @@ from tokenwire.runtime.config import CacheConfig, EngineConfig, ModelConfig, Sch
 from tokenwire.runtime.engine.core import EngineCore
 from tokenwire.runtime.request import FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.structured.compiler import GrammarCompilerPool
 from tokenwire.runtime.structured.config import StructuredOutputsConfig
-from tokenwire.runtime.structured.params import StructuredOutputsParams
+from tokenwire.runtime.structured.params import GrammarSpec, StructuredOutputsParams
 from tokenwire.runtime.structured.validate import StructuredValidator
 from tokenwire.v1 import common_pb2, generation_pb2_grpc
 from tokenwire.v1 import generation_pb2 as pb
+
+
+def enum_schema(tag: int, entries: int = 3000) -> str:
+    """A distinct large enum (3000 entries: ~270 KB compiled with the default vocabulary)."""
+    return json.dumps({"enum": [f"k{tag}-{i}" for i in range(entries)]})
+
+
+def _finished(future: Future[Any]) -> threading.Event:
+    """Set once every done callback registered before this one has run."""
+    done = threading.Event()
+    future.add_done_callback(lambda _: done.set())
+    return done
+
+
+def test_compile_cache_stays_under_its_byte_bound(
+    tiny_model_with_tokenizer: Path, smollm_tokenizer: Any
+) -> None:
+    bound = 1 << 20
+    config = StructuredOutputsConfig(cache_bytes=bound)
+    pool = GrammarCompilerPool(str(tiny_model_with_tokenizer), len(smollm_tokenizer), (0,), config)
+    sizes = []
+    try:
+        for tag in range(10):
+            future = pool.submit(GrammarSpec("json", enum_schema(tag)))
+            assert _finished(future).wait(120)
+            sizes.append(future.result().memory_size_bytes)
+            assert 0 < pool.cache_bytes <= bound, (tag, pool.cache_bytes)
+        assert sum(sizes) > 2 * bound  # unbounded, the cache would hold all of them
+        # The most recent grammar is still cached (the same future); the oldest is not.
+        latest = GrammarSpec("json", enum_schema(9))
+        assert pool.submit(latest).done()
+        assert pool.cache_len < 10
+        # A grammar larger than the whole bound serves its request but is not kept.
+        tiny = GrammarCompilerPool(
+            str(tiny_model_with_tokenizer),
+            len(smollm_tokenizer),
+            (0,),
+            StructuredOutputsConfig(cache_bytes=1000),
+        )
+        big = tiny.submit(GrammarSpec("json", enum_schema(0)))
+        assert _finished(big).wait(120) and big.result().memory_size_bytes > 1000
+        assert tiny.cache_bytes == 0 and tiny.cache_len == 0
+        tiny.shutdown()
+    finally:
+        pool.shutdown()
 
 
 def test_validator_keeps_no_constraint_text() -> None:
