@@ -73,6 +73,7 @@ class LLM:
     def shutdown(self) -> None:
         """Stop the engine's worker processes (tensor parallelism). Worker processes also
         exit on their own when this process ends."""
+        self._structured.close()
         self.engine.shutdown()
 
     def __enter__(self) -> LLM:
@@ -191,7 +192,9 @@ class LLM:
         priority: int,
         lora: LoRARequest | None = None,
     ) -> str:
-        self._structured.check(params)  # the constraint parses (the engine compiles it)
+        # The constraint parses (limits first, on a worker under a time limit); the engine
+        # compiles it.
+        self._structured.check(params)
         request_id = str(next(self._counter))
         children = self._processor.add_request(request_id, prompt, token_ids, params)
         try:

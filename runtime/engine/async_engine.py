@@ -157,6 +157,7 @@ class AsyncEngine:
 
     async def shutdown(self) -> None:
         self._closing = True
+        self._structured.close()
         await self.client.shutdown()
         if self._output_task is not None:
             self._output_task.cancel()
@@ -218,7 +219,9 @@ class AsyncEngine:
         info = self.info
         validate_request(prompt_token_ids, params, info.vocab_size, info.max_model_len)
         validate_priority(priority)
-        self._structured.check(params)  # the constraint parses (the core compiles it)
+        # No grammar work here, on the loop: a constraint not known to parse is left to the
+        # core's compile pool (``check_constraint`` parses it off the loop beforehand).
+        self._structured.check_known(params)
         children = self._processor.add_request(request_id, prompt, prompt_token_ids, params)
         stream = RequestStream(request_id, params.n)
         self._streams[request_id] = stream
@@ -245,6 +248,11 @@ class AsyncEngine:
             self._mark_idle()
             raise
         return stream
+
+    async def check_constraint(self, params: SamplingParams) -> None:
+        """Parse ``params``' structured-output constraint off the loop, limits first;
+        ``ParameterError`` naming the field. Call before ``add_request``."""
+        await self._structured.check_async(params)
 
     def abort(self, request_id: str) -> bool:
         """Cancel an in-flight request (its choices end CANCELLED). True once per request."""

@@ -129,6 +129,12 @@ class EngineClient(Protocol):
         lora_request: LoRARequest | None = None,
     ) -> RequestStream: ...
 
+    async def check_constraint(self, params: SamplingParams) -> None:
+        """The costly checks of ``params`` (parsing a structured-output constraint), off
+        the event loop; ``ParameterError`` naming the field. ``add_request`` does only cheap
+        checks and leaves a constraint it has not seen checked to the engine core."""
+        ...
+
     def abort(self, request_id: str) -> bool: ...
 
     # LoRA adapters (``info.max_loras == 0``: LoRA is not enabled and none is ever listed).

@@ -1,11 +1,15 @@
 """``GrammarCompilerPool``: compiles constraints for one tokenizer off the engine's step loop.
 
 Compiles run on a small thread pool (xgrammar compiles in C++ with the interpreter lock
-released), so a slow schema never stalls a step. Results are cached by ``GrammarSpec`` (kind,
-text, whitespace mode) — the pool belongs to one tokenizer, so the tokenizer is part of every
-key — as futures: identical constraints arriving together compile once. The tokenizer's
-vocabulary (xgrammar ``TokenizerInfo``) is built on the pool by the first compile, so an
-engine that never sees a constrained request never loads it.
+released), so a slow schema never stalls a step; each starts with the size and depth limits
+(a request that reached the core without the front's check fails on them, not in xgrammar).
+Results are cached by ``GrammarSpec`` (kind, text, whitespace mode) — the pool belongs to one
+tokenizer, so the tokenizer is part of every key — as futures: identical constraints arriving
+together compile once. The cache holds at most ``cache_size`` grammars and ``cache_bytes`` of
+compiled memory (``CompiledGrammar.memory_size_bytes``), least recently used dropped first; a
+grammar larger than the whole bound still serves its requests but is not kept. The
+tokenizer's vocabulary (xgrammar ``TokenizerInfo``) is built on the pool by the first compile,
+so an engine that never sees a constrained request never loads it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from tokenwire.runtime.structured.config import StructuredOutputsConfig
+from tokenwire.runtime.structured.limits import limits_problem
 from tokenwire.runtime.structured.params import MAX_JSON_WHITESPACE, GrammarSpec
 from tokenwire.runtime.tokenizer import load_tokenizer
 
@@ -34,25 +39,62 @@ class GrammarCompilerPool:
         self.config = config or StructuredOutputsConfig()
         self._executor: ThreadPoolExecutor | None = None
         self._cache: OrderedDict[GrammarSpec, Future[Any]] = OrderedDict()
+        self._sizes: dict[GrammarSpec, int] = {}  # compiled bytes of the finished entries
+        self._cache_bytes = 0
+        self._cache_lock = threading.Lock()  # compiles finish on the pool's threads
         self._compiler: Any = None  # xgrammar.GrammarCompiler, built by the first compile
         self._compiler_lock = threading.Lock()
+
+    @property
+    def cache_bytes(self) -> int:
+        """Compiled memory the cache holds (finished compiles only)."""
+        return self._cache_bytes
+
+    @property
+    def cache_len(self) -> int:
+        return len(self._cache)
 
     def submit(self, spec: GrammarSpec) -> Future[Any]:
         """A future of the ``xgrammar.CompiledGrammar`` for ``spec`` (cached). Called from
         the engine core's thread only."""
-        future = self._cache.get(spec)
-        if future is not None:
-            self._cache.move_to_end(spec)
-            return future
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(
-                self.config.max_workers, thread_name_prefix="tokenwire-grammar"
-            )
-        future = self._executor.submit(self._compile, spec)
-        self._cache[spec] = future
-        if len(self._cache) > self.config.cache_size:
-            self._cache.popitem(last=False)
+        with self._cache_lock:
+            future = self._cache.get(spec)
+            if future is not None:
+                self._cache.move_to_end(spec)
+                return future
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    self.config.max_workers, thread_name_prefix="tokenwire-grammar"
+                )
+            future = self._executor.submit(self._compile, spec)
+            self._cache[spec] = future
+            self._trim()
+        future.add_done_callback(lambda done: self._account(spec, done))
         return future
+
+    def _account(self, spec: GrammarSpec, future: Future[Any]) -> None:
+        """Count a finished compile's memory against ``cache_bytes``, then trim."""
+        if future.cancelled() or future.exception() is not None:
+            return  # a failure holds no compiled memory
+        size = int(future.result().memory_size_bytes)
+        with self._cache_lock:
+            if self._cache.get(spec) is not future or spec in self._sizes:
+                return  # dropped while compiling
+            self._sizes[spec] = size
+            self._cache_bytes += size
+            self._trim()
+
+    def _trim(self) -> None:
+        """Drop least recently used entries past ``cache_size`` or ``cache_bytes``."""
+        while len(self._cache) > self.config.cache_size or (
+            self._cache_bytes > self.config.cache_bytes and self._sizes
+        ):
+            if len(self._cache) > self.config.cache_size:
+                spec = next(iter(self._cache))
+            else:  # the least recently used entry that holds memory
+                spec = next(s for s in self._cache if s in self._sizes)
+            del self._cache[spec]
+            self._cache_bytes -= self._sizes.pop(spec, 0)
 
     def shutdown(self) -> None:
         if self._executor is not None:
@@ -60,6 +102,9 @@ class GrammarCompilerPool:
 
     # ------------------------------------------------------------------ on the pool
     def _compile(self, spec: GrammarSpec) -> Any:
+        problem = limits_problem(spec, self.config.limits)
+        if problem is not None:
+            raise ValueError(f"the constraint {problem}")
         compiler = self._get_compiler()
         if spec.kind == "json":
             return compiler.compile_json_schema(

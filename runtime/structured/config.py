@@ -1,8 +1,30 @@
-"""Settings of the engine core's structured-output machinery (compile pool and cache)."""
+"""Settings of structured outputs: the limits every constraint is checked against first, and
+the engine core's compile pool and cache."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ConstraintLimits:
+    """What a constraint may cost before any grammar work starts. ``max_chars``: length of
+    its text (a schema's JSON, a regex, an EBNF grammar, choices as EBNF). ``max_depth``:
+    nesting of a JSON schema document (``{"type": "string"}`` is 1; a 10-level object schema
+    is about 20). ``check_timeout``: seconds the front's parse of a constraint may take (on
+    a worker thread; a slower one is refused and remembered)."""
+
+    max_chars: int = MIB
+    max_depth: int = 64
+    check_timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.max_chars < 1 or self.max_depth < 1:
+            raise ValueError("structured outputs max_chars and max_depth must be >= 1")
+        if self.check_timeout <= 0:
+            raise ValueError("structured outputs check_timeout must be > 0")
 
 
 @dataclass(frozen=True)
@@ -11,15 +33,22 @@ class StructuredOutputsConfig:
     compile itself cannot be interrupted; its result still lands in the cache).
     ``max_workers``: compile threads (xgrammar compiles with the interpreter lock released).
     ``compiler_threads``: xgrammar's own threads per compile. ``cache_size``: compiled
-    grammars kept (least recently used dropped first)."""
+    grammars kept (least recently used dropped first). ``cache_bytes``: their memory
+    (xgrammar's ``CompiledGrammar.memory_size_bytes``) at most; 512 MiB as vLLM's
+    ``VLLM_XGRAMMAR_CACHE_MB`` (a 40k-entry enum compiles to ~130 MB with a 49k vocabulary).
+    ``limits``: checked again in the core before a compile."""
 
     compile_timeout: float = 30.0
     max_workers: int = 2
     compiler_threads: int = 1
     cache_size: int = 256
+    cache_bytes: int = 512 * MIB
+    limits: ConstraintLimits = field(default_factory=ConstraintLimits)
 
     def __post_init__(self) -> None:
         if self.compile_timeout <= 0:
             raise ValueError("structured outputs compile_timeout must be > 0")
         if self.max_workers < 1 or self.compiler_threads < 1 or self.cache_size < 1:
             raise ValueError("structured outputs workers, threads and cache size must be >= 1")
+        if self.cache_bytes < 0:
+            raise ValueError("structured outputs cache_bytes must be >= 0")

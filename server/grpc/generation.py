@@ -123,6 +123,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         params, parsing = self._shape(tooling, params)
         self.telemetry.describe(record, params, chat, prompt)
         try:
+            await self.engine.check_constraint(params)  # grammar work off the event loop
             stream = self.engine.add_request(
                 call.internal_id,
                 prompt,

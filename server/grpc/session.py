@@ -259,6 +259,7 @@ class _Session:
                 *state.options(turn), self.handler.limits, engine.info.default_sampling
             )
             telemetry.describe(record, params, messages is not None, None)
+            await engine.check_constraint(params)  # grammar work off the event loop
             stream = engine.add_request(
                 request_id,
                 None,
