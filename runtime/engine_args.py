@@ -216,6 +216,14 @@ class EngineArgs:
         "holding a generation_config.json",
         type=str,
     )
+    allow_content_special_tokens: bool = _arg(
+        ModelConfig,
+        "allow_content_special_tokens",
+        "parse special-token text (such as <|im_start|>) inside user and tool message content "
+        "as the special tokens themselves, as before; this lets a client forge chat turns "
+        "(default: such text is plain text; system and assistant messages are unaffected)",
+        action="store_true",
+    )
     dtype: DType = _arg(  # noqa: RUF009 (returns an immutable str)
         ModelConfig,
         "dtype",
@@ -440,6 +448,7 @@ class EngineArgs:
                     download_dir=self.download_dir,
                     chat_template=self.chat_template,
                     generation_config=self.generation_config,
+                    allow_content_special_tokens=self.allow_content_special_tokens,
                 ),
                 cache=CacheConfig(
                     block_size=self.block_size,

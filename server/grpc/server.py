@@ -107,7 +107,11 @@ class GrpcServer:
         self.tokenizers = None
         if tokenizer is not None:
             max_prompt_bytes = settings.limits.prompt_bytes(engine.info.max_model_len)
-            self.tokenizers = TokenizerPool(tokenizer, max_prompt_bytes)
+            self.tokenizers = TokenizerPool(
+                tokenizer,
+                max_prompt_bytes,
+                split_special_tokens=not engine.info.allow_content_special_tokens,
+            )
         self.sessions = SessionHandler(
             engine,
             model_name,
