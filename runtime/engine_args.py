@@ -211,9 +211,10 @@ class EngineArgs:
         "generation_config",
         "default sampling parameters (temperature, top_p, top_k, min_p, repetition_penalty, "
         "max_new_tokens) of requests that leave them unset: auto = the model's "
-        "generation_config.json (the default model: temperature 0, top_p 0.9, "
-        "repetition_penalty 1.1), vllm = none (temperature 1.0, top_p 1.0, ...), or a folder "
-        "holding a generation_config.json",
+        "generation_config.json (the default model: temperature 0 only), vllm = none "
+        "(temperature 1.0, top_p 1.0, ...), or a folder holding a generation_config.json; "
+        "a request with a structured output or a required / named tool choice gets no "
+        "default repetition_penalty",
         type=str,
     )
     allow_content_special_tokens: bool = _arg(

@@ -66,10 +66,15 @@ def sampling_params(
     output: common_pb2.OutputOptions,
     limits: Limits,
     defaults: Mapping[str, float | int] | None = None,
+    constrained: bool = False,
 ) -> SamplingParams:
     """Build and validate runtime params; errors name the proto field. ``defaults``: the
-    model's default sampling parameters, for the fields the request leaves unset."""
-    model = defaults or {}
+    model's default sampling parameters, for the fields the request leaves unset. A
+    constrained request (``structured_output``, or ``constrained``: a tool choice's grammar)
+    gets no default repetition_penalty: it would push an extraction off the prompt's words."""
+    model = dict(defaults or {})
+    if constrained or output.HasField("structured_output"):
+        model.pop("repetition_penalty", None)
     n = _opt(sampling, "n", 1)
     if n > limits.max_n:
         raise ParameterError("n", f"must be <= {limits.max_n} (server limit), got {n}")
