@@ -45,6 +45,8 @@ class ModelConfig:
     ``chat_template``: a Jinja file or inline template overriding the tokenizer's (the front
     renders it). ``generation_config``: where requests' default sampling parameters come from:
     ``auto`` (the model's generation_config.json), ``vllm`` (none) or a folder holding one.
+    ``allow_content_special_tokens``: special-token text in user and tool message content is
+    parsed as special tokens (the old way: a message can forge a chat turn); default: text.
     """
 
     model: str | None = None
@@ -60,6 +62,7 @@ class ModelConfig:
     download_dir: str | None = None
     chat_template: str | None = None
     generation_config: str = "auto"
+    allow_content_special_tokens: bool = False
 
     def __post_init__(self) -> None:
         _positive("max_model_len", self.max_model_len)

@@ -211,10 +211,19 @@ class EngineArgs:
         "generation_config",
         "default sampling parameters (temperature, top_p, top_k, min_p, repetition_penalty, "
         "max_new_tokens) of requests that leave them unset: auto = the model's "
-        "generation_config.json (the default model: temperature 0, top_p 0.9, "
-        "repetition_penalty 1.1), vllm = none (temperature 1.0, top_p 1.0, ...), or a folder "
-        "holding a generation_config.json",
+        "generation_config.json (the default model: temperature 0 only), vllm = none "
+        "(temperature 1.0, top_p 1.0, ...), or a folder holding a generation_config.json; "
+        "a request with a structured output or a required / named tool choice gets no "
+        "default repetition_penalty",
         type=str,
+    )
+    allow_content_special_tokens: bool = _arg(
+        ModelConfig,
+        "allow_content_special_tokens",
+        "parse special-token text (such as <|im_start|>) inside user and tool message content "
+        "as the special tokens themselves, as before; this lets a client forge chat turns "
+        "(default: such text is plain text; system and assistant messages are unaffected)",
+        action="store_true",
     )
     dtype: DType = _arg(  # noqa: RUF009 (returns an immutable str)
         ModelConfig,
@@ -440,6 +449,7 @@ class EngineArgs:
                     download_dir=self.download_dir,
                     chat_template=self.chat_template,
                     generation_config=self.generation_config,
+                    allow_content_special_tokens=self.allow_content_special_tokens,
                 ),
                 cache=CacheConfig(
                     block_size=self.block_size,

@@ -5,14 +5,17 @@
 snapshot) supplies the defaults of ``temperature``, ``top_p``, ``top_k``, ``min_p``,
 ``repetition_penalty`` and ``max_new_tokens`` (as ``max_tokens``) -- every one of these the
 file sets. A GGUF source adds its ``general.sampling.*`` metadata (llama.cpp's converter writes
-it from the same file), and the built-in default model has its own
+it from the same file), and the built-in default model has its own, greedy and nothing else
 (``default_model.DEFAULT_MODEL_SAMPLING``); a generation_config.json wins over both.
 ``vllm``: none (tokenwire's built-in ``SamplingParams`` defaults). Anything else: a folder
 holding a generation_config.json.
 
 The defaults apply to the fields a request leaves unset (each front decides what "unset" is:
 an absent optional proto field, an OpenAI field not sent, ``sampling_params=None`` offline).
-As in vLLM, ``do_sample`` is not read: a file's temperature applies either way.
+As in vLLM, ``do_sample`` is not read: a file's temperature applies either way. Unlike
+vLLM, a default ``repetition_penalty`` is not applied to constrained decoding (a structured
+output, a required or named tool choice): those answers copy from the prompt, which the
+penalty works against; a request that sets one gets it (``server/grpc/convert.py``).
 """
 
 from __future__ import annotations

@@ -51,6 +51,7 @@ class LLM:
         if self.tokenizer is not None and template is not None:
             self.tokenizer.chat_template = template  # type: ignore[misc]
         self.default_sampling = loaded_model_defaults(config.model, self.engine.facts.model_path)
+        self._split_special_tokens = not config.model.allow_content_special_tokens
         self._processor = OutputProcessor(self.tokenizer)
         self._structured = StructuredValidator(has_tokenizer=self.tokenizer is not None)
         self._counter = itertools.count()
@@ -133,7 +134,12 @@ class LLM:
         )
         tokenizer = self._require_tokenizer("messages")
         prompts = [
-            apply_chat_template(tokenizer, conv, chat_template=chat_template)
+            apply_chat_template(
+                tokenizer,
+                conv,
+                chat_template=chat_template,
+                split_special_tokens=self._split_special_tokens,
+            )
             for conv in conversations
         ]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tokenwire.runtime.chat_content import forged_token, render_plain_content
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -25,8 +27,15 @@ class Tokenizer(Protocol):
     @property
     def chat_template(self) -> str | dict[str, str] | None: ...  # Jinja text, or named ones
 
+    @property
+    def added_tokens_decoder(self) -> Mapping[int, Any]: ...  # id -> AddedToken
+
     def __call__(
-        self, text: str | list[str], *, add_special_tokens: bool = True
+        self,
+        text: str | list[str],
+        *,
+        add_special_tokens: bool = True,
+        split_special_tokens: bool = False,
     ) -> Mapping[str, Any]: ...  # a BatchEncoding: ["input_ids"] holds the ids
 
     def decode(
@@ -97,15 +106,23 @@ def apply_chat_template(
     tools: Sequence[Mapping[str, Any]] | None = None,
     *,
     chat_template: str | None = None,
+    split_special_tokens: bool = True,
 ) -> list[int]:
     """Render ``messages`` with the model's chat template (plus generation prompt) to ids;
     ``tools`` (OpenAI tool objects) go to templates that take them; ``chat_template`` (Jinja
-    text) replaces the tokenizer's for this call."""
+    text) replaces the tokenizer's for this call.
+
+    ``split_special_tokens`` (the default): special-token text inside a user or tool message
+    is plain text, never a special token, so content cannot forge a turn
+    (``runtime/chat_content.py``); False parses it like the template's own (the old way,
+    ``--allow-content-special-tokens``)."""
     if not (chat_template or tokenizer.chat_template):
         raise ValueError("messages: this model's tokenizer has no chat template")
     extra: dict[str, Any] = {} if not tools else {"tools": [dict(t) for t in tools]}
     if chat_template:
         extra["chat_template"] = chat_template
+    if split_special_tokens and forged_token(messages, tokenizer) is not None:
+        return render_plain_content(tokenizer, messages, extra)
     rendered: Any = tokenizer.apply_chat_template(
         [dict(m) for m in messages], add_generation_prompt=True, tokenize=True, **extra
     )

@@ -50,9 +50,12 @@ class TokenizerPool:
         max_prompt_bytes: int,
         max_workers: int = 2,
         max_pending: int = 64,
+        split_special_tokens: bool = True,
     ) -> None:
         self.tokenizer = tokenizer
         self.max_prompt_bytes = max_prompt_bytes
+        # Special-token text in user / tool content stays text (apply_chat_template).
+        self.split_special_tokens = split_special_tokens
         self.max_pending = max_pending
         self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="tokenwire-tok")
         self._lock = threading.Lock()
@@ -95,7 +98,14 @@ class TokenizerPool:
     ) -> list[int]:
         """The chat template applied to ``messages`` (with the generation prompt)."""
         check_prompt_bytes(param, [m["content"] for m in messages], self.max_prompt_bytes)
-        return await self.run(apply_chat_template, self.tokenizer, messages, tools)
+        return await self.run(self._render, messages, tools)
+
+    def _render(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+    ) -> list[int]:
+        return apply_chat_template(
+            self.tokenizer, messages, tools, split_special_tokens=self.split_special_tokens
+        )
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

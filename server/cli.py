@@ -40,7 +40,9 @@ def _run_generate(args: argparse.Namespace) -> int:
     prompt: str | list[int] = args.prompt
     if args.chat:
         prompt = apply_chat_template(
-            llm.get_tokenizer(), [{"role": "user", "content": args.prompt}]
+            llm.get_tokenizer(),
+            [{"role": "user", "content": args.prompt}],
+            split_special_tokens=not args.allow_content_special_tokens,
         )
     for delta in llm.stream(prompt, params):
         sys.stdout.write(delta.text)

@@ -164,7 +164,7 @@ async def _serve_started(
     with contextlib.suppress(EngineDeadError):  # a core dying now is handled below
         await engine.warmup()
         await server.set_serving(True)
-        _log_serving(engine, settings.host, port, rest, metrics_server, telemetry)
+        _log_serving(engine, server, port, rest, metrics_server, telemetry)
         await stop.wait()
     if engine.is_dead:
         logger.error("the engine core died; draining and exiting", exit_code=1)
@@ -182,7 +182,7 @@ async def _serve_started(
 
 def _log_serving(
     engine: AsyncEngine,
-    host: str,
+    server: GrpcServer,
     port: int,
     rest: RestServer | None,
     metrics_server: Any,
@@ -191,12 +191,14 @@ def _log_serving(
     """The startup line: plain text for people and greps, the same facts as fields."""
     info = engine.info
     rest_url = rest.url if rest is not None else "disabled"
-    grpc_address = f"{host}:{port}"
+    grpc_address = f"{server.settings.host}:{port}"
+    parser = server.tool_call_parser
+    source = "flag" if server.settings.tool_call_parser is not None else "chat_template"
     logger.info(
         f"serving model={info.served_model_name} device={info.device} dtype={info.dtype} "
         f"kv_blocks={info.num_kv_blocks} quantization={info.quantization or 'none'} "
         f"weights={info.weight_bytes / 2**20:.0f}MiB tp={info.tensor_parallel_size} "
-        f"grpc={grpc_address} rest={rest_url} ",
+        f"grpc={grpc_address} rest={rest_url} {_parser_text(parser, source)} ",
         model=info.served_model_name,
         device=info.device,
         dtype=info.dtype,
@@ -212,7 +214,17 @@ def _log_serving(
         engine_core_pid=info.core_pid,
         max_loras=info.max_loras,
         lora_adapters=[a.lora_name for a in info.lora_adapters],
+        tool_call_parser=parser,
+        tool_call_parser_source=source if parser is not None else None,
     )
+
+
+def _parser_text(parser: str | None, source: str) -> str:
+    """The startup line's account of which tool-call parser reads tool_choice "auto"."""
+    if parser is None:
+        return "tool_call_parser=none (tool_choice auto needs --tool-call-parser)"
+    how = "--tool-call-parser" if source == "flag" else "from the chat template"
+    return f"tool_call_parser={parser} ({how})"
 
 
 def _load_tls(args: argparse.Namespace) -> TlsReloader | None:

@@ -62,7 +62,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         choices=sorted(TOOL_PARSERS),
         default=None,
         help="read tool calls out of chat output when tool_choice is auto (hermes: "
-        "Qwen2.5/Qwen3/SmolLM2/Hermes <tool_call> JSON; llama3_json; mistral)",
+        "Qwen2.5/Qwen3/SmolLM2/Hermes <tool_call> JSON; llama3_json; mistral); default: the "
+        "one the model's chat template implies (hermes for a template without tools), or "
+        "none when its tool format is unknown (tool_choice auto is then refused)",
     )
     p.add_argument(
         "--reasoning-parser",

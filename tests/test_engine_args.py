@@ -75,6 +75,7 @@ VALUES: dict[str, Any] = {
     "download_dir": "/hf-cache",
     "chat_template": "/templates/chat.jinja",
     "generation_config": "vllm",
+    "allow_content_special_tokens": True,
     "speculative_config": SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_max=4),
 }
 
@@ -176,6 +177,7 @@ def test_create_engine_config_carries_every_field() -> None:
         load_format="dummy", seed=7, served_model_name="served", quantization="int8",
         revision="v1.0", tokenizer_revision="tok-v2", download_dir="/hf-cache",
         chat_template="/templates/chat.jinja", generation_config="vllm",
+        allow_content_special_tokens=True,
     )  # fmt: skip
     assert config.cache == CacheConfig(
         block_size=32, enable_prefix_caching=False, kv_cache_memory_bytes=1 << 20,

@@ -93,6 +93,7 @@ def engine_info(core: EngineCore) -> EngineInfo:
         max_lora_rank=config.lora.max_lora_rank if config.lora.enable_lora else 0,
         lora_adapters=core.loras.adapters(),
         chat_template=load_chat_template(config.model.chat_template),
+        allow_content_special_tokens=config.model.allow_content_special_tokens,
         default_sampling=loaded_model_defaults(config.model, facts.model_path),
     )
 

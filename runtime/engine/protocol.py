@@ -50,6 +50,8 @@ class EngineInfo:
     # --chat-template's Jinja text (None: the tokenizer's own); the front sets it on its
     # tokenizer, so every chat rendered there uses it.
     chat_template: str | None = None
+    # --allow-content-special-tokens: user and tool content may hold special tokens.
+    allow_content_special_tokens: bool = False
     # --generation-config: SamplingParams field -> default for requests leaving it unset
     # (temperature, top_p, top_k, min_p, repetition_penalty, max_tokens); empty: built-ins.
     default_sampling: dict[str, float | int] = field(default_factory=dict)

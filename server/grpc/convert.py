@@ -66,10 +66,20 @@ def sampling_params(
     output: common_pb2.OutputOptions,
     limits: Limits,
     defaults: Mapping[str, float | int] | None = None,
+    constrained: bool = False,
 ) -> SamplingParams:
     """Build and validate runtime params; errors name the proto field. ``defaults``: the
-    model's default sampling parameters, for the fields the request leaves unset."""
-    model = defaults or {}
+    model's default sampling parameters, for the fields the request leaves unset. A
+    constrained request (``structured_output``, or ``constrained``: a tool choice's grammar)
+    gets no default repetition_penalty: it would push an extraction off the prompt's words."""
+    structured = (
+        structured_output(output.structured_output)
+        if output.HasField("structured_output")
+        else None
+    )
+    model = dict(defaults or {})
+    if constrained or structured is not None:
+        model.pop("repetition_penalty", None)
     n = _opt(sampling, "n", 1)
     if n > limits.max_n:
         raise ParameterError("n", f"must be <= {limits.max_n} (server limit), got {n}")
@@ -101,9 +111,7 @@ def sampling_params(
         include_stop_str_in_output=_opt(stopping, "include_stop_str_in_output", False),
         logprobs=_opt(output, "logprobs", None),
         skip_special_tokens=_opt(output, "skip_special_tokens", True),
-        structured_outputs=structured_output(output.structured_output)
-        if output.HasField("structured_output")
-        else None,
+        structured_outputs=structured,
     )
 
 

@@ -119,6 +119,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             request.output,
             self.limits,
             self.engine.info.default_sampling,
+            constrained=tooling is not None and tooling.constraint is not None,
         )
         params, parsing = self._shape(tooling, params)
         self.telemetry.describe(record, params, chat, prompt)

@@ -14,6 +14,7 @@ from grpc_reflection.v1alpha import reflection
 
 from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
+from tokenwire.runtime.tool_parsers.detect import parser_for_template
 from tokenwire.runtime.tool_parsers.output import check_parser_names
 from tokenwire.server.grpc.adapters import AdapterFlags
 from tokenwire.server.grpc.auth import ApiKeyInterceptor
@@ -104,10 +105,19 @@ class GrpcServer:
             maximum_concurrent_rpcs=settings.connection.max_concurrent_rpcs,
         )
         tokenizer = engine.tokenizer
+        # --tool-call-parser, else the one the chat template implies (None: unknown, and
+        # tool_choice "auto" is refused naming the flag).
+        self.tool_call_parser = settings.tool_call_parser
+        if self.tool_call_parser is None and tokenizer is not None:
+            self.tool_call_parser = parser_for_template(tokenizer.chat_template)
         self.tokenizers = None
         if tokenizer is not None:
             max_prompt_bytes = settings.limits.prompt_bytes(engine.info.max_model_len)
-            self.tokenizers = TokenizerPool(tokenizer, max_prompt_bytes)
+            self.tokenizers = TokenizerPool(
+                tokenizer,
+                max_prompt_bytes,
+                split_special_tokens=not engine.info.allow_content_special_tokens,
+            )
         self.sessions = SessionHandler(
             engine,
             model_name,
@@ -126,7 +136,7 @@ class GrpcServer:
                 self.tokenizers,
                 self.sessions,
                 telemetry,
-                OutputReaders(settings.tool_call_parser, settings.reasoning_parser),
+                OutputReaders(self.tool_call_parser, settings.reasoning_parser),
                 self.tenants,
             ),
             self.server,
