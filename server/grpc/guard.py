@@ -2,14 +2,18 @@
 
 grpc.aio decodes a request before any handler code runs and turns a ``DecodeError`` (garbage
 bytes, invalid UTF-8 in a string field) into UNKNOWN with the exception's class name and an
-ERROR traceback in the log. This interceptor gives every tokenwire method a deserializer that
-never raises (it returns ``MALFORMED`` instead) and a behaviour that answers that marker with
-INVALID_ARGUMENT and one WARNING line. It sits inside the API-key check, so a caller without
-a valid key gets UNAUTHENTICATED first, whatever it sent.
+ERROR traceback in the log. This interceptor gives every method of every service (tokenwire's,
+health, reflection) a deserializer that never raises (it returns ``MALFORMED`` instead) and a
+behaviour that answers that marker with INVALID_ARGUMENT and one WARNING line. tokenwire's
+client-streaming methods read their messages through ``checked_messages``; other services'
+get a request stream that aborts the call at the first undecodable message. It sits inside
+the API-key check, so a caller without a valid key gets UNAUTHENTICATED first, whatever it
+sent.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -19,7 +23,8 @@ import grpc
 from tokenwire.server.grpc.errors import ServiceError, abort
 from tokenwire.v1 import errors_pb2
 
-GUARDED_PREFIX = "/tokenwire."
+# Methods whose client streams go through ``checked_messages`` (the handler maps the error).
+OWN_PREFIX = "/tokenwire."
 logger = logging.getLogger("tokenwire.server")
 
 
@@ -65,23 +70,43 @@ async def checked_messages(requests: Any) -> AsyncIterator[Any]:
         yield message
 
 
-def _guard_unary_in(behaviour: Callable[..., Any], streaming_out: bool) -> Callable[..., Any]:
-    if streaming_out:
+async def _aborting(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    """A client stream that ends the call INVALID_ARGUMENT at the first undecodable message."""
+    async for message in requests:
+        if message is MALFORMED:
+            await abort(context, malformed_error())
+        yield message
+
+
+async def _checked(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    if request is MALFORMED:
+        await abort(context, malformed_error())
+    return request
+
+
+async def _stream_of(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+    return _aborting(requests, context)
+
+
+Prepare = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+def _guarded(behaviour: Callable[..., Any], prepare: Prepare) -> Callable[..., Any]:
+    """``behaviour`` run on ``prepare``'s version of the request, of the same kind: an async
+    generator stays one, a coroutine (a unary answer, or a stream written with
+    ``context.write`` as health's Watch does) stays one."""
+    if inspect.isasyncgenfunction(behaviour):
 
         async def stream_out(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            if request is MALFORMED:
-                await abort(context, malformed_error())
-            async for item in behaviour(request, context):
+            async for item in behaviour(await prepare(request, context), context):
                 yield item
 
         return stream_out
 
-    async def unary_out(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if request is MALFORMED:
-            await abort(context, malformed_error())
-        return await behaviour(request, context)
+    async def answer(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await behaviour(await prepare(request, context), context)
 
-    return unary_out
+    return answer
 
 
 def guard(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
@@ -90,17 +115,17 @@ def guard(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         response_serializer=handler.response_serializer,
     )
     if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(
-            _guard_unary_in(handler.unary_unary, False), **codec
-        )
+        return grpc.unary_unary_rpc_method_handler(_guarded(handler.unary_unary, _checked), **codec)
     if handler.unary_stream is not None:
         return grpc.unary_stream_rpc_method_handler(
-            _guard_unary_in(handler.unary_stream, True), **codec
+            _guarded(handler.unary_stream, _checked), **codec
         )
-    # Client-streaming methods read their messages through ``checked_messages``.
+    own = method.startswith(OWN_PREFIX)  # reads its messages through ``checked_messages``
     if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(handler.stream_unary, **codec)
-    return grpc.stream_stream_rpc_method_handler(handler.stream_stream, **codec)
+        behaviour = handler.stream_unary if own else _guarded(handler.stream_unary, _stream_of)
+        return grpc.stream_unary_rpc_method_handler(behaviour, **codec)
+    behaviour = handler.stream_stream if own else _guarded(handler.stream_stream, _stream_of)
+    return grpc.stream_stream_rpc_method_handler(behaviour, **codec)
 
 
 class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
@@ -110,7 +135,6 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        method = handler_call_details.method or ""
-        if handler is None or not method.startswith(GUARDED_PREFIX):
+        if handler is None:
             return handler
-        return guard(handler, method)
+        return guard(handler, handler_call_details.method or "")

@@ -82,12 +82,15 @@ class Telemetry:
         self.metrics = EngineMetrics(self.model_name, gauges)
 
     def grpc_interceptors(self) -> list[Any]:
-        """The OTel grpc.aio server interceptor (RPC spans, W3C context from metadata)."""
+        """The OTel grpc.aio server interceptor (RPC spans, W3C context from metadata).
+        Health checks get no span: probes would flood the traces, and the interceptor's
+        stream wrapper cannot run health's Watch (a coroutine that writes its replies)."""
         if self.provider is None:
             return []
-        from opentelemetry.instrumentation.grpc import aio_server_interceptor
+        from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
-        return [aio_server_interceptor(tracer_provider=self.provider)]
+        not_health = filters.negate(filters.health_check())
+        return [aio_server_interceptor(tracer_provider=self.provider, filter_=not_health)]
 
     def exposition(self) -> bytes:
         return b"" if self.metrics is None else self.metrics.exposition()
