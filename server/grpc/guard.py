@@ -8,7 +8,9 @@ behaviour that answers that marker with INVALID_ARGUMENT and one WARNING line. t
 client-streaming methods read their messages through ``checked_messages``; other services'
 get a request stream that aborts the call at the first undecodable message. It sits inside
 the API-key check, so a caller without a valid key gets UNAUTHENTICATED first, whatever it
-sent.
+sent. The same wrapper checks every reply against the send limit (``send_limit``): a reply
+too large to send ends the call RESOURCE_EXHAUSTED RESPONSE_TOO_LARGE instead of grpc-core's
+bare status and ExecuteBatchError traceback.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
 from tokenwire.server.grpc.errors import ServiceError, abort
+from tokenwire.server.grpc.send_limit import check_size
 from tokenwire.v1 import errors_pb2
 
 # Methods whose client streams go through ``checked_messages`` (the handler maps the error).
@@ -88,47 +92,78 @@ async def _stream_of(requests: Any, context: grpc.aio.ServicerContext) -> Any:
     return _aborting(requests, context)
 
 
+async def _as_is(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+    return requests
+
+
+async def _fits(reply: Any, context: grpc.aio.ServicerContext, limit: int | None) -> None:
+    """End the call RESOURCE_EXHAUSTED when ``reply`` is over the send limit (grpc-core would
+    fail it with a bare status and an ExecuteBatchError traceback)."""
+    if isinstance(reply, Message):
+        try:
+            check_size(reply, limit)
+        except ServiceError as err:
+            await abort(context, err)
+
+
 Prepare = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 
-def _guarded(behaviour: Callable[..., Any], prepare: Prepare) -> Callable[..., Any]:
-    """``behaviour`` run on ``prepare``'s version of the request, of the same kind: an async
-    generator stays one, a coroutine (a unary answer, or a stream written with
-    ``context.write`` as health's Watch does) stays one."""
+def _guarded(
+    behaviour: Callable[..., Any], prepare: Prepare, limit: int | None
+) -> Callable[..., Any]:
+    """``behaviour`` run on ``prepare``'s version of the request, each reply checked against
+    the send limit, of the same kind: an async generator stays one, a coroutine (a unary
+    answer, or a stream written with ``context.write`` as health's Watch does) stays one."""
     if inspect.isasyncgenfunction(behaviour):
 
         async def stream_out(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            async for item in behaviour(await prepare(request, context), context):
-                yield item
+            replies = behaviour(await prepare(request, context), context)
+            try:
+                async for reply in replies:
+                    await _fits(reply, context, limit)
+                    yield reply
+            finally:
+                await replies.aclose()  # its own clean-up runs now, not when collected
 
         return stream_out
 
     async def answer(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await behaviour(await prepare(request, context), context)
+        reply = await behaviour(await prepare(request, context), context)
+        await _fits(reply, context, limit)
+        return reply
 
     return answer
 
 
-def guard(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+def guard(
+    handler: grpc.RpcMethodHandler, method: str, limit: int | None = None
+) -> grpc.RpcMethodHandler:
     codec = dict(
         request_deserializer=_lenient(handler.request_deserializer, method),
         response_serializer=handler.response_serializer,
     )
     if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(_guarded(handler.unary_unary, _checked), **codec)
+        behaviour = _guarded(handler.unary_unary, _checked, limit)
+        return grpc.unary_unary_rpc_method_handler(behaviour, **codec)
     if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(
-            _guarded(handler.unary_stream, _checked), **codec
-        )
-    own = method.startswith(OWN_PREFIX)  # reads its messages through ``checked_messages``
+        behaviour = _guarded(handler.unary_stream, _checked, limit)
+        return grpc.unary_stream_rpc_method_handler(behaviour, **codec)
+    # tokenwire's own methods read their messages through ``checked_messages``.
+    stream_in = _as_is if method.startswith(OWN_PREFIX) else _stream_of
     if handler.stream_unary is not None:
-        behaviour = handler.stream_unary if own else _guarded(handler.stream_unary, _stream_of)
+        behaviour = _guarded(handler.stream_unary, stream_in, limit)
         return grpc.stream_unary_rpc_method_handler(behaviour, **codec)
-    behaviour = handler.stream_stream if own else _guarded(handler.stream_stream, _stream_of)
+    behaviour = _guarded(handler.stream_stream, stream_in, limit)
     return grpc.stream_stream_rpc_method_handler(behaviour, **codec)
 
 
 class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
+    """The guard on every method; ``max_response_bytes``: the server's send limit."""
+
+    def __init__(self, max_response_bytes: int | None = None) -> None:
+        self.max_response_bytes = max_response_bytes
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -137,4 +172,5 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
-        return guard(handler, handler_call_details.method or "")
+        method = handler_call_details.method or ""
+        return guard(handler, method, self.max_response_bytes)

@@ -4,6 +4,7 @@ connection management (keepalive, connection age, message sizes, concurrent-RPC 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -97,7 +98,10 @@ class GrpcServer:
         interceptors = list(telemetry.grpc_interceptors())
         if self.tenants.auth_required:  # before the decode guard: no key, no parsing
             interceptors.append(ApiKeyInterceptor(self.tenants))
-        interceptors.append(MalformedRequestInterceptor())
+        # Every handler checks its responses against the send limit before grpc-core does.
+        send_limit = settings.connection.send_bytes(settings.max_message_bytes)
+        limits = dataclasses.replace(settings.limits, max_response_bytes=send_limit)
+        interceptors.append(MalformedRequestInterceptor(send_limit))
         self.server = grpc.aio.server(
             interceptors=interceptors,
             options=settings.connection.server_options(settings.max_message_bytes),
@@ -106,12 +110,12 @@ class GrpcServer:
         tokenizer = engine.tokenizer
         self.tokenizers = None
         if tokenizer is not None:
-            max_prompt_bytes = settings.limits.prompt_bytes(engine.info.max_model_len)
+            max_prompt_bytes = limits.prompt_bytes(engine.info.max_model_len)
             self.tokenizers = TokenizerPool(tokenizer, max_prompt_bytes)
         self.sessions = SessionHandler(
             engine,
             model_name,
-            settings.limits,
+            limits,
             self.tokenizers,
             settings.max_sessions,
             settings.session_idle_timeout,
@@ -122,7 +126,7 @@ class GrpcServer:
             GenerationService(
                 engine,
                 model_name,
-                settings.limits,
+                limits,
                 self.tokenizers,
                 self.sessions,
                 telemetry,
@@ -135,7 +139,7 @@ class GrpcServer:
             ModelService(
                 engine,
                 model_name,
-                settings.limits,
+                limits,
                 self.tokenizers,
                 settings.max_sessions,
                 self.tenants.auth_required,

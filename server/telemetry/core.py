@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from tokenwire.runtime.engine.protocol import EngineClient
+from tokenwire.runtime.request import FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.stats import RequestStats, StepStats
 from tokenwire.server.telemetry.logs import get_logger
@@ -109,10 +110,13 @@ class Telemetry:
 
     def on_request_finished(self, stats: RequestStats) -> None:
         record = self._lookup(stats.request_id)
-        if self.metrics is not None:
-            tenant = record.attributes.get("tenant") if record is not None else None
-            self.metrics.on_request_finished(stats, tenant or DEFAULT_TENANT_LABEL)
-        if record is not None and record.add_stats(stats):
+        if record is None:
+            if self.metrics is not None:
+                self.metrics.on_request_finished(stats, DEFAULT_TENANT_LABEL)
+            return
+        # A client request is counted once its call has ended too (``_finalize``): the
+        # metrics then say what the client got, not only how the engine ended it.
+        if record.add_stats(stats):
             self._finalize(record)
 
     def _lookup(self, engine_id: str) -> RequestRecord | None:
@@ -219,6 +223,11 @@ class Telemetry:
     def _finalize(self, record: RequestRecord) -> None:
         if self._records.get(record.internal_id) is record:
             del self._records[record.internal_id]
+        if self.metrics is not None:
+            tenant = record.attributes.get("tenant") or DEFAULT_TENANT_LABEL
+            outcome = client_finish_reason(record.status)
+            for stats in record.stats:
+                self.metrics.on_request_finished(stats, tenant, outcome)
         summary = summarize(record.stats) if record.stats else None
         if record.span is not None and self.spans is not None:
             if summary is not None:
@@ -244,6 +253,17 @@ class Telemetry:
         else:
             fields.update(_summary_fields(summary))
         self.log.info("request_finished", **fields)
+
+
+def client_finish_reason(status: str | None) -> str | None:
+    """The ``finish_reason`` label of a request whose call ended with ``status``: None for
+    OK (the engine's own reasons), "cancelled" for a call the client cancelled or let
+    expire, "error" for any other failure (e.g. a response over the send limit)."""
+    if status == "OK":
+        return None
+    if status in ("CANCELLED", "DEADLINE_EXCEEDED"):
+        return FinishReason.CANCELLED.value
+    return FinishReason.ERROR.value
 
 
 def _summary_fields(summary: Any) -> dict[str, Any]:
