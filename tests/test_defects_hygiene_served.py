@@ -99,6 +99,27 @@ def wait_logged(served: Served, request_id: str) -> dict[str, Any]:
     raise AssertionError(f"no request_finished line for {request_id}")
 
 
+def test_warmup_is_not_a_request(served: Served) -> None:
+    """Before any client request: no request metric at all, no request_finished line."""
+    metrics = request_metrics(served)
+    counted = [
+        key
+        for key in metrics
+        if "tenant" in key[1]
+        or key[0].startswith(
+            (
+                "tokenwire:e2e_request_latency",
+                "tokenwire:time_to_first_token",
+                "tokenwire:request_queue_time",
+                "tokenwire:prefix_cache_queries",
+                "tokenwire:iteration_tokens",
+            )
+        )
+    ]
+    assert counted == [], counted
+    assert not [e for e in log_events(served) if e.get("event") == "request_finished"]
+
+
 def _expect_too_large(err: grpc.RpcError) -> None:
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
     info, _ = details_of(err)

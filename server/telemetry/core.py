@@ -34,7 +34,8 @@ from tokenwire.server.telemetry.tracing import (
 from tokenwire.server.tenants.limits import LimitExceeded
 
 _PROPAGATOR = TraceContextTextMapPropagator()  # stateless
-# The metrics' tenant of an engine request without a handler record (engine-only callers).
+# The metrics' tenant of a request whose record names none. Engine requests without a record
+# (the startup warm-up) are no client's: no request metric, step metric or log line counts them.
 DEFAULT_TENANT_LABEL = "default"
 
 
@@ -103,6 +104,8 @@ class Telemetry:
 
     # ------------------------------------------------------------------ engine observer
     def on_step(self, stats: StepStats) -> None:
+        if not any(self._lookup(rid) is not None for rid in stats.scheduled):
+            return  # no client request in it: the startup warm-up
         if self.metrics is not None:
             self.metrics.on_step(stats)
         if self.spans is not None:
@@ -111,8 +114,8 @@ class Telemetry:
     def on_request_finished(self, stats: RequestStats) -> None:
         record = self._lookup(stats.request_id)
         if record is None:
-            if self.metrics is not None:
-                self.metrics.on_request_finished(stats, DEFAULT_TENANT_LABEL)
+            # Not a client request: the startup warm-up (no handler opened a record), or a
+            # request whose record an engine fault completed already (counted then).
             return
         # A client request is counted once its call has ended too (``_finalize``): the
         # metrics then say what the client got, not only how the engine ended it.
@@ -228,6 +231,9 @@ class Telemetry:
             outcome = client_finish_reason(record.status)
             for stats in record.stats:
                 self.metrics.on_request_finished(stats, tenant, outcome)
+            # An engine fault completed the record before the engine reported every choice.
+            for _ in range((record.expected or 0) - len(record.stats)):
+                self.metrics.request_failed(tenant, outcome or FinishReason.ERROR.value)
         summary = summarize(record.stats) if record.stats else None
         if record.span is not None and self.spans is not None:
             if summary is not None:

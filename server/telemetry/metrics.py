@@ -201,6 +201,10 @@ class EngineMetrics:
                 for _ in range(stats.num_output_tokens - 1):
                     self.itl.observe(mean)
 
+    def request_failed(self, tenant: str, finish_reason: str) -> None:
+        """A request that ended without an engine record (an engine fault)."""
+        self._success.labels(self._model, finish_reason, tenant).inc()
+
     def rate_limited(self, tenant: str, limit: str) -> None:
         """A tenant's limit refused a request (event loop)."""
         self._rate_limited.labels(self._model, tenant, limit).inc()
