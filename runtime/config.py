@@ -33,6 +33,12 @@ def _positive(name: str, value: int | None) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value}")
 
 
+def _whole_count(name: str, value: object) -> None:
+    """A positive ``int`` (not a bool, a float or a numeric string)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Which model to load and how.
@@ -233,17 +239,23 @@ class SpeculativeConfig:
     disable_by_batch_size: int | None = None
 
     def __post_init__(self) -> None:
-        if self.method not in ("ngram", "draft_model"):
+        # The values come from JSON: check types too (a bool is no count, 2.5 no token).
+        if not isinstance(self.method, str) or self.method not in ("ngram", "draft_model"):
             raise ValueError(
                 f"speculative_config method must be 'ngram' or 'draft_model', got {self.method!r}"
+            )
+        if self.model is not None and not isinstance(self.model, str):
+            raise ValueError(
+                f"speculative_config model must be a path or hub id (a string), got {self.model!r}"
             )
         if self.method == "draft_model" and not self.model:
             raise ValueError("speculative_config method 'draft_model' needs 'model' (a path)")
         if self.method == "ngram" and self.model is not None:
             raise ValueError("speculative_config 'model' is only for method 'draft_model'")
-        _positive("speculative_config num_speculative_tokens", self.num_speculative_tokens)
-        _positive("speculative_config prompt_lookup_min", self.prompt_lookup_min)
-        _positive("speculative_config disable_by_batch_size", self.disable_by_batch_size)
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+            _whole_count(f"speculative_config {name}", getattr(self, name))
+        if self.disable_by_batch_size is not None:
+            _whole_count("speculative_config disable_by_batch_size", self.disable_by_batch_size)
         if self.prompt_lookup_max < self.prompt_lookup_min:
             raise ValueError(
                 f"speculative_config prompt_lookup_max ({self.prompt_lookup_max}) must be >= "
