@@ -93,12 +93,14 @@ class CacheConfig:
 
     On CPU the cache is sized from ``kv_cache_memory_bytes``; on CUDA from
     ``gpu_memory_utilization`` after a profiling forward. ``num_blocks_override`` wins over both
-    (tests use it to force preemption).
+    (tests use it to force preemption). ``kv_cache_memory_bytes=None`` (the offline ``tokenwire
+    generate`` without ``--kv-cache-memory``): ``DEFAULT_CPU_KV_BYTES`` at most, and no more
+    than ``max_num_seqs`` sequences of ``max_model_len`` tokens can use.
     """
 
     block_size: int = 16
     enable_prefix_caching: bool = True
-    kv_cache_memory_bytes: int = DEFAULT_CPU_KV_BYTES
+    kv_cache_memory_bytes: int | None = DEFAULT_CPU_KV_BYTES
     gpu_memory_utilization: float = 0.9
     num_blocks_override: int | None = None
     # At most this fraction of KV blocks stays pinned by idle sessions between turns.

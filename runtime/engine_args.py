@@ -259,10 +259,11 @@ class EngineArgs:
         "CUDA: fraction of device memory for weights, activations and the KV cache",
         type=float,
     )
-    kv_cache_memory_bytes: int = _arg(
+    kv_cache_memory_bytes: int | None = _arg(
         CacheConfig,
         "kv_cache_memory_bytes",
-        "CPU: KV cache size in bytes",
+        "CPU: KV cache size in bytes (tokenwire generate without it: what its one prompt "
+        "can use, one --max-model-len sequence, at most this default)",
         flag="--kv-cache-memory",
         type=int,
         metavar="BYTES",
