@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
 
 from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
@@ -23,6 +22,7 @@ from tokenwire.server.grpc.convert import Limits
 from tokenwire.server.grpc.generation import GenerationService, OutputReaders
 from tokenwire.server.grpc.guard import MalformedRequestInterceptor
 from tokenwire.server.grpc.models import ModelService
+from tokenwire.server.grpc.reflection import enable_reflection
 from tokenwire.server.grpc.session import SessionHandler
 from tokenwire.server.telemetry.core import Telemetry
 from tokenwire.server.tenants.config import TenantConfig
@@ -150,9 +150,7 @@ class GrpcServer:
         )
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (*SERVICE_NAMES, "grpc.health.v1.Health", reflection.SERVICE_NAME), self.server
-        )
+        enable_reflection((*SERVICE_NAMES, "grpc.health.v1.Health"), self.server)  # v1, v1alpha
         self.port = 0
         engine.on_dead(self._engine_died)
 
