@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import MutableMapping
 from typing import Any, Literal
 
 import structlog
@@ -41,7 +42,9 @@ def _renderer(fmt: LogFormat) -> Any:
     return structlog.processors.JSONRenderer()
 
 
-def _drop_color_message(logger: Any, name: str, event: dict[str, Any]) -> dict[str, Any]:
+def _drop_color_message(
+    logger: Any, name: str, event: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
     """uvicorn passes a copy of its message with terminal colour codes as ``extra``."""
     event.pop("color_message", None)
     return event
