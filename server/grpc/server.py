@@ -110,7 +110,7 @@ class GrpcServer:
         tokenizer = engine.tokenizer
         self.tokenizers = None
         if tokenizer is not None:
-            max_prompt_bytes = limits.prompt_bytes(engine.info.max_model_len)
+            max_prompt_bytes = settings.limits.prompt_bytes(engine.info.max_model_len)
             self.tokenizers = TokenizerPool(tokenizer, max_prompt_bytes)
         self.sessions = SessionHandler(
             engine,
