@@ -35,8 +35,9 @@ dev: $(VENV)/.installed
 test: lint typecheck
 	$(PY) -m pytest -q
 
+# Flags go through ARGS: make serve ARGS="--grpc-port 50052 --port 8001 MODEL"
 serve: dev
-	$(VENV)/bin/tokenwire serve
+	$(VENV)/bin/tokenwire serve $(ARGS)
 
 lint: dev
 	$(VENV)/bin/ruff check .

@@ -33,6 +33,12 @@ def _positive(name: str, value: int | None) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value}")
 
 
+def _whole_count(name: str, value: object) -> None:
+    """A positive ``int`` (not a bool, a float or a numeric string)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Which model to load and how.
@@ -90,12 +96,14 @@ class CacheConfig:
 
     On CPU the cache is sized from ``kv_cache_memory_bytes``; on CUDA from
     ``gpu_memory_utilization`` after a profiling forward. ``num_blocks_override`` wins over both
-    (tests use it to force preemption).
+    (tests use it to force preemption). ``kv_cache_memory_bytes=None`` (the offline ``tokenwire
+    generate`` without ``--kv-cache-memory``): ``DEFAULT_CPU_KV_BYTES`` at most, and no more
+    than ``max_num_seqs`` sequences of ``max_model_len`` tokens can use.
     """
 
     block_size: int = 16
     enable_prefix_caching: bool = True
-    kv_cache_memory_bytes: int = DEFAULT_CPU_KV_BYTES
+    kv_cache_memory_bytes: int | None = DEFAULT_CPU_KV_BYTES
     gpu_memory_utilization: float = 0.9
     num_blocks_override: int | None = None
     # At most this fraction of KV blocks stays pinned by idle sessions between turns.
@@ -236,17 +244,23 @@ class SpeculativeConfig:
     disable_by_batch_size: int | None = None
 
     def __post_init__(self) -> None:
-        if self.method not in ("ngram", "draft_model"):
+        # The values come from JSON: check types too (a bool is no count, 2.5 no token).
+        if not isinstance(self.method, str) or self.method not in ("ngram", "draft_model"):
             raise ValueError(
                 f"speculative_config method must be 'ngram' or 'draft_model', got {self.method!r}"
+            )
+        if self.model is not None and not isinstance(self.model, str):
+            raise ValueError(
+                f"speculative_config model must be a path or hub id (a string), got {self.model!r}"
             )
         if self.method == "draft_model" and not self.model:
             raise ValueError("speculative_config method 'draft_model' needs 'model' (a path)")
         if self.method == "ngram" and self.model is not None:
             raise ValueError("speculative_config 'model' is only for method 'draft_model'")
-        _positive("speculative_config num_speculative_tokens", self.num_speculative_tokens)
-        _positive("speculative_config prompt_lookup_min", self.prompt_lookup_min)
-        _positive("speculative_config disable_by_batch_size", self.disable_by_batch_size)
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+            _whole_count(f"speculative_config {name}", getattr(self, name))
+        if self.disable_by_batch_size is not None:
+            _whole_count("speculative_config disable_by_batch_size", self.disable_by_batch_size)
         if self.prompt_lookup_max < self.prompt_lookup_min:
             raise ValueError(
                 f"speculative_config prompt_lookup_max ({self.prompt_lookup_max}) must be >= "

@@ -44,28 +44,40 @@ _CONFIGS = (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, LoRAConfi
 
 
 def parse_speculative_config(text: str) -> SpeculativeConfig:
-    """``--speculative-config '{"method": "ngram", "num_speculative_tokens": 4}'``."""
+    """``--speculative-config '{"method": "ngram", "num_speculative_tokens": 4}'`` (argparse
+    names the flag in front of the message)."""
+    try:
+        return speculative_config_from_json(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def speculative_config_from_json(text: str) -> SpeculativeConfig:
     try:
         data = json.loads(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}") from None
+        shown = text if len(text) <= 80 else text[:80] + "..."
+        raise ValueError(f"expected a JSON object, got {shown!r}") from None
     return speculative_config(data)
 
 
 def speculative_config(data: Any) -> SpeculativeConfig:
-    """A ``SpeculativeConfig`` from vLLM's JSON keys (unknown keys are refused)."""
+    """A ``SpeculativeConfig`` from vLLM's JSON keys: unknown keys are refused and
+    ``num_speculative_tokens`` is required (as in vLLM). A ``ValueError``'s message names the
+    key at fault, not the flag (callers add ``--speculative-config``)."""
     if not isinstance(data, dict):
-        raise argparse.ArgumentTypeError("--speculative-config must be a JSON object")
+        raise ValueError(f"expected a JSON object, got {type(data).__name__} {data!r:.80}")
     known = {f.name for f in dataclasses.fields(SpeculativeConfig)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise argparse.ArgumentTypeError(
-            f"--speculative-config has unknown keys {unknown}; known: {sorted(known)}"
-        )
+        raise ValueError(f"unknown keys {unknown}; known: {sorted(known)}")
     try:
-        return SpeculativeConfig(**data)
+        config = SpeculativeConfig(**data)
     except (TypeError, ValueError) as exc:
-        raise argparse.ArgumentTypeError(f"--speculative-config: {exc}") from None
+        raise ValueError(str(exc).removeprefix("speculative_config ")) from None
+    if "num_speculative_tokens" not in data:
+        raise ValueError("num_speculative_tokens is required (the tokens drafted per step)")
+    return config
 
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)([kKmMgG])")
@@ -256,10 +268,11 @@ class EngineArgs:
         "CUDA: fraction of device memory for weights, activations and the KV cache",
         type=float,
     )
-    kv_cache_memory_bytes: int = _arg(
+    kv_cache_memory_bytes: int | None = _arg(
         CacheConfig,
         "kv_cache_memory_bytes",
-        "CPU: KV cache size in bytes",
+        "CPU: KV cache size in bytes (tokenwire generate without it: what its one prompt "
+        "can use, one --max-model-len sequence, at most this default)",
         flag="--kv-cache-memory",
         type=int,
         metavar="BYTES",
@@ -495,9 +508,11 @@ def _speculative(value: Any) -> SpeculativeConfig | None:
     if value is None or isinstance(value, SpeculativeConfig):
         return value
     try:
+        if isinstance(value, str):  # the flag's JSON text
+            return speculative_config_from_json(value)
         return speculative_config(value)
-    except argparse.ArgumentTypeError as exc:
-        raise ValueError(str(exc)) from None
+    except ValueError as exc:
+        raise ValueError(f"--speculative-config: {exc}") from None
 
 
 def _max_model_len(value: int | str | None) -> int | None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from tokenwire.kernels.kv_quant import FP8_KV_DTYPE, LayerKVCache
-from tokenwire.runtime.config import CacheConfig
+from tokenwire.runtime.config import DEFAULT_CPU_KV_BYTES, CacheConfig
 from tokenwire.runtime.models.arch import ModelArch
 
 # CUDA activation reserve when no profiled block count is passed in (bytes).
@@ -51,10 +51,13 @@ def num_blocks_for(
     dtype: torch.dtype,
     tp_size: int = 1,
     extra_bytes_per_block: int = 0,
+    usable_blocks: int | None = None,
 ) -> int:
     """Blocks that fit one rank's budget (CPU: ``kv_cache_memory_bytes`` per rank) for a model
     of ``dtype``, stored as ``cache_config.kv_cache_dtype`` says. ``extra_bytes_per_block``:
-    another cache addressed by the same blocks (a draft model's) shares the budget."""
+    another cache addressed by the same blocks (a draft model's) shares the budget.
+    ``usable_blocks``: the most the scheduler's sequences can hold at once, the cap of an
+    automatic CPU budget (``kv_cache_memory_bytes=None``)."""
     if cache_config.num_blocks_override is not None:
         return cache_config.num_blocks_override
     kv_dtype = kv_cache_torch_dtype(cache_config.kv_cache_dtype, dtype)
@@ -66,9 +69,12 @@ def num_blocks_for(
         budget -= torch.cuda.memory_allocated(device) + _CUDA_ACTIVATION_RESERVE
         flag = "--gpu-memory-utilization"
     else:
-        budget = cache_config.kv_cache_memory_bytes
+        budget = cache_config.kv_cache_memory_bytes or DEFAULT_CPU_KV_BYTES
         flag = "--kv-cache-memory"
     num_blocks = budget // per_block
+    automatic = device.type != "cuda" and cache_config.kv_cache_memory_bytes is None
+    if automatic and usable_blocks is not None:
+        num_blocks = min(num_blocks, max(2, usable_blocks))
     if num_blocks < 2:
         raise ValueError(
             f"no room for the KV cache ({budget} bytes available, {per_block} per block): "
@@ -111,13 +117,14 @@ class KVCache:
         num_blocks: int | None = None,
         tp_size: int = 1,
         extra_bytes_per_block: int = 0,
+        usable_blocks: int | None = None,
     ) -> KVCache:
         """This rank's cache for a model of ``dtype``. ``num_blocks``: a count already sized for
         this device (CUDA profiling, or the minimum over TP ranks); else sized here, sharing
         the budget with ``extra_bytes_per_block`` of another cache (``num_blocks_for``)."""
         if num_blocks is None:
             num_blocks = num_blocks_for(
-                arch, cache_config, device, dtype, tp_size, extra_bytes_per_block
+                arch, cache_config, device, dtype, tp_size, extra_bytes_per_block, usable_blocks
             )
         shape = (
             arch.num_hidden_layers,

@@ -51,8 +51,11 @@ def build_caches(
         )
         cuda = CudaExecutor(loaded, kv_cache, max_num_seqs, max_num_batched_tokens, enforce_eager)
     else:
+        # An automatic CPU budget holds no more than the scheduler's sequences can use.
+        per_seq = -(-loaded.max_model_len // cache_config.block_size)
+        usable = 1 + max_num_seqs * per_seq  # block 0 is the null block
         kv_cache = KVCache.allocate(
-            loaded.arch, cache_config, device, loaded.dtype, None, tp_size, extra
+            loaded.arch, cache_config, device, loaded.dtype, None, tp_size, extra, usable
         )
     drafter = None
     if draft is not None:  # the same blocks, the draft's own layers and heads

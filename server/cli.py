@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 
@@ -25,12 +26,22 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.set_defaults(func=_run_generate)
 
 
+def generate_engine_args(args: argparse.Namespace) -> EngineArgs:
+    """``generate``'s engine: one prompt, one sequence. Without ``--kv-cache-memory`` the CPU
+    cache holds what that sequence can use (one ``--max-model-len`` of blocks, at most the
+    default budget) instead of the server's 2 GiB, most of which it would never touch."""
+    engine_args = EngineArgs.from_cli_args(args)
+    if engine_args.kv_cache_memory_bytes == EngineArgs.kv_cache_memory_bytes:  # not given
+        engine_args = dataclasses.replace(engine_args, kv_cache_memory_bytes=None, max_num_seqs=1)
+    return engine_args
+
+
 def _run_generate(args: argparse.Namespace) -> int:
     from tokenwire.runtime.llm import LLM
     from tokenwire.runtime.sampling_params import SamplingParams
     from tokenwire.runtime.tokenizer import apply_chat_template
 
-    llm = LLM.from_engine_args(EngineArgs.from_cli_args(args))
+    llm = LLM.from_engine_args(generate_engine_args(args))
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,

@@ -150,25 +150,38 @@ def load_draft_model(
         generation_config="vllm",
         max_model_len=None,
     )
-    draft = load_model(config, target.device, target.dtype, tp)
+    draft = _load(config, spec.model, target, tp)
     if draft.arch.vocab_size != target.arch.vocab_size:
         raise ValueError(
-            f"speculative_config model {spec.model!r} has vocab_size "
+            f"--speculative-config model {spec.model!r} has vocab_size "
             f"{draft.arch.vocab_size}, the target {target.arch.vocab_size}: the draft must "
             "use the target's tokenizer"
         )
     if same_vocabulary(draft.tokenizer_dir, target.tokenizer_dir) is False:
         raise ValueError(
-            f"speculative_config model {spec.model!r} has a different tokenizer vocabulary "
+            f"--speculative-config model {spec.model!r} has a different tokenizer vocabulary "
             "than the target: the draft must use the target's tokenizer"
         )
     if draft.max_model_len < target.max_model_len:
         raise ValueError(
-            f"speculative_config model {spec.model!r} has a context of {draft.max_model_len} "
+            f"--speculative-config model {spec.model!r} has a context of {draft.max_model_len} "
             f"tokens, fewer than the target's max_model_len {target.max_model_len}: lower "
             "--max-model-len"
         )
     return draft
+
+
+def _load(config: ModelConfig, name: str, target: LoadedModel, tp: TPGroup) -> LoadedModel:
+    """Load the draft; any failure is a startup error naming ``--speculative-config`` (the
+    loader's own messages name ``--model``'s argument, ``model: ...``)."""
+    try:
+        return load_model(config, target.device, target.dtype, tp)
+    except (OSError, ValueError) as exc:
+        reason = str(exc).removeprefix("model: ")
+    except Exception as exc:  # an unreadable checkpoint: safetensors', torch's own errors
+        reason = f"cannot read its weights ({type(exc).__name__}: {exc})"
+    reason = " ".join(reason.split())  # one line
+    raise ValueError(f"--speculative-config model {name!r}: {reason}")
 
 
 def same_vocabulary(a: Path | None, b: Path | None) -> bool | None:

@@ -43,10 +43,14 @@ class ConnectionSettings:
         if grace is not None and grace < 0:
             raise ValueError("--grpc-max-connection-age-grace must be >= 0")
 
+    def send_bytes(self, max_message_bytes: int) -> int:
+        """The largest response message the server sends."""
+        return self.max_send_message_bytes or max_message_bytes
+
     def server_options(self, max_message_bytes: int) -> list[tuple[str, int]]:
         """grpc-core channel arguments of the server."""
         receive = self.max_receive_message_bytes or max_message_bytes
-        send = self.max_send_message_bytes or max_message_bytes
+        send = self.send_bytes(max_message_bytes)
         options = [
             ("grpc.max_receive_message_length", receive),
             ("grpc.max_send_message_length", send),

@@ -44,6 +44,9 @@ class Limits:
     max_stop_sequence_chars: int = 256
     # UTF-8 bytes of prompt text accepted before tokenizing; None: 32 per context token.
     max_prompt_bytes: int | None = None
+    # The largest response message (the gRPC send limit; the server sets it): a larger one
+    # fails RESOURCE_EXHAUSTED RESPONSE_TOO_LARGE (server/grpc/send_limit.py). None: no check.
+    max_response_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_prompt_bytes is not None and self.max_prompt_bytes <= 0:

@@ -27,6 +27,7 @@ from tokenwire.server.grpc.adapters import resolve_model
 from tokenwire.server.grpc.call_context import CallContext, call_context, caller_of
 from tokenwire.server.grpc.call_context import internal_request_id as internal_id
 from tokenwire.server.grpc.errors import abort, renamed, to_service_error
+from tokenwire.server.grpc.send_limit import check_size
 from tokenwire.server.grpc.session import SessionHandler
 from tokenwire.server.grpc.tools import (
     ChatTooling,
@@ -191,12 +192,14 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         async with self._request(context, request, "generate") as sub:
             output = await _final_output(sub.stream, sub.lease)
             self.telemetry.record_completion(sub.record, [c.text for c in output.outputs])
-            return generation_pb2.GenerateResponse(
+            response = generation_pb2.GenerateResponse(
                 request_id=sub.call.request_id,
                 model=sub.model,
                 choices=[_choice(c, sub.num_top, sub.parsing) for c in output.outputs],
                 usage=convert.usage(output),
             )
+            check_size(response, self.limits.max_response_bytes)  # the call's status if not
+            return response
         raise AssertionError("unreachable: _request re-raises every failure as an abort")
 
     async def GenerateStream(
@@ -204,6 +207,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
     ) -> Events:
         async with self._request(context, request, "generate_stream") as sub:
             async for event in self._stream_events(sub):
+                check_size(event, self.limits.max_response_bytes)
                 yield event
 
     async def _stream_events(self, sub: _Submitted) -> Events:

@@ -4,13 +4,13 @@ connection management (keepalive, connection age, message sizes, concurrent-RPC 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
 
 from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.tokenizer_pool import TokenizerPool
@@ -23,6 +23,7 @@ from tokenwire.server.grpc.convert import Limits
 from tokenwire.server.grpc.generation import GenerationService, OutputReaders
 from tokenwire.server.grpc.guard import MalformedRequestInterceptor
 from tokenwire.server.grpc.models import ModelService
+from tokenwire.server.grpc.reflection import enable_reflection
 from tokenwire.server.grpc.session import SessionHandler
 from tokenwire.server.telemetry.core import Telemetry
 from tokenwire.server.tenants.config import TenantConfig
@@ -98,7 +99,10 @@ class GrpcServer:
         interceptors = list(telemetry.grpc_interceptors())
         if self.tenants.auth_required:  # before the decode guard: no key, no parsing
             interceptors.append(ApiKeyInterceptor(self.tenants))
-        interceptors.append(MalformedRequestInterceptor())
+        # Every handler checks its responses against the send limit before grpc-core does.
+        send_limit = settings.connection.send_bytes(settings.max_message_bytes)
+        limits = dataclasses.replace(settings.limits, max_response_bytes=send_limit)
+        interceptors.append(MalformedRequestInterceptor(send_limit))
         self.server = grpc.aio.server(
             interceptors=interceptors,
             options=settings.connection.server_options(settings.max_message_bytes),
@@ -121,7 +125,7 @@ class GrpcServer:
         self.sessions = SessionHandler(
             engine,
             model_name,
-            settings.limits,
+            limits,
             self.tokenizers,
             settings.max_sessions,
             settings.session_idle_timeout,
@@ -132,7 +136,7 @@ class GrpcServer:
             GenerationService(
                 engine,
                 model_name,
-                settings.limits,
+                limits,
                 self.tokenizers,
                 self.sessions,
                 telemetry,
@@ -145,7 +149,7 @@ class GrpcServer:
             ModelService(
                 engine,
                 model_name,
-                settings.limits,
+                limits,
                 self.tokenizers,
                 settings.max_sessions,
                 self.tenants.auth_required,
@@ -156,9 +160,7 @@ class GrpcServer:
         )
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (*SERVICE_NAMES, "grpc.health.v1.Health", reflection.SERVICE_NAME), self.server
-        )
+        enable_reflection((*SERVICE_NAMES, "grpc.health.v1.Health"), self.server)  # v1, v1alpha
         self.port = 0
         engine.on_dead(self._engine_died)
 

@@ -37,6 +37,7 @@ from tokenwire.server.grpc.errors import (
     to_service_error,
 )
 from tokenwire.server.grpc.guard import checked_messages
+from tokenwire.server.grpc.send_limit import check_size
 from tokenwire.server.grpc.session_messages import (
     notice,
     turn_delta,
@@ -304,7 +305,10 @@ class _Session:
         num_top: int | None,
         lease: Lease,
     ) -> None:
-        put = self.out.put_nowait
+        def put(message: pb.SessionResponse) -> None:
+            check_size(message, self.handler.limits.max_response_bytes)  # fails the turn
+            self.out.put_nowait(message)
+
         async for item in stream:
             if isinstance(item, RequestStarted):
                 put(turn_started(number, self.state.session_id, item))

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from tokenwire.runtime.engine.protocol import EngineClient
+from tokenwire.runtime.request import FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.stats import RequestStats, StepStats
 from tokenwire.server.telemetry.logs import get_logger
@@ -33,7 +34,8 @@ from tokenwire.server.telemetry.tracing import (
 from tokenwire.server.tenants.limits import LimitExceeded
 
 _PROPAGATOR = TraceContextTextMapPropagator()  # stateless
-# The metrics' tenant of an engine request without a handler record (engine-only callers).
+# The metrics' tenant of a request whose record names none. Engine requests without a record
+# (the startup warm-up) are no client's: no request metric, step metric or log line counts them.
 DEFAULT_TENANT_LABEL = "default"
 
 
@@ -82,12 +84,15 @@ class Telemetry:
         self.metrics = EngineMetrics(self.model_name, gauges)
 
     def grpc_interceptors(self) -> list[Any]:
-        """The OTel grpc.aio server interceptor (RPC spans, W3C context from metadata)."""
+        """The OTel grpc.aio server interceptor (RPC spans, W3C context from metadata).
+        Health checks get no span: probes would flood the traces, and the interceptor's
+        stream wrapper cannot run health's Watch (a coroutine that writes its replies)."""
         if self.provider is None:
             return []
-        from opentelemetry.instrumentation.grpc import aio_server_interceptor
+        from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
-        return [aio_server_interceptor(tracer_provider=self.provider)]
+        not_health = filters.negate(filters.health_check())
+        return [aio_server_interceptor(tracer_provider=self.provider, filter_=not_health)]
 
     def exposition(self) -> bytes:
         return b"" if self.metrics is None else self.metrics.exposition()
@@ -99,6 +104,8 @@ class Telemetry:
 
     # ------------------------------------------------------------------ engine observer
     def on_step(self, stats: StepStats) -> None:
+        if not any(self._lookup(rid) is not None for rid in stats.scheduled):
+            return  # no client request in it: the startup warm-up
         if self.metrics is not None:
             self.metrics.on_step(stats)
         if self.spans is not None:
@@ -106,10 +113,13 @@ class Telemetry:
 
     def on_request_finished(self, stats: RequestStats) -> None:
         record = self._lookup(stats.request_id)
-        if self.metrics is not None:
-            tenant = record.attributes.get("tenant") if record is not None else None
-            self.metrics.on_request_finished(stats, tenant or DEFAULT_TENANT_LABEL)
-        if record is not None and record.add_stats(stats):
+        if record is None:
+            # Not a client request: the startup warm-up (no handler opened a record), or a
+            # request whose record an engine fault completed already (counted then).
+            return
+        # A client request is counted once its call has ended too (``_finalize``): the
+        # metrics then say what the client got, not only how the engine ended it.
+        if record.add_stats(stats):
             self._finalize(record)
 
     def _lookup(self, engine_id: str) -> RequestRecord | None:
@@ -216,6 +226,14 @@ class Telemetry:
     def _finalize(self, record: RequestRecord) -> None:
         if self._records.get(record.internal_id) is record:
             del self._records[record.internal_id]
+        if self.metrics is not None:
+            tenant = record.attributes.get("tenant") or DEFAULT_TENANT_LABEL
+            outcome = client_finish_reason(record.status)
+            for stats in record.stats:
+                self.metrics.on_request_finished(stats, tenant, outcome)
+            # An engine fault completed the record before the engine reported every choice.
+            for _ in range((record.expected or 0) - len(record.stats)):
+                self.metrics.request_failed(tenant, outcome or FinishReason.ERROR.value)
         summary = summarize(record.stats) if record.stats else None
         if record.span is not None and self.spans is not None:
             if summary is not None:
@@ -241,6 +259,17 @@ class Telemetry:
         else:
             fields.update(_summary_fields(summary))
         self.log.info("request_finished", **fields)
+
+
+def client_finish_reason(status: str | None) -> str | None:
+    """The ``finish_reason`` label of a request whose call ended with ``status``: None for
+    OK (the engine's own reasons), "cancelled" for a call the client cancelled or let
+    expire, "error" for any other failure (e.g. a response over the send limit)."""
+    if status == "OK":
+        return None
+    if status in ("CANCELLED", "DEADLINE_EXCEEDED"):
+        return FinishReason.CANCELLED.value
+    return FinishReason.ERROR.value
 
 
 def _summary_fields(summary: Any) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import MutableMapping
 from typing import Any, Literal
 
 import structlog
@@ -35,10 +36,18 @@ def _shared_processors() -> list[Any]:
 
 
 def _renderer(fmt: LogFormat) -> Any:
-    console = fmt == "console" or (fmt == "auto" and sys.stdout.isatty())
-    if console:
-        return structlog.dev.ConsoleRenderer()
+    tty = sys.stdout.isatty()
+    if fmt == "console" or (fmt == "auto" and tty):
+        return structlog.dev.ConsoleRenderer(colors=tty)  # no escape codes in a file or pipe
     return structlog.processors.JSONRenderer()
+
+
+def _drop_color_message(
+    logger: Any, name: str, event: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """uvicorn passes a copy of its message with terminal colour codes as ``extra``."""
+    event.pop("color_message", None)
+    return event
 
 
 def configure_logging(fmt: LogFormat = "auto", level: int = logging.INFO) -> None:
@@ -56,7 +65,7 @@ def configure_logging(fmt: LogFormat = "auto", level: int = logging.INFO) -> Non
         cache_logger_on_first_use=True,
     )
     formatter = structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder()],
+        foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder(), _drop_color_message],
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             structlog.processors.format_exc_info,

@@ -178,8 +178,13 @@ class EngineMetrics:
             for position, count in enumerate(stats.accepted_per_pos):
                 self._spec_accepted_per_pos.labels(self._model, str(position)).inc(count)
 
-    def on_request_finished(self, stats: RequestStats, tenant: str = "default") -> None:
-        self._success.labels(self._model, stats.finish_reason.value, tenant).inc()
+    def on_request_finished(
+        self, stats: RequestStats, tenant: str = "default", finish_reason: str | None = None
+    ) -> None:
+        """``finish_reason``: what the client saw when it was not the engine's reason (a
+        call that failed after the engine finished: "error"; None: ``stats``' own)."""
+        reason = finish_reason or stats.finish_reason.value
+        self._success.labels(self._model, reason, tenant).inc()
         self._prompt_tokens.labels(self._model, tenant).inc(stats.num_prompt_tokens)
         self._generation_tokens.labels(self._model, tenant).inc(stats.num_output_tokens)
         self.prefix_queries.inc(stats.num_prompt_tokens)
@@ -195,6 +200,10 @@ class EngineMetrics:
                 )
                 for _ in range(stats.num_output_tokens - 1):
                     self.itl.observe(mean)
+
+    def request_failed(self, tenant: str, finish_reason: str) -> None:
+        """A request that ended without an engine record (an engine fault)."""
+        self._success.labels(self._model, finish_reason, tenant).inc()
 
     def rate_limited(self, tenant: str, limit: str) -> None:
         """A tenant's limit refused a request (event loop)."""
