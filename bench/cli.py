@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from tokenwire.bench.roofline import DEVICES
 from tokenwire.bench.workloads import WORKLOADS
-from tokenwire.runtime.bundled_configs import BUNDLED_CONFIGS
 from tokenwire.runtime.engine_args import EngineArgs
+from tokenwire.runtime.loader.bundled_configs import BUNDLED_CONFIGS
 
 if TYPE_CHECKING:
     from tokenwire.bench.lora import LoRABenchConfig

@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass
 
 from tokenwire.bench.edit_texts import edit_messages
-from tokenwire.runtime.tokenizer import Tokenizer, apply_chat_template
+from tokenwire.runtime.front.tokenizer import Tokenizer, apply_chat_template
 
 WORKLOADS = ("fixed", "mixed", "cpu", "repeat", "edit")
 # ``repeat``: answers that copy from their prompts (what prompt-lookup speculation is for):
@@ -85,8 +85,8 @@ def bench_tokenizer(path: str | None) -> Tokenizer:
     """The tokenizer of a model folder / hub id (``--tokenizer``), else the default model's,
     for workloads whose prompts are text."""
     from tokenwire.runtime.config import ModelConfig
-    from tokenwire.runtime.model_loader import model_source
-    from tokenwire.runtime.tokenizer import load_tokenizer
+    from tokenwire.runtime.front.tokenizer import load_tokenizer
+    from tokenwire.runtime.loader.source import model_source
 
     folder = model_source(ModelConfig(model=path)).folder
     tokenizer = load_tokenizer(folder)

@@ -8,7 +8,7 @@ because ``max_num_seqs`` itself is always the last one.
 Padding rows are harmless one-token decodes (``AttentionMetadata``'s layout holds, with
 ``num_decodes = bucket``): token 0 at position 0, ``slot_mapping = -1`` (``store_kv`` skips
 it) and ``seq_len = 0`` (the split-KV decode kernel reads no key and writes zeros), so their
-block-table row is never read. ``runtime/cuda_graphs.write_padded_decode`` applies these
+block-table row is never read. ``runtime/worker/cuda_graphs.write_padded_decode`` applies these
 values. Pure Python: no torch, no device.
 """
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tokenwire.runtime.outputs import CompletionOutput, Logprob, RequestOutput
-from tokenwire.runtime.request import FinishReason
+from tokenwire.runtime.outputs import CompletionOutput, FinishReason, Logprob, RequestOutput
 from tokenwire.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:

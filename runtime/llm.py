@@ -17,19 +17,19 @@ from tokenwire.runtime.engine.core import EngineCore
 from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.executor.uniproc import UniprocExecutor
-from tokenwire.runtime.generation_config import loaded_model_defaults
-from tokenwire.runtime.lora.request import LoRARequest
-from tokenwire.runtime.output_processor import ChoiceDelta, OutputProcessor
-from tokenwire.runtime.outputs import RequestOutput
-from tokenwire.runtime.sampling_params import SamplingParams, normalize_params
-from tokenwire.runtime.stats import EngineObserver
-from tokenwire.runtime.structured.validate import StructuredValidator
-from tokenwire.runtime.tokenizer import (
+from tokenwire.runtime.front.output_processor import OutputProcessor
+from tokenwire.runtime.front.structured_validate import StructuredValidator
+from tokenwire.runtime.front.tokenizer import (
     Tokenizer,
     apply_chat_template,
     load_chat_template,
     load_tokenizer,
 )
+from tokenwire.runtime.loader.generation_config import loaded_model_defaults
+from tokenwire.runtime.lora.request import LoRARequest
+from tokenwire.runtime.outputs import ChoiceDelta, RequestOutput
+from tokenwire.runtime.sampling_params import SamplingParams, normalize_params
+from tokenwire.runtime.stats import EngineObserver
 
 Prompt = str | list[int]
 Messages = list[dict[str, str]]

@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from tokenwire.runtime.model_output import TokenLogprobs
-from tokenwire.runtime.request import FinishReason
+
+
+class FinishReason(enum.StrEnum):
+    """Why a choice ended. Finer than OpenAI's: the REST shim (``server/rest/responses.py``)
+    maps these to OpenAI's ``finish_reason`` values."""
+
+    LENGTH = "length"  # max_tokens reached
+    CONTEXT_LENGTH = "context_length"  # prompt + output reached max_model_len
+    EOS = "eos"
+    STOP_TOKEN = "stop_token"  # one of stop_token_ids
+    STOP_SEQUENCE = "stop_sequence"  # one of the stop strings
+    TIME_LIMIT = "time_limit"
+    CANCELLED = "cancelled"
+    ERROR = "error"
 
 
 @dataclass(slots=True)
@@ -67,3 +81,25 @@ class RequestOutput:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     finished: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ChoiceDelta:
+    """New output of one choice in one step. Concatenated ``text`` deltas equal the final text."""
+
+    request_id: str
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[PositionLogprobs] | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStarted:
+    """A request produced its first output: it was admitted and its prefill ran."""
+
+    request_id: str
+    num_prompt_tokens: int
+    num_cached_tokens: int

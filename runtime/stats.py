@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from tokenwire.runtime.request import FinishReason
+from tokenwire.runtime.outputs import FinishReason
 
 StepPhase = Literal["prefill", "decode", "mixed"]
 

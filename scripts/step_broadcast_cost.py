@@ -25,7 +25,7 @@ import torch
 
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.distributed.init import free_loopback_port
-from tokenwire.runtime.executor.messages import ExecutorCodec, Step
+from tokenwire.runtime.ipc.worker_messages import ExecutorCodec, Step
 from tokenwire.runtime.scheduler_output import CachedRequestData, SchedulerOutput
 
 

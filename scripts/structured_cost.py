@@ -26,11 +26,11 @@ from typing import Any
 
 from tokenwire.bench.structured_schemas import ALL_SCHEMAS
 from tokenwire.bench.throughput import StepRecorder
+from tokenwire.runtime.front.structured_validate import parse_grammar
+from tokenwire.runtime.front.tokenizer import apply_chat_template
 from tokenwire.runtime.llm import LLM
 from tokenwire.runtime.sampling_params import SamplingParams, StructuredOutputsParams
 from tokenwire.runtime.structured.compiler import GrammarCompilerPool
-from tokenwire.runtime.structured.validate import parse_grammar
-from tokenwire.runtime.tokenizer import apply_chat_template
 
 PEOPLE = {
     "type": "object",

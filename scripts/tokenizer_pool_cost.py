@@ -17,10 +17,10 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 
-from tokenwire.runtime.default_model import default_gguf_path
-from tokenwire.runtime.gguf_convert import ensure_converted
-from tokenwire.runtime.tokenizer import apply_chat_template, load_tokenizer
-from tokenwire.runtime.tokenizer_pool import TokenizerPool
+from tokenwire.runtime.front.tokenizer import apply_chat_template, load_tokenizer
+from tokenwire.runtime.loader.default_model import default_gguf_path
+from tokenwire.runtime.loader.gguf_convert import ensure_converted
+from tokenwire.server.grpc.tokenizer_pool import TokenizerPool
 
 SYSTEM = "You are a helpful assistant. Answer briefly and cite the facts you rely on. " * 4
 QUESTIONS = [f"Question {i}: what is {i} squared, and why does it matter?" for i in range(256)]

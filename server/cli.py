@@ -37,9 +37,9 @@ def generate_engine_args(args: argparse.Namespace) -> EngineArgs:
 
 
 def _run_generate(args: argparse.Namespace) -> int:
+    from tokenwire.runtime.front.tokenizer import apply_chat_template
     from tokenwire.runtime.llm import LLM
     from tokenwire.runtime.sampling_params import SamplingParams
-    from tokenwire.runtime.tokenizer import apply_chat_template
 
     llm = LLM.from_engine_args(generate_engine_args(args))
     params = SamplingParams(

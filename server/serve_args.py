@@ -7,7 +7,6 @@ import argparse
 import os
 
 from tokenwire.runtime.engine_args import EngineArgs
-from tokenwire.runtime.tool_parsers.output import REASONING_PARSERS, TOOL_PARSERS
 from tokenwire.server.grpc.connection import add_connection_arguments, connection_settings
 from tokenwire.server.grpc.convert import Limits
 from tokenwire.server.grpc.server import GrpcSettings
@@ -16,6 +15,7 @@ from tokenwire.server.telemetry.logs import add_log_format_argument
 from tokenwire.server.telemetry.tracing import add_tracing_arguments
 from tokenwire.server.tenants.config import load_tenant_file
 from tokenwire.server.tls.settings import add_ssl_arguments
+from tokenwire.server.tool_parsers.output import REASONING_PARSERS, TOOL_PARSERS
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:

@@ -9,9 +9,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from tokenwire.runtime.block_pool import BlockPool
-from tokenwire.runtime.kv_cache_manager import KVCacheManager
-from tokenwire.runtime.request import Request
+from tokenwire.runtime.core.block_pool import BlockPool
+from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
+from tokenwire.runtime.core.request import Request
 from tokenwire.runtime.sampling_params import SamplingParams
 
 

@@ -19,8 +19,12 @@ from tokenwire.bench.roofline import (
     workload_floor,
 )
 from tokenwire.bench.workloads import make_workload
-from tokenwire.runtime.bundled_configs import BUNDLED_CONFIGS, bundled_config_path, canonical_name
 from tokenwire.runtime.config import ModelConfig
+from tokenwire.runtime.loader.bundled_configs import (
+    BUNDLED_CONFIGS,
+    bundled_config_path,
+    canonical_name,
+)
 from tokenwire.runtime.models.arch import ModelArch
 
 # name -> (architecture, hidden, layers, q heads, kv heads, head_dim, vocab, tied)
@@ -62,15 +66,15 @@ def test_names_and_hf_ids_resolve() -> None:
 
 
 def test_loader_resolves_bundled_name_only_for_dummy() -> None:
-    from tokenwire.runtime.model_loader import _resolve_source
+    from tokenwire.runtime.loader.source import model_source
 
-    source = _resolve_source(ModelConfig(model="llama-3.2-1b", load_format="dummy"))
+    source = model_source(ModelConfig(model="llama-3.2-1b", load_format="dummy"))
     assert source.config_file == bundled_config_path("llama-3.2-1b")
     assert source.served_name == "llama-3.2-1b"
     with pytest.raises(ValueError, match=r"bundled configs: llama-3\.2-1b"):
-        _resolve_source(ModelConfig(model="no-such-model", load_format="dummy"))
+        model_source(ModelConfig(model="no-such-model", load_format="dummy"))
     with pytest.raises(ValueError, match="does not exist"):
-        _resolve_source(ModelConfig(model="llama-3.2-1b"))
+        model_source(ModelConfig(model="llama-3.2-1b"))
 
 
 def _shrunk(name: str, out: Path) -> Path:

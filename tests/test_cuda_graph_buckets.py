@@ -1,5 +1,5 @@
 """CUDA-graph batch-size buckets (pure Python). The padding rule is applied by
-``runtime/cuda_graphs.write_padded_decode`` and tested with it (test_cuda_executor.py,
+``runtime/worker/cuda_graphs.write_padded_decode`` and tested with it (test_cuda_runner.py,
 and against the attention kernel in test_kernels_triton.py)."""
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ import torch
 from conftest import default_gguf_path
 from transformers import AutoModelForCausalLM
 
+from tokenwire.runtime.front.tokenizer import apply_chat_template
 from tokenwire.runtime.llm import LLM
-from tokenwire.runtime.request import FinishReason
+from tokenwire.runtime.outputs import FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams
-from tokenwire.runtime.tokenizer import apply_chat_template
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=30)

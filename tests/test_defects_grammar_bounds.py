@@ -31,12 +31,12 @@ from test_defects_grammar import (
 
 from tokenwire.runtime.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from tokenwire.runtime.engine.core import EngineCore
-from tokenwire.runtime.request import FinishReason
+from tokenwire.runtime.front.structured_validate import StructuredValidator
+from tokenwire.runtime.outputs import FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.structured.compiler import GrammarCompilerPool
 from tokenwire.runtime.structured.config import StructuredOutputsConfig
 from tokenwire.runtime.structured.params import GrammarSpec, StructuredOutputsParams
-from tokenwire.runtime.structured.validate import StructuredValidator
 from tokenwire.v1 import common_pb2, generation_pb2_grpc
 from tokenwire.v1 import generation_pb2 as pb
 

@@ -26,7 +26,7 @@ from grpc_helpers import details_of
 from rest_harness import RestHarness
 from server_harness import MODEL_NAME, ServerHarness
 
-from tokenwire.runtime.tool_parsers.tool_choice import FunctionSpec, ToolChoice
+from tokenwire.server.tool_parsers.tool_choice import FunctionSpec, ToolChoice
 from tokenwire.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 
 

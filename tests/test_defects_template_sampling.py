@@ -18,7 +18,7 @@ from server_harness import MODEL_NAME, ServerHarness
 
 from tokenwire.clients.client import Client
 from tokenwire.runtime.config import ModelConfig
-from tokenwire.runtime.generation_config import default_sampling
+from tokenwire.runtime.loader.generation_config import default_sampling
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.server.grpc.convert import Limits, sampling_params
 from tokenwire.v1 import common_pb2

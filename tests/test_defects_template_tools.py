@@ -18,7 +18,7 @@ from rest_harness import RestHarness
 from serve_process import serve
 from server_harness import MODEL_NAME, ServerHarness
 
-from tokenwire.runtime.tool_parsers.detect import parser_for_template
+from tokenwire.server.tool_parsers.detect import parser_for_template
 
 WEATHER = {
     "type": "function",

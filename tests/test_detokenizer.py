@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from tokenwire.runtime.detokenizer import (
+from tokenwire.runtime.front.detokenizer import (
     IncrementalDetokenizer,
     decode_token,
     find_earliest_stop,

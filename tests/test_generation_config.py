@@ -24,9 +24,9 @@ from server_harness import ServerHarness
 from tokenwire.clients.chat import run_chat
 from tokenwire.clients.client import Client
 from tokenwire.runtime.config import ModelConfig
-from tokenwire.runtime.default_model import DEFAULT_MODEL_SAMPLING
-from tokenwire.runtime.generation_config import default_sampling, from_gguf
 from tokenwire.runtime.llm import LLM
+from tokenwire.runtime.loader.default_model import DEFAULT_MODEL_SAMPLING
+from tokenwire.runtime.loader.generation_config import default_sampling, from_gguf
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.v1 import models_pb2
 

@@ -33,8 +33,8 @@ from test_gguf_reader import llama_cpp_permute, unpermute
 from test_hf_parity import NEW_TOKENS, distinct_prompts, hf_greedy
 
 from tokenwire.kernels.quant_matmul import prepare_w4a16, w4a16_matmul
-from tokenwire.runtime.gguf_convert import converted_dir, ensure_converted
 from tokenwire.runtime.llm import LLM
+from tokenwire.runtime.loader.gguf_convert import converted_dir, ensure_converted
 from tokenwire.runtime.sampling_params import SamplingParams
 
 PROMPTS = distinct_prompts()[:4]

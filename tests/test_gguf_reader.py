@@ -25,9 +25,9 @@ import torch
 from conftest import default_gguf_path
 from gguf import GGMLQuantizationType as QT
 
-from tokenwire.runtime.gguf import GGUFInt4, GGUFInt8, GGUFWeight, iter_gguf_weights
-from tokenwire.runtime.gguf.names import hf_name
-from tokenwire.runtime.gguf_convert import ensure_converted
+from tokenwire.runtime.loader.gguf import GGUFInt4, GGUFInt8, GGUFWeight, iter_gguf_weights
+from tokenwire.runtime.loader.gguf.names import hf_name
+from tokenwire.runtime.loader.gguf_convert import ensure_converted
 
 Array = npt.NDArray[Any]
 

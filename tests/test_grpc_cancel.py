@@ -20,7 +20,7 @@ from grpc_helpers import Recorder, Spy, delta_ids, spy_on
 from grpc_helpers import greedy_request as request
 from server_harness import ServerHarness
 
-from tokenwire.runtime.request import FinishReason
+from tokenwire.runtime.outputs import FinishReason
 from tokenwire.runtime.stats import RequestStats
 from tokenwire.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 

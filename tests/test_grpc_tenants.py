@@ -28,7 +28,7 @@ from rest_harness import RestHarness
 from server_harness import ServerHarness
 
 from tokenwire.runtime.engine.protocol import EngineStatsSnapshot
-from tokenwire.runtime.request import FinishReason
+from tokenwire.runtime.outputs import FinishReason
 from tokenwire.runtime.stats import RequestStats
 from tokenwire.server.telemetry.core import Telemetry
 from tokenwire.server.telemetry.tracing import TracingSettings

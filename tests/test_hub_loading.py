@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tokenwire.runtime.hub import hub_cache_dir, looks_like_hub_id
 from tokenwire.runtime.llm import LLM
+from tokenwire.runtime.loader.hub import hub_cache_dir, looks_like_hub_id
 from tokenwire.runtime.sampling_params import SamplingParams
 
 COMMIT_1 = "1" * 40

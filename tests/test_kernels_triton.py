@@ -294,8 +294,8 @@ def test_decode_padded_to_cuda_graph_bucket() -> None:
     slot -1) attend to nothing and give zeros; real rows are unchanged. As in a replay, the
     static block-table buffer keeps stale block ids past each real row's blocks and in the
     padded rows: attention must never read them."""
-    from tokenwire.runtime.cuda_graphs import write_padded_decode
-    from tokenwire.runtime.input_batch import StepArrays
+    from tokenwire.runtime.worker.cuda_graphs import write_padded_decode
+    from tokenwire.runtime.worker.input_batch import StepArrays
 
     query, _, _, k_cache, v_cache, meta = make_attention_batch(DECODES, 8, 2, 64)
     n = len(DECODES)

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from tokenwire.runtime.errors import ContextLengthError, ParameterError
 from tokenwire.runtime.llm import LLM
-from tokenwire.runtime.request import FinishReason
+from tokenwire.runtime.outputs import FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams
 
 PROMPT = [5, 17, 99, 230, 7, 41, 300, 12, 8, 77, 150]

@@ -27,11 +27,11 @@ from tokenwire.kernels.activation import gelu_tanh_and_mul_ref
 from tokenwire.kernels.paged_attention import paged_attention, paged_attention_dense_ref
 from tokenwire.kernels.rotary import compute_inv_freq, rope_attention_scaling
 from tokenwire.kernels.store_kv import store_kv
-from tokenwire.runtime.bundled_configs import bundled_config_path
 from tokenwire.runtime.config import ModelConfig
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.llm import LLM
-from tokenwire.runtime.model_loader import LoadedModel, load_model
+from tokenwire.runtime.loader.bundled_configs import bundled_config_path
+from tokenwire.runtime.loader.model_loader import LoadedModel, load_model
 from tokenwire.runtime.models.arch import ModelArch
 from tokenwire.runtime.sampling_params import SamplingParams
 

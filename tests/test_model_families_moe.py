@@ -30,11 +30,11 @@ from test_model_forward import (
 from test_tp_layers import GlooRanks, assert_ranks_identical, assert_same_run, run_rank
 from transformers import AutoModelForCausalLM
 
-from tokenwire.runtime.bundled_configs import bundled_config_path
 from tokenwire.runtime.config import ModelConfig
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.llm import LLM
-from tokenwire.runtime.model_loader import LoadedModel, load_model
+from tokenwire.runtime.loader.bundled_configs import bundled_config_path
+from tokenwire.runtime.loader.model_loader import LoadedModel, load_model
 from tokenwire.runtime.models.arch import ModelArch
 from tokenwire.runtime.models.decoder import MLP
 from tokenwire.runtime.models.llama import build_model

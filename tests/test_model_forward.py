@@ -19,7 +19,7 @@ from tokenwire.kernels.attention_metadata import AttentionMetadata
 from tokenwire.kernels.kv_quant import LayerKVCache
 from tokenwire.kernels.paged_attention import build_cpu_plan
 from tokenwire.runtime.config import ModelConfig
-from tokenwire.runtime.model_loader import LoadedModel, load_model
+from tokenwire.runtime.loader.model_loader import LoadedModel, load_model
 from tokenwire.runtime.models.llama import LlamaForCausalLM
 
 BLOCK_SIZE = 16

@@ -18,14 +18,14 @@ from safetensors.torch import load_file, save_file
 from test_model_forward import Chunk, run_step
 
 from tokenwire.kernels.kv_quant import LayerKVCache
-from tokenwire.runtime import gguf_convert
 from tokenwire.runtime.config import ModelConfig
-from tokenwire.runtime.default_model import INSTALL_COMMAND
-from tokenwire.runtime.default_model import default_gguf_path as locate_default_gguf
-from tokenwire.runtime.model_loader import LoadedModel, load_model
+from tokenwire.runtime.front.tokenizer import apply_chat_template, load_tokenizer
+from tokenwire.runtime.loader import gguf_convert
+from tokenwire.runtime.loader.default_model import INSTALL_COMMAND
+from tokenwire.runtime.loader.default_model import default_gguf_path as locate_default_gguf
+from tokenwire.runtime.loader.model_loader import LoadedModel, load_model
 from tokenwire.runtime.models.arch import SUPPORTED_ARCHITECTURES, ModelArch
 from tokenwire.runtime.models.llama import LlamaForCausalLM
-from tokenwire.runtime.tokenizer import apply_chat_template, load_tokenizer
 
 CPU = torch.device("cpu")
 

@@ -42,7 +42,7 @@ from tokenwire.runtime.config import ModelConfig
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.engine.core_loop import engine_info
 from tokenwire.runtime.llm import LLM
-from tokenwire.runtime.model_loader import LoadedModel, load_model
+from tokenwire.runtime.loader.model_loader import LoadedModel, load_model
 from tokenwire.runtime.sampling_params import SamplingParams
 
 CPU = torch.device("cpu")

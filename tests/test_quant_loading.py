@@ -30,7 +30,7 @@ from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.engine.core_loop import engine_info
 from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.runtime.llm import LLM
-from tokenwire.runtime.model_loader import LoadedModel, load_model
+from tokenwire.runtime.loader.model_loader import LoadedModel, load_model
 from tokenwire.runtime.models.arch import ModelArch
 from tokenwire.runtime.models.layers.quant.awq import AWQConfig
 from tokenwire.runtime.models.layers.quant.gptq import GPTQConfig

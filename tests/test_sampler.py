@@ -7,13 +7,13 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from tokenwire.runtime.sampler import (
+from tokenwire.runtime.sample.sampler import (
     Sampler,
     SamplerOutput,
     apply_logits_processors,
     apply_top_k_top_p,
 )
-from tokenwire.runtime.sampling_metadata import (
+from tokenwire.runtime.sample.sampling_metadata import (
     RowSamplingState,
     SamplingMetadata,
     build_sampling_metadata,

@@ -10,11 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenwire.runtime.config import SchedulerConfig
-from tokenwire.runtime.kv_cache_manager import KVCacheManager
+from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
+from tokenwire.runtime.core.request import Request, RequestStatus
+from tokenwire.runtime.core.scheduler import Scheduler
 from tokenwire.runtime.model_output import ModelOutput
-from tokenwire.runtime.request import FinishReason, Request, RequestStatus
+from tokenwire.runtime.outputs import FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams
-from tokenwire.runtime.scheduler import Scheduler
 from tokenwire.runtime.scheduler_output import SchedulerOutput
 
 EOS = 2

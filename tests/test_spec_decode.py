@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from tokenwire.runtime.core.spec.ngram import find_draft
 from tokenwire.runtime.llm import LLM
-from tokenwire.runtime.sampling_metadata import RowSamplingState
+from tokenwire.runtime.sample.rejection import verify_drafts
+from tokenwire.runtime.sample.sampling_metadata import RowSamplingState
 from tokenwire.runtime.sampling_params import SamplingParams
-from tokenwire.runtime.spec_decode.ngram import find_draft
-from tokenwire.runtime.spec_decode.verify import verify_drafts
 from tokenwire.runtime.stats import RequestStats, StepStats
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,

@@ -10,10 +10,10 @@ import jsonschema
 import pytest
 
 from tokenwire.bench.structured_schemas import ALL_SCHEMAS
+from tokenwire.runtime.front.tokenizer import apply_chat_template
 from tokenwire.runtime.llm import LLM
-from tokenwire.runtime.request import FinishReason
+from tokenwire.runtime.outputs import FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams, StructuredOutputsParams
-from tokenwire.runtime.tokenizer import apply_chat_template
 
 pytestmark = pytest.mark.slow
 

@@ -21,19 +21,19 @@ import torch
 
 from tokenwire.bench.structured_schemas import BOUNDED_SCHEMAS
 from tokenwire.runtime.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from tokenwire.runtime.engine.codec import InputCodec
 from tokenwire.runtime.engine.core import EngineCore
 from tokenwire.runtime.engine.messages import AddRequest, ChildRequest
 from tokenwire.runtime.errors import ParameterError
-from tokenwire.runtime.executor.messages import ExecutorCodec, Step
+from tokenwire.runtime.front.structured_validate import StructuredValidator
+from tokenwire.runtime.ipc.codec import InputCodec
+from tokenwire.runtime.ipc.worker_messages import ExecutorCodec, Step
 from tokenwire.runtime.llm import LLM
-from tokenwire.runtime.request import FinishReason
+from tokenwire.runtime.outputs import FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams, StructuredOutputsParams
 from tokenwire.runtime.scheduler_output import CachedRequestData, SchedulerOutput
-from tokenwire.runtime.structured.apply import apply_grammar_bitmask, disallowed_tokens
 from tokenwire.runtime.structured.bitmask import GrammarBitmask
 from tokenwire.runtime.structured.config import StructuredOutputsConfig
-from tokenwire.runtime.structured.validate import StructuredValidator
+from tokenwire.runtime.worker.grammar_mask import apply_grammar_bitmask, disallowed_tokens
 
 EOS = 2  # the tiny models' EOS (conftest); the SmolLM2 tokenizer's <|im_end|> is 2 as well
 PROMPT = "Answer in JSON:"

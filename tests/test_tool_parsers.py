@@ -12,10 +12,10 @@ import jsonschema
 import pytest
 
 from tokenwire.runtime.errors import ParameterError
-from tokenwire.runtime.tool_parsers.chat import render_messages
-from tokenwire.runtime.tool_parsers.output import OutputParsing, check_parser_names
-from tokenwire.runtime.tool_parsers.tool_choice import FunctionSpec, ToolChoice
-from tokenwire.runtime.tool_parsers.types import ParsedDelta, ToolCallInfo, merge_pieces
+from tokenwire.server.tool_parsers.chat import render_messages
+from tokenwire.server.tool_parsers.output import OutputParsing, check_parser_names
+from tokenwire.server.tool_parsers.tool_choice import FunctionSpec, ToolChoice
+from tokenwire.server.tool_parsers.types import ParsedDelta, ToolCallInfo, merge_pieces
 
 WEATHER = FunctionSpec(
     "get_weather",

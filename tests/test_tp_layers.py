@@ -33,13 +33,13 @@ from safetensors.torch import load_file
 from tokenwire.kernels.kv_quant import LayerKVCache
 from tokenwire.runtime.config import CacheConfig, ModelConfig
 from tokenwire.runtime.distributed.group import TPGroup
-from tokenwire.runtime.model_loader import load_model
+from tokenwire.runtime.loader.model_loader import load_model
 from tokenwire.runtime.model_output import ModelOutput
-from tokenwire.runtime.model_runner import ModelRunner
 from tokenwire.runtime.models.arch import ModelArch, split_heads
 from tokenwire.runtime.models.llama import build_model
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from tokenwire.runtime.worker.model_runner import ModelRunner
 
 CPU = torch.device("cpu")
 ATOL = 1e-4

@@ -1,2 +1,10 @@
-"""The engine: ``EngineCore`` (schedule -> execute -> update), the loop that drives it in a
-thread or a process of its own, and the ``EngineClient`` seam every front talks through."""
+"""The engine, split by side of the front <-> core seam.
+
+Front side (the server's or ``LLM``'s process): ``protocol`` (the ``EngineClient`` seam,
+``EngineInfo``), ``async_engine`` (``AsyncEngine``), ``request_stream``, ``core_client`` with
+``inproc_client`` and the client half of ``core_process`` (``MPCoreClient``).
+Core side (the engine-core process): ``core`` (``EngineCore.step()`` = schedule -> execute ->
+update), ``core_loop`` (the busy loop over input records), the process half of
+``core_process``, and ``fault`` (test-only fault injection).
+Both: ``messages``, the plain records that cross between them.
+"""

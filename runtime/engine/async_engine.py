@@ -17,7 +17,6 @@ from collections.abc import Callable
 
 from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.engine.core_client import CoreClient, make_core_client
-from tokenwire.runtime.engine.lora_front import LoRAFront
 from tokenwire.runtime.engine.messages import (
     AbortRequests,
     AddRequest,
@@ -30,8 +29,6 @@ from tokenwire.runtime.engine.messages import (
     StepResult,
 )
 from tokenwire.runtime.engine.protocol import EngineInfo, EngineStatsSnapshot, IdleReport
-from tokenwire.runtime.engine.request_stream import RequestFailed, RequestFinished, RequestStream
-from tokenwire.runtime.engine.validation import validate_priority, validate_request
 from tokenwire.runtime.errors import (
     AdapterNotFoundError,
     DrainingError,
@@ -41,13 +38,16 @@ from tokenwire.runtime.errors import (
     ParameterError,
     QueueFullError,
 )
+from tokenwire.runtime.front.lora_front import LoRAFront
+from tokenwire.runtime.front.output_processor import OutputProcessor, ProcessedStep
+from tokenwire.runtime.front.request_stream import RequestFailed, RequestFinished, RequestStream
+from tokenwire.runtime.front.structured_validate import StructuredValidator
+from tokenwire.runtime.front.tokenizer import Tokenizer, load_tokenizer
+from tokenwire.runtime.front.validation import validate_priority, validate_request
 from tokenwire.runtime.lora.request import LoRARequest
-from tokenwire.runtime.output_processor import OutputProcessor, ProcessedStep
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.stats import EngineObserver
-from tokenwire.runtime.structured.validate import StructuredValidator
-from tokenwire.runtime.tokenizer import Tokenizer, load_tokenizer
 
 logger = logging.getLogger("tokenwire.engine")
 

@@ -10,23 +10,24 @@ from __future__ import annotations
 import time
 
 from tokenwire.runtime.config import EngineConfig
+from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
+from tokenwire.runtime.core.request import Request
+from tokenwire.runtime.core.scheduler import Scheduler
+from tokenwire.runtime.core.spec.accept import spec_step_stats
+from tokenwire.runtime.core.spec.draft_slots import make_proposer
 from tokenwire.runtime.engine.fault import step_fault_from_env
-from tokenwire.runtime.engine.validation import validate_request
 from tokenwire.runtime.errors import DuplicateRequestError
-from tokenwire.runtime.executor.base import Executor, make_executor
-from tokenwire.runtime.kv_cache_manager import KVCacheManager
+from tokenwire.runtime.executor.base import Executor
+from tokenwire.runtime.executor.factory import make_executor
+from tokenwire.runtime.front.validation import validate_request
 from tokenwire.runtime.lora.admission import LoRAAdmission
 from tokenwire.runtime.lora.registry import LoRARegistry
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.models.windows import every_layer_window
-from tokenwire.runtime.outputs import EngineCoreOutput
-from tokenwire.runtime.request import FinishReason, Request
+from tokenwire.runtime.outputs import EngineCoreOutput, FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams
-from tokenwire.runtime.scheduler import Scheduler
 from tokenwire.runtime.scheduler_output import SchedulerOutput
-from tokenwire.runtime.spec_decode.accept import spec_step_stats
-from tokenwire.runtime.spec_decode.draft_slots import make_proposer
 from tokenwire.runtime.stats import EngineObserver, RequestStats, StepPhase, StepStats
 from tokenwire.runtime.structured.compiler import GrammarCompilerPool
 from tokenwire.runtime.structured.config import StructuredOutputsConfig

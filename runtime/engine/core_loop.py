@@ -12,6 +12,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable
 
+from tokenwire.runtime.core.request import Request
 from tokenwire.runtime.engine.core import EngineCore
 from tokenwire.runtime.engine.messages import (
     AbortRequests,
@@ -30,11 +31,10 @@ from tokenwire.runtime.engine.messages import (
 )
 from tokenwire.runtime.engine.protocol import EngineInfo, EngineStatsSnapshot, IdleReport
 from tokenwire.runtime.errors import AdapterError, AdapterExistsError, AdapterNotFoundError
-from tokenwire.runtime.generation_config import loaded_model_defaults
+from tokenwire.runtime.front.tokenizer import load_chat_template
+from tokenwire.runtime.loader.generation_config import loaded_model_defaults
 from tokenwire.runtime.outputs import EngineCoreOutput
-from tokenwire.runtime.request import Request
 from tokenwire.runtime.stats import EngineObserver, RequestStats, StepStats
-from tokenwire.runtime.tokenizer import load_chat_template
 
 # block -> the inputs queued now; blocking waits at most IDLE_CHECK_S (then maybe none).
 Receive = Callable[[bool], list[CoreInput]]

@@ -25,7 +25,6 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from tokenwire.runtime.config import EngineConfig
-from tokenwire.runtime.engine.codec import InputCodec, OutputCodec
 from tokenwire.runtime.engine.messages import (
     CoreFailed,
     CoreInput,
@@ -34,8 +33,9 @@ from tokenwire.runtime.engine.messages import (
     Shutdown,
 )
 from tokenwire.runtime.engine.protocol import EngineInfo
-from tokenwire.runtime.lifeline import watch_parent
-from tokenwire.runtime.sockets import send_or_drop
+from tokenwire.runtime.ipc.codec import InputCodec, OutputCodec
+from tokenwire.runtime.ipc.lifeline import watch_parent
+from tokenwire.runtime.ipc.sockets import send_or_drop
 from tokenwire.runtime.stats import EngineObserver
 
 logger = logging.getLogger("tokenwire.engine")

@@ -11,12 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from tokenwire.runtime.front.tokenizer import Tokenizer
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.sampling_params import SamplingParams
-from tokenwire.runtime.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from tokenwire.runtime.engine.request_stream import RequestStream
+    from tokenwire.runtime.front.request_stream import RequestStream
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,2 +1,2 @@
-"""Executors: what runs the model under the engine core, on one device or on a
-tensor-parallel group of worker processes."""
+"""Executors: the engine core's handle on its workers (the model on one device, or a
+tensor-parallel group of worker processes). The workers themselves are ``runtime/worker/``."""

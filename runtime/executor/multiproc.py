@@ -23,8 +23,8 @@ from typing import Any
 
 from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.distributed.init import free_loopback_port, rendezvous_method
-from tokenwire.runtime.executor.base import ModelFacts
-from tokenwire.runtime.executor.messages import (
+from tokenwire.runtime.ipc.sockets import send_or_drop
+from tokenwire.runtime.ipc.worker_messages import (
     ExecutorCodec,
     Step,
     StepDone,
@@ -32,10 +32,10 @@ from tokenwire.runtime.executor.messages import (
     WorkerFailed,
     WorkerReady,
 )
-from tokenwire.runtime.executor.worker_process import WorkerSpec, worker_process
+from tokenwire.runtime.model_facts import ModelFacts
 from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.scheduler_output import SchedulerOutput
-from tokenwire.runtime.sockets import send_or_drop
+from tokenwire.runtime.worker.worker_process import WorkerSpec, worker_process
 
 logger = logging.getLogger("tokenwire.executor")
 _POLL_MS = 100  # how often a waiting core looks at its workers' process sentinels

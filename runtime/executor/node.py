@@ -17,7 +17,7 @@ from typing import Any
 
 from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.distributed.init import rendezvous_method
-from tokenwire.runtime.executor.worker_process import WorkerSpec, worker_process
+from tokenwire.runtime.worker.worker_process import WorkerSpec, worker_process
 
 logger = logging.getLogger("tokenwire.worker")
 

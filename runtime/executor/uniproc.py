@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.distributed.group import TPGroup
-from tokenwire.runtime.executor.base import ModelFacts
-from tokenwire.runtime.executor.worker import Worker, resolve_device
+from tokenwire.runtime.model_facts import ModelFacts
 from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.scheduler_output import SchedulerOutput
+from tokenwire.runtime.worker.worker import Worker, resolve_device
 
 
 class UniprocExecutor:

@@ -1,7 +1,9 @@
-"""Multi-LoRA serving: PEFT adapters on one base model, chosen per request.
+"""Multi-LoRA serving: PEFT adapters on one base model, chosen per request. By role:
 
-- ``request``: ``LoRARequest``, the plain record naming a loaded adapter (crosses processes);
-- ``adapter``: reading and validating a PEFT adapter directory against the model;
-- ``layers``: linear layers with stacked adapter slots and a segmented (per-adapter) matmul;
-- ``manager``: the worker's adapter slots on the device, LRU-swapped from a CPU cache.
+- plain record: ``request`` (``LoRARequest``, crosses processes);
+- front and core: ``files`` and ``checks`` (bounded reading and model-free rules), ``adapter``
+  (reading and validating a PEFT adapter directory against the model);
+- core: ``registry`` (the core's adapters), ``admission`` (the scheduler's LoRA rules, no torch);
+- worker: ``layers`` (linear layers with stacked adapter slots, segmented matmul) and
+  ``manager`` (the worker's device slots, LRU-swapped from a CPU cache).
 """

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tokenwire.runtime.request import Request
+from tokenwire.runtime.core.request import Request
 
 
 class LoRAAdmission:

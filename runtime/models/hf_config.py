@@ -15,8 +15,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tokenwire.kernels.activation import GATED_ACTIVATIONS
 from tokenwire.runtime.models.moe_config import QWEN2_MOE, QWEN3_MOE, moe_spec
+
+# HF activation names (``hidden_act`` / ``hidden_activation``) the gated MLP supports: the
+# kernels' ``GATED_ACTIVATIONS`` (``kernels/activation.py``; ``tests/test_layering.py`` checks
+# the two agree). Not imported from there: model facts stay torch-free.
+GATED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 _DEFAULT_ROPE_THETA = 10000.0

@@ -1,2 +1,4 @@
-"""Constrained decoding (structured outputs) with xgrammar: params, compile pool, matchers,
-bitmasks."""
+"""Constrained decoding (structured outputs) with xgrammar, split by role: ``params`` and
+``bitmask`` are plain records; ``config`` and ``limits`` settings; ``compiler`` (compile pool)
+and ``manager`` (matchers, bitmask fill) run in the engine core. The front's validation is
+``front/structured_validate``, the worker's mask apply ``worker/grammar_mask``."""

@@ -19,10 +19,10 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from tokenwire.runtime.front.tokenizer import load_tokenizer
 from tokenwire.runtime.structured.config import StructuredOutputsConfig
 from tokenwire.runtime.structured.limits import limits_problem
 from tokenwire.runtime.structured.params import MAX_JSON_WHITESPACE, GrammarSpec
-from tokenwire.runtime.tokenizer import load_tokenizer
 
 
 class GrammarCompilerPool:

@@ -23,15 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tokenwire.runtime.outputs import EngineCoreOutput
-from tokenwire.runtime.request import FinishReason
-from tokenwire.runtime.spec_decode.grammar_drafts import fill_draft_rows
+from tokenwire.runtime.core.spec.grammar_drafts import fill_draft_rows
+from tokenwire.runtime.front.structured_validate import compiler_message
+from tokenwire.runtime.outputs import EngineCoreOutput, FinishReason
 from tokenwire.runtime.structured.bitmask import GrammarBitmask, num_words
 from tokenwire.runtime.structured.compiler import GrammarCompilerPool
-from tokenwire.runtime.structured.validate import compiler_message
 
 if TYPE_CHECKING:
-    from tokenwire.runtime.request import Request
+    from tokenwire.runtime.core.request import Request
 
 
 def failure_output(request: Request, message: str) -> EngineCoreOutput:

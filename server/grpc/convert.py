@@ -13,14 +13,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenwire.runtime.errors import ParameterError, clip
-from tokenwire.runtime.output_processor import ChoiceDelta
-from tokenwire.runtime.outputs import CompletionOutput, PositionLogprobs, RequestOutput
-from tokenwire.runtime.request import FinishReason
+from tokenwire.runtime.outputs import (
+    ChoiceDelta,
+    CompletionOutput,
+    FinishReason,
+    PositionLogprobs,
+    RequestOutput,
+)
 from tokenwire.runtime.sampling_params import SamplingParams
-from tokenwire.runtime.tokenizer_pool import TokenizerPool, default_max_prompt_bytes
-from tokenwire.runtime.tool_parsers.chat import render_messages
-from tokenwire.runtime.tool_parsers.tool_choice import FunctionSpec
+from tokenwire.server.grpc.tokenizer_pool import TokenizerPool, default_max_prompt_bytes
 from tokenwire.server.grpc.tools import ChatTooling, chat_messages, structured_output
+from tokenwire.server.tool_parsers.chat import render_messages
+from tokenwire.server.tool_parsers.tool_choice import FunctionSpec
 from tokenwire.v1 import common_pb2, generation_pb2
 
 _FINISH = {

@@ -15,13 +15,10 @@ from typing import Any
 import grpc
 
 from tokenwire.runtime.engine.protocol import EngineClient
-from tokenwire.runtime.engine.request_stream import RequestFailed, RequestFinished, RequestStream
 from tokenwire.runtime.errors import ParameterError
-from tokenwire.runtime.output_processor import ChoiceDelta, RequestStarted
-from tokenwire.runtime.outputs import CompletionOutput, RequestOutput
+from tokenwire.runtime.front.request_stream import RequestFailed, RequestFinished, RequestStream
+from tokenwire.runtime.outputs import ChoiceDelta, CompletionOutput, RequestOutput, RequestStarted
 from tokenwire.runtime.sampling_params import SamplingParams
-from tokenwire.runtime.tokenizer_pool import TokenizerPool
-from tokenwire.runtime.tool_parsers.output import ChoiceParser, OutputParsing
 from tokenwire.server.grpc import convert
 from tokenwire.server.grpc.adapters import resolve_model
 from tokenwire.server.grpc.call_context import CallContext, call_context, caller_of
@@ -29,6 +26,7 @@ from tokenwire.server.grpc.call_context import internal_request_id as internal_i
 from tokenwire.server.grpc.errors import abort, renamed, to_service_error
 from tokenwire.server.grpc.send_limit import check_size
 from tokenwire.server.grpc.session import SessionHandler
+from tokenwire.server.grpc.tokenizer_pool import TokenizerPool
 from tokenwire.server.grpc.tools import (
     ChatTooling,
     chat_tooling,
@@ -39,6 +37,7 @@ from tokenwire.server.telemetry.core import Telemetry
 from tokenwire.server.telemetry.record import RequestRecord
 from tokenwire.server.tenants.limits import Lease, ModelNotAllowed
 from tokenwire.server.tenants.registry import TenantRegistry
+from tokenwire.server.tool_parsers.output import ChoiceParser, OutputParsing
 from tokenwire.v1 import generation_pb2, generation_pb2_grpc
 
 Events = AsyncIterator[generation_pb2.GenerateStreamResponse]

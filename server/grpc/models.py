@@ -9,9 +9,8 @@ from collections.abc import Mapping
 import grpc
 
 from tokenwire.runtime.engine.protocol import EngineClient
+from tokenwire.runtime.front.tokenizer import Tokenizer
 from tokenwire.runtime.sampling_params import MAX_LOGPROBS
-from tokenwire.runtime.tokenizer import Tokenizer
-from tokenwire.runtime.tokenizer_pool import TokenizerPool
 from tokenwire.server.grpc.adapters import (
     AdapterAdmin,
     AdapterFlags,
@@ -21,6 +20,7 @@ from tokenwire.server.grpc.adapters import (
 from tokenwire.server.grpc.call_context import identify
 from tokenwire.server.grpc.convert import Limits
 from tokenwire.server.grpc.errors import abort, invalid_parameter, to_service_error
+from tokenwire.server.grpc.tokenizer_pool import TokenizerPool
 from tokenwire.server.tenants.limits import ModelNotAllowed
 from tokenwire.server.tenants.registry import TenantRegistry
 from tokenwire.v1 import common_pb2, models_pb2, models_pb2_grpc

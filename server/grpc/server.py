@@ -13,9 +13,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from tokenwire.runtime.engine.protocol import EngineClient
-from tokenwire.runtime.tokenizer_pool import TokenizerPool
-from tokenwire.runtime.tool_parsers.detect import parser_for_template
-from tokenwire.runtime.tool_parsers.output import check_parser_names
 from tokenwire.server.grpc.adapters import AdapterFlags
 from tokenwire.server.grpc.auth import ApiKeyInterceptor
 from tokenwire.server.grpc.connection import ConnectionSettings
@@ -25,10 +22,13 @@ from tokenwire.server.grpc.guard import MalformedRequestInterceptor
 from tokenwire.server.grpc.models import ModelService
 from tokenwire.server.grpc.reflection import enable_reflection
 from tokenwire.server.grpc.session import SessionHandler
+from tokenwire.server.grpc.tokenizer_pool import TokenizerPool
 from tokenwire.server.telemetry.core import Telemetry
 from tokenwire.server.tenants.config import TenantConfig
 from tokenwire.server.tenants.registry import TenantRegistry, merged_config
 from tokenwire.server.tls.reloader import TlsReloader
+from tokenwire.server.tool_parsers.detect import parser_for_template
+from tokenwire.server.tool_parsers.output import check_parser_names
 from tokenwire.v1 import generation_pb2, generation_pb2_grpc, models_pb2, models_pb2_grpc
 
 logger = logging.getLogger("tokenwire.server")

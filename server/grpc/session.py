@@ -22,9 +22,8 @@ from typing import Any
 import grpc
 
 from tokenwire.runtime.engine.protocol import EngineClient
-from tokenwire.runtime.engine.request_stream import RequestFailed, RequestFinished
-from tokenwire.runtime.output_processor import ChoiceDelta, RequestStarted
-from tokenwire.runtime.tokenizer_pool import TokenizerPool
+from tokenwire.runtime.front.request_stream import RequestFailed, RequestFinished
+from tokenwire.runtime.outputs import ChoiceDelta, RequestStarted
 from tokenwire.server.grpc import convert
 from tokenwire.server.grpc.adapters import resolve_model
 from tokenwire.server.grpc.auth import UNAUTHENTICATED, bearer_token
@@ -46,6 +45,7 @@ from tokenwire.server.grpc.session_messages import (
     turn_started,
 )
 from tokenwire.server.grpc.session_state import SessionState
+from tokenwire.server.grpc.tokenizer_pool import TokenizerPool
 from tokenwire.server.telemetry.core import Telemetry
 from tokenwire.server.tenants.limits import Lease, ModelNotAllowed
 from tokenwire.server.tenants.registry import Caller, TenantRegistry

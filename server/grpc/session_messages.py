@@ -3,8 +3,7 @@ in-band turn errors and notices."""
 
 from __future__ import annotations
 
-from tokenwire.runtime.output_processor import ChoiceDelta, RequestStarted
-from tokenwire.runtime.outputs import RequestOutput
+from tokenwire.runtime.outputs import ChoiceDelta, RequestOutput, RequestStarted
 from tokenwire.server.grpc import convert
 from tokenwire.server.grpc.errors import ServiceError, to_status_proto
 from tokenwire.v1 import generation_pb2 as pb

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.lora.request import LoRARequest
-from tokenwire.runtime.tokenizer_pool import TokenizerPool
 from tokenwire.server.grpc import convert
+from tokenwire.server.grpc.tokenizer_pool import TokenizerPool
 from tokenwire.v1 import common_pb2, generation_pb2
 
 

@@ -13,14 +13,14 @@ from typing import Any
 
 from tokenwire.runtime.errors import ParameterError, clip
 from tokenwire.runtime.sampling_params import StructuredOutputsParams
-from tokenwire.runtime.tool_parsers.output import OutputParsing
-from tokenwire.runtime.tool_parsers.tool_choice import (
+from tokenwire.server.tool_parsers.output import OutputParsing
+from tokenwire.server.tool_parsers.tool_choice import (
     FunctionSpec,
     ToolChoice,
     ToolMode,
     parse_parameters,
 )
-from tokenwire.runtime.tool_parsers.types import ToolCallInfo, ToolCallPiece
+from tokenwire.server.tool_parsers.types import ToolCallInfo, ToolCallPiece
 from tokenwire.v1 import common_pb2
 
 ROLES = ("system", "user", "assistant", "tool")

@@ -1,6 +1,6 @@
 """GGUF checkpoints kept quantized: Q4_0 / Q4_1 linears as int4 (w4a16), Q8_0 as int8 (w8a16).
 
-``runtime.gguf.iter_gguf_weights`` reads a GGUF file into the canonical layouts; here each
+``runtime.loader.gguf.iter_gguf_weights`` reads a GGUF file into the canonical layouts; here each
 decoder linear's record becomes per-parameter tensors (``<layer>.qweight``, ``.scales``,
 ``.zeros`` for int4; ``.qweight``, ``.scales`` for int8, group 32, no ``g_idx``) that
 ``load_weights`` cuts like GPTQ's (column-parallel layers split N, row-parallel layers split
@@ -33,9 +33,9 @@ from tokenwire.kernels.quant_matmul import (
     w4a16_matmul,
     w8a16_matmul,
 )
-from tokenwire.runtime.gguf import GGUFInt4, GGUFInt8, iter_gguf_weights
-from tokenwire.runtime.gguf.container import open_gguf
-from tokenwire.runtime.gguf.names import IGNORED, hf_name
+from tokenwire.runtime.loader.gguf import GGUFInt4, GGUFInt8, iter_gguf_weights
+from tokenwire.runtime.loader.gguf.container import open_gguf
+from tokenwire.runtime.loader.gguf.names import IGNORED, hf_name
 from tokenwire.runtime.models.layers.quant.base import (
     LinearLayer,
     LinearMethod,

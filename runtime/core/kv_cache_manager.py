@@ -1,0 +1,361 @@
+"""Per-request block tables over the ``BlockPool``, with prefix caching over full blocks.
+
+The scheduler drives it (vLLM v1 shape): for a request with nothing computed,
+``get_computed_blocks`` finds the prefix hit, then ``allocate_slots`` takes those blocks plus new
+ones; each later step ``allocate_slots`` grows the table for the next chunk or decode token;
+``free`` releases everything (finish, abort, preempt). Every request that reached this manager
+(even one whose allocation failed) must be ``free``d once it leaves the scheduler.
+
+Block hashes are chained: ``h_i = sha256(h_{i-1} + tokens_i + extra_i)`` with ``h_{-1} = b""``,
+tokens encoded as little-endian uint32 and ``extra_0`` carrying the ``cache_salt`` (the chain
+carries it on), so requests with different salts never share blocks. Only full blocks are
+hashed, incrementally as tokens arrive. Full blocks are cached when *allocated*, before the
+forward runs (as vLLM v1): a request scheduled later in the same step may hit them, which is
+correct because every layer writes its K/V before attention reads it.
+
+Sliding windows: when every layer of the model attends within a window (Mistral, Phi-3), the
+blocks wholly before the current window can never be read again. ``allocate_slots`` frees
+them (leading table entries become the null block; ``num_skipped_blocks`` counts them), so a
+long request holds about one window of blocks, not its whole context. They stay cached
+(evictable) for other requests' prefix hits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+
+from tokenwire.runtime.core.block_pool import BlockPool, KVBlock
+from tokenwire.runtime.core.request import Request
+
+
+def hash_block_tokens(parent_hash: bytes, token_bytes: bytes, extra_keys: bytes) -> bytes:
+    """Chained sha256 of one full block (32 bytes). Collisions are cryptographically unlikely."""
+    return hashlib.sha256(parent_hash + token_bytes + extra_keys).digest()
+
+
+def request_extra_keys(request: Request) -> bytes:
+    """Extra keys of a request's first block: its cache salt and its LoRA adapter, so
+    requests of different salts or adapters never share blocks (the chain carries it on)."""
+    extra = salt_extra_keys(request.cache_salt)
+    if request.lora_request is not None:
+        extra += request.lora_request.cache_key
+    return extra
+
+
+def salt_extra_keys(cache_salt: str | None) -> bytes:
+    """Extra keys of a request's first block; ``None`` and ``""`` hash differently."""
+    return b"" if cache_salt is None else b"salt:" + cache_salt.encode("utf-8")
+
+
+class _RequestBlocks:
+    """What the manager keeps for one request, keyed by its ``request_id``."""
+
+    __slots__ = ("block_hashes", "block_ids", "blocks", "num_cached_blocks", "num_skipped")
+
+    def __init__(self) -> None:
+        self.blocks: list[KVBlock] = []
+        self.block_ids: list[int] = []  # same order as ``blocks``: the block_table row
+        # Hashes of the request's full blocks computed so far (may run ahead of ``blocks``).
+        self.block_hashes: list[bytes] = []
+        # Leading table blocks already offered to the prefix cache (cached, or skipped as
+        # duplicates of a block another request cached first).
+        self.num_cached_blocks = 0
+        # Leading table entries freed as out of every layer's window (now the null block).
+        self.num_skipped = 0
+
+    def owned(self) -> list[KVBlock]:
+        """The blocks this table holds a reference on (skipped entries excluded)."""
+        return self.blocks[self.num_skipped :]
+
+
+class KVCacheManager:
+    """Paged KV-cache bookkeeping for the scheduler. Pure Python; block 0 is the null block."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool,
+        sliding_window: int | None = None,
+    ) -> None:
+        """``sliding_window``: the largest window when every layer has one (None: some layer
+        attends to the whole context, nothing is ever skipped)."""
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        if sliding_window is not None and sliding_window <= 0:
+            raise ValueError(f"sliding_window must be positive, got {sliding_window}")
+        self.block_size = block_size
+        self.sliding_window = sliding_window
+        self.enable_prefix_caching = enable_prefix_caching
+        self.block_pool = BlockPool(num_blocks, enable_prefix_caching)
+        self._pack_block = struct.Struct(f"<{block_size}I").pack
+        self._requests: dict[str, _RequestBlocks] = {}
+        # Tables of finished requests kept referenced for a holder (a session), by holder id.
+        self._held: dict[str, _RequestBlocks] = {}
+        # Monotonic counters, in tokens: queried by get_computed_blocks, and found cached.
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    @property
+    def num_blocks(self) -> int:
+        """Usable blocks (the null block excluded)."""
+        return self.block_pool.num_usable_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.usage
+
+    @property
+    def num_tokens_capacity(self) -> int:
+        return self.block_pool.num_usable_blocks * self.block_size
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's live block table (callers must not mutate it); [] if unknown."""
+        state = self._requests.get(request_id)
+        return [] if state is None else state.block_ids
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
+        """Longest cached prefix of full blocks: (block ids, hit tokens). Takes no references.
+
+        The hit covers only blocks lying fully within the first ``num_tokens - 1`` tokens, so
+        at least one token is always left to compute (its logits give the next token).
+        """
+        if not self.enable_prefix_caching:
+            return [], 0
+        state = self._requests.get(request.request_id)
+        if state is None:
+            state = self._requests[request.request_id] = _RequestBlocks()
+        max_hit_blocks = max(0, request.num_tokens - 1) // self.block_size
+        hashes = self._extend_block_hashes(request, state, max_hit_blocks)
+        hit_ids: list[int] = []
+        for i in range(max_hit_blocks):
+            block = self.block_pool.get_cached_block(hashes[i])
+            if block is None:
+                break
+            hit_ids.append(block.block_id)
+        num_hit_tokens = len(hit_ids) * self.block_size
+        self.prefix_cache_queries += request.num_tokens
+        self.prefix_cache_hits += num_hit_tokens
+        return hit_ids, num_hit_tokens
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_block_ids: Sequence[int] = (),
+        num_new_computed_tokens: int = 0,
+    ) -> list[int] | None:
+        """Own enough blocks for ``num_computed + num_new_computed + num_new_tokens`` tokens.
+
+        ``new_computed_block_ids`` (the prefix hit) is accepted only while the request owns no
+        block. Returns the block ids appended to the table (hit blocks, then new blocks), or
+        None, changing nothing, when too few blocks are free.
+        """
+        if num_new_tokens < 0:
+            raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
+        state = self._requests.get(request.request_id)
+        if state is not None and self.sliding_window is not None:
+            self._skip_out_of_window(request, state, self.sliding_window)
+        if state is not None and not new_computed_block_ids and not num_new_computed_tokens:
+            # Decode hot path: the owned blocks already have room for the new tokens.
+            total = request.num_computed_tokens + num_new_tokens
+            if total <= len(state.blocks) * self.block_size:
+                if self.enable_prefix_caching:
+                    num_full = min(total, len(request.token_ids)) // self.block_size
+                    if num_full > state.num_cached_blocks:
+                        self._cache_full_blocks(request, state, num_full)
+                return []
+        num_owned = 0 if state is None else len(state.blocks)
+        hit_blocks: list[KVBlock] = []
+        num_dead_hits = num_evictable_hits = 0
+        if new_computed_block_ids or num_new_computed_tokens:  # off the decode hot path
+            hit_blocks = self._hit_blocks(state, new_computed_block_ids, num_new_computed_tokens)
+            if self.sliding_window is not None:  # hit blocks already out of every window
+                dead_tokens = max(0, num_new_computed_tokens - self.sliding_window + 1)
+                num_dead_hits = min(len(hit_blocks), dead_tokens // self.block_size)
+            # Evictable hits sit in the free queue but are about to be taken by this request.
+            num_evictable_hits = sum(1 for b in hit_blocks[num_dead_hits:] if b.ref_cnt == 0)
+        total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        num_needed = -(-total // self.block_size) - num_owned - len(hit_blocks)
+        if num_needed > self.block_pool.num_free_blocks - num_evictable_hits:
+            return None
+        if state is None:
+            state = self._requests[request.request_id] = _RequestBlocks()
+        added: list[int] = []
+        if hit_blocks:
+            live_hits = hit_blocks[num_dead_hits:]
+            self.block_pool.touch(live_hits)
+            self._append(state, [self.block_pool.null_block] * num_dead_hits + live_hits, added)
+            state.num_skipped = num_dead_hits
+            state.num_cached_blocks = len(hit_blocks)  # they are cached already
+        if num_needed > 0:
+            self._append(state, self.block_pool.get_new_blocks(num_needed), added)
+        if self.enable_prefix_caching:
+            # Only tokens already in request.token_ids can be hashed (no lookahead slots).
+            num_full = min(total, request.num_tokens) // self.block_size
+            if num_full > state.num_cached_blocks:
+                self._cache_full_blocks(request, state, num_full)
+        return added
+
+    def _hit_blocks(
+        self, state: _RequestBlocks | None, block_ids: Sequence[int], num_tokens: int
+    ) -> list[KVBlock]:
+        """Validate a prefix hit from ``get_computed_blocks`` and return its blocks."""
+        if not block_ids:
+            if num_tokens:
+                raise ValueError("num_new_computed_tokens without new_computed_block_ids")
+            return []
+        if num_tokens != len(block_ids) * self.block_size:
+            raise ValueError(
+                f"num_new_computed_tokens={num_tokens} does not cover {len(block_ids)} blocks"
+            )
+        if state is None or state.blocks:
+            raise ValueError("a prefix hit is only accepted before the request owns blocks")
+        blocks = [self.block_pool.blocks[i] for i in block_ids]
+        hashes = state.block_hashes
+        for i, block in enumerate(blocks):
+            # Catches a hit that went stale (evicted) between lookup and allocation.
+            if i >= len(hashes) or block.block_hash != hashes[i]:
+                raise ValueError(f"stale prefix hit: {block!r} at position {i}")
+        return blocks
+
+    def _skip_out_of_window(self, request: Request, state: _RequestBlocks, window: int) -> None:
+        """Free the leading blocks no query at or after ``num_computed_tokens`` can see.
+
+        The next query sits at position ``num_computed`` or later and sees keys
+        ``> num_computed - window``, so block ``j`` (positions ``j*bs .. (j+1)*bs - 1``) is
+        dead once ``(j+1) * bs <= num_computed - window + 1``.
+        """
+        num_dead = max(0, request.num_computed_tokens - window + 1) // self.block_size
+        num_dead = min(num_dead, len(state.blocks))
+        if num_dead <= state.num_skipped:
+            return
+        null = self.block_pool.null_block
+        dead = state.blocks[state.num_skipped : num_dead]
+        for j in range(state.num_skipped, num_dead):
+            state.blocks[j] = null
+            state.block_ids[j] = null.block_id
+        state.num_skipped = num_dead
+        self.block_pool.free_blocks(reversed(dead))
+
+    @staticmethod
+    def _append(state: _RequestBlocks, blocks: list[KVBlock], added: list[int]) -> None:
+        for block in blocks:
+            state.blocks.append(block)
+            state.block_ids.append(block.block_id)
+            added.append(block.block_id)
+
+    def _cache_full_blocks(self, request: Request, state: _RequestBlocks, num_full: int) -> None:
+        hashes = self._extend_block_hashes(request, state, num_full)
+        cache_full_block = self.block_pool.cache_full_block
+        # A block skipped before it could be hashed (its tokens arrived late, e.g. accepted
+        # speculative tokens) is simply never cached.
+        for i in range(max(state.num_cached_blocks, state.num_skipped), num_full):
+            cache_full_block(state.blocks[i], hashes[i])
+        state.num_cached_blocks = num_full
+
+    def _extend_block_hashes(
+        self, request: Request, state: _RequestBlocks, num_full: int
+    ) -> list[bytes]:
+        """Hash full blocks up to ``num_full`` (incrementally: earlier hashes are kept)."""
+        hashes = state.block_hashes
+        bs = self.block_size
+        tokens = request.token_ids
+        parent = hashes[-1] if hashes else b""
+        for i in range(len(hashes), num_full):
+            extra = request_extra_keys(request) if i == 0 else b""
+            parent = hash_block_tokens(
+                parent, self._pack_block(*tokens[i * bs : i * bs + bs]), extra
+            )
+            hashes.append(parent)
+        return hashes
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, tail first, and forget it. Idempotent."""
+        state = self._requests.pop(request.request_id, None)
+        if state is not None:
+            # Tail blocks are the least likely to be shared, so they are evicted first.
+            self.block_pool.free_blocks(reversed(state.owned()))
+
+    # ------------------------------------------------------------------ held tables (sessions)
+    def hold(self, request: Request, holder_id: str) -> None:
+        """Keep a finishing request's blocks referenced under ``holder_id`` (a session).
+
+        The blocks stay owned (not evictable) so the holder's next request gets a prefix hit
+        on everything that was computed. A previous table of the same holder is released
+        (after the move, so blocks shared by both keep their reference).
+        """
+        state = self._requests.pop(request.request_id, None)
+        previous = self._held.pop(holder_id, None)
+        if state is not None:
+            self._held[holder_id] = state
+        if previous is not None:
+            self.block_pool.free_blocks(reversed(previous.owned()))
+
+    def release(self, holder_id: str) -> bool:
+        """Drop a held table; its blocks become free (and stay cached, evictable)."""
+        state = self._held.pop(holder_id, None)
+        if state is None:
+            return False
+        self.block_pool.free_blocks(reversed(state.owned()))
+        return True
+
+    def oldest_holder(self) -> str | None:
+        """The least recently held table (dict order is hold order)."""
+        return next(iter(self._held), None)
+
+    @property
+    def num_held_blocks(self) -> int:
+        return sum(len(state.owned()) for state in self._held.values())
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop all cached hashes; refused (False) while any block is in use."""
+        return self.block_pool.reset_prefix_cache()
+
+    def check_invariants(self, idle: bool = False) -> None:
+        """Raise AssertionError unless tables, ref counts, free queue and hash map agree.
+
+        With ``idle``: additionally no request is known and every block is free (possibly
+        cached and evictable).
+        """
+        ref_cnts: dict[int, int] = {}
+        tables = [*self._requests.items(), *(("held:" + h, st) for h, st in self._held.items())]
+        null_id = self.block_pool.null_block.block_id
+        for request_id, state in tables:
+            _check([b.block_id for b in state.blocks] == state.block_ids, f"{request_id}: mismatch")
+            skipped, ids = (
+                state.block_ids[: state.num_skipped],
+                state.block_ids[state.num_skipped :],
+            )
+            _check(all(i == null_id for i in skipped), f"{request_id}: skipped entry not null")
+            _check(len(set(ids)) == len(ids), f"{request_id}: block twice in a table {ids}")
+            num_entries = len(state.block_ids)
+            _check(state.num_cached_blocks <= num_entries, f"{request_id}: cached past the table")
+            for i in range(state.num_cached_blocks):
+                block_hash = state.blocks[i].block_hash
+                _check(
+                    block_hash is None or block_hash == state.block_hashes[i],
+                    f"{request_id}: block {state.block_ids[i]} at position {i} caches other tokens",
+                )
+            for block_id in ids:
+                ref_cnts[block_id] = ref_cnts.get(block_id, 0) + 1
+        self.block_pool.check_invariants(ref_cnts)
+        if idle:
+            _check(not self._requests, f"idle but requests remain: {sorted(self._requests)}")
+            _check(not self._held, f"idle but tables are held: {sorted(self._held)}")
+            _check(
+                self.block_pool.num_free_blocks == self.num_blocks,
+                f"idle but only {self.block_pool.num_free_blocks}/{self.num_blocks} blocks free",
+            )
+
+
+def _check(condition: bool, message: str) -> None:
+    # Explicit raise instead of ``assert`` so the checks survive ``python -O``.
+    if not condition:
+        raise AssertionError(message)

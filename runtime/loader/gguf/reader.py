@@ -1,0 +1,121 @@
+"""Read a GGUF file's tensors under HF names, keeping Q4_0 / Q4_1 / Q8_0 matrices quantized.
+
+``iter_gguf_weights(path)`` yields ``(hf_name, weight)`` per tensor, in file order:
+
+- F32 / F16 / BF16 / F64 tensors: a plain float tensor in the file's dtype;
+- Q4_0 / Q4_1 matrices: ``GGUFInt4`` (canonical int4 layout, group 32);
+- Q8_0 matrices: ``GGUFInt8`` (canonical int8 layout, group 32);
+- any other quantized type that ``gguf.quants`` can de-quantize (Q4_K, Q5_K, Q6_K, IQ*, ...)
+  and Q4/Q8 tensors that are not matrices: de-quantized to a float32 tensor, as today's
+  conversion does; a type it cannot (Q8_1, Q8_K, integer tensors, ...) is a ``ValueError``
+  naming the tensor and the type, as is a block with a non-finite scale.
+
+Llama q/k projections come out in HF's row order (llama.cpp's permutation undone on the raw
+rows, before decoding, so every canonical tensor follows it). The file is memory-mapped; each
+yielded tensor owns its memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from tokenwire.runtime.loader.gguf.blocks import (
+    BLOCK,
+    Int4Arrays,
+    decode_q4_0,
+    decode_q4_1,
+    decode_q8_0,
+)
+from tokenwire.runtime.loader.gguf.container import open_gguf
+from tokenwire.runtime.loader.gguf.names import (
+    IGNORED,
+    PERMUTED_QK,
+    hf_name,
+    hf_row_order,
+    qk_heads,
+)
+from tokenwire.runtime.loader.gguf.records import GGUFInt4, GGUFInt8
+
+GGUFWeight: TypeAlias = torch.Tensor | GGUFInt4 | GGUFInt8
+
+_FLOAT_TYPES = ("F32", "F16", "F64")
+_INT4: dict[str, Callable[[npt.NDArray[np.uint8]], Int4Arrays]] = {
+    "Q4_0": decode_q4_0,
+    "Q4_1": decode_q4_1,
+}
+
+
+def iter_gguf_weights(path: Path) -> Iterator[tuple[str, GGUFWeight]]:
+    """Yield ``(hf_name, weight)`` for every tensor of the GGUF file at ``path``."""
+    gguf = open_gguf(path)
+    arch = gguf.metadata.get("general.architecture")
+    if arch not in PERMUTED_QK:
+        raise ValueError(
+            f"{path.name}: GGUF architecture {arch!r} is not supported "
+            f"(supported: {', '.join(sorted(PERMUTED_QK))})"
+        )
+    counts = _permuted_head_counts(gguf.metadata, arch, path)
+    for info in gguf.tensors:
+        if info.name in IGNORED:
+            continue
+        name = hf_name(info.name)
+        qtype = info.ggml_type.name
+        try:
+            data = gguf.tensor_data(info)
+            permuted = qk_heads(info.name, *counts) if counts is not None else None
+            if permuted is not None:
+                data = data[hf_row_order(data.shape[0], permuted)]
+            yield name, _convert(data, info.ggml_type)
+        except ValueError as e:
+            raise ValueError(f"GGUF tensor {info.name!r} ({qtype}): {e}") from e
+
+
+def _permuted_head_counts(
+    metadata: Mapping[str, Any], arch: str, path: Path
+) -> tuple[int, int] | None:
+    """(attention heads, KV heads) when ``arch``'s q/k rows were permuted, else None."""
+    if not PERMUTED_QK[arch]:
+        return None
+    heads = metadata.get(f"{arch}.attention.head_count")
+    kv_heads = metadata.get(f"{arch}.attention.head_count_kv", heads)
+    if not (isinstance(heads, int) and isinstance(kv_heads, int)):
+        raise ValueError(f"{path.name}: GGUF metadata lacks scalar {arch}.attention.head_count")
+    return heads, kv_heads
+
+
+def _convert(data: npt.NDArray[Any], ggml_type: GGMLQuantizationType) -> GGUFWeight:
+    """One tensor's data (numpy order, raw block bytes for quantized types) -> a weight."""
+    qtype = ggml_type.name
+    if qtype in _FLOAT_TYPES:
+        return torch.from_numpy(np.array(data))
+    if qtype == "BF16":
+        bits = np.ascontiguousarray(data).view("<i2")
+        return torch.from_numpy(bits.astype(np.int16)).view(torch.bfloat16)
+    is_matrix = data.ndim == 2
+    if qtype in _INT4 and is_matrix:
+        a = _INT4[qtype](data)
+        t = torch.from_numpy
+        return GGUFInt4(t(a.qweight), t(a.scales), t(a.zeros), BLOCK)
+    if qtype == "Q8_0" and is_matrix:
+        b = decode_q8_0(data)
+        return GGUFInt8(torch.from_numpy(b.qweight), torch.from_numpy(b.scales), BLOCK)
+    return torch.from_numpy(_dequantize(data, ggml_type))
+
+
+def _dequantize(data: npt.NDArray[Any], ggml_type: GGMLQuantizationType) -> npt.NDArray[np.float32]:
+    """Fallback: any quantized type gguf.quants can de-quantize, as float32."""
+    qtype = ggml_type.name
+    if data.dtype != np.uint8:  # I8 / I16 / I32 / I64: not a weight type
+        raise ValueError(f"integer tensor type {qtype} is not supported as a weight")
+    try:
+        out = quants.dequantize(data, ggml_type)
+    except NotImplementedError as e:
+        raise ValueError(f"quantization type {qtype} is not supported") from e
+    return np.ascontiguousarray(out, dtype=np.float32)

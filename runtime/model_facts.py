@@ -1,0 +1,35 @@
+"""``ModelFacts``: what the engine core knows of the loaded model, sent once by the executor.
+
+The core holds one executor and never touches a model or a device itself. What it needs of
+the model (vocabulary, context length, EOS ids, KV blocks, names) arrives once as this plain
+record, the same whether the model runs in the core's process or sharded over worker
+processes. Workers build it; the executor hands it to the core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenwire.runtime.models.arch import ModelArch
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFacts:
+    """What the engine core knows about the loaded model (plain data, crosses processes)."""
+
+    served_model_name: str
+    arch: ModelArch
+    max_model_len: int
+    eos_token_ids: tuple[int, ...]
+    dtype: str  # "float32", "bfloat16", ...
+    device: str  # rank 0's device ("cpu", "cuda:0")
+    model_path: str  # the HF-format directory the weights came from
+    tokenizer_path: str | None  # None: the model has no tokenizer (token ids only)
+    num_blocks: int  # KV blocks every rank holds (the minimum over ranks)
+    tensor_parallel_size: int = 1
+    quantization: str | None = None  # the weight scheme; None: unquantized
+    weight_bytes: int = 0  # bytes of weights on all ranks together, as loaded
+
+    @property
+    def vocab_size(self) -> int:
+        return self.arch.vocab_size

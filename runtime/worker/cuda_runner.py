@@ -1,0 +1,125 @@
+"""The CUDA half of the model runner: KV sizing, pinned-buffer inputs, decode graph replay.
+
+``ModelRunner`` delegates here when its device is CUDA; the CPU path never imports this
+module. ``cuda_kv_cache`` sizes and allocates the paged KV cache from a profiling forward
+(``kv_cache_sizing``); ``CudaGraphRunner.forward`` turns a step's host arrays into hidden states,
+replaying a decode CUDA graph when the step is pure decode and fits a bucket and running
+eagerly otherwise. Nothing here reads device values back to the host: the step's one sync
+is the sampler's read of the sampled ids.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tokenwire.kernels.attention_metadata import AttentionMetadata
+from tokenwire.kernels.cuda_graph_buckets import decode_batch_buckets
+from tokenwire.kernels.dispatch import triton_available
+from tokenwire.runtime.config import CacheConfig
+from tokenwire.runtime.loader.model_loader import LoadedModel
+from tokenwire.runtime.worker.cuda_graphs import DecodeGraphs, decode_bucket
+from tokenwire.runtime.worker.host_staging import HostStaging
+from tokenwire.runtime.worker.input_batch import StepArrays
+from tokenwire.runtime.worker.kv_cache import KVCache, bytes_per_block, kv_cache_torch_dtype
+from tokenwire.runtime.worker.kv_cache_sizing import gpu_num_blocks, min_blocks_for, profile_memory
+
+
+def cuda_kv_cache(
+    loaded: LoadedModel,
+    cache_config: CacheConfig,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    cuda_graphs: bool,
+    tp_size: int = 1,
+    extra_bytes_per_block: int = 0,
+) -> KVCache:
+    """Allocate this rank's KV cache (its local KV heads under ``tp_size``-way tensor
+    parallelism): ``num_blocks_override``, else what fits after profiling, sharing the
+    memory with ``extra_bytes_per_block`` of another cache (a draft model's)."""
+    num_blocks = cache_config.num_blocks_override
+    if num_blocks is None:
+        kv_dtype = kv_cache_torch_dtype(cache_config.kv_cache_dtype, loaded.dtype)
+        report = profile_memory(
+            loaded.model,
+            max_num_batched_tokens,
+            max_num_seqs,
+            loaded.max_model_len,
+            cache_config.block_size,
+            kv_dtype,
+        )
+        num_blocks = gpu_num_blocks(
+            report,
+            cache_config.gpu_memory_utilization,
+            bytes_per_block(loaded.arch, cache_config.block_size, kv_dtype, tp_size)
+            + extra_bytes_per_block,
+            min_blocks_for(loaded.max_model_len, cache_config.block_size),
+            cuda_graphs,
+        )
+    return KVCache.allocate(
+        loaded.arch, cache_config, loaded.device, loaded.dtype, num_blocks, tp_size
+    )
+
+
+def graphs_enabled(enforce_eager: bool) -> bool:
+    """Decode graphs need the Triton kernels: the torch reference path syncs the host."""
+    return not enforce_eager and triton_available()
+
+
+class CudaGraphRunner:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        kv_cache: KVCache,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enforce_eager: bool,
+    ) -> None:
+        self.model = loaded.model
+        self.kv_layers = kv_cache.layers
+        self.block_size = kv_cache.block_size
+        max_blocks_per_seq = -(-loaded.max_model_len // self.block_size)
+        self.staging = HostStaging(
+            max(max_num_batched_tokens, max_num_seqs),
+            max_num_seqs,
+            max_blocks_per_seq,
+            loaded.device,
+        )
+        self.graphs: DecodeGraphs | None = None
+        if graphs_enabled(enforce_eager):
+            self.graphs = DecodeGraphs(
+                self.model,
+                self.kv_layers,
+                decode_batch_buckets(max_num_seqs),
+                self.block_size,
+                max_blocks_per_seq,
+                loaded.max_model_len,
+            )
+            self.graphs.capture()
+
+    def forward(self, arrays: StepArrays) -> torch.Tensor:
+        """Hidden states [num_tokens, hidden] of one step (graph replay or eager)."""
+        graphs = self.graphs
+        if graphs is not None:
+            bucket = decode_bucket(arrays, graphs.buckets)
+            if bucket is not None:
+                return graphs.replay(self.staging, arrays, bucket)
+        return self._eager(arrays)
+
+    def _eager(self, arrays: StepArrays) -> torch.Tensor:
+        inputs = self.staging.upload(arrays)
+        meta = AttentionMetadata(
+            num_tokens=len(arrays.input_ids),
+            num_seqs=len(arrays.seq_lens),
+            num_decodes=arrays.num_decodes,
+            block_size=self.block_size,
+            slot_mapping=inputs.slot_mapping,
+            query_start_loc=inputs.query_start_loc,
+            seq_lens=inputs.seq_lens,
+            block_tables=inputs.block_tables,
+            max_query_len=arrays.max_query_len,
+            max_seq_len=arrays.max_seq_len,
+            query_start_loc_np=arrays.query_start_loc,
+            seq_lens_np=arrays.seq_lens,
+        )
+        hidden: torch.Tensor = self.model(inputs.input_ids, inputs.positions, self.kv_layers, meta)
+        return hidden

@@ -1,0 +1,367 @@
+"""Executor: owns the device, the model and the paged KV cache; runs one step per call.
+
+``execute_model(SchedulerOutput) -> ModelOutput``. The runner keeps its own per-request
+state (token ids, block table row, sampling generator) so only diffs cross the seam. Step
+inputs are gathered with vectorised numpy over persistent rows (``InputBatch``); the only
+host sync in a step is reading the sampled token ids. On CUDA the forward goes through
+``CudaGraphRunner`` (profiled KV sizing, pinned staging buffers, decode CUDA graphs); the CPU
+path below is untouched by it.
+
+Tensor parallelism: every rank runs this same runner on the same ``SchedulerOutput``s with its
+share of the model (``load_model(..., tp=group)``) and passes the same ``tp``; the KV cache
+holds the rank's local KV heads. ``compute_logits`` gathers the full vocabulary on every rank
+(a collective), so every rank samples identically and makes the same collective calls in the
+same order; the driver (rank 0) returns the ``ModelOutput``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tokenwire.kernels.attention_metadata import AttentionMetadata
+from tokenwire.kernels.attention_plan import build_cpu_plan
+from tokenwire.runtime.config import CacheConfig, LoRAConfig
+from tokenwire.runtime.distributed.group import TPGroup
+from tokenwire.runtime.loader.model_loader import LoadedModel
+from tokenwire.runtime.lora.manager import LoRAManager
+from tokenwire.runtime.lora.request import LoRARequest
+from tokenwire.runtime.model_output import ModelOutput, TokenLogprobs
+from tokenwire.runtime.models.windows import distinct_windows
+from tokenwire.runtime.sample.sampler import Sampler
+from tokenwire.runtime.sample.sampling_metadata import RowSamplingState, build_sampling_metadata
+from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.scheduler_output import SchedulerOutput
+from tokenwire.runtime.structured.bitmask import GrammarBitmask
+from tokenwire.runtime.worker.grammar_mask import apply_grammar_bitmask
+from tokenwire.runtime.worker.input_batch import InputBatch, StepArrays
+from tokenwire.runtime.worker.prompt_logprobs import prompt_logprobs_for_chunk
+from tokenwire.runtime.worker.runner_caches import build_caches
+from tokenwire.runtime.worker.spec.verify_step import spec_step, write_drafts
+
+_SINGLE = TPGroup.single()  # immutable: the default group of one
+
+
+@dataclass(slots=True)
+class CachedRequestState:
+    """What the runner remembers about a request between steps."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    params: SamplingParams
+    block_ids: list[int]
+    sampling: RowSamplingState
+    lora: LoRARequest | None = None  # the adapter it runs with; None: the base model
+    row: int | None = None  # None while preempted
+    # Next prompt position whose logprob is still unreported (a recompute after preemption
+    # must not report positions twice).
+    next_prompt_logprob: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        cache_config: CacheConfig,
+        max_num_seqs: int,
+        device: torch.device,
+        seed: int,
+        max_num_batched_tokens: int = 2048,
+        enforce_eager: bool = False,
+        tp: TPGroup = _SINGLE,
+        lora: LoRAConfig | None = None,
+        draft: LoadedModel | None = None,
+    ) -> None:
+        """``draft``: the draft model of ``draft_model`` speculation; its KV cache shares the
+        budget and the block ids of the target's."""
+        model_tp = loaded.model.tp
+        if (model_tp.rank, model_tp.world_size) != (tp.rank, tp.world_size):
+            raise ValueError(
+                f"the model was built for TP rank {model_tp.rank} of {model_tp.world_size}, "
+                f"the runner for rank {tp.rank} of {tp.world_size}"
+            )
+        self.tp = tp
+        self.model = loaded.model
+        self.vocab_size = loaded.arch.vocab_size
+        # Each distinct sliding window of the layers gets its own CPU attention plan per step.
+        self.attention_windows = distinct_windows(loaded.arch)
+        self.eos_token_ids = loaded.eos_token_ids
+        self.device = device
+        self.block_size = cache_config.block_size
+        # LoRA wraps the model's linears before any CUDA graph is captured; decode graphs are
+        # off with LoRA (the per-step adapter runs are not captured yet).
+        self.lora: LoRAManager | None = None
+        if lora is not None and lora.enable_lora:
+            self.lora = LoRAManager(self.model, lora, loaded.dtype, device)
+            enforce_eager = True
+        caches = build_caches(
+            loaded, draft, cache_config, device, max_num_seqs, max_num_batched_tokens,
+            enforce_eager, tp.world_size,
+        )  # fmt: skip
+        self.kv_cache = caches.kv_cache
+        self._cuda = caches.cuda
+        self.drafter = caches.drafter
+        self.batch = InputBatch(max_num_seqs, loaded.max_model_len, self.block_size)
+        self.requests: dict[str, CachedRequestState] = {}
+        self._num_prompt_logprob_reqs = 0  # live requests that asked for prompt logprobs
+        self.sampler = Sampler()
+        # Generator for unseeded random rows: reproducible per engine seed, not global state.
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_cache.num_blocks
+
+    # ------------------------------------------------------------------ state diffs
+    def _update_states(self, so: SchedulerOutput) -> None:
+        if so.removed_lora_ids and self.lora is not None:
+            self.lora.remove(so.removed_lora_ids)
+        if self.drafter is not None:
+            for request_id in (*so.finished_req_ids, *so.preempted_req_ids):
+                self.drafter.forget(request_id)
+        for request_id in so.finished_req_ids:
+            state = self.requests.pop(request_id, None)
+            if state is None:
+                continue
+            if state.row is not None:
+                self.batch.release_row(state.row)
+            if state.params.prompt_logprobs is not None:
+                self._num_prompt_logprob_reqs -= 1
+        for request_id in so.preempted_req_ids:
+            state = self.requests.get(request_id)
+            if state is not None and state.row is not None:
+                self.batch.release_row(state.row)
+                state.row = None
+        for new in so.new_reqs:
+            self._add_request(
+                new.request_id,
+                new.prompt_token_ids,
+                new.sampling_params,
+                new.block_ids,
+                new.num_computed_tokens,
+                new.lora_request,
+            )
+        cached = so.cached_reqs
+        requests, batch = self.requests, self.batch
+        for request_id, resumed, new_block_ids, num_computed in zip(
+            cached.request_ids,
+            cached.resumed_from_preemption,
+            cached.new_block_ids,
+            cached.num_computed_tokens,
+            strict=True,
+        ):
+            state = requests[request_id]
+            if resumed:  # its old row was released at preemption
+                state.block_ids = list(new_block_ids)
+                state.row = batch.add_row(state.all_token_ids(), state.block_ids, num_computed)
+                continue
+            assert state.row is not None
+            state.block_ids.extend(new_block_ids)
+            batch.append_blocks(state.row, new_block_ids)
+
+    def _add_request(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        block_ids: list[int],
+        num_computed: int,
+        lora: LoRARequest | None = None,
+    ) -> None:
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(params.seed)
+        output: list[int] = []
+        stop_ids = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else self.eos_token_ids
+        )
+        sampling = RowSamplingState(
+            params=params,
+            generator=generator,
+            prompt_token_ids=prompt,
+            output_token_ids=output,
+            stop_token_ids_for_min_tokens=stop_ids,
+        )
+        state = CachedRequestState(
+            request_id, list(prompt), output, params, list(block_ids), sampling, lora
+        )
+        state.row = self.batch.add_row(prompt, state.block_ids, num_computed)
+        self.requests[request_id] = state
+        if params.prompt_logprobs is not None:
+            self._num_prompt_logprob_reqs += 1
+
+    # ------------------------------------------------------------------ one step
+    @torch.inference_mode()
+    def execute_model(self, so: SchedulerOutput) -> ModelOutput:
+        t0 = time.perf_counter()
+        collective0 = self.tp.clock.seconds
+        self._update_states(so)
+        if so.is_empty:
+            return ModelOutput(req_ids=[], sampled_token_ids=[])
+        states, query_lens, num_decodes = self._batch_order(so)
+        if self.lora is not None:
+            order = self.lora.prepare_step([s.lora for s in states], query_lens, num_decodes)
+            if order is not None:
+                states, query_lens = [states[i] for i in order], query_lens[order]
+        rows = np.fromiter((s.row for s in states), dtype=np.int64, count=len(states))
+        drafts = so.spec_token_ids
+        if drafts and self.drafter is not None:  # the scheduler sent placeholders
+            drafts = self.drafter.propose(self, states, drafts)
+        if drafts:  # drafts go after each row's known tokens (not yet its own)
+            write_drafts(self.batch, states, drafts)
+        arrays = self.batch.build(rows, query_lens, num_decodes)
+        self.batch.num_computed[rows] += query_lens  # after this step's forward
+        if self._cuda is not None:
+            t1 = time.perf_counter()
+            hidden = self._cuda.forward(arrays)  # graph replay or eager; enqueues only
+        else:
+            meta = self.attention_metadata(arrays)
+            input_ids = self.to_device(arrays.input_ids)
+            positions = self.to_device(arrays.positions)
+            t1 = time.perf_counter()
+            hidden = self.model(input_ids, positions, self.kv_cache.layers, meta)
+        if drafts:
+            times = (t0, t1, collective0)
+            verified = spec_step(self, so, drafts, states, rows, arrays, hidden, times)
+            if self.drafter is not None:
+                self.drafter.settle(self, states)
+            return verified
+        # A row samples when this step brings it up to date (not mid-way through a prefill).
+        samples = arrays.seq_lens == self.batch.num_tokens[rows]
+        if samples.all():
+            sample_states, sample_rows = states, rows
+            last = hidden if len(hidden) == len(rows) else hidden[arrays.query_start_loc[1:] - 1]
+        else:
+            idx = np.flatnonzero(samples)
+            sample_states, sample_rows = [states[i] for i in idx], rows[idx]
+            last = hidden[torch.from_numpy(arrays.query_start_loc[1:][idx] - 1)]
+        logits = self.model.compute_logits(last)
+        t2 = time.perf_counter()
+        prompt_lps = self.prompt_logprobs(states, arrays, hidden)
+        out = self.sample(logits, sample_states, sample_rows, so.grammar_bitmask)
+        t3 = time.perf_counter()
+        return ModelOutput(
+            req_ids=out[0],
+            sampled_token_ids=out[1],
+            logprobs=out[2],
+            prompt_logprobs=prompt_lps,
+            prepare_time=t1 - t0,
+            forward_time=t2 - t1,
+            sample_time=t3 - t2,
+            collective_time=self.tp.clock.seconds - collective0,
+        )
+
+    def _batch_order(self, so: SchedulerOutput) -> tuple[list[CachedRequestState], np.ndarray, int]:
+        """Rows in batch order, decode rows (one query token) first: attention batches them."""
+        scheduled = so.num_scheduled_tokens
+        requests = self.requests
+        if so.total_num_scheduled_tokens == len(scheduled):  # pure decode step
+            states = [requests[rid] for rid in scheduled]
+            return states, np.ones(len(states), dtype=np.int64), len(states)
+        decodes = [rid for rid, n in scheduled.items() if n == 1]
+        prefills = [rid for rid, n in scheduled.items() if n != 1]
+        order = decodes + prefills
+        query_lens = np.fromiter(
+            (scheduled[rid] for rid in order), dtype=np.int64, count=len(order)
+        )
+        return [requests[rid] for rid in order], query_lens, len(decodes)
+
+    def to_device(self, array: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(array)
+        return tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)
+
+    def attention_metadata(
+        self, a: StepArrays, windows: tuple[int, ...] | None = None
+    ) -> AttentionMetadata:
+        """The step's attention metadata; on CPU with gather plans for ``windows`` (default:
+        this model's sliding windows)."""
+        dev = self.device
+        block_tables = self.to_device(a.block_tables)
+        plan = None
+        if dev.type == "cpu":
+            plan = build_cpu_plan(
+                a.query_start_loc, a.seq_lens, block_tables, a.num_decodes, self.block_size,
+                self.attention_windows if windows is None else windows,
+            )  # fmt: skip
+        return AttentionMetadata(
+            num_tokens=len(a.input_ids),
+            num_seqs=len(a.seq_lens),
+            num_decodes=a.num_decodes,
+            block_size=self.block_size,
+            slot_mapping=self.to_device(a.slot_mapping),
+            query_start_loc=self.to_device(a.query_start_loc),
+            seq_lens=self.to_device(a.seq_lens),
+            block_tables=block_tables,
+            max_query_len=a.max_query_len,
+            max_seq_len=a.max_seq_len,
+            query_start_loc_np=a.query_start_loc,
+            seq_lens_np=a.seq_lens,
+            cpu_plan=plan,
+        )
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        states: list[CachedRequestState],
+        rows: np.ndarray,
+        bitmask: GrammarBitmask | None = None,
+    ) -> tuple[list[str], list[int], dict[str, TokenLogprobs]]:
+        if not states:
+            return [], [], {}
+        if bitmask is not None:  # constrained rows only; the sampler sees masked logits
+            logits = logits.float()
+            row_of = {s.request_id: i for i, s in enumerate(states)}
+            apply_grammar_bitmask(logits, row_of, bitmask)
+        meta = build_sampling_metadata(
+            [s.sampling for s in states], self.vocab_size, self.device, self.generator
+        )
+        result = self.sampler(logits, meta)
+        tokens: list[int] = result.sampled_token_ids.tolist()  # the step's one host sync
+        req_ids = [s.request_id for s in states]
+        self.batch.append_tokens(rows, tokens)
+        for state, token in zip(states, tokens, strict=True):
+            state.output_token_ids.append(token)
+        logprobs: dict[str, TokenLogprobs] = {}
+        if result.logprobs is not None:
+            rows_lps = result.logprobs.rows([s.params.logprobs for s in states])
+            for state, entry in zip(states, rows_lps, strict=True):
+                if entry is not None:
+                    logprobs[state.request_id] = entry
+        return req_ids, tokens, logprobs
+
+    def prompt_logprobs(
+        self, states: list[CachedRequestState], a: StepArrays, hidden: torch.Tensor
+    ) -> dict[str, list[TokenLogprobs | None]]:
+        out: dict[str, list[TokenLogprobs | None]] = {}
+        if not self._num_prompt_logprob_reqs:
+            return out
+        for i, state in enumerate(states):
+            k = state.params.prompt_logprobs
+            if k is None:
+                continue
+            q0, q1 = int(a.query_start_loc[i]), int(a.query_start_loc[i + 1])
+            start = int(a.seq_lens[i]) - (q1 - q0)
+            # This chunk reports prompt positions first..last (0 has no logprob: None).
+            first = 0 if start == 0 else start + 1
+            last = min(start + q1 - q0, len(state.prompt_token_ids) - 1)
+            if last < state.next_prompt_logprob:
+                continue  # nothing new (decode, or a recomputed stretch)
+            entries = prompt_logprobs_for_chunk(
+                self.model.compute_logits(hidden[q0:q1]), state.prompt_token_ids, start, k
+            )
+            out[state.request_id] = entries[max(0, state.next_prompt_logprob - first) :]
+            state.next_prompt_logprob = last + 1
+        return out

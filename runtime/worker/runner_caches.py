@@ -1,0 +1,72 @@
+"""The model runner's KV caches: the target's (sized for the device; on CUDA with its graph
+executor) and, for ``draft_model`` speculation, the draft's over the same block ids, which
+shares the target's memory budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from tokenwire.runtime.config import CacheConfig
+from tokenwire.runtime.loader.model_loader import LoadedModel
+from tokenwire.runtime.worker.kv_cache import KVCache
+from tokenwire.runtime.worker.spec.draft_model import DraftModel, draft_bytes_per_block
+
+if TYPE_CHECKING:
+    from tokenwire.runtime.worker.cuda_runner import CudaGraphRunner
+
+
+@dataclass(frozen=True)
+class RunnerCaches:
+    kv_cache: KVCache
+    cuda: CudaGraphRunner | None  # CUDA devices: graph capture/replay over ``kv_cache``
+    drafter: DraftModel | None  # the draft model with its own cache
+
+
+def build_caches(
+    loaded: LoadedModel,
+    draft: LoadedModel | None,
+    cache_config: CacheConfig,
+    device: torch.device,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    enforce_eager: bool,
+    tp_size: int,
+) -> RunnerCaches:
+    extra = 0 if draft is None else draft_bytes_per_block(draft, cache_config, tp_size)
+    cuda = None
+    if device.type == "cuda":
+        from tokenwire.runtime.worker.cuda_runner import (
+            CudaGraphRunner,
+            cuda_kv_cache,
+            graphs_enabled,
+        )
+
+        kv_cache = cuda_kv_cache(
+            loaded,
+            cache_config,
+            max_num_seqs,
+            max_num_batched_tokens,
+            graphs_enabled(enforce_eager),
+            tp_size,
+            extra,
+        )
+        cuda = CudaGraphRunner(
+            loaded, kv_cache, max_num_seqs, max_num_batched_tokens, enforce_eager
+        )
+    else:
+        # An automatic CPU budget holds no more than the scheduler's sequences can use.
+        per_seq = -(-loaded.max_model_len // cache_config.block_size)
+        usable = 1 + max_num_seqs * per_seq  # block 0 is the null block
+        kv_cache = KVCache.allocate(
+            loaded.arch, cache_config, device, loaded.dtype, None, tp_size, extra, usable
+        )
+    drafter = None
+    if draft is not None:  # the same blocks, the draft's own layers and heads
+        draft_kv = KVCache.allocate(
+            draft.arch, cache_config, device, draft.dtype, kv_cache.num_blocks, tp_size
+        )
+        drafter = DraftModel(draft, draft_kv)
+    return RunnerCaches(kv_cache, cuda, drafter)

@@ -1,0 +1,114 @@
+"""``Worker``: one rank's model, KV-cache shard and ``ModelRunner`` on its own device.
+
+``UniprocExecutor`` holds one worker in the core's process; with tensor parallelism each
+worker process holds one (``worker_process``). The worker builds its model on its device from
+its slices of the checkpoint, sizes its KV cache, and runs ``execute_model`` for every step.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from tokenwire.runtime.config import EngineConfig
+from tokenwire.runtime.distributed.group import TPGroup
+from tokenwire.runtime.loader.model_loader import LoadedModel, load_model, resolve_dtype
+from tokenwire.runtime.model_facts import ModelFacts
+from tokenwire.runtime.model_output import ModelOutput
+from tokenwire.runtime.scheduler_output import SchedulerOutput
+from tokenwire.runtime.worker.cpu_tuning import keep_freed_memory
+from tokenwire.runtime.worker.model_runner import ModelRunner
+from tokenwire.runtime.worker.spec.draft_model import load_draft_model
+
+
+def resolve_device(device: str, local_rank: int = 0, ranks_per_node: int = 1) -> torch.device:
+    """The device of local rank ``local_rank``: ``cuda:<local_rank>`` under tensor
+    parallelism; errors name the flag to change."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available: use --device cpu")
+    if device == "cpu":
+        return torch.device("cpu")
+    if ranks_per_node == 1:
+        return torch.device(device)
+    if device != "cuda":
+        raise ValueError(
+            f"--device {device} names one GPU, but --tensor-parallel-size needs "
+            f"{ranks_per_node} on this node: use --device cuda (rank i runs on cuda:i)"
+        )
+    available = torch.cuda.device_count()
+    if ranks_per_node > available:
+        raise ValueError(
+            f"--tensor-parallel-size asks for {ranks_per_node} ranks on this node but it has "
+            f"{available} CUDA device(s)"
+        )
+    return torch.device("cuda", local_rank)
+
+
+def cpu_threads_per_rank(ranks_per_node: int) -> int:
+    """Split the host's cores between the ranks of a CPU node instead of oversubscribing."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // ranks_per_node)
+
+
+class Worker:
+    def __init__(self, config: EngineConfig, device: torch.device, tp: TPGroup) -> None:
+        self.config = config
+        self.device = device
+        self.tp = tp
+        if device.type == "cpu":
+            keep_freed_memory()
+        dtype = resolve_dtype(config.model.dtype, device)
+        self.loaded: LoadedModel = load_model(config.model, device, dtype, tp)
+        spec = config.speculative_config
+        draft = None
+        if spec is not None and spec.method == "draft_model":
+            draft = load_draft_model(config.model, spec, self.loaded, tp)
+        sched = config.scheduler
+        self.runner = ModelRunner(
+            self.loaded,
+            config.cache,
+            sched.max_num_seqs,
+            device,
+            config.model.seed,
+            max_num_batched_tokens=sched.max_num_batched_tokens,
+            enforce_eager=config.enforce_eager,
+            tp=tp,
+            lora=config.lora,
+            draft=draft,
+        )
+
+    @property
+    def num_blocks(self) -> int:
+        return self.runner.num_blocks
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelOutput:
+        return self.runner.execute_model(scheduler_output)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of this rank's weights as loaded: parameters and buffers (quantized weights
+        at their packed size), not the rotary table, which is derived, not loaded."""
+        model = self.loaded.model
+        derived = getattr(model, "cos_sin_cache", None)
+        tensors = [*model.parameters(), *(b for b in model.buffers() if b is not derived)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def facts(self, num_blocks: int, weight_bytes: int | None = None) -> ModelFacts:
+        loaded = self.loaded
+        return ModelFacts(
+            served_model_name=loaded.served_model_name,
+            arch=loaded.arch,
+            max_model_len=loaded.max_model_len,
+            eos_token_ids=tuple(sorted(loaded.eos_token_ids)),
+            dtype=str(loaded.dtype).removeprefix("torch."),
+            device=str(self.device),
+            model_path=str(loaded.model_path),
+            tokenizer_path=None if loaded.tokenizer_dir is None else str(loaded.tokenizer_dir),
+            num_blocks=num_blocks,
+            tensor_parallel_size=self.tp.world_size,
+            quantization=getattr(loaded, "quantization", None),
+            weight_bytes=self.weight_bytes if weight_bytes is None else weight_bytes,
+        )
