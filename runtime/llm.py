@@ -2,7 +2,10 @@
 
 ``sampling_params=None`` means the model's default sampling parameters
 (``get_default_sampling_params``: ``--generation-config``, as in vLLM), and chat renders with
-``chat_template=`` if given, else ``--chat-template``, else the tokenizer's own."""
+``chat_template=`` if given, else ``--chat-template``, else the tokenizer's own.
+
+The text side is the served engine's: a ``Frontend`` built from the ``EngineInfo`` the core
+publishes (its tokenizer loaded here from ``tokenizer_path``, never taken from the executor)."""
 
 from __future__ import annotations
 
@@ -14,18 +17,12 @@ from typing import Any, cast
 from tqdm import tqdm
 
 from tokenwire.runtime.engine.core import EngineCore
+from tokenwire.runtime.engine.core_loop import engine_info
 from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.runtime.errors import ParameterError
-from tokenwire.runtime.executor.uniproc import UniprocExecutor
-from tokenwire.runtime.front.output_processor import OutputProcessor
-from tokenwire.runtime.front.structured_validate import StructuredValidator
-from tokenwire.runtime.front.tokenizer import (
-    Tokenizer,
-    apply_chat_template,
-    load_chat_template,
-    load_tokenizer,
-)
-from tokenwire.runtime.loader.generation_config import loaded_model_defaults
+from tokenwire.runtime.front.frontend import Frontend
+from tokenwire.runtime.front.output_processor import ProcessedStep
+from tokenwire.runtime.front.tokenizer import Tokenizer
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.outputs import ChoiceDelta, RequestOutput
 from tokenwire.runtime.sampling_params import SamplingParams, normalize_params
@@ -46,14 +43,9 @@ class LLM:
         ``TypeError``, a bad value a ``ValueError`` naming its flag."""
         config = EngineArgs(model=model, **kwargs).create_engine_config()
         self.engine = EngineCore(config, observer)
-        self.tokenizer = _front_tokenizer(self.engine)
-        template = load_chat_template(config.model.chat_template)
-        if self.tokenizer is not None and template is not None:
-            self.tokenizer.chat_template = template  # type: ignore[misc]
-        self.default_sampling = loaded_model_defaults(config.model, self.engine.facts.model_path)
-        self._split_special_tokens = not config.model.allow_content_special_tokens
-        self._processor = OutputProcessor(self.tokenizer)
-        self._structured = StructuredValidator(has_tokenizer=self.tokenizer is not None)
+        info = engine_info(self.engine)  # what the core publishes to a served front
+        self.frontend = Frontend.from_info(info)
+        self.default_sampling = info.default_sampling
         self._counter = itertools.count()
 
     @classmethod
@@ -62,6 +54,10 @@ class LLM:
     ) -> LLM:
         fields = {f.name: getattr(engine_args, f.name) for f in dataclasses.fields(engine_args)}
         return cls(observer=observer, **fields)
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        return self.frontend.tokenizer
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
@@ -74,7 +70,7 @@ class LLM:
     def shutdown(self) -> None:
         """Stop the engine's worker processes (tensor parallelism). Worker processes also
         exit on their own when this process ends."""
-        self._structured.close()
+        self.frontend.close()
         self.engine.shutdown()
 
     def __enter__(self) -> LLM:
@@ -132,15 +128,9 @@ class LLM:
         conversations = (
             [cast(Messages, messages)] if single else list(cast(Sequence[Messages], messages))
         )
-        tokenizer = self._require_tokenizer("messages")
+        self.frontend.require_tokenizer("messages")
         prompts = [
-            apply_chat_template(
-                tokenizer,
-                conv,
-                chat_template=chat_template,
-                split_special_tokens=self._split_special_tokens,
-            )
-            for conv in conversations
+            self.frontend.render_chat(conv, chat_template=chat_template) for conv in conversations
         ]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
@@ -152,7 +142,7 @@ class LLM:
         params = sampling_params or self.get_default_sampling_params()
         request_id = self._add(text, token_ids, params, 0)
         try:
-            while self._processor.has_unfinished_requests():
+            while self.frontend.has_unfinished_requests():
                 step = self._step()
                 yield from (d for d in step.deltas if d.request_id == request_id)
         finally:
@@ -181,14 +171,8 @@ class LLM:
 
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
-            tokenizer = self._require_tokenizer("prompt")
-            return prompt, list(tokenizer(prompt)["input_ids"])
+            return prompt, self.frontend.encode(prompt)
         return None, list(prompt)
-
-    def _require_tokenizer(self, param: str) -> Any:
-        if self.tokenizer is None:
-            raise ParameterError(param, "this model has no tokenizer: pass token ids instead")
-        return self.tokenizer
 
     def _add(
         self,
@@ -200,9 +184,9 @@ class LLM:
     ) -> str:
         # The constraint parses (limits first, on a worker under a time limit); the engine
         # compiles it.
-        self._structured.check(params)
+        self.frontend.check_constraint(params)
         request_id = str(next(self._counter))
-        children = self._processor.add_request(request_id, prompt, token_ids, params)
+        children = self.frontend.add_request(request_id, prompt, token_ids, params)
         try:
             for child_id, child_params in children:
                 self.engine.add_request(
@@ -214,10 +198,10 @@ class LLM:
         return request_id
 
     def _abort(self, request_id: str) -> None:
-        self.engine.abort_requests(self._processor.abort(request_id))
+        self.engine.abort_requests(self.frontend.abort(request_id))
 
-    def _step(self) -> Any:
-        step = self._processor.process(self.engine.step())
+    def _step(self) -> ProcessedStep:
+        step = self.frontend.process(self.engine.step())
         if step.to_abort:
             self.engine.abort_requests(step.to_abort)
         return step
@@ -225,17 +209,8 @@ class LLM:
     def _run(self, use_tqdm: bool, total: int) -> dict[str, RequestOutput]:
         results: dict[str, RequestOutput] = {}
         with tqdm(total=total, desc="generate", disable=not use_tqdm, unit="req") as bar:
-            while self._processor.has_unfinished_requests():
+            while self.frontend.has_unfinished_requests():
                 for output in self._step().finished:
                     results[output.request_id] = output
                     bar.update(1)
         return results
-
-
-def _front_tokenizer(engine: EngineCore) -> Tokenizer | None:
-    """The model's tokenizer: the one the in-process worker loaded, else loaded here."""
-    executor = engine.executor
-    if isinstance(executor, UniprocExecutor):
-        return executor.worker.loaded.tokenizer
-    path = engine.facts.tokenizer_path
-    return None if path is None else load_tokenizer(path)

@@ -37,7 +37,6 @@ def generate_engine_args(args: argparse.Namespace) -> EngineArgs:
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    from tokenwire.runtime.front.tokenizer import apply_chat_template
     from tokenwire.runtime.llm import LLM
     from tokenwire.runtime.sampling_params import SamplingParams
 
@@ -50,11 +49,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     )
     prompt: str | list[int] = args.prompt
     if args.chat:
-        prompt = apply_chat_template(
-            llm.get_tokenizer(),
-            [{"role": "user", "content": args.prompt}],
-            split_special_tokens=not args.allow_content_special_tokens,
-        )
+        prompt = llm.frontend.render_chat([{"role": "user", "content": args.prompt}])
     for delta in llm.stream(prompt, params):
         sys.stdout.write(delta.text)
         sys.stdout.flush()

@@ -194,7 +194,7 @@ def test_slow_constraint_within_limits_times_out_off_the_loop(
 ) -> None:
     """Inside the limits but seconds to parse: checked on a worker thread, refused at the
     (lowered) time limit; health and other requests never wait for it."""
-    validator = harness.engine._structured
+    validator = harness.engine.frontend.structured
     saved = validator.limits
     validator.limits = ConstraintLimits(check_timeout=0.3)
     try:
@@ -307,7 +307,7 @@ def test_offline_llm_refuses_bombs(tiny_model_with_tokenizer: Path) -> None:
     with pytest.raises(ParameterError) as deep:
         llm.generate(["Hi"], bomb, use_tqdm=False)
     assert deep.value.param == "structured_outputs.json" and "deeper than" in str(deep.value)
-    llm._structured.limits = ConstraintLimits(check_timeout=0.3)
+    llm.frontend.structured.limits = ConstraintLimits(check_timeout=0.3)
     slow = SamplingParams(structured_outputs=StructuredOutputsParams(json=wide_and_deep()))
     with pytest.raises(ParameterError) as late:
         llm.generate(["Hi"], slow, use_tqdm=False)

@@ -1,11 +1,14 @@
 """``AsyncEngine``: the ``EngineClient`` every server front uses (vLLM v1's ``AsyncLLM``).
 
-It keeps the text side on the front's event loop: the tokenizer, ``n > 1`` fan-out,
-incremental detokenization, stop strings and per-request output streams. The engine core
-(scheduler, KV cache, model) runs behind a ``CoreClient``: in a process of its own by default,
-or on a thread (``in_process``). While the core computes the next step, the loop turns the
-previous step's token ids into text. One record per step carries every request's tokens, the
-step and request statistics (handed to ``observer`` here, on the loop) and a state snapshot.
+It holds the front's text pipeline (``Frontend``: tokenizer, request checks, ``n > 1``
+fan-out, incremental detokenization, stop strings) and adds what is async: the event loop's
+per-request output streams, admission and idle tracking, the tokenizer load and grammar parses
+on threads (prompts are tokenized by the caller, off the loop: the server's
+``TokenizerPool``). The engine core (scheduler, KV cache, model) runs behind a
+``CoreClient``: in a process of its own by default, or on a thread (``in_process``). While
+the core computes the next step, the loop turns the previous step's token ids into text. One
+record per step carries every request's tokens, the step and request statistics (handed to
+``observer`` here, on the loop) and a state snapshot.
 """
 
 from __future__ import annotations
@@ -38,12 +41,12 @@ from tokenwire.runtime.errors import (
     ParameterError,
     QueueFullError,
 )
+from tokenwire.runtime.front.frontend import Frontend
 from tokenwire.runtime.front.lora_front import LoRAFront
-from tokenwire.runtime.front.output_processor import OutputProcessor, ProcessedStep
+from tokenwire.runtime.front.output_processor import ProcessedStep
 from tokenwire.runtime.front.request_stream import RequestFailed, RequestFinished, RequestStream
-from tokenwire.runtime.front.structured_validate import StructuredValidator
-from tokenwire.runtime.front.tokenizer import Tokenizer, load_tokenizer
-from tokenwire.runtime.front.validation import validate_priority, validate_request
+from tokenwire.runtime.front.tokenizer import Tokenizer
+from tokenwire.runtime.front.validation import validate_priority
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.sampling_params import SamplingParams
@@ -73,9 +76,7 @@ class AsyncEngine:
         self.ready = False  # set after warm-up; until then requests get NOT_READY
         self.draining = False
         self._info: EngineInfo | None = None
-        self._tokenizer: Tokenizer | None = None
-        self._processor = OutputProcessor(None)
-        self._structured = StructuredValidator(has_tokenizer=False)
+        self._frontend: Frontend | None = None
         self._streams: dict[str, RequestStream] = {}
         self._num_seqs = 0
         self._eviction_listeners: dict[str, Callable[[], None]] = {}
@@ -97,8 +98,13 @@ class AsyncEngine:
         return self._info
 
     @property
+    def frontend(self) -> Frontend:
+        assert self._frontend is not None, "start() first"
+        return self._frontend
+
+    @property
     def tokenizer(self) -> Tokenizer | None:
-        return self._tokenizer
+        return None if self._frontend is None else self._frontend.tokenizer
 
     @property
     def is_dead(self) -> bool:
@@ -118,16 +124,12 @@ class AsyncEngine:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        """Start the core, wait until it has loaded the model, load the tokenizer."""
+        """Start the core, wait until it has loaded the model, load the tokenizer (off the
+        loop) from what the core published."""
         info = await self.client.start()
         self._info = info
         self._loras.seed(info.lora_adapters, info.max_lora_rank)
-        if info.tokenizer_path is not None:
-            self._tokenizer = await asyncio.to_thread(
-                load_tokenizer, info.tokenizer_path, info.chat_template
-            )
-        self._processor = OutputProcessor(self._tokenizer)
-        self._structured = StructuredValidator(has_tokenizer=self._tokenizer is not None)
+        self._frontend = await asyncio.to_thread(Frontend.from_info, info)
         total = info.num_kv_blocks
         self._snapshot = EngineStatsSnapshot(kv_blocks_free=total, kv_blocks_total=total)
         self._output_task = asyncio.create_task(self._output_loop(), name="tokenwire-outputs")
@@ -157,7 +159,8 @@ class AsyncEngine:
 
     async def shutdown(self) -> None:
         self._closing = True
-        self._structured.close()
+        if self._frontend is not None:
+            self._frontend.close()
         await self.client.shutdown()
         if self._output_task is not None:
             self._output_task.cancel()
@@ -216,13 +219,11 @@ class AsyncEngine:
             )
         if lora_request is not None and self._loras.get(lora_request.lora_name) != lora_request:
             raise AdapterNotFoundError(lora_request.lora_name)
-        info = self.info
-        validate_request(prompt_token_ids, params, info.vocab_size, info.max_model_len)
-        validate_priority(priority)
+        validate_priority(priority)  # what the wire to the core carries
         # No grammar work here, on the loop: a constraint not known to parse is left to the
         # core's compile pool (``check_constraint`` parses it off the loop beforehand).
-        self._structured.check_known(params)
-        children = self._processor.add_request(request_id, prompt, prompt_token_ids, params)
+        frontend = self.frontend
+        children = frontend.add_request(request_id, prompt, prompt_token_ids, params)
         stream = RequestStream(request_id, params.n)
         self._streams[request_id] = stream
         self._num_seqs += params.n
@@ -242,7 +243,7 @@ class AsyncEngine:
         try:
             self.client.send(message)
         except Exception:  # not sent (e.g. a value the wire cannot encode): nothing stays
-            self._processor.abort(request_id)
+            frontend.abort(request_id)
             self._streams.pop(request_id, None)
             self._num_seqs -= params.n
             self._mark_idle()
@@ -252,7 +253,7 @@ class AsyncEngine:
     async def check_constraint(self, params: SamplingParams) -> None:
         """Parse ``params``' structured-output constraint off the loop, limits first;
         ``ParameterError`` naming the field. Call before ``add_request``."""
-        await self._structured.check_async(params)
+        await self.frontend.structured.check_async(params)
 
     def abort(self, request_id: str) -> bool:
         """Cancel an in-flight request (its choices end CANCELLED). True once per request."""
@@ -260,7 +261,7 @@ class AsyncEngine:
         if stream is None or stream.done or stream.abort_requested:
             return False
         stream.abort_requested = True
-        children = self._processor.unfinished_children(request_id)
+        children = self.frontend.unfinished_children(request_id)
         if children and self._dead is None:
             self.client.send(AbortRequests(children))
         return True
@@ -328,11 +329,11 @@ class AsyncEngine:
         outputs = result.outputs
         if any(o.error_param is not None for o in outputs):
             outputs = self._fail_bad_parameters(outputs)
-        processed = self._processor.process(outputs)
+        processed = self.frontend.process(outputs)
         if processed.to_abort:  # stop strings: the choices already ended in the front
             self.client.send(AbortRequests(processed.to_abort))
         for fault in result.faults:
-            self._processor.abort(fault.request_id)
+            self.frontend.abort(fault.request_id)
             self._fail(fault.request_id, EngineFaultError(fault.message))
         self._dispatch(processed)
         for holder in result.evicted_holders:
@@ -348,10 +349,10 @@ class AsyncEngine:
             if output.error_param is None:
                 kept.append(output)
                 continue
-            request_id = self._processor.parent_of(output.request_id)
+            request_id = self.frontend.parent_of(output.request_id)
             if request_id is None:
                 continue  # already failed through a sibling
-            siblings = [c for c in self._processor.abort(request_id) if c != output.request_id]
+            siblings = [c for c in self.frontend.abort(request_id) if c != output.request_id]
             if siblings:
                 self.client.send(AbortRequests(siblings))
             self._fail(request_id, ParameterError(output.error_param, str(output.stop_reason)))
@@ -387,7 +388,7 @@ class AsyncEngine:
         logger.error("engine core died: %s", reason)
         self._dead = reason
         for request_id in list(self._streams):
-            self._processor.abort(request_id)
+            self.frontend.abort(request_id)
             self._fail(request_id, EngineDeadError(reason))
         for reply in self._idle_calls.values():
             if not reply.done():

@@ -1,8 +1,9 @@
 """The seam between fronts (gRPC server, REST via gRPC, benchmarks) and the engine.
 
-A front sees only ``EngineClient``, the plain ``EngineInfo`` record it publishes once started,
-and the ``EngineStatsSnapshot`` it publishes after every step. Whether the engine core runs on
-a thread of this process or in a process of its own is the client's business.
+A front sees only ``EngineClient`` (and its ``Frontend``, the text side), the plain
+``EngineInfo`` record it publishes once started, and the ``EngineStatsSnapshot`` it publishes
+after every step. Whether the engine core runs on a thread of this process or in a process of
+its own is the client's business.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from tokenwire.runtime.front.frontend import Frontend
     from tokenwire.runtime.front.request_stream import RequestStream
 
 
@@ -104,6 +106,12 @@ class EngineClient(Protocol):
 
     @property
     def info(self) -> EngineInfo: ...
+
+    @property
+    def frontend(self) -> Frontend:
+        """The text pipeline (tokenizer, chat rendering) once started; a server runs its
+        ``encode`` and ``render_chat`` off the event loop."""
+        ...
 
     @property
     def tokenizer(self) -> Tokenizer | None: ...

@@ -108,7 +108,8 @@ class GrpcServer:
             options=settings.connection.server_options(settings.max_message_bytes),
             maximum_concurrent_rpcs=settings.connection.max_concurrent_rpcs,
         )
-        tokenizer = engine.tokenizer
+        frontend = engine.frontend
+        tokenizer = frontend.tokenizer
         # --tool-call-parser, else the one the chat template implies (None: unknown, and
         # tool_choice "auto" is refused naming the flag).
         self.tool_call_parser = settings.tool_call_parser
@@ -117,11 +118,7 @@ class GrpcServer:
         self.tokenizers = None
         if tokenizer is not None:
             max_prompt_bytes = settings.limits.prompt_bytes(engine.info.max_model_len)
-            self.tokenizers = TokenizerPool(
-                tokenizer,
-                max_prompt_bytes,
-                split_special_tokens=not engine.info.allow_content_special_tokens,
-            )
+            self.tokenizers = TokenizerPool(frontend, max_prompt_bytes)
         self.sessions = SessionHandler(
             engine,
             model_name,
