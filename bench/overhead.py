@@ -69,7 +69,7 @@ def overhead_result(config: OverheadConfig) -> dict[str, Any]:
     if not full:
         raise ValueError(
             f"no decode step ran all {num_seqs} sequences at once: raise --output-len or "
-            f"the KV cache ({flag_of('kv_cache_memory_bytes')})"
+            f"the KV cache ({flag_of('kv_cache_memory')})"
         )
     return {
         "bench": "overhead",

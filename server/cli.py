@@ -31,8 +31,8 @@ def generate_engine_args(args: argparse.Namespace) -> EngineArgs:
     cache holds what that sequence can use (one ``--max-model-len`` of blocks, at most the
     default budget) instead of the server's 2 GiB, most of which it would never touch."""
     engine_args = EngineArgs.from_cli_args(args)
-    if engine_args.kv_cache_memory_bytes == EngineArgs.kv_cache_memory_bytes:  # not given
-        engine_args = dataclasses.replace(engine_args, kv_cache_memory_bytes=None, max_num_seqs=1)
+    if engine_args.kv_cache_memory == EngineArgs.kv_cache_memory:  # not given
+        engine_args = dataclasses.replace(engine_args, kv_cache_memory=None, max_num_seqs=1)
     return engine_args
 
 

@@ -115,7 +115,6 @@ def test_one_name_for_flag_field_config_field_and_keyword() -> None:
     for name in FIELDS:
         spec = flag_spec(name)
         assert spec.config_field == name, (name, spec.config_field)
-        assert spec.flag is None, name  # the flag is the field name with dashes
         assert flag_of(name) == "--" + name.replace("_", "-")
 
 
