@@ -38,11 +38,33 @@ def add_parsers(bench: argparse._SubParsersAction) -> None:  # type: ignore[type
     lo.set_defaults(func=_lora)
 
 
+def _add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="cpu",
+        help="request mix (bench/workloads.py): fixed, mixed (nano-vllm's), cpu (64 short), "
+        "repeat (answers copy their prompts), edit (chat rewrites of a passage) (default: "
+        "%(default)s)",
+    )
+    p.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        help="requests to run (default: the workload's own count)",
+    )
+
+
 # ---------------------------------------------------------------------- throughput
 def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", choices=WORKLOADS, default="cpu")
-    p.add_argument("--num-requests", type=int, default=None)
-    p.add_argument("--compare", choices=["none", "hf"], default="none")
+    _add_workload_arguments(p)
+    p.add_argument(
+        "--compare",
+        choices=["none", "hf"],
+        default="none",
+        help="also run HF transformers on the same workload (one at a time and in static "
+        "batches) and report the speed-ups (default: %(default)s)",
+    )
     p.add_argument(
         "--hf-sequential-requests",
         type=int,
@@ -112,7 +134,12 @@ def add_overhead_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="running sequences (default: --max-num-seqs)",
     )
-    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument(
+        "--output-len",
+        type=int,
+        default=64,
+        help="tokens each sequence decodes (default: %(default)s)",
+    )
     EngineArgs.add_cli_args(
         p, model_help="model (default: a tiny random Llama, whose forward pass is nearly free)"
     )
@@ -134,28 +161,45 @@ def _overhead(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------- serve
 def add_serve_bench_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=["grpc", "openai"], default="grpc")
+    p.add_argument(
+        "--backend",
+        choices=["grpc", "openai"],
+        default="grpc",
+        help="grpc (--target) or the OpenAI-compatible REST API (--base-url) (default: "
+        "%(default)s)",
+    )
     p.add_argument("--target", default="127.0.0.1:50051", help="gRPC host:port")
     p.add_argument("--base-url", default="http://127.0.0.1:8000", help="OpenAI base URL")
     p.add_argument("--model", default="", help="model name for the OpenAI backend")
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--workload", choices=WORKLOADS, default="cpu")
-    p.add_argument("--num-requests", type=int, default=None)
-    p.add_argument("--vocab-size", type=int, default=49152)
+    p.add_argument("--api-key", default=None, help="bearer key the server requires")
+    _add_workload_arguments(p)
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=49152,
+        help="token ids of the prompts are drawn below this (default: %(default)s, SmolLM2's)",
+    )
     p.add_argument(
         "--tokenizer",
         default=None,
         help="model folder or hub id whose tokenizer renders the edit workload's chat prompts "
         "(default: the default model's)",
     )
-    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=16,
+        help="requests in flight at most (default: %(default)s)",
+    )
     p.add_argument(
         "--request-rate",
         type=float,
         default=None,
         help="Poisson arrivals per second (default: all at once, bounded by --concurrency)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the arrival times (default: %(default)s)"
+    )
     p.add_argument(
         "--cache-salt",
         default=None,
@@ -198,8 +242,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------- lora
 def add_lora_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", choices=WORKLOADS, default="cpu")
-    p.add_argument("--num-requests", type=int, default=None)
+    _add_workload_arguments(p)
     p.add_argument("--num-adapters", type=int, default=4, help="random adapters, mixed evenly")
     p.add_argument("--lora-rank", type=int, default=16, help="rank of every adapter")
     EngineArgs.add_cli_args(p, model_help="model (default: SmolLM2)")
