@@ -1,7 +1,7 @@
 """The command line says what every flag does and writes each default once (layout item 5):
-every action of every ``tokenwire`` subcommand has help text; serve's flags take their
-defaults from the settings dataclasses they fill (no number restated in ``add_argument``);
-the in-flight request cap (4096) is one constant."""
+every action of every ``tokenwire`` subcommand has help text; serve's and bench's flags take
+their defaults from the settings dataclasses they fill (no number restated in
+``add_argument``); the in-flight request cap (4096) is one constant."""
 
 from __future__ import annotations
 
@@ -11,6 +11,13 @@ import inspect
 from collections.abc import Iterator
 from pathlib import Path
 
+from tokenwire.bench.configs import (
+    HfBaselineConfig,
+    LoRABenchConfig,
+    OverheadConfig,
+    ServeBenchConfig,
+    ThroughputConfig,
+)
 from tokenwire.runtime.engine.async_engine import AsyncEngine
 from tokenwire.server.cli import build_parser
 from tokenwire.server.grpc.connection import ConnectionSettings
@@ -29,6 +36,7 @@ FLAG_MODULES = (
     "server/rest/server.py",
     "server/rest/connection.py",
     "server/telemetry/tracing.py",
+    "bench/cli.py",
 )
 
 
@@ -106,6 +114,27 @@ def test_serve_parser_defaults_are_the_settings_defaults() -> None:
     assert {name: getattr(args, name) for name in expected} == expected
     # The values themselves are unchanged.
     assert (args.max_requests, args.grpc_port, args.max_message_bytes) == (4096, 50051, 16 << 20)
+
+
+def test_bench_parser_defaults_are_the_bench_configs() -> None:
+    parse = build_parser().parse_args
+    serve = parse(["bench", "serve"])
+    fields = ("backend", "target", "base_url", "model", "workload", "vocab_size", "concurrency")
+    assert {f: getattr(serve, f) for f in fields} == {
+        f: getattr(ServeBenchConfig, f) for f in fields
+    }
+    assert serve.seed == ServeBenchConfig.seed
+    throughput = parse(["bench", "throughput"])
+    assert (throughput.workload, throughput.compare, throughput.tpot) == (
+        ThroughputConfig.workload,
+        ThroughputConfig.compare,
+        ThroughputConfig.tpot,
+    )
+    assert throughput.hf_sequential_requests == HfBaselineConfig.sequential_requests
+    assert throughput.hf_batch_sizes == "16,32"
+    assert parse(["bench", "overhead"]).output_len == OverheadConfig.output_len
+    lora = parse(["bench", "lora"])
+    assert (lora.num_adapters, lora.lora_rank) == (LoRABenchConfig.num_adapters, 16)
 
 
 def _number_sites(value: int, folders: tuple[str, ...]) -> list[str]:
