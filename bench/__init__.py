@@ -3,5 +3,5 @@ baseline, the engine-overhead benchmark, the served benchmark against any gRPC o
 OpenAI-compatible endpoint, and the roofline floor.
 
 ``bench/cli.py`` is the command-line edge (``tokenwire bench ...``): it turns parsed flags into
-the frozen configs (``ThroughputConfig``, ``OverheadConfig``, ``ServeBenchConfig``) that every
-function below it takes."""
+the frozen configs (``bench/configs.py``: ``ThroughputConfig``, ``OverheadConfig``,
+``ServeBenchConfig``, ``LoRABenchConfig``) that every function below it takes."""

@@ -3,24 +3,26 @@
 The only module of the package that sees ``argparse``: each command's flags become a frozen
 config (``ThroughputConfig``, ``OverheadConfig``, ``ServeBenchConfig``) and the benchmark runs
 on that. The offline benchmarks take every engine flag (``EngineArgs``), like ``serve``.
-Benchmark modules import torch, so they load only when their command runs.
+Benchmark modules import torch, so they load only when their command runs; the flags'
+defaults are read from the (torch-free) configs in ``bench/configs.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
+from tokenwire.bench.configs import (
+    DEFAULT_WORKLOAD,
+    HfBaselineConfig,
+    LoRABenchConfig,
+    OverheadConfig,
+    ServeBenchConfig,
+    ThroughputConfig,
+)
 from tokenwire.bench.roofline import DEVICES
 from tokenwire.bench.workloads import WORKLOADS
 from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.runtime.loader.bundled_configs import BUNDLED_CONFIGS
-
-if TYPE_CHECKING:
-    from tokenwire.bench.lora import LoRABenchConfig
-    from tokenwire.bench.overhead import OverheadConfig
-    from tokenwire.bench.serve import ServeBenchConfig
-    from tokenwire.bench.throughput import ThroughputConfig
 
 
 def add_parsers(bench: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -38,18 +40,44 @@ def add_parsers(bench: argparse._SubParsersAction) -> None:  # type: ignore[type
     lo.set_defaults(func=_lora)
 
 
+def _add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default=DEFAULT_WORKLOAD,
+        help="request mix (bench/workloads.py): fixed, mixed (nano-vllm's), cpu (64 short), "
+        "repeat (answers copy their prompts), edit (chat rewrites of a passage) (default: "
+        "%(default)s)",
+    )
+    p.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        help="requests to run (default: the workload's own count)",
+    )
+
+
 # ---------------------------------------------------------------------- throughput
 def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", choices=WORKLOADS, default="cpu")
-    p.add_argument("--num-requests", type=int, default=None)
-    p.add_argument("--compare", choices=["none", "hf"], default="none")
+    _add_workload_arguments(p)
+    p.add_argument(
+        "--compare",
+        choices=["none", "hf"],
+        default=ThroughputConfig.compare,
+        help="also run HF transformers on the same workload (one at a time and in static "
+        "batches) and report the speed-ups (default: %(default)s)",
+    )
     p.add_argument(
         "--hf-sequential-requests",
         type=int,
-        default=8,
+        default=HfBaselineConfig.sequential_requests,
         help="HF one-at-a-time runs only this many requests (it is slow; 0 skips it)",
     )
-    p.add_argument("--hf-batch-sizes", default="16,32", help="comma-separated static batches")
+    p.add_argument(
+        "--hf-batch-sizes",
+        default=",".join(map(str, HfBaselineConfig.batch_sizes)),
+        help="comma-separated static batches",
+    )
     p.add_argument(
         "--hf-num-requests",
         type=int,
@@ -64,7 +92,10 @@ def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
         "'unknown' on the CPU or a device not in the table)",
     )
     p.add_argument(
-        "--tpot", type=int, default=0, help="also measure batch-1 TPOT over this many tokens"
+        "--tpot",
+        type=int,
+        default=ThroughputConfig.tpot,
+        help="also measure batch-1 TPOT over this many tokens",
     )
     EngineArgs.add_cli_args(
         p,
@@ -74,9 +105,6 @@ def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def throughput_config(args: argparse.Namespace) -> ThroughputConfig:
-    from tokenwire.bench.hf_baseline import HfBaselineConfig
-    from tokenwire.bench.throughput import ThroughputConfig
-
     try:
         batch_sizes = tuple(int(b) for b in args.hf_batch_sizes.split(","))
     except ValueError:
@@ -112,15 +140,18 @@ def add_overhead_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="running sequences (default: --max-num-seqs)",
     )
-    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument(
+        "--output-len",
+        type=int,
+        default=OverheadConfig.output_len,
+        help="tokens each sequence decodes (default: %(default)s)",
+    )
     EngineArgs.add_cli_args(
         p, model_help="model (default: a tiny random Llama, whose forward pass is nearly free)"
     )
 
 
 def overhead_config(args: argparse.Namespace) -> OverheadConfig:
-    from tokenwire.bench.overhead import OverheadConfig
-
     return OverheadConfig(
         engine=EngineArgs.from_cli_args(args), num_seqs=args.num_seqs, output_len=args.output_len
     )
@@ -134,28 +165,50 @@ def _overhead(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------- serve
 def add_serve_bench_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=["grpc", "openai"], default="grpc")
-    p.add_argument("--target", default="127.0.0.1:50051", help="gRPC host:port")
-    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="OpenAI base URL")
-    p.add_argument("--model", default="", help="model name for the OpenAI backend")
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--workload", choices=WORKLOADS, default="cpu")
-    p.add_argument("--num-requests", type=int, default=None)
-    p.add_argument("--vocab-size", type=int, default=49152)
+    p.add_argument(
+        "--backend",
+        choices=["grpc", "openai"],
+        default=ServeBenchConfig.backend,
+        help="grpc (--target) or the OpenAI-compatible REST API (--base-url) (default: "
+        "%(default)s)",
+    )
+    p.add_argument("--target", default=ServeBenchConfig.target, help="gRPC host:port")
+    p.add_argument("--base-url", default=ServeBenchConfig.base_url, help="OpenAI base URL")
+    p.add_argument(
+        "--model", default=ServeBenchConfig.model, help="model name for the OpenAI backend"
+    )
+    p.add_argument("--api-key", default=None, help="bearer key the server requires")
+    _add_workload_arguments(p)
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=ServeBenchConfig.vocab_size,
+        help="token ids of the prompts are drawn below this (default: %(default)s, SmolLM2's)",
+    )
     p.add_argument(
         "--tokenizer",
         default=None,
         help="model folder or hub id whose tokenizer renders the edit workload's chat prompts "
         "(default: the default model's)",
     )
-    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=ServeBenchConfig.concurrency,
+        help="requests in flight at most (default: %(default)s)",
+    )
     p.add_argument(
         "--request-rate",
         type=float,
         default=None,
         help="Poisson arrivals per second (default: all at once, bounded by --concurrency)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=ServeBenchConfig.seed,
+        help="seed of the arrival times (default: %(default)s)",
+    )
     p.add_argument(
         "--cache-salt",
         default=None,
@@ -169,7 +222,6 @@ def add_serve_bench_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def serve_bench_config(args: argparse.Namespace) -> ServeBenchConfig:
-    from tokenwire.bench.serve import ServeBenchConfig
     from tokenwire.clients.channel import tls_from_args
 
     return ServeBenchConfig(
@@ -198,16 +250,20 @@ def _serve(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------- lora
 def add_lora_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", choices=WORKLOADS, default="cpu")
-    p.add_argument("--num-requests", type=int, default=None)
-    p.add_argument("--num-adapters", type=int, default=4, help="random adapters, mixed evenly")
-    p.add_argument("--lora-rank", type=int, default=16, help="rank of every adapter")
+    _add_workload_arguments(p)
+    p.add_argument(
+        "--num-adapters",
+        type=int,
+        default=LoRABenchConfig.num_adapters,
+        help="random adapters, mixed evenly",
+    )
+    p.add_argument(
+        "--lora-rank", type=int, default=LoRABenchConfig.rank, help="rank of every adapter"
+    )
     EngineArgs.add_cli_args(p, model_help="model (default: SmolLM2)")
 
 
 def lora_config(args: argparse.Namespace) -> LoRABenchConfig:
-    from tokenwire.bench.lora import LoRABenchConfig
-
     if args.num_adapters <= 0 or args.lora_rank <= 0:
         raise ValueError("--num-adapters and --lora-rank must be positive")
     return LoRABenchConfig(

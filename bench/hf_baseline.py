@@ -17,21 +17,8 @@ from typing import Any
 
 import torch
 
+from tokenwire.bench.configs import HfBaselineConfig
 from tokenwire.bench.workloads import Workload
-
-
-@dataclass(frozen=True)
-class HfBaselineConfig:
-    """``--compare hf``: static batch sizes to try (the best is reported), how many requests
-    the static runs take (None: all) and the one-at-a-time run takes (0 skips it)."""
-
-    batch_sizes: tuple[int, ...] = (16, 32)
-    num_requests: int | None = None
-    sequential_requests: int = 8
-
-    def __post_init__(self) -> None:
-        if not self.batch_sizes or min(self.batch_sizes) <= 0:
-            raise ValueError(f"--hf-batch-sizes must be positive integers, got {self.batch_sizes}")
 
 
 @dataclass(frozen=True)

@@ -19,15 +19,14 @@ import dataclasses
 import json
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
+from tokenwire.bench.configs import LoRABenchConfig
 from tokenwire.bench.workloads import Workload, make_workload
-from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.runtime.lora.adapter import (
     CONFIG_FILE,
     TARGET_MODULES,
@@ -37,15 +36,6 @@ from tokenwire.runtime.lora.adapter import (
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.models.arch import ModelArch
 from tokenwire.runtime.sampling_params import SamplingParams
-
-
-@dataclass(frozen=True)
-class LoRABenchConfig:
-    engine: EngineArgs = field(default_factory=EngineArgs)
-    workload: str = "cpu"
-    num_requests: int | None = None
-    num_adapters: int = 4
-    rank: int = 16
 
 
 def write_random_adapter(arch: ModelArch, out_dir: Path, rank: int, seed: int) -> Path:

@@ -8,12 +8,12 @@ import dataclasses
 import json
 import statistics
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tokenwire.bench.configs import OverheadConfig
 from tokenwire.bench.throughput import StepRecorder, build_llm, overhead_ms
-from tokenwire.runtime.engine_args import EngineArgs, flag_of
+from tokenwire.runtime.engine_args import flag_of
 from tokenwire.runtime.sampling_params import SamplingParams
 
 # A tiny Llama for measuring engine bookkeeping, where the forward pass is nearly free.
@@ -34,15 +34,6 @@ TINY_OVERHEAD_CONFIG: dict[str, Any] = {
     "eos_token_id": 2,
 }
 PROMPT_LEN = 32
-
-
-@dataclass(frozen=True)
-class OverheadConfig:
-    """One ``bench overhead`` run. ``engine.model=None``: the tiny config, dummy weights."""
-
-    engine: EngineArgs = field(default_factory=EngineArgs)
-    num_seqs: int | None = None  # running sequences (default: ``engine.max_num_seqs``)
-    output_len: int = 64
 
 
 def overhead_result(config: OverheadConfig) -> dict[str, Any]:
@@ -69,7 +60,7 @@ def overhead_result(config: OverheadConfig) -> dict[str, Any]:
     if not full:
         raise ValueError(
             f"no decode step ran all {num_seqs} sequences at once: raise --output-len or "
-            f"the KV cache ({flag_of('kv_cache_memory_bytes')})"
+            f"the KV cache ({flag_of('kv_cache_memory')})"
         )
     return {
         "bench": "overhead",

@@ -15,35 +15,16 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from tqdm import tqdm
 
+from tokenwire.bench.configs import ServeBenchConfig
 from tokenwire.bench.serve_metrics import RequestResult, summarize
 from tokenwire.bench.workloads import bench_tokenizer, make_workload
 from tokenwire.clients.channel import TlsOptions
 
 Sender = Callable[[list[int], int], Awaitable[RequestResult]]
-
-
-@dataclass(frozen=True)
-class ServeBenchConfig:
-    """One ``bench serve`` run against a running endpoint."""
-
-    backend: Literal["grpc", "openai"] = "grpc"
-    target: str = "127.0.0.1:50051"  # gRPC host:port
-    base_url: str = "http://127.0.0.1:8000"  # OpenAI-compatible base URL
-    model: str = ""  # model name for the OpenAI backend
-    api_key: str | None = None
-    workload: str = "cpu"
-    num_requests: int | None = None
-    vocab_size: int = 49152  # token ids are drawn below this
-    tokenizer: str | None = None  # ``edit`` prompts: this tokenizer (default: the default model's)
-    concurrency: int = 16
-    request_rate: float | None = None  # Poisson arrivals/s; None: all at once
-    seed: int = 0  # arrival times
-    cache_salt: str | None = None  # None: fresh per run (no prefix-cache reuse across runs)
-    tls: TlsOptions | None = None  # gRPC over TLS (OpenAI backend: the CA verifies https)
 
 
 @dataclass

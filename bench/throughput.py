@@ -10,32 +10,17 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-from tokenwire.bench.hf_baseline import HfBaselineConfig
+from tokenwire.bench.configs import ThroughputConfig
 from tokenwire.bench.roofline import DeviceCeilings, lookup_device
 from tokenwire.bench.workloads import Workload, make_workload
 from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.stats import RequestStats, StepStats
-
-
-@dataclass(frozen=True)
-class ThroughputConfig:
-    """One ``bench throughput`` run."""
-
-    engine: EngineArgs = field(default_factory=EngineArgs)
-    workload: str = "cpu"
-    num_requests: int | None = None  # default: the workload's own count
-    compare: Literal["none", "hf"] = "none"
-    hf: HfBaselineConfig = field(default_factory=HfBaselineConfig)
-    # Floor ceilings: a ``roofline.DEVICES`` name; None = the engine's CUDA device (none on CPU).
-    floor_device: str | None = None
-    tpot: int = 0  # > 0: also measure batch-1 TPOT over this many output tokens
 
 
 class StepRecorder:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tokenwire.runtime.structured.config import StructuredOutputsConfig
+
 LoadFormat = Literal["auto", "safetensors", "gguf", "dummy"]
 SchedulingPolicy = Literal["fcfs", "priority"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]
@@ -26,6 +28,9 @@ KVCacheDType = Literal["auto", "fp8", "fp8_e4m3"]
 # Default CPU KV budget: 2 GiB holds ~46k tokens of SmolLM2-135M's float32 KV cache
 # (30 layers x 2 x 3 KV heads x 64 dims x 4 bytes = 46 KiB per token).
 DEFAULT_CPU_KV_BYTES = 2 << 30
+# Sequences in flight (a request with n choices counts n) before the front refuses more
+# (``AsyncEngine``; ``tokenwire serve --max-requests``).
+DEFAULT_MAX_REQUESTS = 4096
 
 
 def _positive(name: str, value: int | None) -> None:
@@ -94,18 +99,18 @@ class ModelConfig:
 class CacheConfig:
     """Paged KV cache shape and budget.
 
-    On CPU the cache is sized from ``kv_cache_memory_bytes``; on CUDA from
-    ``gpu_memory_utilization`` after a profiling forward. ``num_blocks_override`` wins over both
-    (tests use it to force preemption). ``kv_cache_memory_bytes=None`` (the offline ``tokenwire
+    On CPU the cache is sized from ``kv_cache_memory`` (bytes); on CUDA from
+    ``gpu_memory_utilization`` after a profiling forward. ``num_gpu_blocks_override`` wins over
+    both (tests use it to force preemption). ``kv_cache_memory=None`` (the offline ``tokenwire
     generate`` without ``--kv-cache-memory``): ``DEFAULT_CPU_KV_BYTES`` at most, and no more
     than ``max_num_seqs`` sequences of ``max_model_len`` tokens can use.
     """
 
     block_size: int = 16
     enable_prefix_caching: bool = True
-    kv_cache_memory_bytes: int | None = DEFAULT_CPU_KV_BYTES
+    kv_cache_memory: int | None = DEFAULT_CPU_KV_BYTES
     gpu_memory_utilization: float = 0.9
-    num_blocks_override: int | None = None
+    num_gpu_blocks_override: int | None = None
     # At most this fraction of KV blocks stays pinned by idle sessions between turns.
     session_cache_fraction: float = 0.5
     kv_cache_dtype: KVCacheDType = "auto"
@@ -114,7 +119,7 @@ class CacheConfig:
         _positive("block_size", self.block_size)
         if self.block_size > 1024 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two <= 1024, got {self.block_size}")
-        _positive("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
+        _positive("kv_cache_memory", self.kv_cache_memory)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
@@ -127,10 +132,10 @@ class CacheConfig:
             raise ValueError(
                 f"kv_cache_dtype must be one of auto, fp8, fp8_e4m3; got {self.kv_cache_dtype!r}"
             )
-        if self.num_blocks_override is not None and self.num_blocks_override < 2:
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 2:
             raise ValueError(
-                f"num_blocks_override must be >= 2 (one is the null block), "
-                f"got {self.num_blocks_override}"
+                f"num_gpu_blocks_override must be >= 2 (one is the null block), "
+                f"got {self.num_gpu_blocks_override}"
             )
 
 
@@ -140,14 +145,16 @@ class SchedulerConfig:
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
-    policy: SchedulingPolicy = "fcfs"
+    scheduling_policy: SchedulingPolicy = "fcfs"
     enable_chunked_prefill: bool = True
 
     def __post_init__(self) -> None:
         _positive("max_num_seqs", self.max_num_seqs)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
-        if self.policy not in ("fcfs", "priority"):
-            raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(
+                f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -270,13 +277,17 @@ class SpeculativeConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Everything the engine needs; built once by ``LLM``/the CLI and passed down."""
+    """Everything the engine needs; built once by ``LLM``/the CLI
+    (``EngineArgs.create_engine_config``) and passed down. Its config-dataclass fields are
+    the sections that ``EngineArgs`` fields name; ``structured_outputs`` (the engine core's
+    grammar compile pool and cache) has no flags and keeps its defaults there."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
+    structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     speculative_config: SpeculativeConfig | None = None
     device: str = "auto"
     # CUDA only: run every step eagerly instead of replaying decode CUDA graphs.

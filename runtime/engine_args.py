@@ -10,8 +10,13 @@ of a default. ``tokenwire serve``, ``generate``, ``bench throughput``, ``bench o
     EngineArgs.add_cli_args(parser)
     config = EngineArgs.from_cli_args(parser.parse_args()).create_engine_config()
 
-Validation stays in the config dataclasses; ``create_engine_config`` re-raises their
-``ValueError`` with the config field replaced by the flag to change.
+Each field names the config dataclass and field it sets (its ``FlagSpec``), under one name:
+the field ``num_gpu_blocks_override`` is the flag ``--num-gpu-blocks-override``, the keyword
+``LLM(num_gpu_blocks_override=...)`` and ``CacheConfig.num_gpu_blocks_override``.
+``create_engine_config`` builds the config objects from those declarations alone (the few
+values converted on the way in: ``TO_CONFIG``). Validation stays in the config dataclasses;
+``create_engine_config`` re-raises their ``ValueError`` with the config field replaced by the
+flag to change.
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ from __future__ import annotations
 import argparse
 import builtins
 import dataclasses
-import json
 import re
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, get_args
@@ -39,107 +44,24 @@ from tokenwire.runtime.config import (
     SchedulingPolicy,
     SpeculativeConfig,
 )
-
-_CONFIGS = (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, LoRAConfig, EngineConfig)
-
-
-def parse_speculative_config(text: str) -> SpeculativeConfig:
-    """``--speculative-config '{"method": "ngram", "num_speculative_tokens": 4}'`` (argparse
-    names the flag in front of the message)."""
-    try:
-        return speculative_config_from_json(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def speculative_config_from_json(text: str) -> SpeculativeConfig:
-    try:
-        data = json.loads(text)
-    except ValueError:
-        shown = text if len(text) <= 80 else text[:80] + "..."
-        raise ValueError(f"expected a JSON object, got {shown!r}") from None
-    return speculative_config(data)
-
-
-def speculative_config(data: Any) -> SpeculativeConfig:
-    """A ``SpeculativeConfig`` from vLLM's JSON keys: unknown keys are refused and
-    ``num_speculative_tokens`` is required (as in vLLM). A ``ValueError``'s message names the
-    key at fault, not the flag (callers add ``--speculative-config``)."""
-    if not isinstance(data, dict):
-        raise ValueError(f"expected a JSON object, got {type(data).__name__} {data!r:.80}")
-    known = {f.name for f in dataclasses.fields(SpeculativeConfig)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"unknown keys {unknown}; known: {sorted(known)}")
-    try:
-        config = SpeculativeConfig(**data)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(str(exc).removeprefix("speculative_config ")) from None
-    if "num_speculative_tokens" not in data:
-        raise ValueError("num_speculative_tokens is required (the tokens drafted per step)")
-    return config
-
-
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)([kKmMgG])")
-_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9}
-_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30}
-
-
-def parse_max_model_len(text: str) -> int | None:
-    """``--max-model-len``: ``auto`` (or -1) = the model's own (None); an integer, or vLLM's
-    human-readable forms: ``8k`` = 8000, ``25.6k`` = 25600, ``1m`` = 10**6 (decimal), ``8K`` =
-    8192, ``1M`` = 2**20 (binary, whole numbers only)."""
-    value = text.strip()
-    if value.lower() == "auto" or value == "-1":
-        return None
-    match = _SIZE.fullmatch(value)
-    try:
-        if match is None:
-            return int(value)
-        number, suffix = match.groups()
-        if suffix in _DECIMAL:
-            return int(float(number) * _DECIMAL[suffix])
-        return int(number) * _BINARY[suffix]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected auto, an integer or a size like 8k / 8K (decimals only with k, m, g), "
-            f"got {text!r}"
-        ) from None
-
-
-def parse_lora_module(text: str) -> tuple[str, str]:
-    """``NAME=PATH`` (one ``--lora-modules`` item) -> (name, path)."""
-    name, sep, path = text.partition("=")
-    if not sep or not name or not path:
-        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
-    return name, path
-
-
-class _LoRAModules(argparse.Action):
-    """``--lora-modules a=/p b=/q`` (one or more items; repeating the flag adds more)."""
-
-    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
-        kwargs["nargs"] = "+"
-        super().__init__(option_strings, dest, **kwargs)
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        setattr(namespace, self.dest, (*getattr(namespace, self.dest, ()), *values))
+from tokenwire.runtime.flag_values import (
+    LoRAModulesAction,
+    max_model_len_from_value,
+    parse_lora_module,
+    parse_max_model_len,
+    parse_speculative_config,
+    speculative_from_value,
+)
 
 
 @dataclass(frozen=True)
 class FlagSpec:
-    """How one ``EngineArgs`` field appears on the command line and in the config."""
+    """How one ``EngineArgs`` field appears on the command line and in the config. The
+    field, its config field and its flag (the name with dashes) have one name."""
 
     config: type  # the config dataclass holding this setting (and its default)
     config_field: str
     help: str
-    flag: str | None = None  # default: ``--`` + the field name with dashes
     type: Callable[[str], Any] | None = None
     choices: tuple[str, ...] | None = None
     action: str | builtins.type[argparse.Action] | None = None
@@ -160,13 +82,12 @@ def _arg(
     config_field: str,
     help: str,
     *,
-    flag: str | None = None,
     type: Callable[[str], Any] | None = None,
     choices: tuple[str, ...] | None = None,
     action: str | type[argparse.Action] | None = None,
     metavar: str | None = None,
 ) -> Any:
-    spec = FlagSpec(config, config_field, help, flag, type, choices, action, metavar)
+    spec = FlagSpec(config, config_field, help, type, choices, action, metavar)
     return dataclasses.field(default=_config_default(config, config_field), metadata={"flag": spec})
 
 
@@ -268,12 +189,11 @@ class EngineArgs:
         "CUDA: fraction of device memory for weights, activations and the KV cache",
         type=float,
     )
-    kv_cache_memory_bytes: int | None = _arg(
+    kv_cache_memory: int | None = _arg(
         CacheConfig,
-        "kv_cache_memory_bytes",
+        "kv_cache_memory",
         "CPU: KV cache size in bytes (tokenwire generate without it: what its one prompt "
         "can use, one --max-model-len sequence, at most this default)",
-        flag="--kv-cache-memory",
         type=int,
         metavar="BYTES",
     )
@@ -286,7 +206,7 @@ class EngineArgs:
     )
     num_gpu_blocks_override: int | None = _arg(
         CacheConfig,
-        "num_blocks_override",
+        "num_gpu_blocks_override",
         "fix the number of KV blocks on any device (wins over both budgets)",
         type=int,
     )
@@ -304,7 +224,7 @@ class EngineArgs:
     )
     scheduling_policy: SchedulingPolicy = _arg(  # noqa: RUF009 (returns an immutable str)
         SchedulerConfig,
-        "policy",
+        "scheduling_policy",
         "fcfs, or priority (lower value first)",
         choices=get_args(SchedulingPolicy),
     )
@@ -385,7 +305,7 @@ class EngineArgs:
         "lora_modules",
         "adapters loaded at startup, as NAME=PATH (PATH: a PEFT adapter directory)",
         type=parse_lora_module,
-        action=_LoRAModules,
+        action=LoRAModulesAction,
         metavar="NAME=PATH",
     )
     max_loras: int = _arg(
@@ -445,84 +365,44 @@ class EngineArgs:
 
     # ------------------------------------------------------------------ config
     def create_engine_config(self) -> EngineConfig:
-        """The frozen ``EngineConfig``; a bad value raises a ``ValueError`` naming its flag."""
+        """The frozen ``EngineConfig``, built from each field's declared config field (its
+        ``FlagSpec``): the sections (``ModelConfig``, ``CacheConfig``, ...) get their fields'
+        values, ``EngineConfig`` the rest; a section no field names keeps its defaults. A bad
+        value raises a ``ValueError`` naming its flag."""
+        values: dict[type, dict[str, Any]] = {}
         try:
-            return EngineConfig(
-                model=ModelConfig(
-                    model=self.model,
-                    tokenizer=self.tokenizer,
-                    dtype=self.dtype,
-                    max_model_len=_max_model_len(self.max_model_len),
-                    load_format=self.load_format,
-                    seed=self.seed,
-                    served_model_name=self.served_model_name,
-                    quantization=self.quantization,
-                    revision=self.revision,
-                    tokenizer_revision=self.tokenizer_revision,
-                    download_dir=self.download_dir,
-                    chat_template=self.chat_template,
-                    generation_config=self.generation_config,
-                    allow_content_special_tokens=self.allow_content_special_tokens,
-                ),
-                cache=CacheConfig(
-                    block_size=self.block_size,
-                    enable_prefix_caching=self.enable_prefix_caching,
-                    kv_cache_memory_bytes=self.kv_cache_memory_bytes,
-                    gpu_memory_utilization=self.gpu_memory_utilization,
-                    num_blocks_override=self.num_gpu_blocks_override,
-                    kv_cache_dtype=self.kv_cache_dtype,
-                ),
-                scheduler=SchedulerConfig(
-                    max_num_seqs=self.max_num_seqs,
-                    max_num_batched_tokens=self.max_num_batched_tokens,
-                    policy=self.scheduling_policy,
-                    enable_chunked_prefill=self.enable_chunked_prefill,
-                ),
-                parallel=ParallelConfig(
-                    tensor_parallel_size=self.tensor_parallel_size,
-                    distributed_init_method=self.distributed_init_method,
-                    nnodes=self.nnodes,
-                    node_rank=self.node_rank,
-                    master_addr=self.master_addr,
-                    master_port=self.master_port,
-                    distributed_timeout=self.distributed_timeout,
-                    distributed_startup_timeout=self.distributed_startup_timeout,
-                ),
-                lora=LoRAConfig(
-                    enable_lora=self.enable_lora,
-                    lora_modules=tuple(self.lora_modules),
-                    max_loras=self.max_loras,
-                    max_lora_rank=self.max_lora_rank,
-                    max_cpu_loras=self.max_cpu_loras,
-                ),
-                speculative_config=_speculative(self.speculative_config),
-                device=self.device,
-                enforce_eager=self.enforce_eager,
-            )
+            for f in dataclasses.fields(self):
+                spec = flag_spec(f.name)
+                value = getattr(self, f.name)
+                convert = TO_CONFIG.get(f.name)
+                values.setdefault(spec.config, {})[spec.config_field] = (
+                    value if convert is None else convert(value)
+                )
+            sections = {
+                name: config(**values.get(config, {})) for name, config in config_sections().items()
+            }
+            return EngineConfig(**sections, **values.get(EngineConfig, {}))
         except ValueError as exc:
             raise ValueError(name_flags(str(exc))) from None
 
 
-def _speculative(value: Any) -> SpeculativeConfig | None:
-    """``LLM(speculative_config={...})`` takes vLLM's dict as well as the config itself."""
-    if value is None or isinstance(value, SpeculativeConfig):
-        return value
-    try:
-        if isinstance(value, str):  # the flag's JSON text
-            return speculative_config_from_json(value)
-        return speculative_config(value)
-    except ValueError as exc:
-        raise ValueError(f"--speculative-config: {exc}") from None
+# The one place where an ``EngineArgs`` value is not its config field's value as it is: what
+# ``LLM(**kwargs)`` may pass in another form than the flag's parsed one.
+TO_CONFIG: dict[str, Callable[[Any], Any]] = {
+    "max_model_len": max_model_len_from_value,  # LLM(max_model_len="8k")
+    "speculative_config": speculative_from_value,  # vLLM's dict, or the flag's JSON text
+    "lora_modules": tuple,  # LLM(lora_modules=[("name", "/path")])
+}
 
 
-def _max_model_len(value: int | str | None) -> int | None:
-    """``LLM(max_model_len="8k")`` parses like the flag."""
-    if not isinstance(value, str):
-        return value
-    try:
-        return parse_max_model_len(value)
-    except argparse.ArgumentTypeError as exc:
-        raise ValueError(f"max_model_len {exc}") from None
+def config_sections() -> dict[str, type]:
+    """``EngineConfig``'s fields that are config dataclasses (``model`` -> ``ModelConfig``)."""
+    hints = typing.get_type_hints(EngineConfig)
+    return {
+        f.name: hints[f.name]
+        for f in dataclasses.fields(EngineConfig)
+        if isinstance(hints[f.name], type) and dataclasses.is_dataclass(hints[f.name])
+    }
 
 
 def flag_spec(name: str) -> FlagSpec:
@@ -536,7 +416,8 @@ def flag_spec(name: str) -> FlagSpec:
 
 def flag_of(name: str) -> str:
     """The command-line flag of ``EngineArgs`` field ``name`` (``--max-model-len``)."""
-    return flag_spec(name).flag or "--" + name.replace("_", "-")
+    flag_spec(name)  # KeyError for a name that is no field
+    return "--" + name.replace("_", "-")
 
 
 def engine_flags() -> tuple[str, ...]:
@@ -566,7 +447,7 @@ def name_flags(message: str) -> str:
 
     The leading word is the field at fault (``block_size must be ...``); other snake_case
     field names later in the message (``... >= max_model_len``) are replaced too. Single
-    words (``device``, ``policy``) are only replaced in the lead, where they cannot be prose.
+    words (``device``, ``seed``) are only replaced in the lead, where they cannot be prose.
     """
     flags = _config_flags()
     head, sep, rest = message.partition(" ")

@@ -16,10 +16,27 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p = sub.add_parser("generate", help="generate text offline and stream it to stdout")
     p.add_argument("prompt", help="prompt text (a user message with --chat)")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=128,
+        help="tokens to generate at most (default: %(default)s)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sampling temperature (default: %(default)s, greedy)",
+    )
+    p.add_argument(
+        "--top-p", type=float, default=1.0, help="nucleus sampling mass (default: %(default)s, off)"
+    )
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=0,
+        help="sample among the k likeliest tokens (default: %(default)s, off)",
+    )
     # Every engine flag; the model is --model here (the positional is the prompt), and
     # --seed seeds the engine's sampling generator (and dummy weights).
     EngineArgs.add_cli_args(p, model_positional=False)
@@ -31,8 +48,8 @@ def generate_engine_args(args: argparse.Namespace) -> EngineArgs:
     cache holds what that sequence can use (one ``--max-model-len`` of blocks, at most the
     default budget) instead of the server's 2 GiB, most of which it would never touch."""
     engine_args = EngineArgs.from_cli_args(args)
-    if engine_args.kv_cache_memory_bytes == EngineArgs.kv_cache_memory_bytes:  # not given
-        engine_args = dataclasses.replace(engine_args, kv_cache_memory_bytes=None, max_num_seqs=1)
+    if engine_args.kv_cache_memory == EngineArgs.kv_cache_memory:  # not given
+        engine_args = dataclasses.replace(engine_args, kv_cache_memory=None, max_num_seqs=1)
     return engine_args
 
 

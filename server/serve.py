@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client import start_http_server
@@ -37,10 +37,14 @@ from tokenwire.runtime.errors import EngineDeadError
 from tokenwire.server.file_watch import FileWatcher, watched_paths
 from tokenwire.server.grpc.server import GrpcServer, GrpcSettings
 from tokenwire.server.rest.app import RestSettings
-from tokenwire.server.rest.connection import HttpConnectionSettings, http_connection_settings
 from tokenwire.server.rest.loopback import check_loopback_tls, loopback_target, loopback_upstream
 from tokenwire.server.rest.server import RestServer, rest_settings
-from tokenwire.server.serve_args import add_serve_arguments, grpc_settings
+from tokenwire.server.serve_args import (
+    ServeOptions,
+    add_serve_arguments,
+    grpc_settings,
+    serve_options,
+)
 from tokenwire.server.telemetry.core import Telemetry
 from tokenwire.server.telemetry.logs import configure_logging, get_logger
 from tokenwire.server.telemetry.tracing import tracing_settings
@@ -57,19 +61,6 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.set_defaults(func=run_serve)
 
 
-@dataclass(frozen=True)
-class ServeOptions:
-    """Process-level serve flags (the engine's own are in ``EngineConfig``)."""
-
-    max_requests: int = 4096
-    shutdown_timeout: float = 30.0
-    metrics_port: int | None = None
-    metrics_host: str = "127.0.0.1"
-    engine_in_process: bool = False
-    http: HttpConnectionSettings = field(default_factory=HttpConnectionSettings)
-    reload_interval: float | None = None  # poll the reloadable files (None: SIGHUP only)
-
-
 def run_serve(args: argparse.Namespace) -> int:
     # Validates every engine flag before any model work (--tensor-parallel-size: only 1).
     config = EngineArgs.from_cli_args(args).create_engine_config()
@@ -80,15 +71,7 @@ def run_serve(args: argparse.Namespace) -> int:
     tls = _load_tls(args)  # every certificate problem exits 2 here, before the model loads
     configure_logging(args.log_format)
     telemetry = Telemetry(tracing)
-    options = ServeOptions(
-        max_requests=args.max_requests,
-        shutdown_timeout=args.shutdown_timeout,
-        metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host or args.host,
-        engine_in_process=args.engine_in_process,
-        http=http_connection_settings(args),
-        reload_interval=args.reload_interval,
-    )
+    options = serve_options(args)
     tenants = TenantRegistry(settings.tenants, settings.api_keys)
     rest = None
     if not args.disable_rest:

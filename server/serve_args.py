@@ -1,15 +1,21 @@
 """The ``tokenwire serve`` flags (beyond the engine's own, ``runtime/engine_args.py``) and
-the gRPC server settings they make."""
+the gRPC server and process settings they make. Each flag's default is the field default of
+the settings dataclass it fills (``GrpcSettings``, ``Limits``, ``ServeOptions``, ...), written
+once there."""
 
 from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass, field
 
+from tokenwire.runtime.config import DEFAULT_MAX_REQUESTS
 from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.server.grpc.connection import add_connection_arguments, connection_settings
 from tokenwire.server.grpc.convert import Limits
 from tokenwire.server.grpc.server import GrpcSettings
+from tokenwire.server.rest.app import RestSettings
+from tokenwire.server.rest.connection import HttpConnectionSettings, http_connection_settings
 from tokenwire.server.rest.server import add_rest_arguments
 from tokenwire.server.telemetry.logs import add_log_format_argument
 from tokenwire.server.telemetry.tracing import add_tracing_arguments
@@ -18,11 +24,32 @@ from tokenwire.server.tls.settings import add_ssl_arguments
 from tokenwire.server.tool_parsers.output import REASONING_PARSERS, TOOL_PARSERS
 
 
+@dataclass(frozen=True)
+class ServeOptions:
+    """Process-level serve flags (the engine's own are in ``EngineConfig``)."""
+
+    max_requests: int = DEFAULT_MAX_REQUESTS
+    shutdown_timeout: float = 30.0
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    engine_in_process: bool = False
+    http: HttpConnectionSettings = field(default_factory=HttpConnectionSettings)
+    reload_interval: float | None = None  # poll the reloadable files (None: SIGHUP only)
+
+
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     """Every ``tokenwire serve`` flag, MODEL and the engine's flags included."""
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--grpc-port", type=int, default=50051)
-    p.add_argument("--port", type=int, default=8000, help="REST port (0: any free port)")
+    p.add_argument(
+        "--host",
+        default=GrpcSettings.host,
+        help="address the gRPC and REST ports bind (and --metrics-port, unless --metrics-host)",
+    )
+    p.add_argument(
+        "--grpc-port", type=int, default=GrpcSettings.port, help="gRPC port (0: any free port)"
+    )
+    p.add_argument(
+        "--port", type=int, default=RestSettings.port, help="REST port (0: any free port)"
+    )
     p.add_argument("--disable-rest", action="store_true", help="serve gRPC only")
     add_rest_arguments(p)
     EngineArgs.add_cli_args(p)  # MODEL and every engine flag (runtime/engine_args.py)
@@ -40,21 +67,37 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="tenants (YAML or TOML): hashed keys, allowed models, max priority, rate limits "
         "(README: Tenants and rate limits); reloaded on SIGHUP",
     )
-    p.add_argument("--max-n", type=int, default=16)
-    p.add_argument("--max-stop-sequences", type=int, default=16)
+    p.add_argument(
+        "--max-n",
+        type=int,
+        default=Limits.max_n,
+        help="most choices (n) one request may ask for (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-stop-sequences",
+        type=int,
+        default=Limits.max_stop_sequences,
+        help="most stop sequences one request may give (default: %(default)s)",
+    )
     p.add_argument(
         "--max-prompt-bytes",
         type=int,
         default=None,
         help="prompt text (UTF-8 bytes) refused before tokenizing; default 32 per context token",
     )
-    p.add_argument("--max-message-bytes", type=int, default=16 << 20)
+    p.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=GrpcSettings.max_message_bytes,
+        help="gRPC message size limit in bytes, both directions (default: %(default)s; per "
+        "direction: --max-receive-message-bytes, --max-send-message-bytes)",
+    )
     add_connection_arguments(p)  # gRPC keepalive, connection age, message sizes, RPC cap
     add_ssl_arguments(p)
     p.add_argument(
         "--max-requests",
         type=int,
-        default=4096,
+        default=ServeOptions.max_requests,
         help="in-flight sequences before RESOURCE_EXHAUSTED (a request with n choices counts n)",
     )
     p.add_argument(
@@ -86,9 +129,27 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="runtime-loaded adapters must lie inside this directory (lora_path is resolved "
         "against it; .. and symlinks cannot leave it)",
     )
-    p.add_argument("--max-sessions", type=int, default=256)
-    p.add_argument("--session-idle-timeout", type=float, default=600.0)
-    p.add_argument("--shutdown-timeout", type=float, default=30.0)
+    p.add_argument(
+        "--max-sessions",
+        type=int,
+        default=GrpcSettings.max_sessions,
+        help="gRPC Session streams open at once before new ones get RESOURCE_EXHAUSTED "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--session-idle-timeout",
+        type=float,
+        default=GrpcSettings.session_idle_timeout,
+        help="seconds a gRPC Session may go without a turn before it is closed (default: "
+        "%(default)s)",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=ServeOptions.shutdown_timeout,
+        help="seconds in-flight requests get to finish after SIGTERM / SIGINT (default: "
+        "%(default)s)",
+    )
     p.add_argument(
         "--reload-interval",
         type=_positive_seconds,
@@ -118,6 +179,18 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "a process of its own",
     )
     add_tracing_arguments(p)
+
+
+def serve_options(args: argparse.Namespace) -> ServeOptions:
+    return ServeOptions(
+        max_requests=args.max_requests,
+        shutdown_timeout=args.shutdown_timeout,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host or args.host,
+        engine_in_process=args.engine_in_process,
+        http=http_connection_settings(args),
+        reload_interval=args.reload_interval,
+    )
 
 
 def grpc_settings(args: argparse.Namespace) -> GrpcSettings:

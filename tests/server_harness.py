@@ -72,7 +72,7 @@ class ServerHarness:
                 max_model_len=max_model_len,
                 served_model_name=MODEL_NAME,
             ),
-            cache=CacheConfig(num_blocks_override=num_blocks),
+            cache=CacheConfig(num_gpu_blocks_override=num_blocks),
             scheduler=SchedulerConfig(
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
             ),

@@ -186,7 +186,7 @@ def _tiny(tmp_path: Path) -> LoadedModel:
 def _prefilled(loaded: LoadedModel) -> tuple[KVCache, InputBatch, np.ndarray]:
     """Three sequences prefilled through the CPU reference path, one token appended each."""
     kv = KVCache.allocate(
-        loaded.arch, CacheConfig(num_blocks_override=32), torch.device("cpu"), torch.float32
+        loaded.arch, CacheConfig(num_gpu_blocks_override=32), torch.device("cpu"), torch.float32
     )
     batch = InputBatch(8, loaded.max_model_len, 16)
     prompts = [list(range(3, 23)), [7, 8, 9, 10, 11], list(range(30, 70))]

@@ -47,7 +47,7 @@ VALUES: dict[str, Any] = {
     "max_num_batched_tokens": 1024,
     "block_size": 32,
     "gpu_memory_utilization": 0.5,
-    "kv_cache_memory_bytes": 1 << 20,
+    "kv_cache_memory": 1 << 20,
     "kv_cache_dtype": "fp8",
     "num_gpu_blocks_override": 64,
     "enable_prefix_caching": False,
@@ -180,11 +180,11 @@ def test_create_engine_config_carries_every_field() -> None:
         allow_content_special_tokens=True,
     )  # fmt: skip
     assert config.cache == CacheConfig(
-        block_size=32, enable_prefix_caching=False, kv_cache_memory_bytes=1 << 20,
-        gpu_memory_utilization=0.5, num_blocks_override=64, kv_cache_dtype="fp8",
+        block_size=32, enable_prefix_caching=False, kv_cache_memory=1 << 20,
+        gpu_memory_utilization=0.5, num_gpu_blocks_override=64, kv_cache_dtype="fp8",
     )  # fmt: skip
     assert config.scheduler == SchedulerConfig(
-        max_num_seqs=8, max_num_batched_tokens=1024, policy="priority",
+        max_num_seqs=8, max_num_batched_tokens=1024, scheduling_policy="priority",
         enable_chunked_prefill=False,
     )  # fmt: skip
     assert config.parallel == ParallelConfig(
@@ -208,7 +208,7 @@ def test_create_engine_config_carries_every_field() -> None:
         ("max_num_batched_tokens", -1, "--max-num-batched-tokens"),
         ("block_size", 24, "--block-size"),
         ("gpu_memory_utilization", 1.5, "--gpu-memory-utilization"),
-        ("kv_cache_memory_bytes", 0, "--kv-cache-memory"),
+        ("kv_cache_memory", 0, "--kv-cache-memory"),
         ("num_gpu_blocks_override", 1, "--num-gpu-blocks-override"),
         ("scheduling_policy", "lifo", "--scheduling-policy"),
         ("tensor_parallel_size", 0, "--tensor-parallel-size"),

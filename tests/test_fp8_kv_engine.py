@@ -48,7 +48,7 @@ def fp8_llm(model_dir: Path) -> LLM:
         device="cpu",
         max_model_len=256,
         kv_cache_dtype="fp8",
-        kv_cache_memory_bytes=BUDGET,
+        kv_cache_memory=BUDGET,
         block_size=16,
     )
 
@@ -94,7 +94,7 @@ def assert_close_to_hf(model_dir: Path, prompt: list[int], llm: LLM) -> list[int
 
 
 def test_fp8_cache_holds_four_times_the_float32_blocks(model_dir: Path, fp8_llm: LLM) -> None:
-    fp32 = LLM(str(model_dir), device="cpu", max_model_len=256, kv_cache_memory_bytes=BUDGET)
+    fp32 = LLM(str(model_dir), device="cpu", max_model_len=256, kv_cache_memory=BUDGET)
     fp32_blocks = fp32.engine.kv_cache_manager.num_blocks
     fp8_blocks = fp8_llm.engine.kv_cache_manager.num_blocks
     assert fp8_blocks // 4 == fp32_blocks  # 4 bytes -> 1 per element, same budget

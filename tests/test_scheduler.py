@@ -55,7 +55,11 @@ def make(
 ) -> tuple[Scheduler, KVCacheManager]:
     kv = KVCacheManager(num_blocks, BLOCK, caching)
     sched = Scheduler(
-        SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, policy=policy),  # type: ignore[arg-type]
+        SchedulerConfig(
+            max_num_seqs=max_seqs,
+            max_num_batched_tokens=budget,
+            scheduling_policy=policy,  # type: ignore[arg-type]
+        ),
         kv,
         max_model_len,
     )

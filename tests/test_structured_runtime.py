@@ -340,8 +340,9 @@ def _core(model_dir: Path, structured: StructuredOutputsConfig | None = None) ->
         cache=CacheConfig(),
         scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256),
         device="cpu",
+        structured_outputs=structured or StructuredOutputsConfig(),
     )
-    return EngineCore(config, structured=structured)
+    return EngineCore(config)
 
 
 def _run(core: EngineCore) -> dict[str, Any]:

@@ -132,7 +132,7 @@ def run_rank(tp: TPGroup, model_dir: str, load_format: str = "auto") -> dict[str
     loaded = load_model(config, CPU, torch.float32, tp=tp)
     model = loaded.model
     runner = ModelRunner(
-        loaded, CacheConfig(num_blocks_override=24), max_num_seqs=8, device=CPU, seed=0, tp=tp
+        loaded, CacheConfig(num_gpu_blocks_override=24), max_num_seqs=8, device=CPU, seed=0, tp=tp
     )
     outputs = [_plain(runner.execute_model(so)) for so in script()]
 
@@ -456,7 +456,7 @@ def test_load_model_refuses_impossible_split_before_reading(
 def test_runner_refuses_another_groups_model(checkpoints: Callable[[str], Path]) -> None:
     loaded = load_model(ModelConfig(model=str(checkpoints("llama"))), CPU, torch.float32)
     with pytest.raises(ValueError, match="rank 0 of 2"):
-        ModelRunner(loaded, CacheConfig(num_blocks_override=4), 2, CPU, 0, tp=TPGroup(0, 2))
+        ModelRunner(loaded, CacheConfig(num_gpu_blocks_override=4), 2, CPU, 0, tp=TPGroup(0, 2))
 
 
 # ----------------------------------------------------------------------------- slice reads

@@ -52,7 +52,7 @@ class Scheduler:
         # Holders whose tables were released under memory pressure; drained by the engine.
         self._evicted_holders: list[str] = []
         self.requests: dict[str, Request] = {}
-        self.waiting = make_queue(config.policy)
+        self.waiting = make_queue(config.scheduling_policy)
         # Invariant (priority policy): sorted by Request.sort_key, so the tail is the victim.
         self.running: list[Request] = []
         # Requests the executor has state for that finished since the last schedule().
@@ -307,7 +307,7 @@ class Scheduler:
     def _admit(self, request: Request, block_ids: list[int], step: StepBuilder) -> None:
         resumed = request.status == RequestStatus.PREEMPTED
         request.status = RequestStatus.RUNNING
-        if self.config.policy == "priority":
+        if self.config.scheduling_policy == "priority":
             keys = [r.sort_key() for r in self.running]
             self.running.insert(bisect.bisect_right(keys, request.sort_key()), request)
         else:

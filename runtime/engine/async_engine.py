@@ -18,7 +18,7 @@ import itertools
 import logging
 from collections.abc import Callable
 
-from tokenwire.runtime.config import EngineConfig
+from tokenwire.runtime.config import DEFAULT_MAX_REQUESTS, EngineConfig
 from tokenwire.runtime.engine.core_client import CoreClient, make_core_client
 from tokenwire.runtime.engine.messages import (
     AbortRequests,
@@ -65,7 +65,7 @@ class AsyncEngine:
         config: EngineConfig,
         *,
         observer: EngineObserver | None = None,
-        max_requests: int = 4096,
+        max_requests: int = DEFAULT_MAX_REQUESTS,
         in_process: bool = False,
         core_observer: EngineObserver | None = None,
     ) -> None:

@@ -30,7 +30,6 @@ from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.scheduler_output import SchedulerOutput
 from tokenwire.runtime.stats import EngineObserver, RequestStats, StepPhase, StepStats
 from tokenwire.runtime.structured.compiler import GrammarCompilerPool
-from tokenwire.runtime.structured.config import StructuredOutputsConfig
 from tokenwire.runtime.structured.manager import StructuredOutputManager
 
 # An engine whose only work is requests waiting for their grammar blocks this long per step
@@ -47,7 +46,6 @@ class EngineCore:
         config: EngineConfig,
         observer: EngineObserver | None = None,
         executor: Executor | None = None,
-        structured: StructuredOutputsConfig | None = None,
     ) -> None:
         self.config = config
         self.observer = observer
@@ -72,7 +70,10 @@ class EngineCore:
         )
         max_held = int(self.kv_cache_manager.num_blocks * config.cache.session_cache_fraction)
         pool = GrammarCompilerPool(
-            self.facts.tokenizer_path, self.vocab_size, self.facts.eos_token_ids, structured
+            self.facts.tokenizer_path,
+            self.vocab_size,
+            self.facts.eos_token_ids,
+            config.structured_outputs,
         )
         self.structured = StructuredOutputManager(pool, self.vocab_size)
         self.scheduler = Scheduler(

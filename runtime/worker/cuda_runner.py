@@ -34,9 +34,9 @@ def cuda_kv_cache(
     extra_bytes_per_block: int = 0,
 ) -> KVCache:
     """Allocate this rank's KV cache (its local KV heads under ``tp_size``-way tensor
-    parallelism): ``num_blocks_override``, else what fits after profiling, sharing the
+    parallelism): ``num_gpu_blocks_override``, else what fits after profiling, sharing the
     memory with ``extra_bytes_per_block`` of another cache (a draft model's)."""
-    num_blocks = cache_config.num_blocks_override
+    num_blocks = cache_config.num_gpu_blocks_override
     if num_blocks is None:
         kv_dtype = kv_cache_torch_dtype(cache_config.kv_cache_dtype, loaded.dtype)
         report = profile_memory(

@@ -6,10 +6,10 @@ Under tensor parallelism each rank caches only its own KV heads
 function here takes the TP size; the block count is per rank (ranks agree on it: the engine
 takes the minimum over ranks).
 
-Sizing: on CPU from ``CacheConfig.kv_cache_memory_bytes``; on CUDA the model runner profiles
+Sizing: on CPU from ``CacheConfig.kv_cache_memory``; on CUDA the model runner profiles
 a forward pass and passes ``num_blocks`` in (``kv_cache_sizing``); without it, CUDA falls back
 to ``gpu_memory_utilization`` of the device's total memory minus what is already allocated
-(model weights) and a fixed activation reserve. ``num_blocks_override`` wins over all.
+(model weights) and a fixed activation reserve. ``num_gpu_blocks_override`` wins over all.
 
 Storage dtype (``--kv-cache-dtype``): ``auto`` stores the model dtype; ``fp8`` stores float8
 e4m3 (``kernels.kv_quant``), 1 byte per element, so the same budget holds 2x the blocks of a
@@ -53,13 +53,13 @@ def num_blocks_for(
     extra_bytes_per_block: int = 0,
     usable_blocks: int | None = None,
 ) -> int:
-    """Blocks that fit one rank's budget (CPU: ``kv_cache_memory_bytes`` per rank) for a model
+    """Blocks that fit one rank's budget (CPU: ``kv_cache_memory`` per rank) for a model
     of ``dtype``, stored as ``cache_config.kv_cache_dtype`` says. ``extra_bytes_per_block``:
     another cache addressed by the same blocks (a draft model's) shares the budget.
     ``usable_blocks``: the most the scheduler's sequences can hold at once, the cap of an
-    automatic CPU budget (``kv_cache_memory_bytes=None``)."""
-    if cache_config.num_blocks_override is not None:
-        return cache_config.num_blocks_override
+    automatic CPU budget (``kv_cache_memory=None``)."""
+    if cache_config.num_gpu_blocks_override is not None:
+        return cache_config.num_gpu_blocks_override
     kv_dtype = kv_cache_torch_dtype(cache_config.kv_cache_dtype, dtype)
     per_block = bytes_per_block(arch, cache_config.block_size, kv_dtype, tp_size)
     per_block += extra_bytes_per_block
@@ -69,10 +69,10 @@ def num_blocks_for(
         budget -= torch.cuda.memory_allocated(device) + _CUDA_ACTIVATION_RESERVE
         flag = "--gpu-memory-utilization"
     else:
-        budget = cache_config.kv_cache_memory_bytes or DEFAULT_CPU_KV_BYTES
+        budget = cache_config.kv_cache_memory or DEFAULT_CPU_KV_BYTES
         flag = "--kv-cache-memory"
     num_blocks = budget // per_block
-    automatic = device.type != "cuda" and cache_config.kv_cache_memory_bytes is None
+    automatic = device.type != "cuda" and cache_config.kv_cache_memory is None
     if automatic and usable_blocks is not None:
         num_blocks = min(num_blocks, max(2, usable_blocks))
     if num_blocks < 2:

@@ -69,14 +69,14 @@ def add_connection_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--grpc-keepalive-time",
         type=float,
-        default=7200.0,
+        default=ConnectionSettings.keepalive_time,
         metavar="S",
         help="gRPC: ping a connection after this many idle seconds (default 7200)",
     )
     p.add_argument(
         "--grpc-keepalive-timeout",
         type=float,
-        default=20.0,
+        default=ConnectionSettings.keepalive_timeout,
         metavar="S",
         help="gRPC: close a connection whose ping is not answered within this (default 20)",
     )

@@ -85,14 +85,14 @@ def add_http_connection_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout-keep-alive",
         type=int,
-        default=5,
+        default=HttpConnectionSettings.timeout_keep_alive,
         metavar="S",
         help="REST: close an idle HTTP keep-alive connection after this many seconds (default 5)",
     )
     p.add_argument(
         "--header-timeout",
         type=float,
-        default=10.0,
+        default=HttpConnectionSettings.header_timeout,
         metavar="S",
         help="REST: close a connection (408) whose request headers are not complete this many "
         "seconds after it opened or its request began (default 10; 0: off)",

@@ -143,7 +143,7 @@ def add_rest_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-request-body-bytes",
         type=int,
-        default=2 << 20,
+        default=RestSettings.max_body_bytes,
         help="REST request bodies above this size get 413 (default 2 MiB)",
     )
     p.add_argument(
@@ -186,8 +186,10 @@ def add_rest_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="client certificate for a gRPC server that requires one (mTLS; implies TLS)",
     )
     p.add_argument("--grpc-keyfile", default=None, metavar="PEM", help="key of --grpc-certfile")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default=RestSettings.host, help="address the REST port binds")
+    p.add_argument(
+        "--port", type=int, default=RestSettings.port, help="REST port (0: any free port)"
+    )
     add_log_format_argument(p)
     add_rest_arguments(p)
     add_ssl_arguments(p)

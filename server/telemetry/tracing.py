@@ -56,7 +56,7 @@ def add_tracing_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trace-step-sample-ratio",
         type=float,
-        default=1.0,
+        default=TracingSettings.step_sample_ratio,
         help="fraction of engine steps traced as tokenwire.step spans (default 1: every step)",
     )
     p.add_argument(

@@ -1,0 +1,81 @@
+"""The frozen configs of the benchmarks, one per ``tokenwire bench`` command. Torch-free, so
+``bench/cli.py`` reads its flags' defaults from them (each default is written once, here)
+without loading a benchmark module."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tokenwire.clients.channel import TlsOptions
+from tokenwire.runtime.engine_args import EngineArgs
+
+DEFAULT_WORKLOAD = "cpu"  # bench/workloads.py: 64 short requests, sized for a CPU
+
+
+@dataclass(frozen=True)
+class HfBaselineConfig:
+    """``--compare hf``: static batch sizes to try (the best is reported), how many requests
+    the static runs take (None: all) and the one-at-a-time run takes (0 skips it)."""
+
+    batch_sizes: tuple[int, ...] = (16, 32)
+    num_requests: int | None = None
+    sequential_requests: int = 8
+
+    def __post_init__(self) -> None:
+        if not self.batch_sizes or min(self.batch_sizes) <= 0:
+            raise ValueError(f"--hf-batch-sizes must be positive integers, got {self.batch_sizes}")
+
+
+@dataclass(frozen=True)
+class ThroughputConfig:
+    """One ``bench throughput`` run."""
+
+    engine: EngineArgs = field(default_factory=EngineArgs)
+    workload: str = DEFAULT_WORKLOAD
+    num_requests: int | None = None  # default: the workload's own count
+    compare: Literal["none", "hf"] = "none"
+    hf: HfBaselineConfig = field(default_factory=HfBaselineConfig)
+    # Floor ceilings: a ``roofline.DEVICES`` name; None = the engine's CUDA device (none on CPU).
+    floor_device: str | None = None
+    tpot: int = 0  # > 0: also measure batch-1 TPOT over this many output tokens
+
+
+@dataclass(frozen=True)
+class OverheadConfig:
+    """One ``bench overhead`` run. ``engine.model=None``: the tiny config, dummy weights."""
+
+    engine: EngineArgs = field(default_factory=EngineArgs)
+    num_seqs: int | None = None  # running sequences (default: ``engine.max_num_seqs``)
+    output_len: int = 64
+
+
+@dataclass(frozen=True)
+class ServeBenchConfig:
+    """One ``bench serve`` run against a running endpoint."""
+
+    backend: Literal["grpc", "openai"] = "grpc"
+    target: str = "127.0.0.1:50051"  # gRPC host:port
+    base_url: str = "http://127.0.0.1:8000"  # OpenAI-compatible base URL
+    model: str = ""  # model name for the OpenAI backend
+    api_key: str | None = None
+    workload: str = DEFAULT_WORKLOAD
+    num_requests: int | None = None
+    vocab_size: int = 49152  # token ids are drawn below this
+    tokenizer: str | None = None  # ``edit`` prompts: this tokenizer (default: the default model's)
+    concurrency: int = 16
+    request_rate: float | None = None  # Poisson arrivals/s; None: all at once
+    seed: int = 0  # arrival times
+    cache_salt: str | None = None  # None: fresh per run (no prefix-cache reuse across runs)
+    tls: TlsOptions | None = None  # gRPC over TLS (OpenAI backend: the CA verifies https)
+
+
+@dataclass(frozen=True)
+class LoRABenchConfig:
+    """One ``bench lora`` run: ``num_adapters`` random adapters of rank ``rank``."""
+
+    engine: EngineArgs = field(default_factory=EngineArgs)
+    workload: str = DEFAULT_WORKLOAD
+    num_requests: int | None = None
+    num_adapters: int = 4
+    rank: int = 16
