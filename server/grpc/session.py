@@ -8,7 +8,8 @@ Per-turn errors travel in-band (``TurnEnd.error``) and the session goes on.
 Each turn is a request of the key's tenant as the table is *now* (a key-file reload reaches
 open sessions): admitted and charged as that tenant; a model it may no longer use refuses the
 turn in-band (NOT_FOUND, as for an unknown model); a revoked key ends the session
-UNAUTHENTICATED, as a new call would end, freeing its KV blocks and session slot. A running turn finishes.
+UNAUTHENTICATED, as a new call would end, freeing its KV blocks and session slot. A running
+turn finishes.
 """
 
 from __future__ import annotations
