@@ -11,6 +11,8 @@ import torch
 
 from tokenwire.runtime.config import CacheConfig
 from tokenwire.runtime.loader.model_loader import LoadedModel
+from tokenwire.runtime.models.windows import distinct_windows
+from tokenwire.runtime.worker.attention_inputs import AttentionInputs
 from tokenwire.runtime.worker.kv_cache import KVCache
 from tokenwire.runtime.worker.spec.draft_model import DraftModel, draft_bytes_per_block
 
@@ -68,5 +70,6 @@ def build_caches(
         draft_kv = KVCache.allocate(
             draft.arch, cache_config, device, draft.dtype, kv_cache.num_blocks, tp_size
         )
-        drafter = DraftModel(draft, draft_kv)
+        inputs = AttentionInputs(device, cache_config.block_size, distinct_windows(draft.arch))
+        drafter = DraftModel(draft, draft_kv, inputs)
     return RunnerCaches(kv_cache, cuda, drafter)
