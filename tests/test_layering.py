@@ -305,11 +305,6 @@ TYPING_CIRCLES: dict[tuple[str, ...], str] = {
         "tokenwire.runtime.front.tokenizer",
     ): "chat_content's helpers take the Tokenizer that calls them (annotations only); "
     "left to the front's reorganisation",
-    (
-        "tokenwire.runtime.core.request",
-        "tokenwire.runtime.core.spec.grammar_drafts",
-        "tokenwire.runtime.structured.manager",
-    ): "a Request names its RequestGrammar, defined beside the manager that uses requests",
 }
 
 
