@@ -28,7 +28,6 @@ import time
 import numpy as np
 import torch
 
-from tokenwire.runtime.config import CacheConfig, LoRAConfig
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.loader.model_loader import LoadedModel
 from tokenwire.runtime.lora.manager import LoRAManager
@@ -44,6 +43,7 @@ from tokenwire.runtime.worker.input_batch import InputBatch, StepArrays
 from tokenwire.runtime.worker.prompt_logprobs import prompt_logprobs_for_step
 from tokenwire.runtime.worker.request_state import CachedRequestState
 from tokenwire.runtime.worker.runner_caches import build_caches
+from tokenwire.runtime.worker.runner_settings import RunnerSettings
 from tokenwire.runtime.worker.sample_rows import RowSampler, StepTokens, sample_rows
 from tokenwire.runtime.worker.spec.verify_step import plan_verify, verify_rows, write_drafts
 
@@ -54,17 +54,13 @@ class ModelRunner:
     def __init__(
         self,
         loaded: LoadedModel,
-        cache_config: CacheConfig,
-        max_num_seqs: int,
+        settings: RunnerSettings,
         device: torch.device,
-        seed: int,
-        max_num_batched_tokens: int = 2048,
-        enforce_eager: bool = False,
         tp: TPGroup = _SINGLE,
-        lora: LoRAConfig | None = None,
         draft: LoadedModel | None = None,
     ) -> None:
-        """``draft``: the draft model of ``draft_model`` speculation; its KV cache shares the
+        """``settings``: derived once from the engine config (``RunnerSettings.from_config``);
+        ``draft``: the draft model of ``draft_model`` speculation; its KV cache shares the
         budget and the block ids of the target's."""
         model_tp = loaded.model.tp
         if (model_tp.rank, model_tp.world_size) != (tp.rank, tp.world_size):
@@ -76,28 +72,24 @@ class ModelRunner:
         self.model = loaded.model
         self.eos_token_ids = loaded.eos_token_ids
         self.device = device
-        self.block_size = cache_config.block_size
+        self.block_size = settings.cache.block_size
         # Each distinct sliding window of the layers gets its own CPU attention plan per step.
         self.inputs = AttentionInputs(device, self.block_size, distinct_windows(loaded.arch))
-        # LoRA wraps the model's linears before any CUDA graph is captured; decode graphs are
-        # off with LoRA (the per-step adapter runs are not captured yet).
+        # LoRA wraps the model's linears before any CUDA graph is captured (decode graphs are
+        # off with LoRA: ``settings.enforce_eager``).
         self.lora: LoRAManager | None = None
-        if lora is not None and lora.enable_lora:
-            self.lora = LoRAManager(self.model, lora, loaded.dtype, device)
-            enforce_eager = True
-        caches = build_caches(
-            loaded, draft, cache_config, device, max_num_seqs, max_num_batched_tokens,
-            enforce_eager, tp.world_size,
-        )  # fmt: skip
+        if settings.lora.enable_lora:
+            self.lora = LoRAManager(self.model, settings.lora, loaded.dtype, device)
+        caches = build_caches(loaded, draft, settings, device, tp.world_size)
         self.kv_cache = caches.kv_cache
         self._cuda = caches.cuda
         self.drafter = caches.drafter
-        self.batch = InputBatch(max_num_seqs, loaded.max_model_len, self.block_size)
+        self.batch = InputBatch(settings.max_num_seqs, loaded.max_model_len, self.block_size)
         self.requests: dict[str, CachedRequestState] = {}
         self._num_prompt_logprob_reqs = 0  # live requests that asked for prompt logprobs
         # Generator for unseeded random rows: reproducible per engine seed, not global state.
         generator = torch.Generator(device=device)
-        generator.manual_seed(seed)
+        generator.manual_seed(settings.seed)
         self.sampling = RowSampler(Sampler(), generator, loaded.arch.vocab_size, device)
 
     @property
