@@ -19,7 +19,7 @@ import torch
 from tokenwire.kernels.cuda_graph_buckets import PAD_SEQ_LEN, PAD_SLOT, decode_batch_buckets
 from tokenwire.kernels.kv_layout import NULL_BLOCK_ID
 from tokenwire.kernels.paged_attention import build_cpu_plan
-from tokenwire.runtime.config import CacheConfig, EngineConfig, ModelConfig
+from tokenwire.runtime.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from tokenwire.runtime.loader.model_loader import LoadedModel, load_model
 from tokenwire.runtime.worker.cuda_graphs import DecodeGraphs, decode_bucket, write_padded_decode
 from tokenwire.runtime.worker.host_staging import HostStaging
@@ -32,6 +32,7 @@ from tokenwire.runtime.worker.kv_cache_sizing import (
     min_blocks_for,
     profile_seq_lens,
 )
+from tokenwire.runtime.worker.runner_settings import RunnerSettings
 
 GIB = 1 << 30
 ON_CUDA = torch.cuda.is_available()
@@ -102,7 +103,7 @@ def test_write_padded_decode_pads_rows_past_the_batch() -> None:
 
 def test_input_batch_pads_block_tables_with_the_null_block() -> None:
     """A reused row keeps none of its previous owner's block ids."""
-    batch = InputBatch(max_rows=1, max_model_len=64, block_size=16)
+    batch = InputBatch(max_num_seqs=1, max_model_len=64, block_size=16)
     row = batch.add_row(list(range(40)), [5, 6, 7], 0)
     assert batch.block_table[row].tolist() == [5, 6, 7, NULL_BLOCK_ID]
     batch.release_row(row)
@@ -112,7 +113,7 @@ def test_input_batch_pads_block_tables_with_the_null_block() -> None:
 
 def test_host_staging_round_trip_on_cpu() -> None:
     staging = HostStaging(
-        max_tokens=8, max_seqs=4, max_blocks_per_seq=3, device=torch.device("cpu")
+        max_num_batched_tokens=8, max_num_seqs=4, max_blocks_per_seq=3, device=torch.device("cpu")
     )
     a = _decode_arrays(3)
     inputs = staging.upload(a)
@@ -255,8 +256,8 @@ def _check_executor_paths(
     got = graphs.replay(staging, arrays, 4)
     torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
     assert graphs.static.slot_mapping[3].item() == PAD_SLOT  # the padded row stores nothing
-    executor = CudaGraphRunner(
-        loaded, kv, max_num_seqs=8, max_num_batched_tokens=64, enforce_eager=True
-    )
+    scheduler = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64)
+    config = EngineConfig(scheduler=scheduler, enforce_eager=True)
+    executor = CudaGraphRunner(loaded, kv, RunnerSettings.from_config(config))
     assert executor.graphs is None
     torch.testing.assert_close(executor.forward(arrays), want, atol=2e-4, rtol=2e-4)

@@ -31,7 +31,7 @@ from conftest import build_tiny_model
 from safetensors.torch import load_file
 
 from tokenwire.kernels.kv_quant import LayerKVCache
-from tokenwire.runtime.config import CacheConfig, ModelConfig
+from tokenwire.runtime.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.loader.model_loader import load_model
 from tokenwire.runtime.model_output import ModelOutput
@@ -40,6 +40,7 @@ from tokenwire.runtime.models.llama import build_model
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from tokenwire.runtime.worker.model_runner import ModelRunner
+from tokenwire.runtime.worker.runner_settings import RunnerSettings
 
 CPU = torch.device("cpu")
 ATOL = 1e-4
@@ -131,9 +132,9 @@ def run_rank(tp: TPGroup, model_dir: str, load_format: str = "auto") -> dict[str
     config = ModelConfig(model=model_dir, load_format=load_format, seed=5)
     loaded = load_model(config, CPU, torch.float32, tp=tp)
     model = loaded.model
-    runner = ModelRunner(
-        loaded, CacheConfig(num_gpu_blocks_override=24), max_num_seqs=8, device=CPU, seed=0, tp=tp
-    )
+    cache, scheduler = CacheConfig(num_gpu_blocks_override=24), SchedulerConfig(max_num_seqs=8)
+    settings = RunnerSettings.from_config(EngineConfig(cache=cache, scheduler=scheduler))
+    runner = ModelRunner(loaded, settings, CPU, tp=tp)
     outputs = [_plain(runner.execute_model(so)) for so in script()]
 
     shape = (8, 16, model.num_local_kv_heads, loaded.arch.head_dim)
@@ -455,8 +456,10 @@ def test_load_model_refuses_impossible_split_before_reading(
 
 def test_runner_refuses_another_groups_model(checkpoints: Callable[[str], Path]) -> None:
     loaded = load_model(ModelConfig(model=str(checkpoints("llama"))), CPU, torch.float32)
+    cache, scheduler = CacheConfig(num_gpu_blocks_override=4), SchedulerConfig(max_num_seqs=2)
+    config = EngineConfig(cache=cache, scheduler=scheduler)
     with pytest.raises(ValueError, match="rank 0 of 2"):
-        ModelRunner(loaded, CacheConfig(num_gpu_blocks_override=4), 2, CPU, 0, tp=TPGroup(0, 2))
+        ModelRunner(loaded, RunnerSettings.from_config(config), CPU, tp=TPGroup(0, 2))
 
 
 # ----------------------------------------------------------------------------- slice reads

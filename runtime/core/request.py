@@ -16,7 +16,7 @@ from tokenwire.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from tokenwire.runtime.lora.request import LoRARequest
-    from tokenwire.runtime.structured.manager import RequestGrammar
+    from tokenwire.runtime.structured.request_grammar import RequestGrammar
 
 
 class RequestStatus(enum.IntEnum):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import wait as wait_futures
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ from tokenwire.runtime.front.structured_validate import compiler_message
 from tokenwire.runtime.outputs import EngineCoreOutput, FinishReason
 from tokenwire.runtime.structured.bitmask import GrammarBitmask, num_words
 from tokenwire.runtime.structured.compiler import GrammarCompilerPool
+from tokenwire.runtime.structured.request_grammar import RequestGrammar
 
 if TYPE_CHECKING:
     from tokenwire.runtime.core.request import Request
@@ -45,33 +46,6 @@ def failure_output(request: Request, message: str) -> EngineCoreOutput:
         stop_reason=message,
         error_param=f"structured_outputs.{constraint.kind}",
     )
-
-
-class RequestGrammar:
-    """One request's constraint: a compile future, then a matcher (``ready``)."""
-
-    __slots__ = ("deadline", "future", "matcher", "rejected")
-
-    def __init__(self, future: Future[Any], deadline: float) -> None:
-        self.future = future
-        self.deadline = deadline
-        self.matcher: Any = None  # xgrammar.GrammarMatcher once compiled
-        self.rejected = False  # a sampled token the grammar did not accept (never expected)
-
-    @property
-    def ready(self) -> bool:
-        return self.matcher is not None
-
-    def accept(self, token: int) -> bool:
-        """Advance with a sampled token; False (and ``rejected``) when it does not fit."""
-        if not self.matcher.accept_token(token):
-            self.rejected = True
-        return not self.rejected
-
-    @property
-    def terminated(self) -> bool:
-        """The grammar is complete and took its stop token (or needs none)."""
-        return bool(self.matcher.is_terminated())
 
 
 class StructuredOutputManager:

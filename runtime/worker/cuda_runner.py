@@ -4,8 +4,9 @@
 module. ``cuda_kv_cache`` sizes and allocates the paged KV cache from a profiling forward
 (``kv_cache_sizing``); ``CudaGraphRunner.forward`` turns a step's host arrays into hidden states,
 replaying a decode CUDA graph when the step is pure decode and fits a bucket and running
-eagerly otherwise. Nothing here reads device values back to the host: the step's one sync
-is the sampler's read of the sampled ids.
+eagerly otherwise. Both read the runner's ``RunnerSettings`` (``max_num_seqs`` is the largest
+decode bucket). Nothing here reads device values back to the host: the step's one sync is the
+sampler's read of the sampled ids.
 """
 
 from __future__ import annotations
@@ -15,34 +16,32 @@ import torch
 from tokenwire.kernels.attention_metadata import AttentionMetadata
 from tokenwire.kernels.cuda_graph_buckets import decode_batch_buckets
 from tokenwire.kernels.dispatch import triton_available
-from tokenwire.runtime.config import CacheConfig
 from tokenwire.runtime.loader.model_loader import LoadedModel
 from tokenwire.runtime.worker.cuda_graphs import DecodeGraphs, decode_bucket
 from tokenwire.runtime.worker.host_staging import HostStaging
 from tokenwire.runtime.worker.input_batch import StepArrays
 from tokenwire.runtime.worker.kv_cache import KVCache, bytes_per_block, kv_cache_torch_dtype
 from tokenwire.runtime.worker.kv_cache_sizing import gpu_num_blocks, min_blocks_for, profile_memory
+from tokenwire.runtime.worker.runner_settings import RunnerSettings
 
 
 def cuda_kv_cache(
     loaded: LoadedModel,
-    cache_config: CacheConfig,
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
-    cuda_graphs: bool,
+    settings: RunnerSettings,
     tp_size: int = 1,
     extra_bytes_per_block: int = 0,
 ) -> KVCache:
     """Allocate this rank's KV cache (its local KV heads under ``tp_size``-way tensor
     parallelism): ``num_gpu_blocks_override``, else what fits after profiling, sharing the
     memory with ``extra_bytes_per_block`` of another cache (a draft model's)."""
+    cache_config = settings.cache
     num_blocks = cache_config.num_gpu_blocks_override
     if num_blocks is None:
         kv_dtype = kv_cache_torch_dtype(cache_config.kv_cache_dtype, loaded.dtype)
         report = profile_memory(
             loaded.model,
-            max_num_batched_tokens,
-            max_num_seqs,
+            settings.max_num_batched_tokens,
+            settings.max_num_seqs,
             loaded.max_model_len,
             cache_config.block_size,
             kv_dtype,
@@ -53,7 +52,7 @@ def cuda_kv_cache(
             bytes_per_block(loaded.arch, cache_config.block_size, kv_dtype, tp_size)
             + extra_bytes_per_block,
             min_blocks_for(loaded.max_model_len, cache_config.block_size),
-            cuda_graphs,
+            graphs_enabled(settings.enforce_eager),
         )
     return KVCache.allocate(
         loaded.arch, cache_config, loaded.device, loaded.dtype, num_blocks, tp_size
@@ -66,30 +65,23 @@ def graphs_enabled(enforce_eager: bool) -> bool:
 
 
 class CudaGraphRunner:
-    def __init__(
-        self,
-        loaded: LoadedModel,
-        kv_cache: KVCache,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        enforce_eager: bool,
-    ) -> None:
+    def __init__(self, loaded: LoadedModel, kv_cache: KVCache, settings: RunnerSettings) -> None:
         self.model = loaded.model
         self.kv_layers = kv_cache.layers
         self.block_size = kv_cache.block_size
         max_blocks_per_seq = -(-loaded.max_model_len // self.block_size)
         self.staging = HostStaging(
-            max(max_num_batched_tokens, max_num_seqs),
-            max_num_seqs,
+            settings.max_num_batched_tokens,
+            settings.max_num_seqs,
             max_blocks_per_seq,
             loaded.device,
         )
         self.graphs: DecodeGraphs | None = None
-        if graphs_enabled(enforce_eager):
+        if graphs_enabled(settings.enforce_eager):
             self.graphs = DecodeGraphs(
                 self.model,
                 self.kv_layers,
-                decode_batch_buckets(max_num_seqs),
+                decode_batch_buckets(settings.max_num_seqs),
                 self.block_size,
                 max_blocks_per_seq,
                 loaded.max_model_len,

@@ -1,7 +1,8 @@
 """Pinned host staging buffers and non-blocking host-to-device copies of a step's inputs.
 
-One pinned buffer per step input, sized for the largest step (``max_tokens`` tokens,
-``max_seqs`` sequences, ``max_blocks_per_seq`` block-table columns). A step's numpy arrays
+One pinned buffer per step input, sized for the largest step (``max_num_batched_tokens``
+tokens, or ``max_num_seqs`` for a padded decode graph step; ``max_num_seqs`` sequences,
+``max_blocks_per_seq`` block-table columns). A step's numpy arrays
 are copied into the pinned buffers and from there to the device with ``non_blocking=True``,
 so the copy overlaps the host's remaining work instead of staging through pageable memory.
 
@@ -35,9 +36,15 @@ class DeviceInputs:
 
 class HostStaging:
     def __init__(
-        self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, device: torch.device
+        self,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        max_blocks_per_seq: int,
+        device: torch.device,
     ) -> None:
         self.device = device
+        # A decode graph's bucket pads up to max_num_seqs one-token rows.
+        max_tokens = max(max_num_batched_tokens, max_num_seqs)
         pin = device.type == "cuda"
         self.max_blocks_per_seq = max_blocks_per_seq
 
@@ -48,9 +55,9 @@ class HostStaging:
             "input_ids": buf(max_tokens, torch.int64),
             "positions": buf(max_tokens, torch.int64),
             "slot_mapping": buf(max_tokens, torch.int64),
-            "query_start_loc": buf(max_seqs + 1, torch.int32),
-            "seq_lens": buf(max_seqs, torch.int32),
-            "block_tables": buf(max_seqs * max_blocks_per_seq, torch.int32),
+            "query_start_loc": buf(max_num_seqs + 1, torch.int32),
+            "seq_lens": buf(max_num_seqs, torch.int32),
+            "block_tables": buf(max_num_seqs * max_blocks_per_seq, torch.int32),
         }
         # numpy views share memory with the pinned tensors: writes need no extra copy.
         self.host: dict[str, np.ndarray] = {k: v.numpy() for k, v in self.pinned.items()}

@@ -1,7 +1,7 @@
 """Persistent per-row host buffers for building a step's inputs without per-token Python loops.
 
-Each active request owns one row of ``token_ids`` ([max_rows, max_model_len] int32) and of
-``block_table`` ([max_rows, max_blocks_per_seq] int32, padded with the null block). Rows
+Each active request owns one row of ``token_ids`` ([max_num_seqs, max_model_len] int32) and of
+``block_table`` ([max_num_seqs, max_blocks_per_seq] int32, padded with the null block). Rows
 are reused: a finished or preempted request returns its row to the free list. Step inputs
 (positions, slot_mapping, gathered token ids, block tables) come from vectorised numpy
 indexing over these rows.
@@ -32,17 +32,17 @@ class StepArrays:
 
 
 class InputBatch:
-    def __init__(self, max_rows: int, max_model_len: int, block_size: int) -> None:
+    def __init__(self, max_num_seqs: int, max_model_len: int, block_size: int) -> None:
         self.block_size = block_size
         self.max_blocks_per_seq = -(-max_model_len // block_size)
-        self.token_ids = np.zeros((max_rows, max_model_len), dtype=np.int32)
+        self.token_ids = np.zeros((max_num_seqs, max_model_len), dtype=np.int32)
         self.block_table = np.full(
-            (max_rows, self.max_blocks_per_seq), NULL_BLOCK_ID, dtype=np.int32
+            (max_num_seqs, self.max_blocks_per_seq), NULL_BLOCK_ID, dtype=np.int32
         )
-        self.num_blocks = np.zeros(max_rows, dtype=np.int32)
-        self.num_computed = np.zeros(max_rows, dtype=np.int64)
-        self.num_tokens = np.zeros(max_rows, dtype=np.int64)  # prompt + output tokens known
-        self._free_rows = list(range(max_rows - 1, -1, -1))
+        self.num_blocks = np.zeros(max_num_seqs, dtype=np.int32)
+        self.num_computed = np.zeros(max_num_seqs, dtype=np.int64)
+        self.num_tokens = np.zeros(max_num_seqs, dtype=np.int64)  # prompt + output tokens known
+        self._free_rows = list(range(max_num_seqs - 1, -1, -1))
 
     # ------------------------------------------------------------------ row lifecycle
     def add_row(self, token_ids: list[int], block_ids: list[int], num_computed: int) -> int:

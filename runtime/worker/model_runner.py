@@ -7,6 +7,13 @@ host sync in a step is reading the sampled token ids. On CUDA the forward goes t
 ``CudaGraphRunner`` (profiled KV sizing, pinned staging buffers, decode CUDA graphs); the CPU
 path below is untouched by it.
 
+Calls go downward only: the runner hands its helpers explicit inputs and none of them imports
+it. ``sample_rows`` gets the ``RowSampler`` (sampler, engine generator, vocabulary size,
+device), the ``InputBatch`` and the rows' logits; ``prompt_logprobs_for_step`` the step's
+arrays, hidden states and ``compute_logits``; the speculative verify step (``plan_verify`` /
+``verify_rows``) the batch, the ``RowSampler`` and the logits the runner computed for its
+plan; the draft model the batch (it builds its own inputs with an ``AttentionInputs``).
+
 Tensor parallelism: every rank runs this same runner on the same ``SchedulerOutput``s with its
 share of the model (``load_model(..., tp=group)``) and passes the same ``tp``; the KV cache
 holds the rank's local KV heads. ``compute_logits`` gathers the full vocabulary on every rank
@@ -17,14 +24,10 @@ same order; the driver (rank 0) returns the ``ModelOutput``.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from tokenwire.kernels.attention_metadata import AttentionMetadata
-from tokenwire.kernels.attention_plan import build_cpu_plan
-from tokenwire.runtime.config import CacheConfig, LoRAConfig
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.loader.model_loader import LoadedModel
 from tokenwire.runtime.lora.manager import LoRAManager
@@ -32,58 +35,32 @@ from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.model_output import ModelOutput, TokenLogprobs
 from tokenwire.runtime.models.windows import distinct_windows
 from tokenwire.runtime.sample.sampler import Sampler
-from tokenwire.runtime.sample.sampling_metadata import RowSamplingState, build_sampling_metadata
+from tokenwire.runtime.sample.sampling_metadata import RowSamplingState
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.scheduler_output import SchedulerOutput
-from tokenwire.runtime.structured.bitmask import GrammarBitmask
-from tokenwire.runtime.worker.grammar_mask import apply_grammar_bitmask
+from tokenwire.runtime.worker.attention_inputs import AttentionInputs
 from tokenwire.runtime.worker.input_batch import InputBatch, StepArrays
-from tokenwire.runtime.worker.prompt_logprobs import prompt_logprobs_for_chunk
+from tokenwire.runtime.worker.prompt_logprobs import prompt_logprobs_for_step
+from tokenwire.runtime.worker.request_state import CachedRequestState
 from tokenwire.runtime.worker.runner_caches import build_caches
-from tokenwire.runtime.worker.spec.verify_step import spec_step, write_drafts
+from tokenwire.runtime.worker.runner_settings import RunnerSettings
+from tokenwire.runtime.worker.sample_rows import RowSampler, StepTokens, sample_rows
+from tokenwire.runtime.worker.spec.verify_step import plan_verify, verify_rows, write_drafts
 
 _SINGLE = TPGroup.single()  # immutable: the default group of one
-
-
-@dataclass(slots=True)
-class CachedRequestState:
-    """What the runner remembers about a request between steps."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
-    params: SamplingParams
-    block_ids: list[int]
-    sampling: RowSamplingState
-    lora: LoRARequest | None = None  # the adapter it runs with; None: the base model
-    row: int | None = None  # None while preempted
-    # Next prompt position whose logprob is still unreported (a recompute after preemption
-    # must not report positions twice).
-    next_prompt_logprob: int = 0
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
 
 
 class ModelRunner:
     def __init__(
         self,
         loaded: LoadedModel,
-        cache_config: CacheConfig,
-        max_num_seqs: int,
+        settings: RunnerSettings,
         device: torch.device,
-        seed: int,
-        max_num_batched_tokens: int = 2048,
-        enforce_eager: bool = False,
         tp: TPGroup = _SINGLE,
-        lora: LoRAConfig | None = None,
         draft: LoadedModel | None = None,
     ) -> None:
-        """``draft``: the draft model of ``draft_model`` speculation; its KV cache shares the
+        """``settings``: derived once from the engine config (``RunnerSettings.from_config``);
+        ``draft``: the draft model of ``draft_model`` speculation; its KV cache shares the
         budget and the block ids of the target's."""
         model_tp = loaded.model.tp
         if (model_tp.rank, model_tp.world_size) != (tp.rank, tp.world_size):
@@ -93,32 +70,27 @@ class ModelRunner:
             )
         self.tp = tp
         self.model = loaded.model
-        self.vocab_size = loaded.arch.vocab_size
-        # Each distinct sliding window of the layers gets its own CPU attention plan per step.
-        self.attention_windows = distinct_windows(loaded.arch)
         self.eos_token_ids = loaded.eos_token_ids
         self.device = device
-        self.block_size = cache_config.block_size
-        # LoRA wraps the model's linears before any CUDA graph is captured; decode graphs are
-        # off with LoRA (the per-step adapter runs are not captured yet).
+        self.block_size = settings.cache.block_size
+        # Each distinct sliding window of the layers gets its own CPU attention plan per step.
+        self.inputs = AttentionInputs(device, self.block_size, distinct_windows(loaded.arch))
+        # LoRA wraps the model's linears before any CUDA graph is captured (decode graphs are
+        # off with LoRA: ``settings.enforce_eager``).
         self.lora: LoRAManager | None = None
-        if lora is not None and lora.enable_lora:
-            self.lora = LoRAManager(self.model, lora, loaded.dtype, device)
-            enforce_eager = True
-        caches = build_caches(
-            loaded, draft, cache_config, device, max_num_seqs, max_num_batched_tokens,
-            enforce_eager, tp.world_size,
-        )  # fmt: skip
+        if settings.lora.enable_lora:
+            self.lora = LoRAManager(self.model, settings.lora, loaded.dtype, device)
+        caches = build_caches(loaded, draft, settings, device, tp.world_size)
         self.kv_cache = caches.kv_cache
         self._cuda = caches.cuda
         self.drafter = caches.drafter
-        self.batch = InputBatch(max_num_seqs, loaded.max_model_len, self.block_size)
+        self.batch = InputBatch(settings.max_num_seqs, loaded.max_model_len, self.block_size)
         self.requests: dict[str, CachedRequestState] = {}
         self._num_prompt_logprob_reqs = 0  # live requests that asked for prompt logprobs
-        self.sampler = Sampler()
         # Generator for unseeded random rows: reproducible per engine seed, not global state.
-        self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(seed)
+        generator = torch.Generator(device=device)
+        generator.manual_seed(settings.seed)
+        self.sampling = RowSampler(Sampler(), generator, loaded.arch.vocab_size, device)
 
     @property
     def num_blocks(self) -> int:
@@ -219,50 +191,97 @@ class ModelRunner:
         rows = np.fromiter((s.row for s in states), dtype=np.int64, count=len(states))
         drafts = so.spec_token_ids
         if drafts and self.drafter is not None:  # the scheduler sent placeholders
-            drafts = self.drafter.propose(self, states, drafts)
+            drafts = self.drafter.propose(self.batch, states, drafts)
         if drafts:  # drafts go after each row's known tokens (not yet its own)
             write_drafts(self.batch, states, drafts)
         arrays = self.batch.build(rows, query_lens, num_decodes)
         self.batch.num_computed[rows] += query_lens  # after this step's forward
-        if self._cuda is not None:
-            t1 = time.perf_counter()
-            hidden = self._cuda.forward(arrays)  # graph replay or eager; enqueues only
-        else:
-            meta = self.attention_metadata(arrays)
-            input_ids = self.to_device(arrays.input_ids)
-            positions = self.to_device(arrays.positions)
-            t1 = time.perf_counter()
-            hidden = self.model(input_ids, positions, self.kv_cache.layers, meta)
+        t1, hidden = self._forward(arrays)
         if drafts:
-            times = (t0, t1, collective0)
-            verified = spec_step(self, so, drafts, states, rows, arrays, hidden, times)
-            if self.drafter is not None:
-                self.drafter.settle(self, states)
-            return verified
-        # A row samples when this step brings it up to date (not mid-way through a prefill).
-        samples = arrays.seq_lens == self.batch.num_tokens[rows]
-        if samples.all():
-            sample_states, sample_rows = states, rows
-            last = hidden if len(hidden) == len(rows) else hidden[arrays.query_start_loc[1:] - 1]
+            t2, prompt_lps, out = self._verify(so, drafts, states, rows, arrays, hidden)
         else:
-            idx = np.flatnonzero(samples)
-            sample_states, sample_rows = [states[i] for i in idx], rows[idx]
-            last = hidden[torch.from_numpy(arrays.query_start_loc[1:][idx] - 1)]
-        logits = self.model.compute_logits(last)
-        t2 = time.perf_counter()
-        prompt_lps = self.prompt_logprobs(states, arrays, hidden)
-        out = self.sample(logits, sample_states, sample_rows, so.grammar_bitmask)
+            t2, prompt_lps, out = self._sample(so, states, rows, arrays, hidden)
         t3 = time.perf_counter()
+        collective_time = self.tp.clock.seconds - collective0
+        if drafts and self.drafter is not None:
+            self.drafter.settle(self.batch, states)
         return ModelOutput(
-            req_ids=out[0],
-            sampled_token_ids=out[1],
-            logprobs=out[2],
+            req_ids=out.req_ids,
+            sampled_token_ids=out.token_ids,
+            logprobs=out.logprobs,
             prompt_logprobs=prompt_lps,
             prepare_time=t1 - t0,
             forward_time=t2 - t1,
             sample_time=t3 - t2,
-            collective_time=self.tp.clock.seconds - collective0,
+            collective_time=collective_time,
+            extra_token_ids=out.extra_token_ids,
+            extra_logprobs=out.extra_logprobs,
         )
+
+    def _forward(self, arrays: StepArrays) -> tuple[float, torch.Tensor]:
+        """(forward start time, hidden states): graph replay or eager on CUDA, else eager."""
+        if self._cuda is not None:
+            t1 = time.perf_counter()
+            return t1, self._cuda.forward(arrays)  # graph replay or eager; enqueues only
+        inputs = self.inputs
+        meta = inputs.metadata(arrays)
+        input_ids = inputs.to_device(arrays.input_ids)
+        positions = inputs.to_device(arrays.positions)
+        t1 = time.perf_counter()
+        return t1, self.model(input_ids, positions, self.kv_cache.layers, meta)
+
+    def _sample(
+        self,
+        so: SchedulerOutput,
+        states: list[CachedRequestState],
+        rows: np.ndarray,
+        arrays: StepArrays,
+        hidden: torch.Tensor,
+    ) -> tuple[float, dict[str, list[TokenLogprobs | None]], StepTokens]:
+        """A plain step: (logits done time, prompt logprobs, the sampled tokens)."""
+        # A row samples when this step brings it up to date (not mid-way through a prefill).
+        samples = arrays.seq_lens == self.batch.num_tokens[rows]
+        if samples.all():
+            sample_states, rows_to_sample = states, rows
+            last = hidden if len(hidden) == len(rows) else hidden[arrays.query_start_loc[1:] - 1]
+        else:
+            idx = np.flatnonzero(samples)
+            sample_states, rows_to_sample = [states[i] for i in idx], rows[idx]
+            last = hidden[torch.from_numpy(arrays.query_start_loc[1:][idx] - 1)]
+        logits = self.model.compute_logits(last)
+        t2 = time.perf_counter()
+        prompt_lps = self._prompt_logprobs(states, arrays, hidden)
+        out = sample_rows(
+            self.sampling, self.batch, logits, sample_states, rows_to_sample, so.grammar_bitmask
+        )
+        return t2, prompt_lps, out
+
+    def _verify(
+        self,
+        so: SchedulerOutput,
+        drafts: dict[str, list[int]],
+        states: list[CachedRequestState],
+        rows: np.ndarray,
+        arrays: StepArrays,
+        hidden: torch.Tensor,
+    ) -> tuple[float, dict[str, list[TokenLogprobs | None]], StepTokens]:
+        """A speculative step (``drafts``: the scheduler's n-gram drafts or the draft model's
+        proposals): (logits done time, prompt logprobs, the emitted tokens)."""
+        plan = plan_verify(self.batch, drafts, states, rows, arrays)
+        logits = self.model.compute_logits(hidden[torch.from_numpy(plan.positions)])
+        t2 = time.perf_counter()
+        prompt_lps = self._prompt_logprobs(states, arrays, hidden)
+        out = verify_rows(
+            self.sampling, self.batch, plan, logits, states, rows, drafts, so.grammar_bitmask
+        )
+        return t2, prompt_lps, out
+
+    def _prompt_logprobs(
+        self, states: list[CachedRequestState], a: StepArrays, hidden: torch.Tensor
+    ) -> dict[str, list[TokenLogprobs | None]]:
+        if not self._num_prompt_logprob_reqs:
+            return {}
+        return prompt_logprobs_for_step(states, a, hidden, self.model.compute_logits)
 
     def _batch_order(self, so: SchedulerOutput) -> tuple[list[CachedRequestState], np.ndarray, int]:
         """Rows in batch order, decode rows (one query token) first: attention batches them."""
@@ -278,90 +297,3 @@ class ModelRunner:
             (scheduled[rid] for rid in order), dtype=np.int64, count=len(order)
         )
         return [requests[rid] for rid in order], query_lens, len(decodes)
-
-    def to_device(self, array: np.ndarray) -> torch.Tensor:
-        tensor = torch.from_numpy(array)
-        return tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)
-
-    def attention_metadata(
-        self, a: StepArrays, windows: tuple[int, ...] | None = None
-    ) -> AttentionMetadata:
-        """The step's attention metadata; on CPU with gather plans for ``windows`` (default:
-        this model's sliding windows)."""
-        dev = self.device
-        block_tables = self.to_device(a.block_tables)
-        plan = None
-        if dev.type == "cpu":
-            plan = build_cpu_plan(
-                a.query_start_loc, a.seq_lens, block_tables, a.num_decodes, self.block_size,
-                self.attention_windows if windows is None else windows,
-            )  # fmt: skip
-        return AttentionMetadata(
-            num_tokens=len(a.input_ids),
-            num_seqs=len(a.seq_lens),
-            num_decodes=a.num_decodes,
-            block_size=self.block_size,
-            slot_mapping=self.to_device(a.slot_mapping),
-            query_start_loc=self.to_device(a.query_start_loc),
-            seq_lens=self.to_device(a.seq_lens),
-            block_tables=block_tables,
-            max_query_len=a.max_query_len,
-            max_seq_len=a.max_seq_len,
-            query_start_loc_np=a.query_start_loc,
-            seq_lens_np=a.seq_lens,
-            cpu_plan=plan,
-        )
-
-    def sample(
-        self,
-        logits: torch.Tensor,
-        states: list[CachedRequestState],
-        rows: np.ndarray,
-        bitmask: GrammarBitmask | None = None,
-    ) -> tuple[list[str], list[int], dict[str, TokenLogprobs]]:
-        if not states:
-            return [], [], {}
-        if bitmask is not None:  # constrained rows only; the sampler sees masked logits
-            logits = logits.float()
-            row_of = {s.request_id: i for i, s in enumerate(states)}
-            apply_grammar_bitmask(logits, row_of, bitmask)
-        meta = build_sampling_metadata(
-            [s.sampling for s in states], self.vocab_size, self.device, self.generator
-        )
-        result = self.sampler(logits, meta)
-        tokens: list[int] = result.sampled_token_ids.tolist()  # the step's one host sync
-        req_ids = [s.request_id for s in states]
-        self.batch.append_tokens(rows, tokens)
-        for state, token in zip(states, tokens, strict=True):
-            state.output_token_ids.append(token)
-        logprobs: dict[str, TokenLogprobs] = {}
-        if result.logprobs is not None:
-            rows_lps = result.logprobs.rows([s.params.logprobs for s in states])
-            for state, entry in zip(states, rows_lps, strict=True):
-                if entry is not None:
-                    logprobs[state.request_id] = entry
-        return req_ids, tokens, logprobs
-
-    def prompt_logprobs(
-        self, states: list[CachedRequestState], a: StepArrays, hidden: torch.Tensor
-    ) -> dict[str, list[TokenLogprobs | None]]:
-        out: dict[str, list[TokenLogprobs | None]] = {}
-        if not self._num_prompt_logprob_reqs:
-            return out
-        for i, state in enumerate(states):
-            k = state.params.prompt_logprobs
-            if k is None:
-                continue
-            q0, q1 = int(a.query_start_loc[i]), int(a.query_start_loc[i + 1])
-            start = int(a.seq_lens[i]) - (q1 - q0)
-            # This chunk reports prompt positions first..last (0 has no logprob: None).
-            first = 0 if start == 0 else start + 1
-            last = min(start + q1 - q0, len(state.prompt_token_ids) - 1)
-            if last < state.next_prompt_logprob:
-                continue  # nothing new (decode, or a recomputed stretch)
-            entries = prompt_logprobs_for_chunk(
-                self.model.compute_logits(hidden[q0:q1]), state.prompt_token_ids, start, k
-            )
-            out[state.request_id] = entries[max(0, state.next_prompt_logprob - first) :]
-            state.next_prompt_logprob = last + 1
-        return out

@@ -1,10 +1,46 @@
-"""Prompt logprobs for one prefill chunk: the logprob of each prompt token given its prefix."""
+"""Prompt logprobs: the logprob of each prompt token given its prefix, per prefill chunk.
+
+``prompt_logprobs_for_step`` is a function of explicit inputs: the step's request states and
+host arrays, its hidden states and the model's logits function (``compute_logits``).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
 from tokenwire.runtime.model_output import TokenLogprobs
+from tokenwire.runtime.worker.input_batch import StepArrays
+from tokenwire.runtime.worker.request_state import CachedRequestState
+
+
+def prompt_logprobs_for_step(
+    states: list[CachedRequestState],
+    a: StepArrays,
+    hidden: torch.Tensor,
+    compute_logits: Callable[[torch.Tensor], torch.Tensor],
+) -> dict[str, list[TokenLogprobs | None]]:
+    """The prompt positions this step computed for each request that asked (``states[i]`` is
+    batch row ``i`` of ``a``); positions reported before (a recompute) are left out."""
+    out: dict[str, list[TokenLogprobs | None]] = {}
+    for i, state in enumerate(states):
+        k = state.params.prompt_logprobs
+        if k is None:
+            continue
+        q0, q1 = int(a.query_start_loc[i]), int(a.query_start_loc[i + 1])
+        start = int(a.seq_lens[i]) - (q1 - q0)
+        # This chunk reports prompt positions first..last (0 has no logprob: None).
+        first = 0 if start == 0 else start + 1
+        last = min(start + q1 - q0, len(state.prompt_token_ids) - 1)
+        if last < state.next_prompt_logprob:
+            continue  # nothing new (decode, or a recomputed stretch)
+        entries = prompt_logprobs_for_chunk(
+            compute_logits(hidden[q0:q1]), state.prompt_token_ids, start, k
+        )
+        out[state.request_id] = entries[max(0, state.next_prompt_logprob - first) :]
+        state.next_prompt_logprob = last + 1
+    return out
 
 
 def prompt_logprobs_for_chunk(

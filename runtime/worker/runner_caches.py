@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tokenwire.runtime.config import CacheConfig
 from tokenwire.runtime.loader.model_loader import LoadedModel
+from tokenwire.runtime.models.windows import distinct_windows
+from tokenwire.runtime.worker.attention_inputs import AttentionInputs
 from tokenwire.runtime.worker.kv_cache import KVCache
+from tokenwire.runtime.worker.runner_settings import RunnerSettings
 from tokenwire.runtime.worker.spec.draft_model import DraftModel, draft_bytes_per_block
 
 if TYPE_CHECKING:
@@ -28,38 +30,22 @@ class RunnerCaches:
 def build_caches(
     loaded: LoadedModel,
     draft: LoadedModel | None,
-    cache_config: CacheConfig,
+    settings: RunnerSettings,
     device: torch.device,
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
-    enforce_eager: bool,
     tp_size: int,
 ) -> RunnerCaches:
+    cache_config = settings.cache
     extra = 0 if draft is None else draft_bytes_per_block(draft, cache_config, tp_size)
     cuda = None
     if device.type == "cuda":
-        from tokenwire.runtime.worker.cuda_runner import (
-            CudaGraphRunner,
-            cuda_kv_cache,
-            graphs_enabled,
-        )
+        from tokenwire.runtime.worker.cuda_runner import CudaGraphRunner, cuda_kv_cache
 
-        kv_cache = cuda_kv_cache(
-            loaded,
-            cache_config,
-            max_num_seqs,
-            max_num_batched_tokens,
-            graphs_enabled(enforce_eager),
-            tp_size,
-            extra,
-        )
-        cuda = CudaGraphRunner(
-            loaded, kv_cache, max_num_seqs, max_num_batched_tokens, enforce_eager
-        )
+        kv_cache = cuda_kv_cache(loaded, settings, tp_size, extra)
+        cuda = CudaGraphRunner(loaded, kv_cache, settings)
     else:
         # An automatic CPU budget holds no more than the scheduler's sequences can use.
         per_seq = -(-loaded.max_model_len // cache_config.block_size)
-        usable = 1 + max_num_seqs * per_seq  # block 0 is the null block
+        usable = 1 + settings.max_num_seqs * per_seq  # block 0 is the null block
         kv_cache = KVCache.allocate(
             loaded.arch, cache_config, device, loaded.dtype, None, tp_size, extra, usable
         )
@@ -68,5 +54,6 @@ def build_caches(
         draft_kv = KVCache.allocate(
             draft.arch, cache_config, device, draft.dtype, kv_cache.num_blocks, tp_size
         )
-        drafter = DraftModel(draft, draft_kv)
+        inputs = AttentionInputs(device, cache_config.block_size, distinct_windows(draft.arch))
+        drafter = DraftModel(draft, draft_kv, inputs)
     return RunnerCaches(kv_cache, cuda, drafter)

@@ -19,6 +19,7 @@ from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.scheduler_output import SchedulerOutput
 from tokenwire.runtime.worker.cpu_tuning import keep_freed_memory
 from tokenwire.runtime.worker.model_runner import ModelRunner
+from tokenwire.runtime.worker.runner_settings import RunnerSettings
 from tokenwire.runtime.worker.spec.draft_model import load_draft_model
 
 
@@ -66,19 +67,8 @@ class Worker:
         draft = None
         if spec is not None and spec.method == "draft_model":
             draft = load_draft_model(config.model, spec, self.loaded, tp)
-        sched = config.scheduler
-        self.runner = ModelRunner(
-            self.loaded,
-            config.cache,
-            sched.max_num_seqs,
-            device,
-            config.model.seed,
-            max_num_batched_tokens=sched.max_num_batched_tokens,
-            enforce_eager=config.enforce_eager,
-            tp=tp,
-            lora=config.lora,
-            draft=draft,
-        )
+        settings = RunnerSettings.from_config(config)
+        self.runner = ModelRunner(self.loaded, settings, device, tp=tp, draft=draft)
 
     @property
     def num_blocks(self) -> int:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -36,19 +35,21 @@ import torch
 from tokenwire.runtime.config import CacheConfig, ModelConfig, SpeculativeConfig
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.loader.model_loader import LoadedModel, load_model
-from tokenwire.runtime.models.windows import distinct_windows
+from tokenwire.runtime.worker.attention_inputs import AttentionInputs
+from tokenwire.runtime.worker.input_batch import InputBatch
 from tokenwire.runtime.worker.kv_cache import KVCache, bytes_per_block, kv_cache_torch_dtype
-
-if TYPE_CHECKING:
-    from tokenwire.runtime.worker.model_runner import CachedRequestState, ModelRunner
+from tokenwire.runtime.worker.request_state import CachedRequestState
 
 
 class DraftModel:
-    def __init__(self, loaded: LoadedModel, kv_cache: KVCache) -> None:
+    """``inputs`` builds the draft's step inputs (its own sliding windows); ``propose`` and
+    ``settle`` read and write the target's ``InputBatch`` rows they are given."""
+
+    def __init__(self, loaded: LoadedModel, kv_cache: KVCache, inputs: AttentionInputs) -> None:
         self.model = loaded.model
         self.arch = loaded.arch
         self.kv_cache = kv_cache
-        self.windows = distinct_windows(loaded.arch)
+        self.inputs = inputs
         # Request id -> leading positions whose draft KV is valid.
         self.computed: dict[str, int] = {}
 
@@ -58,7 +59,7 @@ class DraftModel:
 
     def propose(
         self,
-        runner: ModelRunner,
+        batch: InputBatch,
         states: list[CachedRequestState],
         slots: dict[str, list[int]],
     ) -> dict[str, list[int]]:
@@ -66,7 +67,6 @@ class DraftModel:
         chosen = [s for s in states if slots.get(s.request_id) and s.row is not None]
         if not chosen:
             return {}
-        batch = runner.batch
         rows = np.array([s.row for s in chosen], dtype=np.int64)
         last = batch.num_computed[rows].astype(np.int64)  # position of the last known token
         k = np.array([len(slots[s.request_id]) for s in chosen], dtype=np.int64)
@@ -79,30 +79,29 @@ class DraftModel:
         )
         drafts = np.zeros((len(chosen), int(k.max())), dtype=np.int64)
         order = np.argsort(last > start, kind="stable")  # one-token rows first (decodes)
-        drafts[order, 0] = self._forward(runner, rows[order], start[order], last[order])
+        drafts[order, 0] = self._forward(batch, rows[order], start[order], last[order])
         for i in range(1, int(k.max())):
             live = np.flatnonzero(k > i)
             batch.token_ids[rows[live], last[live] + i] = drafts[live, i - 1]
-            drafts[live, i] = self._forward(runner, rows[live], last[live] + i, last[live] + i)
+            drafts[live, i] = self._forward(batch, rows[live], last[live] + i, last[live] + i)
         for j, state in enumerate(chosen):
             self.computed[state.request_id] = int(last[j] + k[j])
         return {s.request_id: drafts[j, : k[j]].tolist() for j, s in enumerate(chosen)}
 
-    def settle(self, runner: ModelRunner, states: list[CachedRequestState]) -> None:
+    def settle(self, batch: InputBatch, states: list[CachedRequestState]) -> None:
         """After verification: keep only the draft KV of positions the target accepted."""
         for state in states:
             count = self.computed.get(state.request_id)
             if count is not None and state.row is not None:
-                valid = int(runner.batch.num_computed[state.row])
+                valid = int(batch.num_computed[state.row])
                 self.computed[state.request_id] = min(count, valid)
 
     @torch.inference_mode()
     def _forward(
-        self, runner: ModelRunner, rows: np.ndarray, first: np.ndarray, last: np.ndarray
+        self, batch: InputBatch, rows: np.ndarray, first: np.ndarray, last: np.ndarray
     ) -> np.ndarray:
         """One draft forward over positions ``first[i] .. last[i]`` of each row (rows with a
         single position must come first); the greedy next token after each row's last."""
-        batch = runner.batch
         query_lens = last - first + 1
         saved = batch.num_computed[rows].copy()
         batch.num_computed[rows] = first
@@ -110,14 +109,15 @@ class DraftModel:
             arrays = batch.build(rows, query_lens, int(np.count_nonzero(query_lens == 1)))
         finally:
             batch.num_computed[rows] = saved
-        meta = runner.attention_metadata(arrays, self.windows)
+        inputs = self.inputs
+        meta = inputs.metadata(arrays)
         hidden = self.model(
-            runner.to_device(arrays.input_ids),
-            runner.to_device(arrays.positions),
+            inputs.to_device(arrays.input_ids),
+            inputs.to_device(arrays.positions),
             self.kv_cache.layers,
             meta,
         )
-        ends = runner.to_device(arrays.query_start_loc[1:].astype(np.int64) - 1)
+        ends = inputs.to_device(arrays.query_start_loc[1:].astype(np.int64) - 1)
         logits = self.model.compute_logits(hidden[ends])
         result: np.ndarray = logits.argmax(dim=-1).cpu().numpy()
         return result

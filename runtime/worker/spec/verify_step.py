@@ -1,30 +1,30 @@
 """The model runner's side of a speculative step.
 
 Before the forward, each drafted row gets its drafts written after its known tokens in the
-``InputBatch`` (so the step's inputs are ``[last token, d_1 .. d_k]``); its ``k + 1`` query
-positions are scored in the same forward. After it, rows without drafts sample as usual and
-drafted rows are verified (``verify.verify_drafts``); every emitted token is appended to the
-row, and the row's computed count steps back over its rejected drafts (their KV slots are
-rewritten by the next step).
+``InputBatch`` (``write_drafts``; the step's inputs are ``[last token, d_1 .. d_k]``); its
+``k + 1`` query positions are scored in the same forward. After it, ``plan_verify`` says which
+hidden states to score (the runner computes their logits), and ``verify_rows`` samples the
+rows without drafts (``sample_rows``) and verifies the drafted ones (``sample/rejection``);
+every emitted token is appended to the row, and the row's computed count steps back over its
+rejected drafts (their KV slots are rewritten by the next step). Every input is explicit:
+the batch, the ``RowSampler``, the logits, the request states; never the runner.
 """
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from tokenwire.runtime.model_output import ModelOutput, TokenLogprobs
+from tokenwire.runtime.model_output import TokenLogprobs
 from tokenwire.runtime.sample.rejection import verify_drafts
 from tokenwire.runtime.sample.sampler import gather_logprobs
-from tokenwire.runtime.scheduler_output import SchedulerOutput
+from tokenwire.runtime.structured.bitmask import GrammarBitmask
 from tokenwire.runtime.worker.grammar_mask import apply_grammar_bitmask
 from tokenwire.runtime.worker.input_batch import InputBatch, StepArrays
-
-if TYPE_CHECKING:
-    from tokenwire.runtime.worker.model_runner import CachedRequestState, ModelRunner
+from tokenwire.runtime.worker.request_state import CachedRequestState
+from tokenwire.runtime.worker.sample_rows import RowSampler, StepTokens, sample_rows
 
 
 def write_drafts(
@@ -37,80 +37,90 @@ def write_drafts(
             batch.token_ids[state.row, start : start + len(draft)] = draft
 
 
-def spec_step(
-    runner: ModelRunner,
-    so: SchedulerOutput,
+@dataclass(frozen=True)
+class VerifyPlan:
+    """The rows of a verify step that sample or verify, and the hidden states they score."""
+
+    idx: np.ndarray  # their indices among the step's rows (batch order)
+    counts: np.ndarray  # positions each scores: 1 + its drafts
+    positions: np.ndarray  # the hidden-state rows to score, row after row
+
+
+def plan_verify(
+    batch: InputBatch,
     drafts: dict[str, list[int]],
     states: list[CachedRequestState],
     rows: np.ndarray,
     arrays: StepArrays,
-    hidden: torch.Tensor,
-    times: tuple[float, float, float],
-) -> ModelOutput:
-    """Sample the rows without drafts, verify the drafted ones (``drafts``: the scheduler's
-    n-gram drafts, or the worker's draft-model proposals); ``times`` = (step start, forward
-    start, collective clock at the start)."""
-    t0, t1, collective0 = times
-    batch = runner.batch
+) -> VerifyPlan:
+    """``drafts``: the scheduler's n-gram drafts, or the worker's draft-model proposals."""
     # A row samples when this step brings it up to date; a drafted row runs past it.
     idx = np.flatnonzero(arrays.seq_lens >= batch.num_tokens[rows])
     counts = np.array([1 + len(drafts.get(states[i].request_id, ())) for i in idx], np.int64)
     ends = arrays.query_start_loc[1:][idx].astype(np.int64)
     starts = np.repeat(ends - counts, counts)
     offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-    logits = runner.model.compute_logits(hidden[torch.from_numpy(starts + offsets)])
-    t2 = time.perf_counter()
-    prompt_lps = runner.prompt_logprobs(states, arrays, hidden)
+    return VerifyPlan(idx, counts, starts + offsets)
+
+
+def verify_rows(
+    sampling: RowSampler,
+    batch: InputBatch,
+    plan: VerifyPlan,
+    logits: torch.Tensor,
+    states: list[CachedRequestState],
+    rows: np.ndarray,
+    drafts: dict[str, list[int]],
+    bitmask: GrammarBitmask | None,
+) -> StepTokens:
+    """Sample the planned rows without drafts, verify the drafted ones; ``logits``: the
+    scores of ``plan.positions``."""
+    idx, counts = plan.idx, plan.counts
     first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     plain = [j for j, c in enumerate(counts) if c == 1]
     spec = [j for j, c in enumerate(counts) if c > 1]
-    req_ids, tokens, logprobs = runner.sample(
+    out = sample_rows(
+        sampling,
+        batch,
         logits[torch.from_numpy(first[plain])],
         [states[idx[j]] for j in plain],
         rows[idx[plain]],
-        so.grammar_bitmask,
+        bitmask,
     )
-    extra: dict[str, list[int]] = {}
-    extra_lps: dict[str, list[TokenLogprobs]] = {}
-    if spec:
-        pos = np.concatenate([np.arange(first[j], first[j] + counts[j]) for j in spec])
-        spec_states = [states[idx[j]] for j in spec]
-        spec_logits = logits[torch.from_numpy(pos)]
-        starts = np.cumsum([0] + [int(counts[j]) for j in spec])[:-1]
-        if so.grammar_bitmask is not None:  # constrained rows: one mask row per position
-            row_of = {s.request_id: int(o) for s, o in zip(spec_states, starts, strict=True)}
-            apply_grammar_bitmask(spec_logits, row_of, so.grammar_bitmask)
-        emitted = verify_drafts(
-            spec_logits,
-            [s.sampling for s in spec_states],
-            [drafts[s.request_id] for s in spec_states],
-            runner.vocab_size,
-            runner.generator,
-        )
-        run_lps = run_logprobs(spec_logits, starts, spec_states, emitted)
-        for state, row, out in zip(spec_states, rows[idx[spec]], emitted, strict=True):
-            _append_run(batch, state, int(row), out, len(drafts[state.request_id]))
-            req_ids.append(state.request_id)
-            tokens.append(out[0])
-            if len(out) > 1:
-                extra[state.request_id] = out[1:]
-            if state.request_id in run_lps:
-                logprobs[state.request_id], *rest = run_lps[state.request_id]
-                if rest:
-                    extra_lps[state.request_id] = rest
-    t3 = time.perf_counter()
-    return ModelOutput(
-        req_ids=req_ids,
-        sampled_token_ids=tokens,
-        logprobs=logprobs,
-        prompt_logprobs=prompt_lps,
-        prepare_time=t1 - t0,
-        forward_time=t2 - t1,
-        sample_time=t3 - t2,
-        collective_time=runner.tp.clock.seconds - collective0,
-        extra_token_ids=extra,
-        extra_logprobs=extra_lps,
+    if not spec:
+        return out
+    pos = np.concatenate([np.arange(first[j], first[j] + counts[j]) for j in spec])
+    spec_states = [states[idx[j]] for j in spec]
+    spec_logits = logits[torch.from_numpy(pos)]
+    starts = np.cumsum([0] + [int(counts[j]) for j in spec])[:-1]
+    if bitmask is not None:  # constrained rows: one mask row per position
+        row_of = {s.request_id: int(o) for s, o in zip(spec_states, starts, strict=True)}
+        apply_grammar_bitmask(spec_logits, row_of, bitmask)
+    emitted = verify_drafts(
+        spec_logits,
+        [s.sampling for s in spec_states],
+        [drafts[s.request_id] for s in spec_states],
+        sampling.vocab_size,
+        sampling.generator,
     )
+    run_lps = run_logprobs(spec_logits, starts, spec_states, emitted)
+    for state, row, run in zip(spec_states, rows[idx[spec]], emitted, strict=True):
+        _append_run(batch, state, int(row), run, len(drafts[state.request_id]))
+        _report_run(out, state.request_id, run, run_lps.get(state.request_id))
+    return out
+
+
+def _report_run(
+    out: StepTokens, request_id: str, run: list[int], lps: list[TokenLogprobs] | None
+) -> None:
+    out.req_ids.append(request_id)
+    out.token_ids.append(run[0])
+    if len(run) > 1:
+        out.extra_token_ids[request_id] = run[1:]
+    if lps is not None:
+        out.logprobs[request_id], *rest = lps
+        if rest:
+            out.extra_logprobs[request_id] = rest
 
 
 def run_logprobs(
