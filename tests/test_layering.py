@@ -299,13 +299,7 @@ def test_runtime_has_no_import_circles() -> None:
 
 
 # Circles closed only by ``if TYPE_CHECKING`` imports that stay, each with its reason.
-TYPING_CIRCLES: dict[tuple[str, ...], str] = {
-    (
-        "tokenwire.runtime.front.chat_content",
-        "tokenwire.runtime.front.tokenizer",
-    ): "chat_content's helpers take the Tokenizer that calls them (annotations only); "
-    "left to the front's reorganisation",
-}
+TYPING_CIRCLES: dict[tuple[str, ...], str] = {}
 
 
 def test_runtime_has_no_import_circles_counting_type_checking_imports() -> None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from tokenwire.runtime.errors import ParameterError
 
 if TYPE_CHECKING:
-    from tokenwire.runtime.front.tokenizer import Tokenizer
+    from tokenwire.runtime.front.tokenizer_type import Tokenizer
 
 UNTRUSTED_ROLES = frozenset({"user", "tool"})
 # How a template may pass a content through: verbatim, or trimmed (``| trim``, ``.strip()``).

@@ -21,7 +21,7 @@ hold one; so does nothing else. It is sync and plain: no event loop, no streams.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.front.output_processor import OutputProcessor, ProcessedStep
@@ -31,8 +31,25 @@ from tokenwire.runtime.front.validation import validate_request
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.sampling_params import SamplingParams
 
-if TYPE_CHECKING:
-    from tokenwire.runtime.engine.protocol import EngineInfo
+
+class PublishedInfo(Protocol):
+    """What a front reads of the facts its engine publishes (``EngineInfo`` has these): named
+    structurally so the front does not import the engine seam that hands it out."""
+
+    @property
+    def tokenizer_path(self) -> str | None: ...
+
+    @property
+    def chat_template(self) -> str | None: ...
+
+    @property
+    def allow_content_special_tokens(self) -> bool: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def max_model_len(self) -> int: ...
 
 
 class Frontend:
@@ -58,7 +75,7 @@ class Frontend:
         self._processor = OutputProcessor(tokenizer)
 
     @classmethod
-    def from_info(cls, info: EngineInfo) -> Frontend:
+    def from_info(cls, info: PublishedInfo) -> Frontend:
         """The front of the engine that published ``info``: its tokenizer loaded here (a
         blocking load: ``AsyncEngine`` calls this on a thread)."""
         tokenizer = None

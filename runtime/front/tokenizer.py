@@ -11,40 +11,13 @@ from __future__ import annotations
 import codecs
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from tokenwire.runtime.front.chat_content import forged_token, render_plain_content
+from tokenwire.runtime.front.tokenizer_type import Tokenizer as Tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-
-class Tokenizer(Protocol):
-    """What tokenwire calls on a tokenizer: the members of transformers'
-    ``PreTrainedTokenizerBase`` that the engine front, the gRPC services and the offline ``LLM``
-    use (encode, decode, token strings, chat template). Nothing else may be assumed."""
-
-    @property
-    def chat_template(self) -> str | dict[str, str] | None: ...  # Jinja text, or named ones
-
-    @property
-    def added_tokens_decoder(self) -> Mapping[int, Any]: ...  # id -> AddedToken
-
-    def __call__(
-        self,
-        text: str | list[str],
-        *,
-        add_special_tokens: bool = True,
-        split_special_tokens: bool = False,
-    ) -> Mapping[str, Any]: ...  # a BatchEncoding: ["input_ids"] holds the ids
-
-    def decode(
-        self, token_ids: list[int], skip_special_tokens: bool = False
-    ) -> str | list[str]: ...
-
-    def convert_ids_to_tokens(self, ids: list[int]) -> str | list[str]: ...
-
-    def apply_chat_template(self, conversation: list[dict[str, Any]], **kwargs: Any) -> object: ...
 
 
 # Any of these in a directory means transformers can build a tokenizer from it.
