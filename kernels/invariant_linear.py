@@ -77,4 +77,5 @@ def _version(t: torch.Tensor) -> int:
 
 
 def _onednn_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    return out
