@@ -23,26 +23,37 @@ import torch
 
 
 @dataclass(frozen=True, slots=True)
+class PrefillRowGroup:
+    """Consecutive prefill rows of one sequence whose keys span the same canonical range
+    (``attention_plan``): attended as one batch of single-token queries over that range."""
+
+    row_start: int  # rows [row_start, row_end) of query and output
+    row_end: int
+    key_offset: int  # first key of the range, in positions past the sequence's gather start
+    kv_len: int  # the canonical padded length of the range
+    mask: torch.Tensor  # bool [n, 1, 1, kv_len], True = may attend
+
+
+@dataclass(frozen=True, slots=True)
 class PrefillSeqPlan:
     """Precomputed gather for one prefill sequence (torch reference path)."""
 
     query_start: int
     query_end: int
     seq_len: int
-    block_ids: torch.Tensor  # int64 [ceil(seq_len / block_size)]
-    # True when no earlier context exists (seq_len == query_len): attend to fresh K/V directly.
-    fresh: bool
-    # Bool [query_len, seq_len - key_start], True = may attend; None for plain causal
-    # attention over this step's K/V (``fresh`` without a window that masks anything).
-    mask: torch.Tensor | None
+    # int64: the blocks gathered once per layer for every group (from ``key_start`` on;
+    # past the block table's end the index is clamped: those keys are masked).
+    block_ids: torch.Tensor
+    groups: tuple[PrefillRowGroup, ...]
     # First key position gathered (a multiple of the block size): a windowed row skips the
-    # blocks wholly before its first query's window. ``block_ids`` start at this position.
+    # blocks wholly before its window.
     key_start: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class DecodeGroupPlan:
-    """Decode rows of similar context length, gathered and attended as one padded batch.
+    """Decode rows whose keys span the same canonical padded length, gathered and attended
+    as one batch.
 
     Grouping by length bounds the padding each row carries (the padded gather of K/V is the
     dominant cost of CPU decode attention), at the price of one gather per group.
@@ -50,7 +61,7 @@ class DecodeGroupPlan:
 
     rows: torch.Tensor  # int64 [n]: indices of these decode rows in query and output
     block_ids: torch.Tensor  # int64 [n * max_blocks]: the rows' block tables, flattened
-    max_blocks: int
+    max_blocks: int  # the canonical padded length of every row of the group, in blocks
     # Bool [n, 1, 1, max_blocks * block_size], True = may attend: the key position is
     # < seq_len (and, for a windowed plan, >= seq_len - window; a windowed row's gather
     # starts at the block of its first key, so positions are relative to that block).

@@ -2,13 +2,14 @@
 
 ``build_cpu_plan`` runs once per step and turns block tables into gather indices and masks
 that every layer reuses. Models with sliding-window layers get one extra plan per distinct
-window: a windowed decode row gathers only the blocks holding its last ``window`` positions
-(so its cost no longer grows with the context) and its mask drops the keys before the window;
-a windowed prefill row's mask allows key ``k`` for query ``q`` when ``q - window < k <= q``
-(HF's ``sliding_window_overlay``).
+window: a windowed row gathers only the blocks holding its last ``window`` positions (so its
+cost no longer grows with the context) and its mask allows key ``k`` for the query at ``q``
+when ``q - window < k <= q`` (HF's ``sliding_window_overlay``).
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import torch
@@ -16,17 +17,23 @@ import torch
 from tokenwire.kernels.attention_metadata import (
     CpuAttentionPlan,
     DecodeGroupPlan,
+    PrefillRowGroup,
     PrefillSeqPlan,
 )
 
-# Decode rows are bucketed by padded context length so one group's gather wastes little:
-# buckets are 32 key positions wide below 256 and 12.5% wide above. Measured on 2 shared CPU
-# cores, SmolLM2 shapes, 64 decodes with context U[32, 380]: one padded group per batch is
-# 2-3x slower than ~8 length groups (the gather of padded K/V dominates); between 6 and 21
-# groups the time is flat, so the exact widths matter little.
-_LINEAR_BUCKET_TOKENS = 32
+# Every query row (decode or prefill) is attended as a single-token query over a key range
+# whose length is a function of its own position only: the keys from its window's first block
+# up to its own block, padded to the next length of a fixed ladder (32-token steps below 256,
+# then steps of 12.5%). sdpa then runs the same computation for a row whatever else the step
+# holds: how many rows share its batch, whether it is a decode row, a fresh prefill, a later
+# chunk or a one-token remainder (defects #20; before, a prefill ran sdpa over the whole chunk,
+# whose blocking of the queries and keys changed a row's rounding). Decode rows with the same
+# padded length form one group: measured on 2 shared CPU cores, SmolLM2 shapes, 64 decodes
+# with context U[32, 380], one padded group per batch is 2-3x slower than ~8 length groups
+# (the gather of padded K/V dominates); between 6 and 21 groups the time is flat.
+_LINEAR_STEP_TOKENS = 32
 _GEOMETRIC_FROM_TOKENS = 256
-_GEOMETRIC_RATIO = 1.125
+_GEOMETRIC_NUM, _GEOMETRIC_DEN = 9, 8  # steps of 12.5%
 
 
 def build_cpu_plan(
@@ -88,14 +95,38 @@ def _plan(
     return CpuAttentionPlan(decode_groups=decode_groups, prefills=prefills)
 
 
-def _bucket_keys(padded_lens: np.ndarray) -> np.ndarray:
-    """Bucket id per row (vectorised; larger id = longer context)."""
-    linear = padded_lens // _LINEAR_BUCKET_TOKENS
-    ratio = np.maximum(padded_lens, _GEOMETRIC_FROM_TOKENS) / _GEOMETRIC_FROM_TOKENS
-    geometric = _GEOMETRIC_FROM_TOKENS // _LINEAR_BUCKET_TOKENS + np.floor(
-        np.log(ratio) / np.log(_GEOMETRIC_RATIO)
-    ).astype(np.int64)
-    return np.where(padded_lens < _GEOMETRIC_FROM_TOKENS, linear, geometric)
+def canonical_blocks(num_blocks: np.ndarray, block_size: int) -> np.ndarray:
+    """The padded key length (in blocks) of rows whose keys span ``num_blocks`` blocks: the
+    next ladder length of at least that many tokens, rounded up to whole blocks."""
+    tokens = np.asarray(num_blocks, dtype=np.int64) * block_size
+    linear = -(-tokens // _LINEAR_STEP_TOKENS) * _LINEAR_STEP_TOKENS
+    top = int(tokens.max(initial=0))
+    ladder = [_GEOMETRIC_FROM_TOKENS]
+    while ladder[-1] < top:
+        ladder.append(-(-ladder[-1] * _GEOMETRIC_NUM // _GEOMETRIC_DEN))
+    geometric = np.asarray(ladder, dtype=np.int64)[np.searchsorted(ladder, tokens)]
+    padded = np.where(tokens <= _GEOMETRIC_FROM_TOKENS, linear, geometric)
+    return -(-padded // block_size)
+
+
+def _key_ranges(
+    positions: np.ndarray, block_size: int, window: int | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per query position: (first key it may see, first block gathered, padded blocks)."""
+    first_key = np.zeros_like(positions)
+    if window is not None:
+        first_key = np.maximum(positions + 1 - window, 0)
+    first_block = first_key // block_size
+    num_blocks = positions // block_size + 1 - first_block
+    return first_key, first_block, canonical_blocks(num_blocks, block_size)
+
+
+def _mask(
+    positions: np.ndarray, first_key: np.ndarray, key_start: np.ndarray, kv_len: int
+) -> np.ndarray:
+    """Bool [n, kv_len]: key ``key_start + j`` is in row ``i``'s window, at most its position."""
+    key_pos = key_start[:, None] + np.arange(kv_len)[None, :]
+    return (key_pos <= positions[:, None]) & (key_pos >= first_key[:, None])
 
 
 def _plan_decode_groups(
@@ -103,28 +134,25 @@ def _plan_decode_groups(
 ) -> tuple[DecodeGroupPlan, ...]:
     if len(seq_lens) == 0:
         return ()
-    # A windowed row's first key position is seq_len - window; it gathers from that block on.
-    first_key = np.zeros_like(seq_lens) if window is None else np.maximum(seq_lens - window, 0)
-    first_block = first_key // block_size
-    num_blocks = -(-seq_lens // block_size) - first_block  # ceil division
-    keys = _bucket_keys(num_blocks * block_size)
-    order = np.argsort(-keys, kind="stable")  # longest buckets first
-    splits = np.flatnonzero(np.diff(keys[order])) + 1
+    positions = seq_lens - 1
+    first_key, first_block, padded = _key_ranges(positions, block_size, window)
+    order = np.argsort(-padded, kind="stable")  # longest first
+    splits = np.flatnonzero(np.diff(padded[order])) + 1
     # Built in numpy and converted once per group: this runs every step on the host.
     tables_np = tables.numpy() if tables.device.type == "cpu" else tables.cpu().numpy()
     width = tables_np.shape[1]
     groups: list[DecodeGroupPlan] = []
     for rows_np in np.split(order, splits):
         rows_np = np.ascontiguousarray(rows_np)
-        max_blocks = int(num_blocks[rows_np].max())
+        max_blocks = int(padded[rows_np[0]])
         block_index = first_block[rows_np][:, None] + np.arange(max_blocks)[None, :]
         # Past a row's last block the index may run off the table: those keys are masked.
         block_index = np.minimum(block_index, width - 1)
         block_ids = np.take_along_axis(tables_np[rows_np], block_index, axis=1).reshape(-1)
-        key_pos = (first_block[rows_np] * block_size)[:, None] + np.arange(max_blocks * block_size)[
-            None, :
-        ]
-        mask = (key_pos < seq_lens[rows_np][:, None]) & (key_pos >= first_key[rows_np][:, None])
+        mask = _mask(
+            positions[rows_np], first_key[rows_np], first_block[rows_np] * block_size,
+            max_blocks * block_size,
+        )  # fmt: skip
         groups.append(
             DecodeGroupPlan(
                 rows=torch.from_numpy(rows_np).to(tables.device),
@@ -144,24 +172,31 @@ def _plan_prefill(
     block_size: int,
     window: int | None,
 ) -> PrefillSeqPlan:
-    query_len = query_end - query_start
-    first_query = seq_len - query_len  # absolute position of the first query token
-    fresh = query_len == seq_len
-    # A window longer than the whole sequence masks nothing: plain causal attention.
-    if window is not None and window >= seq_len:
-        window = None
-    key_start = 0
-    if window is not None and not fresh:
-        key_start = max(first_query - window + 1, 0) // block_size * block_size
-    block_ids = table_row[key_start // block_size : -(-seq_len // block_size)]
-    mask = None
-    if not fresh or window is not None:
-        # Query j sits at absolute position first_query + j and sees keys <= it (and, with a
-        # window, keys > it - window); fresh rows attend to this step's K/V, from position 0.
-        device = table_row.device
-        query_pos = torch.arange(first_query, seq_len, device=device)
-        key_pos = torch.arange(key_start, seq_len, device=device)
-        mask = key_pos[None, :] <= query_pos[:, None]
-        if window is not None:
-            mask &= key_pos[None, :] > query_pos[:, None] - window
-    return PrefillSeqPlan(query_start, query_end, seq_len, block_ids, fresh, mask, key_start)
+    positions = np.arange(seq_len - (query_end - query_start), seq_len, dtype=np.int64)
+    first_key, first_block, padded = _key_ranges(positions, block_size, window)
+    # Runs of rows with the same key range share one gather of the sequence's blocks.
+    change = (np.diff(first_block) != 0) | (np.diff(padded) != 0)
+    bounds = [0, *(np.flatnonzero(change) + 1).tolist(), len(positions)]
+    key_start_block = int(first_block[0])
+    device = table_row.device
+    groups: list[PrefillRowGroup] = []
+    for lo, hi in itertools.pairwise(bounds):
+        kv_len = int(padded[lo]) * block_size
+        offset = int(first_block[lo]) * block_size
+        mask = _mask(positions[lo:hi], first_key[lo:hi], np.full(hi - lo, offset), kv_len)
+        groups.append(
+            PrefillRowGroup(
+                row_start=query_start + lo,
+                row_end=query_start + hi,
+                key_offset=offset - key_start_block * block_size,
+                kv_len=kv_len,
+                mask=torch.from_numpy(mask[:, None, None, :]).to(device),
+            )
+        )
+    end_block = int((first_block + padded).max())
+    block_index = torch.arange(key_start_block, end_block, device=device)
+    block_index = block_index.clamp(max=table_row.shape[0] - 1)
+    return PrefillSeqPlan(
+        query_start, query_end, seq_len, table_row[block_index], tuple(groups),
+        key_start=key_start_block * block_size,
+    )  # fmt: skip

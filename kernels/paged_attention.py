@@ -6,7 +6,9 @@ num_kv_heads, head_dim]``; block 0 is the null block. ``paged_attention`` runs a
 
 - ``build_cpu_plan`` (``attention_plan``): once per step, turns block tables into gather
   indices and masks, one set per sliding window of the model.
-- ``paged_attention_ref``: the batched torch path (today's CPU hot path).
+- ``paged_attention_ref``: the batched torch path (today's CPU hot path): each row a
+  single-token query over a key range fixed by its own position, so a row's bits do not
+  depend on the rest of the step (batch invariance, defects #20).
 - ``paged_attention``: public entry point; dispatches to the Triton kernels
   (``paged_attention_triton``) for CUDA tensors or under ``TRITON_INTERPRET=1``, else to the
   reference.
@@ -15,8 +17,8 @@ num_kv_heads, head_dim]``; block 0 is the null block. ``paged_attention`` runs a
 GQA convention (HF ``repeat_kv``): query head ``h`` reads KV head ``h // (Hq // Hkv)``.
 
 An fp8 cache (``kv_quant``) is read as ``stored * k_scale`` / ``stored * v_scale``; the
-reference de-quantizes what it gathers, and a fresh prefill reads this step's K/V rounded
-through e4m3 exactly as stored, so every path sees the same keys and values as a later decode.
+reference de-quantizes what it gathers (every row reads the cache, so every path sees the same
+keys and values as a later decode).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from tokenwire.kernels.attention_metadata import (
 )
 from tokenwire.kernels.attention_plan import build_cpu_plan, plan_for_window
 from tokenwire.kernels.dispatch import use_triton
-from tokenwire.kernels.kv_quant import dequantize_fp8, fake_quantize_fp8, is_fp8
+from tokenwire.kernels.kv_quant import dequantize_fp8, is_fp8
 from tokenwire.kernels.softcap_attention import AttentionFn, attention_fn
 
 # (k_scale, v_scale) of an fp8 cache (a scale may be None: 1.0); None for any other cache.
@@ -83,13 +85,16 @@ def paged_attention_ref(
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """Batched torch path: decode rows by length group, prefill rows one sequence at a time.
+    """Batched torch path: every row a single-token query over its canonical key range.
 
-    ``key``/``value`` [T, Hkv, D] are this step's rows (already in the cache); fresh prefills
-    read them directly instead of gathering from the cache. Padding rows (past the last
-    sequence) come back as zeros. The step's plan (``meta.cpu_plan``) is used when it was
-    built for ``sliding_window``; otherwise one is built here.
+    Decode rows are batched by padded length; prefill rows by runs within their sequence,
+    over one gather of its blocks. A row's result depends only on its query and its keys,
+    not on the rest of the step (``attention_plan``). Every row reads its keys from the cache
+    (this step's K/V are stored already), so ``key``/``value`` are not read here. Padding
+    rows (past the last sequence) come back as zeros. The step's plan (``meta.cpu_plan``) is
+    used when it was built for ``sliding_window``; otherwise one is built here.
     """
+    del key, value  # in the cache already (``store_kv`` ran first)
     plan = None if meta.cpu_plan is None else plan_for_window(meta.cpu_plan, sliding_window)
     if plan is None:
         plan = build_cpu_plan(
@@ -108,11 +113,31 @@ def paged_attention_ref(
     for group in plan.decode_groups:
         _attend_decode_group(query, k_cache, v_cache, group, scale, kv_scales, out, sdpa)
     for prefill in plan.prefills:
-        _attend_prefill(query, key, value, k_cache, v_cache, prefill, scale, kv_scales, out, sdpa)
+        _attend_prefill(query, k_cache, v_cache, prefill, scale, kv_scales, out, sdpa)
     num_real = int(meta.query_start_loc_np[-1])
     if num_real < out.shape[0]:
         out[num_real:].zero_()
     return out
+
+
+def _attend_rows(
+    query: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    sdpa: AttentionFn,
+) -> torch.Tensor:
+    """``query`` [n, Hq, D] rows, each one token over its keys ``k``/``v`` [n, kv_len, Hkv, D]
+    (strided views) -> [n, Hq, D]. GQA by folding: the query heads sharing a KV head become
+    that head's query rows, so sdpa runs plain multi-head attention on Hkv heads (a single
+    token has no causal structure). Measured faster than enable_gqa=True and than
+    repeat_interleave of K/V; sdpa reads strides (.contiguous() measured slower)."""
+    n, num_heads, head_dim = query.shape
+    num_kv_heads = k.shape[2]
+    q = query.view(n, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    o = sdpa(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale)
+    return o.reshape(n, num_heads, head_dim)
 
 
 def _attend_decode_group(
@@ -126,27 +151,19 @@ def _attend_decode_group(
     sdpa: AttentionFn = F.scaled_dot_product_attention,
 ) -> None:
     _, block_size, num_kv_heads, head_dim = k_cache.shape
-    num_heads = query.shape[1]
     n = group.rows.shape[0]
     kv_len = group.max_blocks * block_size
-    # [n, Hkv, kv_len, D] strided views; sdpa reads strides (.contiguous() measured slower).
     k = k_cache.index_select(0, group.block_ids).view(n, kv_len, num_kv_heads, head_dim)
     v = v_cache.index_select(0, group.block_ids).view(n, kv_len, num_kv_heads, head_dim)
     if kv_scales is not None:  # fp8: gathered at 1 byte per element, then de-quantized
         k = dequantize_fp8(k, kv_scales[0], query.dtype)
         v = dequantize_fp8(v, kv_scales[1], query.dtype)
-    # GQA by folding: the query heads sharing a KV head become that head's query rows, so sdpa
-    # runs plain multi-head attention on Hkv heads (a decode row has no causal structure).
-    # Measured faster than enable_gqa=True and than repeat_interleave of K/V.
-    q = query.index_select(0, group.rows).view(n, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    o = sdpa(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=group.mask, scale=scale)
-    out.index_copy_(0, group.rows, o.reshape(n, num_heads, head_dim))
+    o = _attend_rows(query.index_select(0, group.rows), k, v, group.mask, scale, sdpa)
+    out.index_copy_(0, group.rows, o)
 
 
 def _attend_prefill(
     query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     prefill: PrefillSeqPlan,
@@ -155,35 +172,22 @@ def _attend_prefill(
     out: torch.Tensor,
     sdpa: AttentionFn = F.scaled_dot_product_attention,
 ) -> None:
-    start, end = prefill.query_start, prefill.query_end
-    # 4-D [1, H, len, D] inputs: sdpa's fused CPU kernel; 3-D inputs measured ~3x slower.
-    q = query[start:end].transpose(0, 1).unsqueeze(0)
-    if prefill.fresh:
-        k = key[start:end]
-        v = value[start:end]
-        if kv_scales is not None:  # what the cache holds, without gathering it
-            k = fake_quantize_fp8(k, kv_scales[0])
-            v = fake_quantize_fp8(v, kv_scales[1])
-    else:
-        _, block_size, num_kv_heads, head_dim = k_cache.shape
-        gathered = prefill.block_ids.shape[0] * block_size
-        k = k_cache.index_select(0, prefill.block_ids).view(gathered, num_kv_heads, head_dim)
-        v = v_cache.index_select(0, prefill.block_ids).view(gathered, num_kv_heads, head_dim)
-        k = k[: prefill.seq_len - prefill.key_start]
-        v = v[: prefill.seq_len - prefill.key_start]
-        if kv_scales is not None:
-            k = dequantize_fp8(k, kv_scales[0], query.dtype)
-            v = dequantize_fp8(v, kv_scales[1], query.dtype)
-    o = sdpa(
-        q,
-        k.transpose(0, 1).unsqueeze(0),
-        v.transpose(0, 1).unsqueeze(0),
-        attn_mask=prefill.mask,
-        is_causal=prefill.mask is None,
-        scale=scale,
-        enable_gqa=True,
-    )
-    out[start:end] = o[0].transpose(0, 1)
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    gathered = prefill.block_ids.shape[0] * block_size
+    k = k_cache.index_select(0, prefill.block_ids).view(gathered, num_kv_heads, head_dim)
+    v = v_cache.index_select(0, prefill.block_ids).view(gathered, num_kv_heads, head_dim)
+    if kv_scales is not None:
+        k = dequantize_fp8(k, kv_scales[0], query.dtype)
+        v = dequantize_fp8(v, kv_scales[1], query.dtype)
+    for g in prefill.groups:
+        n = g.row_end - g.row_start
+        keys = slice(g.key_offset, g.key_offset + g.kv_len)
+        # The run's rows share one key range: a stride-0 batch view, no copy.
+        kg = k[keys].unsqueeze(0).expand(n, -1, -1, -1)
+        vg = v[keys].unsqueeze(0).expand(n, -1, -1, -1)
+        out[g.row_start : g.row_end] = _attend_rows(
+            query[g.row_start : g.row_end], kg, vg, g.mask, scale, sdpa
+        )
 
 
 def paged_attention_dense_ref(

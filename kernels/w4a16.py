@@ -15,6 +15,11 @@ Backends (``choose_backend`` says which runs where, and why; ``w8a16`` shares it
 - ``int4pack``: torch's CPU int4 kernel (``_weight_int4pack_mm_for_cpu``), which computes
   ``(q - 8) * scale + zero``; so its zero is ``(8 - zeros) * scales``. Needs N % 16 == 0
   (rows are padded) and a group size of 32/64/128/256 (larger groups repeat their scales).
+  It runs every call, whatever its number of rows: the kernel computes each output row with
+  the same chain of float32 FMAs over K (blocks of 1-4 rows share only the de-quantized
+  weights), so a row's bits do not depend on what else is batched with it (defects #20). A
+  bf16 de-quantized copy for calls of more than 4 rows (AMX, 5-30x faster there) gave a row
+  other bits than the int4 kernel, so greedy output depended on the batch.
 - ``dequant``: dequantize to float32 per call, then one matmul (exact; slow on CPU).
 - ``dense``: a dequantized copy made at prepare (exact, fast; 8x the int4 bytes in float32).
 """
@@ -31,9 +36,6 @@ from tokenwire.kernels.dispatch import use_triton
 
 Backend = Literal["triton", "int4pack", "int8pack", "dequant", "dense"]
 _INT4PACK_GROUP_SIZES = (256, 128, 64, 32)
-# int4pack costs ~30 us per row per SmolLM2 MLP matmul (bf16 F.linear ~0.25 ms flat): with a
-# ``dense`` copy (``large_m_dense``), calls of more rows than this run F.linear on it.
-INT4PACK_MAX_ROWS = 4
 
 
 def choose_backend(
@@ -85,7 +87,6 @@ class W4A16Weights:
     zeros: torch.Tensor | None = None
     g_idx: torch.Tensor | None = None
     perm: torch.Tensor | None = None
-    dense: torch.Tensor | None = None  # int4pack + large_m_dense: [N, K] in compute_dtype
 
 
 # --- layout helpers ------------------------------------------------------------------------
@@ -217,15 +218,12 @@ def prepare_w4a16(
     *,
     compute_dtype: torch.dtype | None = None,
     backend: Backend | None = None,
-    large_m_dense: bool = False,
 ) -> W4A16Weights:
     """Repack the canonical int4 weights once, for the backend that will run them.
 
     ``dtype``: the activations' dtype. ``compute_dtype``: the matmul's (default ``dtype``);
     ``torch.bfloat16`` with float32 activations opts a float32 model into bf16 matmuls
     (activations cast per call; not exact). ``backend``: force one (tests, measurements).
-    ``large_m_dense``: int4pack also keeps a dequantized copy in ``compute_dtype`` for calls
-    of more than ``INT4PACK_MAX_ROWS`` rows (prefill, large batches), where int4pack is slow.
     """
     device = torch.device(device)
     k, n = validate_w4a16(qweight, scales, zeros, g_idx, group_size)
@@ -244,13 +242,9 @@ def prepare_w4a16(
         if packed_gs is None or g_idx_left is not None:
             raise ValueError(f"int4pack: unsupported group_size {group_size} or g_idx")
         packed, scales_zeros = _pack_for_cpu(qweight, scales, zeros, group_size, packed_gs)
-        dense = None
-        if large_m_dense:
-            dense = _dequantize_kn(qweight, scales, zeros, None, group_size).t()
-            dense = dense.to(device, compute).contiguous()
         return W4A16Weights(
             "int4pack", n, k, packed_gs, compute, packed.to(device),
-            scales=scales_zeros.to(device, compute), perm=perm, dense=dense,
+            scales=scales_zeros.to(device, compute), perm=perm,
         )  # fmt: skip
     return W4A16Weights(
         chosen, n, k, group_size, compute, qweight.to(device).contiguous(),
@@ -275,9 +269,6 @@ def w4a16_matmul(
         y = w4a16_matmul_triton(
             x2, w.qweight, w.scales, w.zeros, w.g_idx, w.group_size, bias, compute_dtype=compute
         )
-    elif w.backend == "int4pack" and w.dense is not None and x2.shape[0] > INT4PACK_MAX_ROWS:
-        xc = x2.to(w.compute_dtype)
-        y = F.linear(xc, w.dense, _cast(bias, w.compute_dtype)).to(x.dtype)
     elif w.backend == "int4pack":
         assert w.scales is not None
         xc = x2.to(w.compute_dtype).contiguous()

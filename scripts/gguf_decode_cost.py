@@ -3,7 +3,7 @@
 Variants, each in its own process (so RSS is its own), run interleaved A/B/C, A/B/C, ...:
 - ``fp32``: ``--dtype float32`` -- today's path, the GGUF de-quantized to float32;
 - ``gguf``: ``--dtype auto`` -- the default: float32 model, int4 linears kept quantized on
-  torch's bf16 int4 kernel (a bf16 copy for calls of more than 4 rows);
+  torch's bf16 int4 kernel (for every call, whatever its number of rows);
 - ``bf16``: ``--dtype bfloat16`` -- de-quantized to bfloat16 (no int4 kernel), the ablation.
 
 Per process: RSS after load, weight bytes, batch-1 greedy decode tok/s (128 tokens, after a

@@ -129,6 +129,7 @@ def load_model(
     else:
         model.load_weights(iter_safetensors(folder))
     process_weights_after_loading(model)  # quantized layers: into the kernels' layouts
+    model.prepare_logits()  # the LM head: a row's logits do not depend on the batch
     tokenizer = load_tokenizer(tokenizer_dir)
     return LoadedModel(
         model=model,

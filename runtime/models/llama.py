@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from tokenwire.kernels.attention_metadata import AttentionMetadata
+from tokenwire.kernels.invariant_linear import InvariantLinearWeight, prepare_invariant_linear
 from tokenwire.kernels.rotary import (
     build_cos_sin_cache,
     compute_inv_freq,
@@ -139,6 +140,23 @@ class LlamaForCausalLM(nn.Module):
             return self.model.embed_tokens.weight
         return self.lm_head.weight
 
+    def prepare_logits(self) -> None:
+        """After loading: the LM head reordered for ``kernels.invariant_linear``, so a row's
+        logits do not depend on how many rows the step computes (the loader calls it)."""
+        object.__setattr__(self, "_logits_weight", prepare_invariant_linear(self.lm_head_weight))
+
+    @property
+    def logits_weight(self) -> InvariantLinearWeight:
+        """The LM head as ``compute_logits`` multiplies by it: plain until ``prepare_logits``,
+        reordered again if the weight was edited in place since (the tie holds)."""
+        prepared = self.__dict__.get("_logits_weight")
+        if not isinstance(prepared, InvariantLinearWeight):
+            return InvariantLinearWeight(self.lm_head_weight, None)
+        if not prepared.is_current(self.lm_head_weight):
+            self.prepare_logits()
+            prepared = self.__dict__["_logits_weight"]
+        return prepared
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -168,7 +186,7 @@ class LlamaForCausalLM(nn.Module):
         with the same N, in the same order, and every rank gets bitwise-identical logits.
         Gemma's final soft-cap (``cap * tanh(logits / cap)``) runs in float32 after the gather.
         """
-        logits = vocab_parallel_logits(hidden, self.lm_head_weight, self.arch.vocab_size, self.tp)
+        logits = vocab_parallel_logits(hidden, self.logits_weight, self.arch.vocab_size, self.tp)
         cap = self.arch.final_logit_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

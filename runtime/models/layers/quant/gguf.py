@@ -13,9 +13,11 @@ mix types) or use any other type (Q4_K, Q6_K, F16, ...) has no kept-quantized pl
 loader then de-quantizes the whole model to float, as before, and logs why. Embeddings and
 the LM head are always de-quantized to float (a Q8_0 tied embedding included).
 
-On CPU int4 runs torch's bf16 int4 kernel for calls of at most ``INT4PACK_MAX_ROWS`` rows and
-a bf16 dequantized copy above (``large_m_dense``); Q8_0's per-block scales are not what
-torch's int8 kernel takes (per channel), so an int8 layer runs a dequantized copy there.
+On CPU int4 runs torch's bf16 int4 kernel for every call, whatever its number of rows, so a
+row's bits do not depend on the batch (``w4a16``; a bf16 de-quantized copy for calls of more
+than 4 rows was faster there but rounded differently, defects #20); Q8_0's per-block scales
+are not what torch's int8 kernel takes (per channel), so an int8 layer runs a dequantized
+copy there.
 """
 
 from __future__ import annotations
@@ -169,7 +171,7 @@ class GGUFLinearMethod:
             zeros = layer.param("zeros")
             prepared = prepare_w4a16(
                 qweight, scales, zeros, None, GROUP, device, dtype,
-                compute_dtype=self.compute_dtype, large_m_dense=True,
+                compute_dtype=self.compute_dtype,
             )  # fmt: skip
             layer.drop("qweight", "scales", "zeros")
             layer.hold("w4a16", prepared)
