@@ -86,7 +86,7 @@ def _child(threads: int, context: int, batches: list[int]) -> dict[str, Any]:
 
     torch.set_num_threads(threads)
     from tokenwire.runtime.config import ModelConfig
-    from tokenwire.runtime.model_loader import load_model
+    from tokenwire.runtime.loader.model_loader import load_model
 
     model = load_model(ModelConfig(), torch.device("cpu"), torch.float32).model
     out: dict[str, Any] = {}

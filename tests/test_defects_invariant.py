@@ -17,7 +17,7 @@ from test_model_forward import Chunk, make_meta
 
 from tokenwire.kernels.kv_quant import LayerKVCache
 from tokenwire.runtime.config import ModelConfig
-from tokenwire.runtime.model_loader import load_model
+from tokenwire.runtime.loader.model_loader import load_model
 from tokenwire.runtime.models.decoder import MLP
 from tokenwire.runtime.models.llama import LlamaForCausalLM
 

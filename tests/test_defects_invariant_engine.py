@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from tokenwire.runtime.front.tokenizer import apply_chat_template
 from tokenwire.runtime.llm import LLM
 from tokenwire.runtime.sampling_params import SamplingParams
-from tokenwire.runtime.tokenizer import apply_chat_template
 
 QUESTIONS = [
     "List three uses of copper.",
