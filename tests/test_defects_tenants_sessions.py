@@ -28,7 +28,7 @@ from google.rpc import code_pb2, error_details_pb2
 from grpc_helpers import details_of
 from server_harness import ServerHarness
 
-from tokenwire.runtime import tokenizer_pool
+from tokenwire.server.grpc import tokenizer_pool
 from tokenwire.server.tenants.config import hash_key, load_tenant_file
 from tokenwire.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 
