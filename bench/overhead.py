@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from tokenwire.bench.configs import OverheadConfig
-from tokenwire.bench.throughput import StepRecorder, build_llm, overhead_ms
+from tokenwire.bench.throughput import build_llm, overhead_ms
 from tokenwire.runtime.engine_args import flag_of
 from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.stats import StepRecorder
 
 # A tiny Llama for measuring engine bookkeeping, where the forward pass is nearly free.
 TINY_OVERHEAD_CONFIG: dict[str, Any] = {

@@ -20,21 +20,7 @@ from tokenwire.bench.roofline import DeviceCeilings, lookup_device
 from tokenwire.bench.workloads import Workload, make_workload
 from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.runtime.sampling_params import SamplingParams
-from tokenwire.runtime.stats import RequestStats, StepStats
-
-
-class StepRecorder:
-    """Engine observer that keeps every step and finished-request record (benchmarks only)."""
-
-    def __init__(self) -> None:
-        self.steps: list[StepStats] = []
-        self.requests: list[RequestStats] = []
-
-    def on_step(self, stats: StepStats) -> None:
-        self.steps.append(stats)
-
-    def on_request_finished(self, stats: RequestStats) -> None:
-        self.requests.append(stats)
+from tokenwire.runtime.stats import StepRecorder, StepStats
 
 
 def run_workload(llm: Any, workload: Workload) -> float:

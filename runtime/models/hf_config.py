@@ -18,8 +18,9 @@ from typing import Any
 from tokenwire.runtime.models.moe_config import QWEN2_MOE, QWEN3_MOE, moe_spec
 
 # HF activation names (``hidden_act`` / ``hidden_activation``) the gated MLP supports: the
-# kernels' ``GATED_ACTIVATIONS`` (``kernels/activation.py``; ``tests/test_layering.py`` checks
-# the two agree). Not imported from there: model facts stay torch-free.
+# kernels' ``GATED_ACTIVATIONS`` (``kernels/activation.py``;
+# ``tests/project/test_layering.py`` checks the two agree). Not imported from there: model
+# facts stay torch-free.
 GATED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")

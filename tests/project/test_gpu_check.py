@@ -1,0 +1,62 @@
+"""``scripts/gpu_check.py --smoke``: the GPU check's plumbing on CPU with a tiny model.
+
+Every stage must run and finish ``ok`` (kernel tests skip without CUDA; parity compares the
+CPU engine with itself; benches and the served benchmark use a tiny dummy config), the
+summary table must come last, and the JSON report must land in ``$OUT``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
+    env = dict(os.environ, OUT=str(tmp_path), PYTHONSAFEPATH="1")
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--smoke"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    stages = {s["name"]: s for s in report["stages"]}
+    assert list(stages) == [
+        "kernels", "attn_bw", "parity", "bench:tiny", "serve:tiny", "bench:tiny+kvfp8", "lora:tiny",
+        "bench:tiny-moe", "spec:tiny",
+    ]  # fmt: skip
+    assert all(s["status"] == "ok" for s in stages.values())
+    kinds = {r.get("kind") for r in stages["bench:tiny"]["records"]}
+    assert {"startup", "throughput", "tpot", "hf_static"} <= kinds
+    assert all(r["ok"] for r in stages["parity"]["records"])
+    serve = stages["serve:tiny"]["records"]
+    assert serve and serve[0].get("completed") == 2 and serve[0].get("failed") == 0
+    figures = {row["figure"]: row for row in report["summary"]}
+    assert figures["mixed tiny output tok/s"]["value"] > 0
+    assert figures["fixed tiny vs HF static"]["value"] > 0
+    assert figures["TPOT batch 1 tiny+kvfp8 (ms)"]["value"] > 0  # --kv-cache-dtype reaches it
+    assert figures["LoRA x4 mixed / base, tiny"]["value"] > 0
+    assert figures["mixed tiny-moe output tok/s"]["value"] > 0  # a Mixtral config runs
+    spec = stages["spec:tiny"]["records"]
+    assert {(r["method"], r["streams"]) for r in spec} == {
+        (m, n) for m in ("plain", "ngram") for n in (1, 2)
+    }
+    assert sum(r["accepted_tokens"] for r in spec) > 0  # the copying model's drafts land
+    assert figures["ngram / plain, 1 stream(s), tiny (copying)"]["value"] > 0
+    # The summary table is the last thing printed.
+    tail = proc.stdout.strip().splitlines()
+    assert tail[-1].startswith("served / offline")
+    assert (tmp_path / "logs" / "bench_tiny.log").is_file()

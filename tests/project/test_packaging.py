@@ -1,0 +1,71 @@
+"""Packaging: every source module imports as ``tokenwire.<pkg>.<mod>``, every subpackage is
+listed in pyproject (an unlisted one is silently dropped from the wheel), and ``kernels``
+never resolves into this repository (HF ships a real package of that name)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDERS = {
+    "runtime": "tokenwire.runtime",
+    "kernels": "tokenwire.kernels",
+    "server": "tokenwire.server",
+    "clients": "tokenwire.clients",
+    "bench": "tokenwire.bench",
+}
+
+
+def source_modules() -> list[tuple[str, Path]]:
+    found = []
+    for folder, package in FOLDERS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT / folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            found.append((".".join([package, *parts]), path))
+    return found
+
+
+@pytest.mark.parametrize(("name", "path"), source_modules(), ids=lambda v: str(v))
+def test_module_imports_under_tokenwire(name: str, path: Path) -> None:
+    module = importlib.import_module(name)
+    assert module.__file__ is not None
+    assert Path(module.__file__).resolve() == path.resolve()
+
+
+def test_every_subpackage_is_listed_in_pyproject() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    mapping = config["package-dir"]
+    for folder, package in FOLDERS.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            name = ".".join([package, *rel])
+            assert name in listed, f"{name} missing from [tool.setuptools] packages"
+            assert mapping[name] == "/".join([folder, *rel])
+    assert not (ROOT / "tokenwire" / "__init__.py").exists()  # implicit namespace
+
+
+def test_top_level_kernels_never_resolves_into_repo() -> None:
+    code = (
+        "import importlib.util, sys\n"
+        "spec = importlib.util.find_spec('kernels')\n"
+        "print(spec.origin if spec and spec.origin else (list(spec.submodule_search_locations)"
+        " if spec else 'none'))\n"
+    )
+    env = dict(os.environ, PYTHONSAFEPATH="1")
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    )
+    assert str(ROOT) not in result.stdout, result.stdout
+    for name in ("runtime", "server", "clients", "bench"):
+        spec = importlib.util.find_spec(name)
+        assert spec is None or str(ROOT) not in str(spec.origin), name

@@ -1,0 +1,29 @@
+"""Speculative-decoding runs of the offline engine over fixed prompts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tokenwire.runtime.llm import LLM
+from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.stats import StepRecorder
+
+# Repetitive prompts: prompt lookup finds matches from the first step on.
+PROMPTS = [
+    [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7],
+    [11, 12, 13, 11, 12, 13, 11, 12],
+    list(range(20, 60)) + list(range(20, 30)),
+]
+
+
+def generate(
+    model: Path,
+    prompts: list[list[int]],
+    params: SamplingParams | list[SamplingParams],
+    **kwargs: Any,
+) -> tuple[list[list[list[int]]], LLM, StepRecorder]:
+    recorder = StepRecorder()
+    llm = LLM(str(model), device="cpu", observer=recorder, **kwargs)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    return [[c.token_ids for c in o.outputs] for o in outputs], llm, recorder
