@@ -13,7 +13,7 @@ export TOKENIZERS_PARALLELISM := false
 # and `protos`: those are phony targets, which a prerequisite of the same name would run.
 PKG_DIRS := $(shell find runtime kernels server clients bench/ protos/ -type d -not -name __pycache__ 2>/dev/null)
 
-.PHONY: dev test serve lint typecheck bench protos clean gpu-check
+.PHONY: dev test test-fast serve lint typecheck bench protos clean gpu-check
 
 $(VENV)/.deps: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,9 +31,18 @@ $(VENV)/.installed: $(VENV)/.deps $(PKG_DIRS)
 
 dev: $(VENV)/.installed
 
-# The README's test command (CI runs it on a clean clone): lint and type-check, then tests.
+# The README's test command (CI runs it on a clean clone): lint and type-check, then the whole
+# suite on TEST_WORKERS pytest-xdist workers. A file's tests stay on one worker (--dist
+# loadfile) so its module-scoped server starts once; servers bind ephemeral ports. More workers
+# than cores pays off here: most of the suite waits on servers, subprocesses and the network.
+TEST_WORKERS ?= 3
 test: lint typecheck
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# The inner loop: unit tests only (no served processes, no slow tests), under 4 minutes.
+FAST_TESTS := tests/runtime tests/kernels tests/clients/test_client_unit.py
+test-fast: dev
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" $(FAST_TESTS)
 
 # Flags go through ARGS: make serve ARGS="--grpc-port 50052 --port 8001 MODEL"
 serve: dev

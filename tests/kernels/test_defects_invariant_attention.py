@@ -7,12 +7,19 @@ fresh prefill of the whole prompt, later chunks after a prefix hit (the schedule
 prefill and prefix caching), a one-token remainder (which the runner batches as a decode
 row), a decode row alone and among other decode rows of other context lengths, next to other
 prefills. Every shape must give each target row bit-identical output.
+
+That holds with one torch thread. With two, PyTorch's CPU flash-attention kernel (behind sdpa)
+is not batch-invariant: measured on torch 2.13, a row's bits change with the number of
+(batch, head) work items in the call, though each row's inputs are the same; the case stays
+here as a strict xfail, so it reports the day the kernel (or a replacement) makes it hold.
+Engine-level greedy invariance at two threads is checked in
+``tests/runtime/test_defects_invariant_engine.py``; see docs/quantization.md.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -103,8 +110,29 @@ OTHERS = {
 SPLITS = [(0, 70), (0, 40), (40, 70), (32, 70), (64, 70), (69, 70), (39, 40), (17, 33), (0, 1)]
 
 
+@pytest.fixture(
+    params=[
+        1,
+        pytest.param(
+            2,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="torch's CPU flash attention: not batch-invariant at 2 threads",
+            ),
+        ),
+    ]
+)
+def torch_threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize(("window", "fp8"), [(None, False), (24, False), (None, True)])
-def test_target_rows_get_the_same_bits_in_every_step_shape(window: int | None, fp8: bool) -> None:
+def test_target_rows_get_the_same_bits_in_every_step_shape(
+    window: int | None, fp8: bool, torch_threads: int
+) -> None:
     target = make_target()
     reference = run_with_target(target, (0, TARGET_LEN), [], window=window, fp8=fp8)
     for first, end in SPLITS:

@@ -3,7 +3,8 @@
 #6: a key-file reload reaches Sessions opened before it. Every turn is checked against the
 tenant table as it is now: a revoked key ends the session with UNAUTHENTICATED (as a new call
 with that key would), a model withdrawn from the tenant refuses the turn in-band
-(PERMISSION_DENIED) and a tightened rate limit refuses it in-band (RESOURCE_EXHAUSTED); the
+(NOT_FOUND MODEL_NOT_FOUND, as for a model that does not exist: defects #7, no tenant oracle)
+and a tightened rate limit refuses it in-band (RESOURCE_EXHAUSTED); the
 session goes on after an in-band refusal.
 
 #11: a CancelTurn written in the same burst as its Turn (so it may arrive while the turn's
@@ -28,7 +29,7 @@ from google.rpc import code_pb2, error_details_pb2
 from grpc_helpers import details_of
 from server_harness import ServerHarness
 
-from tokenwire.server.grpc import tokenizer_pool
+from tokenwire.runtime.front.frontend import Frontend
 from tokenwire.server.tenants.config import hash_key, load_tenant_file
 from tokenwire.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 
@@ -157,7 +158,7 @@ def test_a_withdrawn_model_and_a_new_limit_refuse_turns_in_band(
     assert reload(harness)
     session.send(session.turn())
     end = session.turn_end()
-    assert _reason(end) == (code_pb2.PERMISSION_DENIED, "MODEL_NOT_ALLOWED")
+    assert _reason(end) == (code_pb2.NOT_FOUND, "MODEL_NOT_FOUND")
     _write(keys, limits="{requests_per_second: 0.01, burst: 1}")  # tiny back, one turn
     assert reload(harness)
     session.send(session.turn())
@@ -197,14 +198,14 @@ class TokenizerGate:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.entered, self._release = threading.Event(), threading.Event()
-        real = tokenizer_pool._encode
+        real = Frontend.encode  # what the tokenizer pool's thread runs for a text turn
 
-        def gated(*args: Any) -> list[int]:
+        def gated(frontend: Frontend, *args: Any) -> list[int]:
             self.entered.set()
             assert self._release.wait(30), "the gate was never released"
-            return real(*args)
+            return real(frontend, *args)
 
-        monkeypatch.setattr(tokenizer_pool, "_encode", gated)
+        monkeypatch.setattr(Frontend, "encode", gated)
 
     def release(self) -> None:
         self._release.set()
