@@ -40,7 +40,9 @@ test: lint typecheck
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The inner loop: unit tests only (no served processes, no slow tests), under 4 minutes.
-FAST_TESTS := tests/runtime tests/kernels tests/clients/test_client_unit.py
+FAST_TESTS := tests/runtime tests/kernels tests/project tests/clients/test_client_unit.py \
+	$(addprefix tests/server/test_,tool_parsers.py telemetry_units.py tenants.py file_watch.py \
+	defects_hygiene_telemetry.py)
 test-fast: dev
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" $(FAST_TESTS)
 

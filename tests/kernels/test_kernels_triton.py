@@ -283,6 +283,7 @@ def test_runtime_imports_without_loading_triton() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
 
 
+@pytest.mark.slow
 def test_kernels_compile_for_sm90_without_gpu() -> None:
     """The interpreter checks what the kernels compute; this checks that they lower through
     Triton's compiler to a cubin for sm_90 (bf16, fp8 caches, float32, model shapes, every

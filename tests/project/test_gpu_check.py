@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+# Engine runs over many prompts and families: in make test, not in make test-fast.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 
 

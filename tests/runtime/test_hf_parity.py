@@ -21,6 +21,9 @@ from tokenwire.runtime.llm import LLM
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.stats import StepRecorder
 
+# Engine runs over many prompts and families: in make test, not in make test-fast.
+pytestmark = pytest.mark.slow
+
 # Every scenario runs for these; the plain batch runs for every family in FAMILIES.
 SCHEDULER_FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
 FAMILIES = [*SCHEDULER_FAMILIES, "gemma2", "gemma3_text", "phi3"]

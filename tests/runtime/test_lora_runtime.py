@@ -19,6 +19,9 @@ from tokenwire.runtime.llm import LLM
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.sampling_params import SamplingParams
 
+# Engine runs over many prompts and families: in make test, not in make test-fast.
+pytestmark = pytest.mark.slow
+
 NEW_TOKENS = 8
 PROMPTS = [list(range(5, 45)), [11, 12, 13], [40, 41, 42, 43, 44, 45, 46]]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)

@@ -27,6 +27,9 @@ from tokenwire.runtime.loader.model_loader import LoadedModel, load_model
 from tokenwire.runtime.models.arch import SUPPORTED_ARCHITECTURES, ModelArch
 from tokenwire.runtime.models.llama import LlamaForCausalLM
 
+# Engine runs over many prompts and families: in make test, not in make test-fast.
+pytestmark = pytest.mark.slow
+
 CPU = torch.device("cpu")
 
 

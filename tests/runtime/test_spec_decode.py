@@ -22,6 +22,9 @@ from tokenwire.runtime.sample.sampling_metadata import RowSamplingState
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.stats import StepRecorder
 
+# Engine runs over many prompts and families: in make test, not in make test-fast.
+pytestmark = pytest.mark.slow
+
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
          "prompt_lookup_max": 3}  # fmt: skip
 

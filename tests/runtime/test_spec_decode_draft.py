@@ -19,6 +19,9 @@ from tokenwire.runtime.llm import LLM
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.stats import StepRecorder
 
+# Engine runs over many prompts and families: in make test, not in make test-fast.
+pytestmark = pytest.mark.slow
+
 FAMILIES = ["llama", "mistral", "qwen3", "gemma2", "phi3"]
 
 
