@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from tiny_models import TEST_KV_CACHE_BYTES
 
 SERVING = re.compile(r"serving model=.* grpc=(\S+:\d+) rest=(\S+)")
 _SAMPLE = re.compile(r'^(tokenwire:[a-z_]+)\{model_name="[^"]*"\} (\S+)$', re.MULTILINE)
@@ -82,7 +83,7 @@ def serve(model: Path, *args: str, env: dict[str, str] | None = None) -> Served:
     assert exe is not None
     cmd = [exe, "serve", str(model), "--grpc-port", "0", "--port", "0", "--log-format", "json"]
     proc = subprocess.Popen(
-        [*cmd, "--max-model-len", "256", *args],
+        [*cmd, "--max-model-len", "256", "--kv-cache-memory", str(TEST_KV_CACHE_BYTES), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

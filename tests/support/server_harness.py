@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+from tiny_models import TEST_KV_CACHE_BYTES
 
 from tokenwire.runtime.config import (
     CacheConfig,
@@ -72,7 +73,9 @@ class ServerHarness:
                 max_model_len=max_model_len,
                 served_model_name=MODEL_NAME,
             ),
-            cache=CacheConfig(num_gpu_blocks_override=num_blocks),
+            cache=CacheConfig(
+                num_gpu_blocks_override=num_blocks, kv_cache_memory=TEST_KV_CACHE_BYTES
+            ),
             scheduler=SchedulerConfig(
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
             ),

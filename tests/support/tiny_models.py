@@ -10,6 +10,12 @@ from typing import Any
 
 import pytest
 
+# The KV budget of the servers tests start (ServerHarness, ``tokenwire serve`` processes) unless
+# a test sets one: serve's 2 GiB default is written (zeroed) at startup, and several servers at
+# once on pytest-xdist workers would not fit the 24 GiB box. 256 MiB holds ~500k tokens of a
+# tiny model and ~5.8k of the default one.
+TEST_KV_CACHE_BYTES = 256 << 20
+
 # Tiny shapes per family: small enough to run fast on 2 cores, big enough to exercise GQA,
 # non-power-of-two head counts, qkv bias (Qwen2) and q/k norm (Qwen3).
 TINY_FAMILIES: dict[str, dict[str, Any]] = {
