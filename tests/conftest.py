@@ -7,7 +7,9 @@ with a config.json, exactly what ``LLM(model=path)`` loads. A test module shapes
 overriding ``harness_model`` (which model) and ``harness_options`` (``ServerHarness`` keyword
 arguments); the harness is started once per module and stopped after it, releasing a gated
 observer first so a parked core never blocks the stop. Helpers live in ``tests/support/``
-(on ``sys.path`` through pytest's ``pythonpath``).
+(on ``sys.path`` through pytest's ``pythonpath``). The fixtures import the server side
+lazily: conftest is imported before any test module, and the kernel tests must set
+``TRITON_INTERPRET`` before the first Triton kernel module is imported.
 """
 
 from __future__ import annotations
@@ -15,17 +17,19 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import grpc
-import httpx
-import openai
 import pytest
-from rest_harness import RestHarness
-from server_harness import ServerHarness
 from tiny_models import build_tiny_model, default_gguf_path
 
-from tokenwire.v1 import generation_pb2_grpc
+if TYPE_CHECKING:
+    import grpc
+    import httpx
+    import openai
+    from rest_harness import RestHarness
+    from server_harness import ServerHarness
+
+    from tokenwire.v1 import generation_pb2_grpc
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -79,6 +83,8 @@ def harness_options() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def harness(harness_model: Path, harness_options: dict[str, Any]) -> Iterator[ServerHarness]:
+    from server_harness import ServerHarness
+
     h = ServerHarness(harness_model, **harness_options).start()
     yield h
     release = getattr(harness_options.get("observer"), "release", None)
@@ -95,11 +101,15 @@ def channel(harness: ServerHarness) -> Iterator[grpc.Channel]:
 
 @pytest.fixture(scope="module")
 def gen(channel: grpc.Channel) -> generation_pb2_grpc.GenerationServiceStub:
+    from tokenwire.v1 import generation_pb2_grpc
+
     return generation_pb2_grpc.GenerationServiceStub(channel)
 
 
 @pytest.fixture(scope="module")
 def rest(harness: ServerHarness) -> Iterator[RestHarness]:
+    from rest_harness import RestHarness
+
     r = RestHarness(harness).start()
     yield r
     r.stop()
@@ -108,6 +118,8 @@ def rest(harness: ServerHarness) -> Iterator[RestHarness]:
 @pytest.fixture(scope="module")
 def openai_client(rest: RestHarness, harness_options: dict[str, Any]) -> Iterator[openai.OpenAI]:
     """The real OpenAI SDK on the module's REST shim, with its first API key if it has one."""
+    import openai
+
     key = (*harness_options.get("api_keys", ()), "x")[0]
     with openai.OpenAI(base_url=f"{rest.url}/v1", api_key=key, max_retries=0, timeout=120) as c:
         yield c
@@ -115,5 +127,7 @@ def openai_client(rest: RestHarness, harness_options: dict[str, Any]) -> Iterato
 
 @pytest.fixture(scope="module")
 def http_client(rest: RestHarness) -> Iterator[httpx.Client]:
+    import httpx
+
     with httpx.Client(base_url=rest.url, timeout=60) as c:
         yield c
