@@ -14,21 +14,41 @@ random llama, adapters made here):
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from adapter_files import (
     AUTH,
     BAD,
+    KEY,
     generate,
     load,
+    make_adapter_root,
     refused_load,
     unload,
 )
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from server_harness import ServerHarness
 
+from tokenwire.runtime.config import LoRAConfig
 from tokenwire.v1 import models_pb2, models_pb2_grpc
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory, tiny_model_with_tokenizer: Path) -> Path:
+    return make_adapter_root(tmp_path_factory, tiny_model_with_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def harness_model(tiny_model_with_tokenizer: Path) -> Path:
+    return tiny_model_with_tokenizer
+
+
+@pytest.fixture(scope="module")
+def harness_options(root: Path) -> dict[str, Any]:
+    lora = LoRAConfig(enable_lora=True, max_loras=2, max_lora_rank=8, max_cpu_loras=2)
+    return dict(api_keys=(KEY,), lora=lora, allow_runtime_lora_updating=True, lora_root=str(root))
 
 
 def assert_serving(harness: ServerHarness, channel: grpc.Channel, core_pid: int) -> None:

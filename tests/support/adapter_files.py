@@ -9,7 +9,7 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +17,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_helpers import details_of, greedy_request
-from server_harness import ServerHarness
 
-from tokenwire.runtime.config import LoRAConfig
 from tokenwire.v1 import generation_pb2_grpc, models_pb2, models_pb2_grpc
 
 KEY = "adapters-defects-key"
@@ -174,10 +172,10 @@ BAD = {  # folder -> how it is made from the good adapter, and a phrase of the m
 }
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory, tiny_model_with_tokenizer: Path) -> Path:
+def make_adapter_root(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Path:
+    """A LoRA root holding the good adapter, every BAD variant and symlinked layouts."""
     root = tmp_path_factory.mktemp("defects-lora-root")
-    good = make_adapter(tiny_model_with_tokenizer, root / "good")
+    good = make_adapter(model, root / "good")
     for name, (edit, _) in BAD.items():
         variant(good, root / name, edit)
     # Symlinked files: out of the root (refused) and inside it (a hub cache's layout).
@@ -198,26 +196,6 @@ def root(tmp_path_factory: pytest.TempPathFactory, tiny_model_with_tokenizer: Pa
     for file in (CONFIG, WEIGHTS):
         os.symlink(blobs / file, inside / file)
     return root
-
-
-@pytest.fixture(scope="module")
-def harness(tiny_model_with_tokenizer: Path, root: Path) -> Iterator[ServerHarness]:
-    lora = LoRAConfig(enable_lora=True, max_loras=2, max_lora_rank=8, max_cpu_loras=2)
-    h = ServerHarness(
-        tiny_model_with_tokenizer,
-        api_keys=(KEY,),
-        lora=lora,
-        allow_runtime_lora_updating=True,
-        lora_root=str(root),
-    ).start()
-    yield h
-    h.stop()
-
-
-@pytest.fixture(scope="module")
-def channel(harness: ServerHarness) -> Iterator[grpc.Channel]:
-    with harness.channel() as ch:
-        yield ch
 
 
 def generate(channel: grpc.Channel, model: str = "") -> list[int]:
