@@ -50,9 +50,14 @@ from tokenwire.server.rest.models import (
 )
 from tokenwire.server.rest.openapi import install_openapi
 from tokenwire.server.rest.requests import Translated, chat_request, completion_requests
-from tokenwire.server.rest.responses import JSON, chat_response, completion_response
+from tokenwire.server.rest.responses import (
+    JSON,
+    OutputFlags,
+    chat_response,
+    completion_response,
+)
 from tokenwire.server.rest.stream import ChatChunks, CompletionChunks, StreamSpec, sse_events
-from tokenwire.server.rest.upstream import OpenStreams, Upstream, call_options
+from tokenwire.server.rest.upstream import CallOptions, OpenStreams, Upstream, call_options
 from tokenwire.v1 import models_pb2
 
 T = TypeVar("T")
@@ -149,8 +154,13 @@ class Routes:
     ) -> Response:
         rid = _request_id(request, translated.request_id)
         timeout = self.settings.request_timeout
-        options = call_options(request.headers, rid, timeout, translated.priority)
+        options = call_options(request.headers, rid, timeout)
         id_header = {"x-request-id": rid}
+        flags = OutputFlags(
+            translated.prompt_logprobs,
+            translated.token_ids_names,
+            await self._echo_texts(translated, options),
+        )
         response_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{rid}"
         created = int(time.time())
         upstream = self.upstream
@@ -168,11 +178,16 @@ class Routes:
         if not stream:
             if kind == "chat":
                 body = chat_response(
-                    response_id, created, responses[0], translated.logprobs, translated.named_tool
+                    response_id,
+                    created,
+                    responses[0],
+                    translated.logprobs,
+                    translated.named_tool,
+                    flags,
                 )
             else:
                 body = completion_response(
-                    response_id, created, responses, translated.n, translated.logprobs
+                    response_id, created, responses, translated.n, translated.logprobs, flags
                 )
             return JSONResponse(body, headers=id_header)
         spec = StreamSpec(
@@ -183,10 +198,34 @@ class Routes:
             translated.include_usage,
             translated.named_tool,
             translated.continuous_usage,
+            flags,
         )
         chunks = ChatChunks(spec) if kind == "chat" else CompletionChunks(spec)
         events = sse_events(streams, chunks, translated.params)
         return SSEResponse(streams, events, {"cache-control": "no-cache", **id_header})
+
+    async def _echo_texts(
+        self, translated: Translated, options: CallOptions
+    ) -> tuple[str, ...] | None:
+        """Completions' echo: each prompt's text (token-id prompts detokenized upstream)."""
+        if translated.echo is None:
+            return None
+        texts = []
+        for prompt, message in zip(translated.echo, translated.requests, strict=True):
+            if isinstance(prompt, str):
+                texts.append(prompt)
+                continue
+            detok = models_pb2.DetokenizeRequest(
+                model=message.model, token_ids=prompt, skip_special_tokens=False
+            )
+            try:
+                reply = await self.upstream.models.Detokenize(
+                    detok, metadata=options.metadata, timeout=options.timeout
+                )
+            except grpc.aio.AioRpcError as err:
+                raise from_rpc_error(err, {"token_ids": "prompt", "model": "model"}) from None
+            texts.append(reply.text)
+        return tuple(texts)
 
     async def list_models(self, request: Request) -> JSONResponse:
         reply = await self._models_call(request, "ListModels", models_pb2.ListModelsRequest())
