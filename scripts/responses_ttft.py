@@ -30,7 +30,23 @@ import httpx
 
 EXE = shutil.which("tokenwire", path=os.path.dirname(sys.executable)) or "tokenwire"
 ENV = dict(os.environ, PYTHONSAFEPATH="1")
-WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing".split()
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "seven",
+    "wizards",
+    "quietly",
+    "judge",
+    "boxing",
+]
 
 
 def start_server(extra: list[str]) -> tuple[subprocess.Popen[str], str]:
