@@ -186,6 +186,9 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             # id that made this call fail as a duplicate.
             if call is not None and stream is not None and not stream.done:
                 self.engine.abort(call.internal_id)
+                holder = retained_holder(call.caller, request.retain_kv_as)
+                if holder is not None:  # a failed or abandoned call keeps no KV
+                    self.engine.release_holder(holder)
             if lease is not None:
                 lease.release()
             if record is not None:
