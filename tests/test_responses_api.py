@@ -43,7 +43,7 @@ WEATHER = {
 def harness(tiny_model_with_tokenizer: Path) -> Iterator[ServerHarness]:
     h = ServerHarness(
         tiny_model_with_tokenizer,
-        max_model_len=1024,
+        max_model_len=512,
         api_keys=KEYS,
         tool_call_parser="hermes",
         in_process=True,
@@ -209,7 +209,9 @@ def test_continuation_prefills_only_the_new_input(client: openai.OpenAI) -> None
         {"role": "assistant", "content": first.output_text},
         {"role": "user", "content": "And then?"},
     ]
-    fresh = create(client, input=history, max_output_tokens=8, store=False, cache_salt="fresh")
+    fresh = create(
+        client, input=history, max_output_tokens=8, store=False, extra_body={"cache_salt": "fresh"}
+    )
     assert fresh.usage.input_tokens == second.usage.input_tokens
     assert fresh.usage.input_tokens_details.cached_tokens == 0
     # Streamed continuations reuse it as well.
