@@ -13,8 +13,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import httpx
@@ -194,12 +193,17 @@ def test_typed_priority_and_metadata_reach_the_engine(
     assert seen == [-7, 4, 9]
 
 
+class _Item(NamedTuple):  # a gRPC metadatum: unpacks and has .key / .value
+    key: str
+    value: str
+
+
 class _Context:
     def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
         self.metadata = metadata
 
-    def invocation_metadata(self) -> list[SimpleNamespace]:
-        return [SimpleNamespace(key=k, value=v) for k, v in self.metadata]
+    def invocation_metadata(self) -> list[_Item]:
+        return [_Item(k, v) for k, v in self.metadata]
 
 
 def test_typed_priority_is_clamped_by_max_priority() -> None:
