@@ -133,6 +133,30 @@ def test_streamed_events_in_openai_order(client: openai.OpenAI) -> None:
     assert final.usage.input_tokens == unary.usage.input_tokens
 
 
+def test_sdk_stream_helper_accumulates_the_same_response(client: openai.OpenAI) -> None:
+    """The SDK's ``responses.stream`` state machine accepts the events and rebuilds the
+    response (it raises on an event it does not expect for the item at hand). It needs a
+    ``response.completed``: the grammar ends these answers before ``max_output_tokens``."""
+    fmt = {"format": {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}}
+    kwargs: dict[str, Any] = {"input": "Which city?", "max_output_tokens": 60, "store": False}
+    unary = create(client, text=fmt, **kwargs)
+    with client.responses.stream(model=MODEL_NAME, temperature=0.0, text=fmt, **kwargs) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text == unary.output_text
+    with client.responses.stream(
+        model=MODEL_NAME,
+        input="Weather in Oslo?",
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=60,
+        store=False,
+    ) as stream:
+        called = stream.get_final_response()
+    assert called.output[0].type == "function_call"
+    jsonschema.validate(json.loads(called.output[0].arguments), CITY)
+
+
 def test_json_schema_format(client: openai.OpenAI) -> None:
     r = create(
         client,
