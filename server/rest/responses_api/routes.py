@@ -76,7 +76,7 @@ class ResponsesRoutes:
             if previous is None or previous.body["status"] == "in_progress":
                 raise _not_found(body.previous_response_id, "previous_response_id")
             history = previous.conversation
-        store = body.store is not False
+        store = body.store is not False and self.store.settings.max_count > 0
         response_id = new_id("resp")
         translated = translate(body, history, response_id if store else None)
         rid = request_id_of(request, body.request_id)
