@@ -113,9 +113,11 @@ class Frontend:
         tools: Sequence[Mapping[str, Any]] | None = None,
         *,
         chat_template: str | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Ids of ``messages`` rendered with the chat template (plus the generation prompt):
-        ``chat_template`` (Jinja text) if given, else the model's. ``ValueError`` when there
+        ``chat_template`` (Jinja text) if given, else the model's; ``template_kwargs``: extra
+        template variables (``enable_thinking``, ``reasoning_effort``). ``ValueError`` when there
         is no template; ``ParameterError`` naming ``messages`` when there is no tokenizer."""
         return apply_chat_template(
             self.require_tokenizer("messages"),
@@ -123,6 +125,7 @@ class Frontend:
             tools,
             chat_template=chat_template,
             split_special_tokens=self.split_special_tokens,
+            template_kwargs=template_kwargs,
         )
 
     # ------------------------------------------------------------------ requests

@@ -80,6 +80,7 @@ def apply_chat_template(
     *,
     chat_template: str | None = None,
     split_special_tokens: bool = True,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Render ``messages`` with the model's chat template (plus generation prompt) to ids;
     ``tools`` (OpenAI tool objects) go to templates that take them; ``chat_template`` (Jinja
@@ -88,10 +89,12 @@ def apply_chat_template(
     ``split_special_tokens`` (the default): special-token text inside a user or tool message
     is plain text, never a special token, so content cannot forge a turn
     (``runtime/front/chat_content.py``); False parses it like the template's own (the old way,
-    ``--allow-content-special-tokens``)."""
+    ``--allow-content-special-tokens``). ``template_kwargs``: extra template variables."""
     if not (chat_template or tokenizer.chat_template):
         raise ValueError("messages: this model's tokenizer has no chat template")
-    extra: dict[str, Any] = {} if not tools else {"tools": [dict(t) for t in tools]}
+    extra: dict[str, Any] = dict(template_kwargs or {})  # checked by the caller: no reserved keys
+    if tools:
+        extra["tools"] = [dict(t) for t in tools]
     if chat_template:
         extra["chat_template"] = chat_template
     if split_special_tokens and forged_token(messages, tokenizer) is not None:

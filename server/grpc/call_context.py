@@ -63,9 +63,13 @@ def caller_of(context: grpc.aio.ServicerContext, tenants: TenantRegistry) -> str
 
 
 def call_context(
-    context: grpc.aio.ServicerContext, tenants: TenantRegistry, request_id: str = ""
+    context: grpc.aio.ServicerContext,
+    tenants: TenantRegistry,
+    request_id: str = "",
+    priority_field: int | None = None,
 ) -> CallContext:
-    """Request id from the message, else ``x-request-id``, else a fresh one."""
+    """Request id from the message, else ``x-request-id``, else a fresh one. Priority from
+    ``x-priority``, else the message's ``priority`` field (``priority_field``), else 0."""
     rid = request_id or metadata_value(context, "x-request-id") or uuid.uuid4().hex
     if len(rid) > MAX_REQUEST_ID_CHARS or not rid.isprintable():
         raise ParameterError(
@@ -73,7 +77,7 @@ def call_context(
         )
     raw_priority = metadata_value(context, "x-priority")
     try:
-        priority = int(raw_priority) if raw_priority else 0
+        priority = int(raw_priority) if raw_priority else (priority_field or 0)
     except ValueError:
         raise ParameterError("x-priority", "must be an integer") from None
     if not PRIORITY_MIN <= priority <= PRIORITY_MAX:  # what the engine's wire carries

@@ -21,6 +21,7 @@ from tokenwire.runtime.outputs import (
     RequestOutput,
 )
 from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.server.grpc.request_options import template_kwargs
 from tokenwire.server.grpc.tokenizer_pool import TokenizerPool, default_max_prompt_bytes
 from tokenwire.server.grpc.tools import ChatTooling, chat_messages, structured_output
 from tokenwire.server.tool_parsers.chat import render_messages
@@ -117,6 +118,7 @@ def sampling_params(
         ignore_eos=_opt(stopping, "ignore_eos", False),
         include_stop_str_in_output=_opt(stopping, "include_stop_str_in_output", False),
         logprobs=_opt(output, "logprobs", None),
+        prompt_logprobs=_opt(output, "prompt_logprobs", None),
         skip_special_tokens=_opt(output, "skip_special_tokens", True),
         structured_outputs=structured,
     )
@@ -150,11 +152,14 @@ async def tokenize_input(
         return request.text, await pool.encode("text", request.text)
     messages = chat_messages(request.chat)
     tools = tooling.tools if tooling is not None else []
-    return None, await render_chat(pool, messages, tools)
+    return None, await render_chat(pool, messages, tools, template_kwargs(request.chat))
 
 
 async def render_chat(
-    pool: TokenizerPool, messages: list[dict[str, Any]], tools: list[FunctionSpec] | None = None
+    pool: TokenizerPool,
+    messages: list[dict[str, Any]],
+    tools: list[FunctionSpec] | None = None,
+    kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     if not messages:
         raise ParameterError("chat", "needs at least one message")
@@ -167,8 +172,8 @@ async def render_chat(
         rendered, tool_objects = render_messages(
             messages, tools or [], pool.tokenizer.chat_template
         )
-        return await pool.render_chat("chat", rendered, tool_objects)
-    return await pool.render_chat("chat", messages)
+        return await pool.render_chat("chat", rendered, tool_objects, kwargs)
+    return await pool.render_chat("chat", messages, None, kwargs)
 
 
 # ---------------------------------------------------------------------------- outputs
@@ -197,6 +202,15 @@ def logprobs_proto(
             )
         )
     return out
+
+
+def prompt_logprobs_proto(
+    positions: list[PositionLogprobs | None] | None, num_top: int | None
+) -> list[common_pb2.PositionLogprobs]:
+    """The prompt's logprobs after its first token (which has none), prompt token first."""
+    if not positions or num_top is None:
+        return []
+    return logprobs_proto([p for p in positions[1:] if p is not None], num_top)
 
 
 def _token_logprob(token_id: int, lp: Any) -> common_pb2.TokenLogprob:

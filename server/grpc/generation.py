@@ -24,6 +24,7 @@ from tokenwire.server.grpc.adapters import resolve_model
 from tokenwire.server.grpc.call_context import CallContext, call_context, caller_of
 from tokenwire.server.grpc.call_context import internal_request_id as internal_id
 from tokenwire.server.grpc.errors import abort, renamed, to_service_error
+from tokenwire.server.grpc.request_options import retained_holder
 from tokenwire.server.grpc.send_limit import check_size
 from tokenwire.server.grpc.session import SessionHandler
 from tokenwire.server.grpc.tokenizer_pool import TokenizerPool
@@ -50,6 +51,7 @@ class _Submitted:
     call: CallContext
     stream: RequestStream
     num_top: int | None
+    prompt_top: int | None  # OutputOptions.prompt_logprobs (None: not asked)
     record: RequestRecord
     parsing: OutputParsing | None  # reasoning / tool calls to read out of the text
     model: str  # the request's model: the served model's name or a LoRA adapter's
@@ -107,7 +109,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
 
     async def _submit(
         self, call: CallContext, request: generation_pb2.GenerateRequest, record: RequestRecord
-    ) -> tuple[RequestStream, int | None, OutputParsing | None]:
+    ) -> tuple[RequestStream, SamplingParams, OutputParsing | None]:
         lora = resolve_model(self.engine, self.model_name, request.model)
         self.telemetry.select_model(record, lora.lora_name if lora else self.model_name)
         chat = request.WhichOneof("input") == "chat"
@@ -132,6 +134,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
                 params,
                 priority=call.priority,  # clamped to the tenant's max_priority
                 cache_salt=call.who.cache_salt(request.cache_salt or None),
+                hold_as=retained_holder(call.caller, request.retain_kv_as),
                 lora_request=lora,
             )
         except ParameterError as exc:
@@ -144,7 +147,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             field = request.WhichOneof("input") or "input"
             raise type(exc)(field, str(exc).removeprefix("prompt: ")) from None
         self.telemetry.admit(record, params.n)
-        return stream, params.logprobs, parsing
+        return stream, params, parsing
 
     @contextlib.asynccontextmanager
     async def _request(
@@ -158,7 +161,8 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         lease: Lease | None = None
         status = "CANCELLED"  # unless the body completes or fails
         try:
-            call = call_context(context, self.tenants, request.request_id)
+            typed_priority = request.priority if request.HasField("priority") else None
+            call = call_context(context, self.tenants, request.request_id, typed_priority)
             record = self.telemetry.begin(call.request_id, call.internal_id, kind)
             self.telemetry.set_tenant(record, call.who.name)
             self.telemetry.bind(record)
@@ -166,9 +170,11 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             if not call.who.tenant.allows_model(model):
                 raise ModelNotAllowed(call.who.name, model)
             lease = self.tenants.admit(call.who)  # the tenant's limits, before the engine's
-            stream, num_top, parsing = await self._submit(call, request, record)
+            stream, params, parsing = await self._submit(call, request, record)
             await context.send_initial_metadata((("x-request-id", call.request_id),))
-            yield _Submitted(call, stream, num_top, record, parsing, model, lease)
+            yield _Submitted(
+                call, stream, params.logprobs, params.prompt_logprobs, record, parsing, model, lease
+            )
             status = "OK"
         except Exception as exc:
             self.telemetry.refused(exc)
@@ -180,6 +186,9 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             # id that made this call fail as a duplicate.
             if call is not None and stream is not None and not stream.done:
                 self.engine.abort(call.internal_id)
+                holder = retained_holder(call.caller, request.retain_kv_as)
+                if holder is not None:  # a failed or abandoned call keeps no KV
+                    self.engine.release_holder(holder)
             if lease is not None:
                 lease.release()
             if record is not None:
@@ -196,6 +205,9 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
                 model=sub.model,
                 choices=[_choice(c, sub.num_top, sub.parsing) for c in output.outputs],
                 usage=convert.usage(output),
+                prompt_logprobs=convert.prompt_logprobs_proto(
+                    output.prompt_logprobs, sub.prompt_top
+                ),
             )
             check_size(response, self.limits.max_response_bytes)  # the call's status if not
             return response
@@ -235,6 +247,13 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
                     yield event
             elif isinstance(item, RequestFinished):
                 self.telemetry.record_completion(record, [c.text for c in item.output.outputs])
+                if sub.prompt_top is not None:
+                    positions = convert.prompt_logprobs_proto(
+                        item.output.prompt_logprobs, sub.prompt_top
+                    )
+                    yield generation_pb2.GenerateStreamResponse(
+                        prompt_logprobs=generation_pb2.PromptLogprobs(positions=positions)
+                    )
                 yield generation_pb2.GenerateStreamResponse(usage=convert.usage(item.output))
             else:
                 raise item.error
@@ -248,6 +267,19 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             await abort(context, to_service_error(exc))
         # True exactly once per request: the first Cancel of a request still in flight.
         return generation_pb2.CancelResponse(cancelled=self.engine.abort(rid))
+
+    async def ReleaseKv(
+        self, request: generation_pb2.ReleaseKvRequest, context: grpc.aio.ServicerContext
+    ) -> generation_pb2.ReleaseKvResponse:
+        try:
+            caller = caller_of(context, self.tenants)
+            holders = [retained_holder(caller, key) for key in request.keys]
+        except Exception as exc:
+            await abort(context, to_service_error(exc))
+        for holder in holders:
+            if holder is not None:
+                self.engine.release_holder(holder)
+        return generation_pb2.ReleaseKvResponse()
 
     async def Session(
         self, request_iterator: Any, context: grpc.aio.ServicerContext

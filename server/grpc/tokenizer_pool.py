@@ -12,6 +12,7 @@ pool only decides where they run.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -98,10 +99,15 @@ class TokenizerPool:
         param: str,
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        """The chat template applied to ``messages`` (with the generation prompt)."""
+        """The chat template applied to ``messages`` (with the generation prompt);
+        ``template_kwargs``: extra template variables (already checked)."""
         check_prompt_bytes(param, [m["content"] for m in messages], self.max_prompt_bytes)
-        return await self.run(self.frontend.render_chat, messages, tools)
+        if not template_kwargs:
+            return await self.run(self.frontend.render_chat, messages, tools)
+        render = functools.partial(self.frontend.render_chat, template_kwargs=template_kwargs)
+        return await self.run(render, messages, tools)
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

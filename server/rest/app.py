@@ -14,33 +14,34 @@ FastAPI's 422); a client that disconnects cancels its gRPC calls.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException
-from starlette.types import Receive, Scope, Send
 
 from tokenwire.server.api_keys import KeyCheck, KeyChecker, bearer_of
+from tokenwire.server.rest.disconnect import (
+    ClientGone,
+    SSEResponse,
+    request_id_of,
+    until_disconnect,
+)
 from tokenwire.server.rest.errors import (
     RestError,
     clip,
     from_rpc_error,
     from_validation_errors,
-    invalid,
 )
 from tokenwire.server.rest.middleware import (
-    MAX_REQUEST_ID_CHARS,
     BodyLimitMiddleware,
     RequestIdMiddleware,
-    valid_request_id,
 )
 from tokenwire.server.rest.models import (
     ChatCompletionRequest,
@@ -50,9 +51,16 @@ from tokenwire.server.rest.models import (
 )
 from tokenwire.server.rest.openapi import install_openapi
 from tokenwire.server.rest.requests import Translated, chat_request, completion_requests
-from tokenwire.server.rest.responses import JSON, chat_response, completion_response
+from tokenwire.server.rest.responses import (
+    JSON,
+    OutputFlags,
+    chat_response,
+    completion_response,
+)
+from tokenwire.server.rest.responses_api.routes import install_responses
+from tokenwire.server.rest.responses_api.store import ResponsesSettings, ResponseStore
 from tokenwire.server.rest.stream import ChatChunks, CompletionChunks, StreamSpec, sse_events
-from tokenwire.server.rest.upstream import OpenStreams, Upstream, call_options
+from tokenwire.server.rest.upstream import CallOptions, Upstream, call_options
 from tokenwire.v1 import models_pb2
 
 T = TypeVar("T")
@@ -75,57 +83,8 @@ class RestSettings:
     metrics_api_keys: tuple[str, ...] = ()
     # Or any key the server's tenant registry knows (``--api-key-file``; reloadable).
     metrics_keys: KeyCheck | None = None
-
-
-class ClientGone(Exception):
-    """The HTTP client disconnected before the answer was ready."""
-
-
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work`` unless the client disconnects first; then cancel it (and its gRPC
-    calls), wait until the cancellation has run, and raise ``ClientGone``."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request.receive))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # this handler itself was cancelled
-        task.cancel()
-        watcher.cancel()
-        raise
-    watcher.cancel()
-    _consume(watcher)
-    if not task.done():  # the client went away first
-        task.cancel()  # takes effect when the task next runs: wait for that
-        await asyncio.wait({task})
-        _consume(task)
-        raise ClientGone()
-    return task.result()
-
-
-def _consume(task: asyncio.Future[Any]) -> None:
-    """Mark a finished task's exception as retrieved (asyncio logs unretrieved ones)."""
-    if task.done() and not task.cancelled():
-        task.exception()
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-class SSEResponse(StreamingResponse):
-    """Streams the SSE body; cancels the gRPC calls however the response ends (even when
-    the client is gone before the body iterator ever started)."""
-
-    def __init__(self, streams: OpenStreams, content: Any, headers: dict[str, str]) -> None:
-        super().__init__(content, media_type="text/event-stream", headers=headers)
-        self.streams = streams
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.streams.cancel()
+    # Stored responses of the Responses API (``--responses-max-*``).
+    responses: ResponsesSettings = field(default_factory=ResponsesSettings)
 
 
 class Routes:
@@ -147,10 +106,15 @@ class Routes:
     async def _generate(
         self, request: Request, translated: Translated, stream: bool, kind: str
     ) -> Response:
-        rid = _request_id(request, translated.request_id)
+        rid = request_id_of(request, translated.request_id)
         timeout = self.settings.request_timeout
-        options = call_options(request.headers, rid, timeout, translated.priority)
+        options = call_options(request.headers, rid, timeout)
         id_header = {"x-request-id": rid}
+        flags = OutputFlags(
+            translated.prompt_logprobs,
+            translated.token_ids_names,
+            await self._echo_texts(translated, options),
+        )
         response_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{rid}"
         created = int(time.time())
         upstream = self.upstream
@@ -168,11 +132,16 @@ class Routes:
         if not stream:
             if kind == "chat":
                 body = chat_response(
-                    response_id, created, responses[0], translated.logprobs, translated.named_tool
+                    response_id,
+                    created,
+                    responses[0],
+                    translated.logprobs,
+                    translated.named_tool,
+                    flags,
                 )
             else:
                 body = completion_response(
-                    response_id, created, responses, translated.n, translated.logprobs
+                    response_id, created, responses, translated.n, translated.logprobs, flags
                 )
             return JSONResponse(body, headers=id_header)
         spec = StreamSpec(
@@ -183,10 +152,34 @@ class Routes:
             translated.include_usage,
             translated.named_tool,
             translated.continuous_usage,
+            flags,
         )
         chunks = ChatChunks(spec) if kind == "chat" else CompletionChunks(spec)
         events = sse_events(streams, chunks, translated.params)
         return SSEResponse(streams, events, {"cache-control": "no-cache", **id_header})
+
+    async def _echo_texts(
+        self, translated: Translated, options: CallOptions
+    ) -> tuple[str, ...] | None:
+        """Completions' echo: each prompt's text (token-id prompts detokenized upstream)."""
+        if translated.echo is None:
+            return None
+        texts = []
+        for prompt, message in zip(translated.echo, translated.requests, strict=True):
+            if isinstance(prompt, str):
+                texts.append(prompt)
+                continue
+            detok = models_pb2.DetokenizeRequest(
+                model=message.model, token_ids=prompt, skip_special_tokens=False
+            )
+            try:
+                reply = await self.upstream.models.Detokenize(
+                    detok, metadata=options.metadata, timeout=options.timeout
+                )
+            except grpc.aio.AioRpcError as err:
+                raise from_rpc_error(err, {"token_ids": "prompt", "model": "model"}) from None
+            texts.append(reply.text)
+        return tuple(texts)
 
     async def list_models(self, request: Request) -> JSONResponse:
         reply = await self._models_call(request, "ListModels", models_pb2.ListModelsRequest())
@@ -267,19 +260,6 @@ class Routes:
         raise RestError(503, "the inference server is not ready", "not_ready")
 
 
-def _request_id(request: Request, from_body: str | None) -> str:
-    """The ``x-request-id`` header's id, else the body's ``request_id`` (vLLM's field; the
-    header wins, as in vLLM), else the one the middleware made up."""
-    if from_body is None or request.headers.get("x-request-id") is not None:
-        return str(request.state.request_id)
-    if not valid_request_id(from_body.encode()):
-        raise invalid(
-            "request_id",
-            f"request_id must be printable ASCII, at most {MAX_REQUEST_ID_CHARS} characters",
-        )
-    return from_body
-
-
 def _error_response(err: RestError) -> JSONResponse:
     return JSONResponse(err.body(), err.status, headers=err.response_headers())
 
@@ -328,6 +308,7 @@ def create_app(upstream: Upstream, settings: RestSettings) -> FastAPI:
     app.add_api_route("/v1/models/{model:path}", routes.get_model, methods=["GET"])
     app.add_api_route("/v1/load_lora_adapter", routes.load_lora_adapter, methods=["POST"])
     app.add_api_route("/v1/unload_lora_adapter", routes.unload_lora_adapter, methods=["POST"])
+    install_responses(app, upstream, ResponseStore(settings.responses), settings.request_timeout)
     app.add_api_route("/health", routes.health, methods=["GET"])
     app.add_api_route("/ready", routes.ready, methods=["GET"])
     if settings.metrics is not None:

@@ -217,9 +217,11 @@ def from_validation_errors(errors: Sequence[Any]) -> RestError:
         return invalid(clip(loc[0]) if loc else None, f"{where}: {NOT_UNICODE}")
     if kind == "json_invalid":
         return invalid(None, "the request body is not valid JSON", "invalid_json")
-    if not loc or kind in ("model_attributes_type", "dict_type", "model_type"):
+    if not loc:
         return invalid(None, "the request body must be a JSON object", "invalid_type")
     path = _loc_text(loc)
+    if kind in ("model_attributes_type", "dict_type", "model_type"):  # a field's object
+        return invalid(clip(loc[0]), f"{path}: must be a JSON object", "invalid_type")
     if kind == "extra_forbidden":
         return invalid(path, f"unknown field {path!r}", "unknown_parameter")
     if kind == "unsupported_parameter":

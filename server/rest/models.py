@@ -11,7 +11,7 @@ and otherwise rejected by name, never silently ignored. Accepted and ignored: ``
 ``safety_identifier``, ``metadata`` (labels), ``service_tier`` (one tier), ``store``
 (nothing is stored), ``prompt_cache_key`` / ``prompt_cache_retention`` /
 ``prompt_cache_options`` (prefix caching is automatic; ``cache_salt`` isolates), ``prediction``
-(a latency hint), ``reasoning_effort`` (no template here takes it), ``include_obfuscation``
+(a latency hint), ``include_obfuscation``
 (no padding is added), ``guided_decoding_backend`` "auto"/"xgrammar" (the backend in use).
 Every string anywhere in a request (fields, list items, content parts, keys) must be valid
 Unicode: JSON can spell a lone UTF-16 surrogate (``"\\ud800"``), which protobuf cannot encode,
@@ -266,13 +266,15 @@ class CommonFields(_Strict):
     guided_grammar: str | None = None
     guided_decoding_backend: GrammarBackend = None
     guided_whitespace_pattern: Unsupported = None
+    # vLLM: logprobs of each prompt token with this many alternatives (not with stream)
+    prompt_logprobs: U32 | None = None
+    # vLLM: logprobs name tokens "token_id:<id>" instead of their text
+    return_tokens_as_token_ids: bool | None = None
     # vLLM fields tokenwire does not implement (their no-op value passes)
     use_beam_search: FalseOnly = None
-    return_tokens_as_token_ids: FalseOnly = None
     return_token_ids: FalseOnly = None
     structural_tag: Unsupported = None
     truncate_prompt_tokens: Unsupported = None
-    prompt_logprobs: Unsupported = None
     allowed_token_ids: Unsupported = None
     bad_words: Unsupported = None
     logits_processors: Unsupported = None
@@ -302,6 +304,7 @@ class ChatCompletionRequest(CommonFields):
     response_format: ResponseFormat | None = None
     # accepted and ignored (they cannot change the answer)
     prediction: Prediction | None = None
+    # passed to the chat template as `reasoning_effort` (templates that do not use it ignore it)
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = (
         None
     )
@@ -320,7 +323,7 @@ class ChatCompletionRequest(CommonFields):
     echo: FalseOnly = None
     documents: Unsupported = None
     chat_template: Unsupported = None
-    chat_template_kwargs: Unsupported = None
+    chat_template_kwargs: dict[str, Any] | None = None  # extra chat-template variables
     mm_processor_kwargs: Unsupported = None
 
 
@@ -337,7 +340,7 @@ class CompletionRequest(CommonFields):
         | Annotated[list[NonEmptyIds], Field(min_length=1)]
     )
     logprobs: U32 | None = None
-    echo: FalseOnly = None
+    echo: bool | None = None  # the prompt's text before each choice's text
     best_of: U32 | None = None  # only equal to n (no extra candidates)
     suffix: EmptyOnly = None
     add_special_tokens: TrueOnly = None  # vLLM: the prompt is tokenized with them

@@ -8,9 +8,10 @@ client's name (``chat`` -> ``messages``, ``logprobs`` -> ``top_logprobs``, ``max
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from tokenwire.server.rest.errors import invalid
 from tokenwire.server.rest.models import (
@@ -41,7 +42,9 @@ class Translated:
     named_tool: bool = False  # tool_choice named a function: calls end with "stop"
     continuous_usage: bool = False  # usage so far on every chunk (vLLM)
     request_id: str | None = None  # vLLM's body field (the x-request-id header wins)
-    priority: int | None = None  # vLLM's body field (the x-priority header wins)
+    prompt_logprobs: bool = False  # vLLM's prompt_logprobs were asked for
+    token_ids_names: bool = False  # vLLM's return_tokens_as_token_ids
+    echo: tuple[str | list[int], ...] | None = None  # completions echo: the prompts
 
 
 def _sampling(body: CommonFields) -> common_pb2.SamplingOptions:
@@ -77,23 +80,46 @@ class _CallFields(TypedDict):
     include_usage: bool
     continuous_usage: bool
     request_id: str | None
-    priority: int | None
+    prompt_logprobs: bool
+    token_ids_names: bool
 
 
 def _call_fields(body: CommonFields) -> _CallFields:
-    """``Translated``'s fields from ``stream_options`` and vLLM's request id and priority.
+    """``Translated``'s fields from ``stream_options``, vLLM's request id and output options.
     ``continuous_usage_stats`` needs ``include_usage``, which it implies when unset (vLLM)."""
     options = body.stream_options or StreamOptions()
     if body.stream_options is not None and not body.stream:
         raise invalid("stream_options", "stream_options is only allowed when stream is true")
+    if body.prompt_logprobs is not None and body.stream:
+        raise invalid("prompt_logprobs", "prompt_logprobs are not available when stream is true")
     continuous = bool(options.continuous_usage_stats)
     include_usage = continuous if options.include_usage is None else options.include_usage
     return _CallFields(
         include_usage=include_usage,
         continuous_usage=include_usage and continuous,
         request_id=body.request_id,
-        priority=body.priority,
+        prompt_logprobs=body.prompt_logprobs is not None,
+        token_ids_names=bool(body.return_tokens_as_token_ids),
     )
+
+
+def _output(body: CommonFields, logprobs: int | None, structured: Any) -> common_pb2.OutputOptions:
+    return common_pb2.OutputOptions(
+        logprobs=logprobs,
+        skip_special_tokens=body.skip_special_tokens,
+        structured_output=structured,
+        prompt_logprobs=body.prompt_logprobs,
+    )
+
+
+def _chat_input(body: ChatCompletionRequest) -> common_pb2.ChatInput:
+    chat = common_pb2.ChatInput(
+        messages=[_chat_message(m) for m in body.messages],
+        reasoning_effort=body.reasoning_effort or "",
+    )
+    if body.chat_template_kwargs:
+        chat.chat_template_kwargs_json = json.dumps(body.chat_template_kwargs)
+    return chat
 
 
 def chat_request(body: ChatCompletionRequest) -> Translated:
@@ -103,24 +129,21 @@ def chat_request(body: ChatCompletionRequest) -> Translated:
         raise invalid("top_logprobs", "top_logprobs requires logprobs to be true")
     max_field = "max_tokens" if body.max_tokens is not None else "max_completion_tokens"
     max_tokens = body.max_tokens if body.max_tokens is not None else body.max_completion_tokens
-    messages = [_chat_message(m) for m in body.messages]
     structured, structured_params = structured_output(body)
-    chat = common_pb2.ChatInput(messages=messages)
+    chat = _chat_input(body)
     named = chat_tools(body, chat)
     request = generation_pb2.GenerateRequest(
         model=body.model,
         chat=chat,
         sampling=_sampling(body),
         stopping=_stopping(body, max_tokens),
-        output=common_pb2.OutputOptions(
-            logprobs=(body.top_logprobs or 0) if body.logprobs else None,
-            skip_special_tokens=body.skip_special_tokens,
-            structured_output=structured,
-        ),
+        output=_output(body, (body.top_logprobs or 0) if body.logprobs else None, structured),
         cache_salt=body.cache_salt or "",
+        priority=body.priority,
     )
     params = {
         **_HEADER_PARAMS,
+        "chat_template_kwargs_json": "chat_template_kwargs",
         "chat": "messages",
         "input": "messages",
         "logprobs": "top_logprobs",
@@ -170,11 +193,9 @@ def completion_requests(body: CompletionRequest) -> Translated:
     max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     sampling, stopping = _sampling(body), _stopping(body, max_tokens)
     structured, structured_params = structured_output(body)
-    output = common_pb2.OutputOptions(
-        logprobs=body.logprobs,
-        skip_special_tokens=body.skip_special_tokens,
-        structured_output=structured,
-    )
+    output = _output(body, body.logprobs, structured)
+    if body.echo and body.logprobs is not None:
+        raise invalid("echo", "echo together with logprobs is not supported by tokenwire")
     requests = []
     for prompt in prompts:
         request = generation_pb2.GenerateRequest(
@@ -183,6 +204,7 @@ def completion_requests(body: CompletionRequest) -> Translated:
             stopping=stopping,
             output=output,
             cache_salt=body.cache_salt or "",
+            priority=body.priority,
         )
         if isinstance(prompt, str):
             request.text = prompt
@@ -196,6 +218,7 @@ def completion_requests(body: CompletionRequest) -> Translated:
         "input": "prompt",
         **structured_params,
     }
+    echo = tuple(prompts) if body.echo else None
     return Translated(
-        requests, params, body.n or 1, body.logprobs is not None, **_call_fields(body)
+        requests, params, body.n or 1, body.logprobs is not None, echo=echo, **_call_fields(body)
     )

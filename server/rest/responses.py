@@ -11,11 +11,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tokenwire.v1 import common_pb2, generation_pb2
 
 JSON = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class OutputFlags:
+    """vLLM's output options of one request: ``prompt_logprobs`` asked for, logprob tokens
+    named ``token_id:<id>`` (``return_tokens_as_token_ids``), completions' echo texts."""
+
+    prompt_logprobs: bool = False
+    token_ids_names: bool = False
+    echo: tuple[str, ...] | None = None
+
 
 _FINISH: dict[int, str] = {
     common_pb2.FINISH_REASON_EOS: "stop",
@@ -63,30 +75,50 @@ def sum_usage(usages: Sequence[common_pb2.Usage]) -> JSON:
 
 
 # ---------------------------------------------------------------------------- logprobs
-def token_name(lp: common_pb2.TokenLogprob) -> str:
+def token_name(lp: common_pb2.TokenLogprob, as_ids: bool = False) -> str:
     """The token's text; ``token_id:<id>`` when it decodes to nothing (no tokenizer, or a
-    skipped special token), as vLLM's ``return_tokens_as_token_ids`` spells it."""
-    return lp.token or f"token_id:{lp.token_id}"
+    skipped special token) or ``as_ids`` (vLLM's ``return_tokens_as_token_ids``)."""
+    return f"token_id:{lp.token_id}" if as_ids or not lp.token else lp.token
 
 
-def _chat_token(lp: common_pb2.TokenLogprob) -> JSON:
+def _chat_token(lp: common_pb2.TokenLogprob, as_ids: bool) -> JSON:
     return {
-        "token": token_name(lp),
+        "token": token_name(lp, as_ids),
         "logprob": finite(lp.logprob),
         "bytes": list(lp.token.encode()),
     }
 
 
-def chat_logprobs(positions: Sequence[common_pb2.PositionLogprobs]) -> list[JSON]:
+def chat_logprobs(
+    positions: Sequence[common_pb2.PositionLogprobs], as_ids: bool = False
+) -> list[JSON]:
     """OpenAI chat ``logprobs.content``: one entry per generated token."""
     return [
-        {**_chat_token(p.chosen), "top_logprobs": [_chat_token(t) for t in p.top]}
+        {
+            **_chat_token(p.chosen, as_ids),
+            "top_logprobs": [_chat_token(t, as_ids) for t in p.top],
+        }
         for p in positions
     ]
 
 
+def prompt_logprobs_body(positions: Sequence[common_pb2.PositionLogprobs]) -> list[JSON | None]:
+    """vLLM's ``prompt_logprobs``: None for the first prompt token, then per position a map
+    from token id to ``{logprob, rank, decoded_token}`` (the prompt's token and the top)."""
+    body: list[JSON | None] = [None]
+    for p in positions:
+        entry = {str(t.token_id): _prompt_token(t) for t in p.top}
+        entry[str(p.chosen.token_id)] = _prompt_token(p.chosen)
+        body.append(entry)
+    return body
+
+
+def _prompt_token(lp: common_pb2.TokenLogprob) -> JSON:
+    return {"logprob": finite(lp.logprob), "rank": lp.rank, "decoded_token": lp.token}
+
+
 def completion_logprobs(
-    positions: Sequence[common_pb2.PositionLogprobs], offset: int
+    positions: Sequence[common_pb2.PositionLogprobs], offset: int, as_ids: bool = False
 ) -> tuple[JSON, int]:
     """OpenAI completions ``logprobs`` for these positions; text offsets start at ``offset``.
 
@@ -95,10 +127,10 @@ def completion_logprobs(
     """
     tokens, token_logprobs, top, offsets = [], [], [], []
     for p in positions:
-        tokens.append(token_name(p.chosen))
+        tokens.append(token_name(p.chosen, as_ids))
         token_logprobs.append(finite(p.chosen.logprob))
-        alternatives = {token_name(t): finite(t.logprob) for t in p.top}
-        alternatives.setdefault(token_name(p.chosen), finite(p.chosen.logprob))
+        alternatives = {token_name(t, as_ids): finite(t.logprob) for t in p.top}
+        alternatives.setdefault(token_name(p.chosen, as_ids), finite(p.chosen.logprob))
         top.append(alternatives)
         offsets.append(offset)
         offset += len(p.chosen.token)
@@ -149,6 +181,7 @@ def chat_response(
     response: generation_pb2.GenerateResponse,
     logprobs: bool,
     named_tool: bool = False,
+    options: OutputFlags = OutputFlags(),
 ) -> JSON:
     choices = []
     for c in response.choices:
@@ -156,7 +189,10 @@ def chat_response(
             {
                 "index": c.index,
                 "message": chat_message(c),
-                "logprobs": {"content": chat_logprobs(c.logprobs), "refusal": None}
+                "logprobs": {
+                    "content": chat_logprobs(c.logprobs, options.token_ids_names),
+                    "refusal": None,
+                }
                 if logprobs
                 else None,
                 "finish_reason": chat_finish_reason(
@@ -165,7 +201,7 @@ def chat_response(
                 "stop_reason": stop_reason(c),
             }
         )
-    return {
+    body = {
         "id": response_id,
         "object": "chat.completion",
         "created": created,
@@ -173,6 +209,9 @@ def chat_response(
         "choices": choices,
         "usage": sum_usage([response.usage]),
     }
+    if options.prompt_logprobs:
+        body["prompt_logprobs"] = prompt_logprobs_body(response.prompt_logprobs)
+    return body
 
 
 def completion_response(
@@ -181,20 +220,26 @@ def completion_response(
     responses: Sequence[generation_pb2.GenerateResponse],
     n: int,
     logprobs: bool,
+    options: OutputFlags = OutputFlags(),
 ) -> JSON:
-    """Prompt ``i``'s choice ``j`` becomes choice ``i * n + j``, as at OpenAI."""
+    """Prompt ``i``'s choice ``j`` becomes choice ``i * n + j``, as at OpenAI; with echo,
+    each choice's text starts with its prompt's text."""
     choices = []
     for i, response in enumerate(responses):
+        echo = options.echo[i] if options.echo else ""
         for c in response.choices:
-            choices.append(
-                {
-                    "index": i * n + c.index,
-                    "text": c.text,
-                    "logprobs": completion_logprobs(c.logprobs, 0)[0] if logprobs else None,
-                    "finish_reason": finish_reason(c.finish_reason),
-                    "stop_reason": stop_reason(c),
-                }
-            )
+            choice: JSON = {
+                "index": i * n + c.index,
+                "text": echo + c.text,
+                "logprobs": completion_logprobs(c.logprobs, 0, options.token_ids_names)[0]
+                if logprobs
+                else None,
+                "finish_reason": finish_reason(c.finish_reason),
+                "stop_reason": stop_reason(c),
+            }
+            if options.prompt_logprobs:
+                choice["prompt_logprobs"] = prompt_logprobs_body(response.prompt_logprobs)
+            choices.append(choice)
     return {
         "id": response_id,
         "object": "text_completion",

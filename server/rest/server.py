@@ -30,6 +30,10 @@ from tokenwire.server.rest.connection import (
     http_connection_settings,
 )
 from tokenwire.server.rest.loopback import loopback_target as loopback_target  # re-export
+from tokenwire.server.rest.responses_api.settings import (
+    add_responses_arguments,
+    responses_settings,
+)
 from tokenwire.server.rest.upstream import Upstream, open_channel
 from tokenwire.server.telemetry.logs import (
     add_log_format_argument,
@@ -152,6 +156,7 @@ def add_rest_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="REST: gRPC deadline per request in seconds (504 when it passes; default none)",
     )
+    add_responses_arguments(p)
     add_http_connection_arguments(p)
 
 
@@ -165,6 +170,7 @@ def rest_settings(args: argparse.Namespace, port: int) -> RestSettings:
         port=port,
         max_body_bytes=args.max_request_body_bytes,
         request_timeout=args.request_timeout,
+        responses=responses_settings(args),
     )
 
 

@@ -19,13 +19,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
 from tokenwire.server.rest.errors import RestError, from_rpc_error
 from tokenwire.server.rest.responses import (
     JSON,
+    OutputFlags,
     chat_finish_reason,
     chat_logprobs,
     completion_logprobs,
@@ -55,6 +56,7 @@ class StreamSpec:
     include_usage: bool
     named_tool: bool = False
     continuous_usage: bool = False  # vLLM's continuous_usage_stats: usage so far per chunk
+    flags: OutputFlags = field(default_factory=OutputFlags)  # token ids as names; echo
 
 
 class _Chunks:
@@ -159,7 +161,8 @@ class ChatChunks(_Chunks):
     def on_delta(self, prompt: int, delta: generation_pb2.TokenDelta) -> bytes:
         if not (delta.text or delta.reasoning_text or delta.tool_calls or self.spec.logprobs):
             return b""  # tokens whose text is held back (a tool call's, a stop string's)
-        logprobs = {"content": chat_logprobs(delta.logprobs), "refusal": None}
+        names = self.spec.flags.token_ids_names
+        logprobs = {"content": chat_logprobs(delta.logprobs, names), "refusal": None}
         body: JSON = {"content": delta.text}
         if delta.reasoning_text or delta.tool_calls:
             body = {"content": delta.text} if delta.text else {}
@@ -192,12 +195,31 @@ class CompletionChunks(_Chunks):
         super().__init__(spec)
         self.offsets: dict[int, int] = {}  # text offset per choice index, for logprobs
 
+    def on_start(self, prompt: int) -> bytes:
+        """With echo: one chunk per choice with the prompt's text, first."""
+        echo = self.spec.flags.echo
+        if not echo:
+            return b""
+        return b"".join(
+            self.chunk(
+                [
+                    {
+                        "index": prompt * self.spec.n + j,
+                        "text": echo[prompt],
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            )
+            for j in range(self.spec.n)
+        )
+
     def on_delta(self, prompt: int, delta: generation_pb2.TokenDelta) -> bytes:
         index = prompt * self.spec.n + delta.index
         logprobs = None
         if self.spec.logprobs:
             logprobs, self.offsets[index] = completion_logprobs(
-                delta.logprobs, self.offsets.get(index, 0)
+                delta.logprobs, self.offsets.get(index, 0), self.spec.flags.token_ids_names
             )
         choice = {"index": index, "text": delta.text, "logprobs": logprobs, "finish_reason": None}
         return self.chunk([choice])

@@ -163,9 +163,7 @@ CHANGES_THE_ANSWER = [
     ("chat", {"continue_final_message": True}, "continue_final_message"),
     ("chat", {"echo": True}, "echo"),
     ("chat", {"chat_template": "{{ messages }}"}, "chat_template"),
-    ("chat", {"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
     ("chat", {"use_beam_search": True}, "use_beam_search"),
-    ("chat", {"prompt_logprobs": 1}, "prompt_logprobs"),
     ("chat", {"allowed_token_ids": [1]}, "allowed_token_ids"),
     ("chat", {"bad_words": ["x"]}, "bad_words"),
     ("chat", {"structural_tag": "{}"}, "structural_tag"),
@@ -173,7 +171,6 @@ CHANGES_THE_ANSWER = [
     ("chat", {"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
     ("completions", {"best_of": 2}, "best_of"),
     ("completions", {"suffix": "x"}, "suffix"),
-    ("completions", {"echo": True}, "echo"),
     ("completions", {"truncate_prompt_tokens": 4}, "truncate_prompt_tokens"),
     ("completions", {"add_special_tokens": False}, "add_special_tokens"),
 ]

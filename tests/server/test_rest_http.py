@@ -288,7 +288,6 @@ def test_context_length_names_the_field(http_client: httpx.Client) -> None:
 
 
 UNSUPPORTED = [
-    ("/v1/completions", {"echo": True}, "echo"),
     ("/v1/completions", {"best_of": 2}, "best_of"),
     ("/v1/completions", {"suffix": "x"}, "suffix"),
     ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),

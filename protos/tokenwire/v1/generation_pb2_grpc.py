@@ -60,6 +60,11 @@ class GenerationServiceStub:
                 request_serializer=tokenwire_dot_v1_dot_generation__pb2.CancelRequest.SerializeToString,
                 response_deserializer=tokenwire_dot_v1_dot_generation__pb2.CancelResponse.FromString,
                 _registered_method=True)
+        self.ReleaseKv = channel.unary_unary(
+                '/tokenwire.v1.GenerationService/ReleaseKv',
+                request_serializer=tokenwire_dot_v1_dot_generation__pb2.ReleaseKvRequest.SerializeToString,
+                response_deserializer=tokenwire_dot_v1_dot_generation__pb2.ReleaseKvResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServiceServicer:
@@ -99,6 +104,13 @@ class GenerationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReleaseKv(self, request, context):
+        """Drop KV blocks kept by GenerateRequest.retain_kv_as (the caller's own keys). Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +133,11 @@ def add_GenerationServiceServicer_to_server(servicer, server):
                     servicer.Cancel,
                     request_deserializer=tokenwire_dot_v1_dot_generation__pb2.CancelRequest.FromString,
                     response_serializer=tokenwire_dot_v1_dot_generation__pb2.CancelResponse.SerializeToString,
+            ),
+            'ReleaseKv': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseKv,
+                    request_deserializer=tokenwire_dot_v1_dot_generation__pb2.ReleaseKvRequest.FromString,
+                    response_serializer=tokenwire_dot_v1_dot_generation__pb2.ReleaseKvResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -237,6 +254,33 @@ class GenerationService:
             '/tokenwire.v1.GenerationService/Cancel',
             tokenwire_dot_v1_dot_generation__pb2.CancelRequest.SerializeToString,
             tokenwire_dot_v1_dot_generation__pb2.CancelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseKv(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tokenwire.v1.GenerationService/ReleaseKv',
+            tokenwire_dot_v1_dot_generation__pb2.ReleaseKvRequest.SerializeToString,
+            tokenwire_dot_v1_dot_generation__pb2.ReleaseKvResponse.FromString,
             options,
             channel_credentials,
             insecure,

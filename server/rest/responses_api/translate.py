@@ -1,0 +1,147 @@
+"""A Responses API request -> one ``tokenwire.v1.GenerateRequest`` (a chat), and the
+conversation it continues.
+
+The conversation is kept as chat messages: a stored response's history is its whole input
+(the history it continued plus its own input items) followed by its output as an assistant
+message (text and function calls). ``instructions`` are not part of it: as at OpenAI, each
+request's own instructions become the system message in front of the history, and a
+continued response's earlier instructions do not carry over.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tokenwire.server.rest.errors import invalid
+from tokenwire.server.rest.responses_api.models import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    InputItem,
+    MessageItem,
+    ResponsesRequest,
+)
+from tokenwire.v1 import common_pb2, generation_pb2
+
+_MODES = {
+    "none": common_pb2.TOOL_CHOICE_MODE_NONE,
+    "auto": common_pb2.TOOL_CHOICE_MODE_AUTO,
+    "required": common_pb2.TOOL_CHOICE_MODE_REQUIRED,
+}
+# gRPC field names -> the Responses API's, for errors naming a field
+PARAMS = {
+    "request_id": "x-request-id",
+    "chat": "input",
+    "input": "input",
+    "max_tokens": "max_output_tokens",
+    "structured_output": "text.format",
+    "structured_output.json_schema": "text.format.schema",
+    "structured_output.json_object": "text.format",
+    "chat_template_kwargs": "reasoning",
+    "reasoning_effort": "reasoning.effort",
+    "retain_kv_as": "store",
+}
+
+
+@dataclass(frozen=True)
+class Translated:
+    request: generation_pb2.GenerateRequest
+    conversation: list[common_pb2.ChatMessage]  # history + this request's input
+    named_tool: bool  # tool_choice named a function
+
+
+def input_messages(items: str | Sequence[InputItem]) -> list[common_pb2.ChatMessage]:
+    """Input items as chat messages: function calls join the assistant message before
+    them (or start one), outputs become tool messages, reasoning items are dropped."""
+    if isinstance(items, str):
+        return [common_pb2.ChatMessage(role="user", content=items)]
+    messages: list[common_pb2.ChatMessage] = []
+    for item in items:
+        if isinstance(item, MessageItem):
+            role = "system" if item.role == "developer" else item.role
+            messages.append(common_pb2.ChatMessage(role=role, content=item.text()))
+        elif isinstance(item, FunctionCallItem):
+            if not messages or messages[-1].role != "assistant":
+                messages.append(common_pb2.ChatMessage(role="assistant"))
+            call = common_pb2.FunctionCall(name=item.name, arguments=item.arguments)
+            messages[-1].tool_calls.append(common_pb2.ToolCall(id=item.call_id, function=call))
+        elif isinstance(item, FunctionCallOutputItem):
+            messages.append(
+                common_pb2.ChatMessage(role="tool", content=item.text(), tool_call_id=item.call_id)
+            )
+    if not messages:
+        raise invalid("input", "input needs at least one message or function_call_output")
+    return messages
+
+
+def _tools(body: ResponsesRequest, chat: common_pb2.ChatInput) -> bool:
+    for tool in body.tools or ():
+        chat.tools.append(
+            common_pb2.Tool(
+                function=common_pb2.FunctionDefinition(
+                    name=tool.name,
+                    description=tool.description or "",
+                    parameters_json="" if tool.parameters is None else json.dumps(tool.parameters),
+                    strict=bool(tool.strict),
+                )
+            )
+        )
+    if body.parallel_tool_calls is not None:
+        chat.parallel_tool_calls = body.parallel_tool_calls
+    choice = body.tool_choice
+    if choice is None:
+        return False
+    if isinstance(choice, str):
+        chat.tool_choice.mode = _MODES[choice]
+        return False
+    chat.tool_choice.function_name = choice.name
+    return True
+
+
+def _structured(body: ResponsesRequest) -> common_pb2.StructuredOutput | None:
+    fmt = body.text.format if body.text is not None else None
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return common_pb2.StructuredOutput(json_object=True)
+    if fmt.schema_ is None or not fmt.name:
+        raise invalid("text.format", "a json_schema format needs name and schema")
+    return common_pb2.StructuredOutput(json_schema=json.dumps(fmt.schema_))
+
+
+def translate(
+    body: ResponsesRequest,
+    history: Sequence[common_pb2.ChatMessage],
+    retain_as: str | None,
+) -> Translated:
+    """``history``: the continued response's conversation (empty for a new one);
+    ``retain_as``: keep the KV blocks under this key (a stored response)."""
+    conversation = [*history, *input_messages(body.input)]
+    chat = common_pb2.ChatInput(
+        reasoning_effort=body.reasoning.effort or "" if body.reasoning is not None else ""
+    )
+    if body.instructions:
+        chat.messages.append(common_pb2.ChatMessage(role="system", content=body.instructions))
+    chat.messages.extend(conversation)
+    named = _tools(body, chat)
+    request = generation_pb2.GenerateRequest(
+        model=body.model,
+        chat=chat,
+        sampling=common_pb2.SamplingOptions(
+            temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed
+        ),
+        stopping=common_pb2.StoppingOptions(max_tokens=body.max_output_tokens),
+        output=common_pb2.OutputOptions(structured_output=_structured(body)),
+        cache_salt=body.cache_salt or "",
+        priority=body.priority,
+        retain_kv_as=retain_as or "",
+    )
+    return Translated(request, conversation, named)
+
+
+def output_message(
+    choice_text: str, calls: Sequence[common_pb2.ToolCall]
+) -> common_pb2.ChatMessage:
+    """The assistant message a response adds to its conversation."""
+    return common_pb2.ChatMessage(role="assistant", content=choice_text, tool_calls=calls)
