@@ -40,16 +40,13 @@ WEATHER = {
 
 
 @pytest.fixture(scope="module")
-def harness(tiny_model_with_tokenizer: Path) -> Iterator[ServerHarness]:
-    h = ServerHarness(
-        tiny_model_with_tokenizer,
-        max_model_len=512,
-        api_keys=KEYS,
-        tool_call_parser="hermes",
-        in_process=True,
-    )
-    yield h.start()
-    h.stop()
+def harness_model(tiny_model_with_tokenizer: Path) -> Path:
+    return tiny_model_with_tokenizer
+
+
+@pytest.fixture(scope="module")
+def harness_options() -> dict[str, Any]:
+    return dict(max_model_len=512, api_keys=KEYS, tool_call_parser="hermes", in_process=True)
 
 
 @pytest.fixture(scope="module")
@@ -60,31 +57,27 @@ def rest(harness: ServerHarness) -> Iterator[RestHarness]:
 
 
 @pytest.fixture(scope="module")
-def client(rest: RestHarness) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{rest.url}/v1", api_key=KEYS[0], max_retries=0) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def other(rest: RestHarness) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=f"{rest.url}/v1", api_key=KEYS[1], max_retries=0) as c:
         yield c
 
 
-def create(client: openai.OpenAI, **kwargs: Any) -> Any:
+def create(openai_client: openai.OpenAI, **kwargs: Any) -> Any:
     kwargs.setdefault("max_output_tokens", 12)
     kwargs.setdefault("temperature", 0.0)
-    return client.responses.create(model=MODEL_NAME, **kwargs)
+    return openai_client.responses.create(model=MODEL_NAME, **kwargs)
 
 
-def forget(client: openai.OpenAI, *responses: Any) -> None:
+def forget(openai_client: openai.OpenAI, *responses: Any) -> None:
     for r in responses:
-        client.responses.delete(r.id)
+        openai_client.responses.delete(r.id)
 
 
-def test_plain_matches_chat_and_is_stored(client: openai.OpenAI, other: openai.OpenAI) -> None:
-    r = create(client, input="What is the capital of France?", instructions="Be brief.")
-    chat = client.chat.completions.create(
+def test_plain_matches_chat_and_is_stored(
+    openai_client: openai.OpenAI, other: openai.OpenAI
+) -> None:
+    r = create(openai_client, input="What is the capital of France?", instructions="Be brief.")
+    chat = openai_client.chat.completions.create(
         model=MODEL_NAME,
         messages=[
             {"role": "system", "content": "Be brief."},
@@ -101,18 +94,18 @@ def test_plain_matches_chat_and_is_stored(client: openai.OpenAI, other: openai.O
     assert r.usage.input_tokens == chat.usage.prompt_tokens
     assert r.usage.output_tokens == chat.usage.completion_tokens
     assert r.instructions == "Be brief."
-    got = client.responses.retrieve(r.id)
+    got = openai_client.responses.retrieve(r.id)
     assert got.id == r.id and got.output_text == r.output_text and got.status == r.status
     with pytest.raises(openai.NotFoundError):
         other.responses.retrieve(r.id)  # another key never sees it
-    client.responses.delete(r.id)
+    openai_client.responses.delete(r.id)
     with pytest.raises(openai.NotFoundError):
-        client.responses.retrieve(r.id)
+        openai_client.responses.retrieve(r.id)
 
 
-def test_streamed_events_in_openai_order(client: openai.OpenAI) -> None:
-    unary = create(client, input="Say something.", store=False)
-    events = list(create(client, input="Say something.", stream=True, store=False))
+def test_streamed_events_in_openai_order(openai_client: openai.OpenAI) -> None:
+    unary = create(openai_client, input="Say something.", store=False)
+    events = list(create(openai_client, input="Say something.", stream=True, store=False))
     types = [e.type for e in events]
     assert types[:5] == [
         "response.created",
@@ -133,18 +126,20 @@ def test_streamed_events_in_openai_order(client: openai.OpenAI) -> None:
     assert final.usage.input_tokens == unary.usage.input_tokens
 
 
-def test_sdk_stream_helper_accumulates_the_same_response(client: openai.OpenAI) -> None:
+def test_sdk_stream_helper_accumulates_the_same_response(openai_client: openai.OpenAI) -> None:
     """The SDK's ``responses.stream`` state machine accepts the events and rebuilds the
     response (it raises on an event it does not expect for the item at hand). It needs a
     ``response.completed``: the grammar ends these answers before ``max_output_tokens``."""
     fmt = {"format": {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}}
     kwargs: dict[str, Any] = {"input": "Which city?", "max_output_tokens": 60, "store": False}
-    unary = create(client, text=fmt, **kwargs)
-    with client.responses.stream(model=MODEL_NAME, temperature=0.0, text=fmt, **kwargs) as stream:
+    unary = create(openai_client, text=fmt, **kwargs)
+    with openai_client.responses.stream(
+        model=MODEL_NAME, temperature=0.0, text=fmt, **kwargs
+    ) as stream:
         deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
         final = stream.get_final_response()
     assert "".join(deltas) == final.output_text == unary.output_text
-    with client.responses.stream(
+    with openai_client.responses.stream(
         model=MODEL_NAME,
         input="Weather in Oslo?",
         tools=[WEATHER],  # type: ignore[list-item]
@@ -157,9 +152,9 @@ def test_sdk_stream_helper_accumulates_the_same_response(client: openai.OpenAI) 
     jsonschema.validate(json.loads(called.output[0].arguments), CITY)
 
 
-def test_json_schema_format(client: openai.OpenAI) -> None:
+def test_json_schema_format(openai_client: openai.OpenAI) -> None:
     r = create(
-        client,
+        openai_client,
         input="Which city?",
         max_output_tokens=60,
         text={"format": {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}},
@@ -170,9 +165,9 @@ def test_json_schema_format(client: openai.OpenAI) -> None:
     assert r.text.format.type == "json_schema"
 
 
-def test_function_tool_round_trip_reuses_the_kv(client: openai.OpenAI) -> None:
+def test_function_tool_round_trip_reuses_the_kv(openai_client: openai.OpenAI) -> None:
     first = create(
-        client,
+        openai_client,
         input="What is the weather in Oslo?",
         tools=[WEATHER],
         tool_choice={"type": "function", "name": "get_weather"},
@@ -182,7 +177,7 @@ def test_function_tool_round_trip_reuses_the_kv(client: openai.OpenAI) -> None:
     assert len(calls) == 1 and calls[0].name == "get_weather"
     jsonschema.validate(json.loads(calls[0].arguments), CITY)
     second = create(
-        client,
+        openai_client,
         previous_response_id=first.id,
         input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny"}],
         tools=[WEATHER],
@@ -191,13 +186,13 @@ def test_function_tool_round_trip_reuses_the_kv(client: openai.OpenAI) -> None:
     assert second.output[0].type == "message"
     cached = second.usage.input_tokens_details.cached_tokens
     assert cached >= 16 * (first.usage.input_tokens // 16) > 0
-    forget(client, first, second)
+    forget(openai_client, first, second)
 
 
-def test_streamed_function_call_arguments(client: openai.OpenAI) -> None:
+def test_streamed_function_call_arguments(openai_client: openai.OpenAI) -> None:
     events = list(
         create(
-            client,
+            openai_client,
             input="Weather in Paris?",
             tools=[WEATHER],
             tool_choice={"type": "function", "name": "get_weather"},
@@ -222,9 +217,11 @@ def test_streamed_function_call_arguments(client: openai.OpenAI) -> None:
     jsonschema.validate(json.loads(final[0].arguments), CITY)
 
 
-def test_continuation_prefills_only_the_new_input(client: openai.OpenAI) -> None:
-    first = create(client, input="Tell me a story about a fox.", max_output_tokens=16)
-    second = create(client, previous_response_id=first.id, input="And then?", max_output_tokens=8)
+def test_continuation_prefills_only_the_new_input(openai_client: openai.OpenAI) -> None:
+    first = create(openai_client, input="Tell me a story about a fox.", max_output_tokens=16)
+    second = create(
+        openai_client, previous_response_id=first.id, input="And then?", max_output_tokens=8
+    )
     cached = second.usage.input_tokens_details.cached_tokens
     assert cached >= 16 * (first.usage.input_tokens // 16) > 0
     # The same history sent in full (another cache salt: nothing shared) renders the same prompt.
@@ -234,58 +231,66 @@ def test_continuation_prefills_only_the_new_input(client: openai.OpenAI) -> None
         {"role": "user", "content": "And then?"},
     ]
     fresh = create(
-        client, input=history, max_output_tokens=8, store=False, extra_body={"cache_salt": "fresh"}
+        openai_client,
+        input=history,
+        max_output_tokens=8,
+        store=False,
+        extra_body={"cache_salt": "fresh"},
     )
     assert fresh.usage.input_tokens == second.usage.input_tokens
     assert fresh.usage.input_tokens_details.cached_tokens == 0
     # Streamed continuations reuse it as well.
-    events = list(create(client, previous_response_id=second.id, input="Go on.", stream=True))
+    events = list(
+        create(openai_client, previous_response_id=second.id, input="Go on.", stream=True)
+    )
     final = events[-1].response
     assert final.usage.input_tokens_details.cached_tokens >= 16 * (second.usage.input_tokens // 16)
-    forget(client, first, second, final)
+    forget(openai_client, first, second, final)
 
 
 def test_unknown_or_foreign_previous_response_is_404(
-    client: openai.OpenAI, other: openai.OpenAI
+    openai_client: openai.OpenAI, other: openai.OpenAI
 ) -> None:
     with pytest.raises(openai.NotFoundError) as err:
-        create(client, previous_response_id="resp_nope", input="hi")
+        create(openai_client, previous_response_id="resp_nope", input="hi")
     assert err.value.body["param"] == "previous_response_id"  # type: ignore[index]
     assert "resp_nope" in err.value.message
-    mine = create(client, input="hi")
+    mine = create(openai_client, input="hi")
     with pytest.raises(openai.NotFoundError):
         create(other, previous_response_id=mine.id, input="hi")
-    unstored = create(client, input="hi", store=False)
+    unstored = create(openai_client, input="hi", store=False)
     with pytest.raises(openai.NotFoundError):
-        create(client, previous_response_id=unstored.id, input="hi")
-    forget(client, mine)
+        create(openai_client, previous_response_id=unstored.id, input="hi")
+    forget(openai_client, mine)
 
 
 def test_store_is_bounded_and_releases_the_kv(
-    client: openai.OpenAI, harness: ServerHarness
+    openai_client: openai.OpenAI, harness: ServerHarness
 ) -> None:
-    made = [create(client, input=f"Count to {i}.", max_output_tokens=4) for i in range(6)]
+    made = [create(openai_client, input=f"Count to {i}.", max_output_tokens=4) for i in range(6)]
     for gone in made[:2]:  # --responses-max-stored 4: the oldest went first
         with pytest.raises(openai.NotFoundError):
-            client.responses.retrieve(gone.id)
-    forget(client, *made[2:])
+            openai_client.responses.retrieve(gone.id)
+    forget(openai_client, *made[2:])
     harness.assert_idle()  # no request running, no held KV block: all released
 
 
-def test_cancel(client: openai.OpenAI, harness: ServerHarness) -> None:
+def test_cancel(openai_client: openai.OpenAI, harness: ServerHarness) -> None:
     events: list[Any] = []
-    for event in create(client, input="Write a long essay.", max_output_tokens=400, stream=True):
+    for event in create(
+        openai_client, input="Write a long essay.", max_output_tokens=400, stream=True
+    ):
         events.append(event)
         deltas = [e.type for e in events].count("response.output_text.delta")
         if deltas == 1 and event.type == "response.output_text.delta":
-            cancelled = client.responses.cancel(events[0].response.id)
+            cancelled = openai_client.responses.cancel(events[0].response.id)
             assert cancelled.status == "cancelled"
     final = events[-1].response
     assert final.status == "cancelled" and final.usage.output_tokens < 400
-    assert client.responses.retrieve(final.id).status == "cancelled"
+    assert openai_client.responses.retrieve(final.id).status == "cancelled"
     with pytest.raises(openai.BadRequestError):
-        client.responses.cancel(final.id)  # not in progress any more
-    forget(client, final)
+        openai_client.responses.cancel(final.id)  # not in progress any more
+    forget(openai_client, final)
     harness.assert_idle()
 
 
@@ -320,8 +325,8 @@ def test_bad_fields_are_400_naming_them(
     assert named == param or named.startswith((f"{param}.", f"{param}[")), reply.text
 
 
-def test_get_delete_need_a_valid_key(rest: RestHarness, client: openai.OpenAI) -> None:
-    r = create(client, input="hi", max_output_tokens=2)
+def test_get_delete_need_a_valid_key(rest: RestHarness, openai_client: openai.OpenAI) -> None:
+    r = create(openai_client, input="hi", max_output_tokens=2)
     for method in ("GET", "DELETE"):
         reply = httpx.request(
             method,

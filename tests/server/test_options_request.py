@@ -57,23 +57,13 @@ def model_dir(tiny_model_with_tokenizer: Path, tmp_path_factory: pytest.TempPath
 
 
 @pytest.fixture(scope="module")
-def harness(model_dir: Path) -> Iterator[ServerHarness]:
-    h = ServerHarness(model_dir, max_model_len=512, in_process=True)
-    yield h.start()
-    h.stop()
+def harness_model(model_dir: Path) -> Path:
+    return model_dir
 
 
 @pytest.fixture(scope="module")
-def rest(harness: ServerHarness) -> Iterator[RestHarness]:
-    r = RestHarness(harness).start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture(scope="module")
-def client(rest: RestHarness) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{rest.url}/v1", api_key="x", max_retries=0) as c:
-        yield c
+def harness_options() -> dict[str, Any]:
+    return dict(max_model_len=512, in_process=True)
 
 
 @pytest.fixture()
@@ -118,8 +108,10 @@ def test_grpc_prompt_logprobs_equal_hf(stub: Any, reference: torch.Tensor) -> No
     assert not plain.prompt_logprobs  # only when asked
 
 
-def test_rest_prompt_logprobs_equal_hf(client: openai.OpenAI, reference: torch.Tensor) -> None:
-    reply = client.completions.create(
+def test_rest_prompt_logprobs_equal_hf(
+    openai_client: openai.OpenAI, reference: torch.Tensor
+) -> None:
+    reply = openai_client.completions.create(
         model=MODEL_NAME, prompt=PROMPT, max_tokens=1, extra_body={"prompt_logprobs": 1}
     )
     body = reply.model_dump()["choices"][0]["prompt_logprobs"]
@@ -128,16 +120,16 @@ def test_rest_prompt_logprobs_equal_hf(client: openai.OpenAI, reference: torch.T
         entry = body[i][str(PROMPT[i])]
         assert abs(entry["logprob"] - reference[i - 1, PROMPT[i]].item()) < 1e-4
         assert len(body[i]) <= 2
-    chat = client.chat.completions.create(
+    chat = openai_client.chat.completions.create(
         model=MODEL_NAME, messages=HELLO, max_tokens=1, extra_body={"prompt_logprobs": 0}
     )
     prompt = chat.model_dump()["prompt_logprobs"]
     assert prompt[0] is None and len(prompt) == chat.usage.prompt_tokens  # type: ignore[union-attr]
 
 
-def _prompt_text(client: openai.OpenAI, **extra: Any) -> str:
+def _prompt_text(openai_client: openai.OpenAI, **extra: Any) -> str:
     """The rendered chat prompt, read back from its prompt logprobs (after the first token)."""
-    chat = client.chat.completions.create(
+    chat = openai_client.chat.completions.create(
         model=MODEL_NAME,
         messages=HELLO,
         max_tokens=1,
@@ -148,13 +140,17 @@ def _prompt_text(client: openai.OpenAI, **extra: Any) -> str:
 
 
 def test_chat_template_kwargs_and_reasoning_effort_reach_the_template(
-    client: openai.OpenAI, stub: Any
+    openai_client: openai.OpenAI, stub: Any
 ) -> None:
-    plain = _prompt_text(client)
+    plain = _prompt_text(openai_client)
     assert "Hello there" in plain and "no thinking" not in plain and "effort" not in plain
-    assert "no thinking" in _prompt_text(client, chat_template_kwargs={"enable_thinking": False})
-    assert "no thinking" not in _prompt_text(client, chat_template_kwargs={"enable_thinking": True})
-    assert "effort high" in _prompt_text(client, reasoning_effort="high")
+    assert "no thinking" in _prompt_text(
+        openai_client, chat_template_kwargs={"enable_thinking": False}
+    )
+    assert "no thinking" not in _prompt_text(
+        openai_client, chat_template_kwargs={"enable_thinking": True}
+    )
+    assert "effort high" in _prompt_text(openai_client, reasoning_effort="high")
     chat = common_pb2.ChatInput(messages=[common_pb2.ChatMessage(role="user", content="Hi")])
     base = generation_pb2.GenerateRequest(
         chat=chat, stopping=common_pb2.StoppingOptions(max_tokens=1)
@@ -165,9 +161,11 @@ def test_chat_template_kwargs_and_reasoning_effort_reach_the_template(
     assert stub.Generate(base, timeout=60).usage.prompt_tokens > tokens
 
 
-def test_responses_reasoning_effort_reaches_the_template(client: openai.OpenAI) -> None:
-    plain = client.responses.create(model=MODEL_NAME, input="Hi", max_output_tokens=1, store=False)
-    effort = client.responses.create(
+def test_responses_reasoning_effort_reaches_the_template(openai_client: openai.OpenAI) -> None:
+    plain = openai_client.responses.create(
+        model=MODEL_NAME, input="Hi", max_output_tokens=1, store=False
+    )
+    effort = openai_client.responses.create(
         model=MODEL_NAME, input="Hi", max_output_tokens=1, store=False, reasoning={"effort": "low"}
     )
     assert effort.usage.input_tokens > plain.usage.input_tokens  # type: ignore[union-attr]
@@ -217,23 +215,25 @@ def test_typed_priority_is_clamped_by_max_priority() -> None:
     assert call_context(_Context((*auth, ("x-priority", "6"))), registry, "", 8).priority == 6  # type: ignore[arg-type]
 
 
-def test_echo_and_token_ids_as_names(client: openai.OpenAI, model_dir: Path) -> None:
-    reply = client.completions.create(
+def test_echo_and_token_ids_as_names(openai_client: openai.OpenAI, model_dir: Path) -> None:
+    reply = openai_client.completions.create(
         model=MODEL_NAME, prompt="Hello there", max_tokens=3, echo=True, temperature=0.0
     )
-    plain = client.completions.create(
+    plain = openai_client.completions.create(
         model=MODEL_NAME, prompt="Hello there", max_tokens=3, temperature=0.0
     )
     assert reply.choices[0].text == "Hello there" + plain.choices[0].text
-    stream = client.completions.create(
+    stream = openai_client.completions.create(
         model=MODEL_NAME, prompt="Hello there", max_tokens=3, echo=True, stream=True
     )
     texts = [c.choices[0].text for c in stream if c.choices]
     assert texts[0] == "Hello there"
-    ids = client.completions.create(model=MODEL_NAME, prompt=PROMPT[:5], max_tokens=1, echo=True)
+    ids = openai_client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT[:5], max_tokens=1, echo=True
+    )
     decoded = AutoTokenizer.from_pretrained(model_dir).decode(PROMPT[:5])
     assert ids.choices[0].text.startswith(decoded)
-    named = client.completions.create(
+    named = openai_client.completions.create(
         model=MODEL_NAME,
         prompt="Hello",
         max_tokens=3,
@@ -242,7 +242,7 @@ def test_echo_and_token_ids_as_names(client: openai.OpenAI, model_dir: Path) -> 
     )
     tokens = named.choices[0].logprobs.tokens  # type: ignore[union-attr]
     assert tokens and all(t.startswith("token_id:") for t in tokens)
-    chat = client.chat.completions.create(
+    chat = openai_client.chat.completions.create(
         model=MODEL_NAME,
         messages=HELLO,
         max_tokens=3,
