@@ -56,6 +56,8 @@ def parse_grammar(spec: GrammarSpec) -> None:
         )
     elif spec.kind == "regex":
         xgr.Grammar.from_regex(spec.text)
+    elif spec.kind == "structural_tag":
+        xgr.Grammar.from_structural_tag(spec.text)
     else:
         xgr.Grammar.from_ebnf(spec.text)
 

@@ -114,6 +114,8 @@ class GrammarCompilerPool:
             )
         if spec.kind == "regex":
             return compiler.compile_regex(spec.text)
+        if spec.kind == "structural_tag":
+            return compiler.compile_structural_tag(spec.text)
         return compiler.compile_grammar(spec.text)
 
     def _get_compiler(self) -> Any:

@@ -1,9 +1,10 @@
 """``StructuredOutputsParams``: one request's output constraint (vLLM-shaped).
 
 Exactly one of ``json`` (a JSON schema, as a dict or its JSON text), ``json_object`` (any JSON
-object), ``regex``, ``choice`` (one of a list of strings) or ``grammar`` (EBNF / GBNF, root rule
-``root``) is set. Every form reduces to a ``GrammarSpec`` — a kind plus one text — which is what
-the compile cache is keyed on and what crosses to the engine core. Checks here are structural
+object), ``regex``, ``choice`` (one of a list of strings), ``grammar`` (EBNF / GBNF, root rule
+``root``) or ``structural_tag`` (xgrammar's structural tag, see ``structural_tag.py``) is
+set. Every form reduces to a ``GrammarSpec`` — a kind plus one text — which is what the
+compile cache is keyed on and what crosses to the engine core. Checks here are structural
 (types, one kind set); whether a schema, regex or grammar *compiles* is checked by
 ``structured.validate`` with xgrammar's parser, so the message is the compiler's.
 """
@@ -15,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tokenwire.runtime.errors import ParameterError
+from tokenwire.runtime.structured.structural_tag import normalize as normalize_structural_tag
 
-GrammarKind = Literal["json", "json_object", "regex", "choice", "grammar"]
+GrammarKind = Literal["json", "json_object", "regex", "choice", "grammar", "structural_tag"]
 # The runtime's name of the SamplingParams field (servers rename it to their own field).
 FIELD = "structured_outputs"
 # ``json_object``: any JSON object (OpenAI's JSON mode), as a schema.
@@ -35,7 +37,7 @@ class GrammarSpec:
     only four compile paths exist; ``any_whitespace`` applies to JSON kinds only.
     """
 
-    kind: Literal["json", "regex", "grammar"]
+    kind: Literal["json", "regex", "grammar", "structural_tag"]
     text: str
     any_whitespace: bool = True
 
@@ -52,6 +54,7 @@ class StructuredOutputsParams:
     grammar: str | None = None
     json_object: bool | None = None
     disable_any_whitespace: bool = False
+    structural_tag: str | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.choice, list):
@@ -64,10 +67,18 @@ class StructuredOutputsParams:
             except (TypeError, ValueError) as exc:
                 raise ParameterError(f"{FIELD}.json", f"is not valid JSON: {exc}") from None
             object.__setattr__(self, "json", text)
+        if self.structural_tag is not None:
+            param = f"{FIELD}.structural_tag"
+            if not isinstance(self.structural_tag, str | dict):
+                raise ParameterError(param, "must be a JSON object (or its text)")
+            text = normalize_structural_tag(self.structural_tag, param)
+            object.__setattr__(self, "structural_tag", text)
         self._validate()
 
     def _validate(self) -> None:
-        set_kinds = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k)]
+        set_kinds = [
+            k for k in ("json", "regex", "choice", "grammar", "structural_tag") if getattr(self, k)
+        ]
         if self.json_object:
             set_kinds.append("json_object")
         for name in ("json", "regex", "grammar"):
@@ -86,7 +97,8 @@ class StructuredOutputsParams:
             got = ", ".join(set_kinds) or "none"
             raise ParameterError(
                 FIELD,
-                f"set exactly one of json, json_object, regex, choice or grammar (got {got})",
+                "set exactly one of json, json_object, regex, choice, grammar or "
+                f"structural_tag (got {got})",
             )
 
     @property
@@ -99,6 +111,8 @@ class StructuredOutputsParams:
             return "choice"
         if self.grammar is not None:
             return "grammar"
+        if self.structural_tag is not None:
+            return "structural_tag"
         return "json_object"
 
     def spec(self) -> GrammarSpec:
@@ -116,6 +130,9 @@ class StructuredOutputsParams:
         if kind == "choice":
             assert self.choice is not None
             return GrammarSpec("grammar", choice_grammar(self.choice))
+        if kind == "structural_tag":
+            assert isinstance(self.structural_tag, str)
+            return GrammarSpec("structural_tag", self.structural_tag)
         assert self.grammar is not None
         return GrammarSpec("grammar", self.grammar)
 

@@ -72,7 +72,16 @@ _PROTO_PARAMS = {
     "structured_outputs.regex": "structured_output.regex",
     "structured_outputs.choice": "structured_output.choice",
     "structured_outputs.grammar": "structured_output.grammar",
+    "structured_outputs.structural_tag": "structured_output.structural_tag",
 }
+
+
+def _proto_named(exc: ParameterError) -> ParameterError:
+    """``exc`` under the API's name of its field (a part's path kept: ``...[0].begin``)."""
+    head, dot, rest = exc.param.partition(".structural_tag")
+    if dot and head == "structured_outputs":
+        return renamed(exc, "structured_output.structural_tag" + rest)
+    return renamed(exc, _PROTO_PARAMS[exc.param]) if exc.param in _PROTO_PARAMS else exc
 
 
 def renamed(exc: ParameterError, param: str) -> ParameterError:
@@ -117,8 +126,7 @@ def to_service_error(exc: BaseException, request_id: str | None = None) -> Servi
             {"param": exc.param},
         )
     if isinstance(exc, ParameterError):
-        if exc.param in _PROTO_PARAMS:
-            exc = renamed(exc, _PROTO_PARAMS[exc.param])
+        exc = _proto_named(exc)
         return ServiceError(
             grpc.StatusCode.INVALID_ARGUMENT,
             errors_pb2.ERROR_REASON_INVALID_PARAMETER,

@@ -132,6 +132,8 @@ def structured_output(message: common_pb2.StructuredOutput) -> StructuredOutputs
         return StructuredOutputsParams(regex=message.regex)
     if kind == "choice":
         return StructuredOutputsParams(choice=tuple(message.choice.choices))
+    if kind == "structural_tag":
+        return StructuredOutputsParams(structural_tag=message.structural_tag)
     return StructuredOutputsParams(grammar=message.grammar)
 
 

@@ -1,0 +1,102 @@
+"""Structural tags (xgrammar's ``structural_tag``): free text with constrained regions.
+
+Two shapes are accepted, as vLLM accepts them:
+
+- the legacy one, ``{"structures": [{"begin", "schema", "end"}, ...], "triggers": [...]}``:
+  any text until one of the ``triggers`` appears, then one of the structures whose ``begin``
+  starts with that trigger, its ``schema`` (a JSON schema) and its ``end``, then free text
+  again (xgrammar's ``triggered_tags``);
+- xgrammar's current one, ``{"type": "structural_tag", "format": {...}}`` (any of its formats:
+  ``triggered_tags``, ``tag``, ``sequence``, ``json_schema``, ...).
+
+Both become the current shape's JSON text (``normalize``), which is what is compiled and
+cached. The checks here are structural and name the failing part (``structures[0].begin``);
+whether the format itself is valid is xgrammar's parse, run where every constraint's parse
+runs (off the event loop, under the limits of ``limits.py``). Pure Python: no xgrammar here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tokenwire.runtime.errors import ParameterError
+
+TYPE = "structural_tag"
+
+
+def normalize(value: str | dict[str, Any], param: str) -> str:
+    """``value`` (a dict or its JSON text, either shape) -> the current shape as JSON text.
+    Raises ``ParameterError`` naming ``param`` (and the part) for a bad shape."""
+    document = _document(value, param)
+    if "structures" in document or "triggers" in document:
+        document = _from_legacy(document, param)
+    elif "format" not in document:
+        raise ParameterError(param, 'needs "format" (or the legacy "structures" and "triggers")')
+    elif not isinstance(document["format"], dict):
+        raise ParameterError(f"{param}.format", "must be an object")
+    else:
+        kind = document.get("type", TYPE)
+        if kind != TYPE:
+            raise ParameterError(f"{param}.type", f'must be "{TYPE}"')
+        extra = sorted(set(document) - {"type", "format"})
+        if extra:
+            raise ParameterError(param, f"unknown field {extra[0]!r}")
+        document = {"type": TYPE, "format": document["format"]}
+    try:
+        return json.dumps(document, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ParameterError(param, f"is not valid JSON: {exc}") from None
+
+
+def _document(value: str | dict[str, Any], param: str) -> dict[str, Any]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except RecursionError:
+            raise ParameterError(param, "nests too deep") from None
+        except ValueError as exc:
+            raise ParameterError(param, f"is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ParameterError(param, "must be a JSON object")
+    return value
+
+
+def _from_legacy(document: dict[str, Any], param: str) -> dict[str, Any]:
+    structures, triggers = document.get("structures"), document.get("triggers")
+    if not isinstance(structures, list) or not structures:
+        raise ParameterError(f"{param}.structures", "must list at least one structure")
+    if not isinstance(triggers, list) or not triggers:
+        raise ParameterError(f"{param}.triggers", "must list at least one trigger")
+    for i, trigger in enumerate(triggers):
+        if not isinstance(trigger, str) or not trigger:
+            raise ParameterError(f"{param}.triggers[{i}]", "must be a non-empty string")
+    extra = sorted(set(document) - {"type", "structures", "triggers"})
+    if extra:
+        raise ParameterError(param, f"unknown field {extra[0]!r}")
+    if document.get("type", TYPE) != TYPE:
+        raise ParameterError(f"{param}.type", f'must be "{TYPE}"')
+    tags = [_legacy_tag(s, f"{param}.structures[{i}]", triggers) for i, s in enumerate(structures)]
+    fmt = {"type": "triggered_tags", "triggers": triggers, "tags": tags}
+    return {"type": TYPE, "format": fmt}
+
+
+def _legacy_tag(structure: Any, param: str, triggers: list[str]) -> dict[str, Any]:
+    if not isinstance(structure, dict):
+        raise ParameterError(param, "must be an object with begin, schema and end")
+    extra = sorted(set(structure) - {"begin", "schema", "end"})
+    if extra:
+        raise ParameterError(param, f"unknown field {extra[0]!r}")
+    for key in ("begin", "end"):
+        if not isinstance(structure.get(key), str):
+            raise ParameterError(f"{param}.{key}", "must be a string")
+    begin = structure["begin"]
+    if not begin or not any(begin.startswith(t) for t in triggers):
+        raise ParameterError(f"{param}.begin", "must start with one of the triggers")
+    schema = structure.get("schema", True)
+    if isinstance(schema, str):
+        schema = _document(schema, f"{param}.schema")
+    if not isinstance(schema, dict | bool):
+        raise ParameterError(f"{param}.schema", "must be a JSON schema (object or boolean)")
+    content = {"type": "json_schema", "json_schema": schema}
+    return {"type": "tag", "begin": begin, "content": content, "end": structure["end"]}
