@@ -103,6 +103,8 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             parsing = tooling.parsing(self.readers.tool_call_parser, self.readers.reasoning_parser)
         except ParameterError as exc:  # "auto" without a parser: name what the client sent
             raise (exc if tooling.choice_explicit else renamed(exc, "tools")) from None
+        if parsing.needs_special_tokens:  # Harmony's channels are special tokens
+            params = dataclasses.replace(params, skip_special_tokens=False)
         return params, parsing if parsing.active else None
 
     async def _submit(

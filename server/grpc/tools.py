@@ -49,6 +49,7 @@ class ChatTooling:
             tool_call_parser=tool_call_parser,
             function=None if choice is None else choice.function,
             parallel_tool_calls=self.parallel,
+            tools=tuple(self.tools),
         )
 
 
