@@ -37,6 +37,7 @@ from tokenwire.server.telemetry.core import Telemetry
 from tokenwire.server.telemetry.record import RequestRecord
 from tokenwire.server.tenants.limits import Lease, ModelNotAllowed
 from tokenwire.server.tenants.registry import TenantRegistry
+from tokenwire.server.tool_parsers.auto_constraint import auto_constraint
 from tokenwire.server.tool_parsers.output import ChoiceParser, OutputParsing
 from tokenwire.v1 import generation_pb2, generation_pb2_grpc
 
@@ -92,6 +93,12 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         how to read the output (tool calls, reasoning) is decided."""
         if tooling is None:
             return params, None
+        auto = tooling.choice is not None and tooling.choice.mode == "auto"
+        if auto and params.structured_outputs is None:  # arguments held to the schema
+            parser = self.readers.tool_call_parser
+            constraint = auto_constraint(parser, tooling.tools, tooling.parallel)
+            if constraint is not None:
+                params = dataclasses.replace(params, structured_outputs=constraint)
         if tooling.constraint is not None:
             if params.structured_outputs is not None:
                 raise ParameterError(
@@ -123,6 +130,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             self.engine.info.default_sampling,
             constrained=tooling is not None and tooling.constraint is not None,
         )
+        asked = params.structured_outputs  # the client's own constraint (None: none)
         params, parsing = self._shape(tooling, params)
         self.telemetry.describe(record, params, chat, prompt)
         try:
@@ -137,7 +145,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
                 lora_request=lora,
             )
         except ParameterError as exc:
-            constrained_by_tools = tooling is not None and tooling.constraint is not None
+            constrained_by_tools = params.structured_outputs is not asked
             if constrained_by_tools and exc.param.startswith("structured_outputs"):
                 raise renamed(exc, "tools") from None  # a tool's parameters schema
             if exc.param != "prompt":
