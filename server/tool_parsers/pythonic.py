@@ -10,7 +10,8 @@ found by a scanner that knows strings and brackets): its name streams first, the
 keyword arguments as one JSON object (``json.dumps``). Values are Python literals (JSON's
 ``true`` / ``false`` / ``null`` are read too). If the first element is not a call, the held
 text is given back as content (``[1] is a citation``). Text after the closing ``]`` is
-content.
+content. A list cut short (``max_tokens``) keeps its last call if closing its open strings
+and brackets makes it one.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tokenwire.server.tool_parsers.types import (
 )
 
 START, END = "<|python_start|>", "<|python_end|>"
+_CLOSERS = {"(": ")", "[": "]", "{": "}"}
 _NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
 
 
@@ -96,7 +98,7 @@ class PythonicToolParser:
         self._mode: str | None = None  # None: undecided; "calls", "content" or "after"
         self._text = ""  # undecided / calls: held text; after: text that may be the end marker
         self._scanned = 0
-        self._depth = 0
+        self._stack: list[str] = []  # open brackets
         self._quote = ""  # the open string's quote character
         self._escaped = False
         self._element_start = 1  # just after ``[``
@@ -127,10 +129,11 @@ class PythonicToolParser:
 
     def finish(self) -> ParsedDelta:
         out = ParsedDelta()
-        if self._mode == "calls" and self._num_calls == 0:
-            out.content += self._text  # the list never closed and held no call: text
-        elif self._mode == "calls":
-            self._element(self._text[self._element_start :], out)  # cut short: the last one
+        if self._mode == "calls":  # cut short: the open call, closed (else all is text)
+            closers = self._quote + "".join(_CLOSERS[c] for c in reversed(self._stack[1:]))
+            self._element(self._text[self._element_start :] + closers, out)
+            if self._mode == "calls" and self._num_calls == 0:
+                out.content += self._text
         elif self._mode != "content":
             out.content += self._text
         self._text = ""
@@ -151,8 +154,8 @@ class PythonicToolParser:
     def _tail(self, text: str, out: ParsedDelta) -> None:
         """After the list: content, less a leading end marker."""
         self._text += text
-        if END.startswith(self._text):
-            return
+        if END.startswith(self._text) and self._text != END:
+            return  # may still become the marker
         out.content += self._text.removeprefix(END)
         self._text = ""
         self._mode = "content"
@@ -170,13 +173,14 @@ class PythonicToolParser:
         elif char in "\"'":
             self._quote = char
         elif char in "([{":
-            self._depth += 1
+            self._stack.append(char)
         elif char in ")]}":
-            self._depth -= 1
-            if self._depth == 0:
+            if self._stack:
+                self._stack.pop()
+            if not self._stack:
                 self._element(self._text[self._element_start : i], out)
                 return i + 1
-        elif char == "," and self._depth == 1:
+        elif char == "," and len(self._stack) == 1:
             self._element(self._text[self._element_start : i], out)
             self._element_start = i + 1
         return None
