@@ -221,7 +221,8 @@ class ResponseFormat(_Strict):
         """The structural tag as sent (its shape is checked by the server)."""
         if self.format is not None:
             return {"type": "structural_tag", "format": self.format}
-        return {"structures": self.structures, "triggers": self.triggers}
+        legacy = {"structures": self.structures, "triggers": self.triggers}
+        return {key: value for key, value in legacy.items() if value is not None}
 
 
 class StructuredOutputs(_Strict):
