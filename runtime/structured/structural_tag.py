@@ -45,6 +45,8 @@ def normalize(value: str | dict[str, Any], param: str) -> str:
         document = {"type": TYPE, "format": document["format"]}
     try:
         return json.dumps(document, ensure_ascii=False, allow_nan=False)
+    except RecursionError:
+        raise ParameterError(param, "nests too deep") from None
     except (TypeError, ValueError) as exc:
         raise ParameterError(param, f"is not valid JSON: {exc}") from None
 
