@@ -1,7 +1,7 @@
 """Structural tags and the constraint of ``tool_choice: "auto"``, below the servers: the two
-accepted shapes and their errors (each naming the part), the front's check with xgrammar's
-parser, and for every parser with a begin marker, a grammar that takes exactly the calls its
-parser reads back with schema-valid arguments.
+accepted shapes and their errors (each naming the part), the front's check (off the caller's
+thread) with xgrammar's parser, and for every parser with a begin marker, a grammar that
+takes exactly the calls its parser reads back with schema-valid arguments.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from xgrammar.testing import _is_grammar_accept_string as accepts
 from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.front.structured_validate import StructuredValidator
 from tokenwire.runtime.sampling_params import SamplingParams, StructuredOutputsParams
+from tokenwire.runtime.structured.structural_tag import canonical, normalize
 from tokenwire.server.tool_parsers.auto_constraint import CONSTRAINED_PARSERS, auto_constraint
 from tokenwire.server.tool_parsers.output import TOOL_PARSERS, OutputParsing
 from tokenwire.server.tool_parsers.tool_choice import FunctionSpec
@@ -44,8 +45,10 @@ def test_both_shapes_become_the_current_one() -> None:
     as_text = StructuredOutputsParams(
         structural_tag=json.dumps({**LEGACY, "type": "structural_tag"})
     )
-    assert legacy.kind == "structural_tag" and legacy.structural_tag == as_text.structural_tag
-    document = json.loads(str(legacy.structural_tag))
+    assert legacy.kind == as_text.kind == "structural_tag"
+    assert legacy.spec().kind == "structural_tag"
+    document = json.loads(canonical(legacy.spec().text))
+    assert canonical(as_text.spec().text) == canonical(legacy.spec().text)
     assert document == {
         "type": "structural_tag",
         "format": {
@@ -62,9 +65,8 @@ def test_both_shapes_become_the_current_one() -> None:
         },
     }
     current = StructuredOutputsParams(structural_tag=document)
-    assert current.spec() == legacy.spec()
-    assert current.spec().kind == "structural_tag"
-    grammar = Grammar.from_structural_tag(current.spec().text)
+    assert canonical(current.spec().text) == canonical(legacy.spec().text)
+    grammar = Grammar.from_structural_tag(canonical(current.spec().text))
     assert accepts(grammar, 'hi <f=a>{"city": "Oslo", "days": 2}</f> bye')
     assert not accepts(grammar, '<f=a>{"city": "Rome", "days": 2}</f>')
 
@@ -93,14 +95,23 @@ def test_both_shapes_become_the_current_one() -> None:
     ],
 )
 def test_bad_shapes_name_the_part(value: Any, param: str) -> None:
+    text = value if isinstance(value, str) else json.dumps(value)
     with pytest.raises(ParameterError) as err:
-        StructuredOutputsParams(structural_tag=value)
+        normalize(text, PARAM)
     assert err.value.param == param, str(err.value)
+    with pytest.raises(ValueError) as bad:  # as the grammar work reports it
+        canonical(text)
+    part = param.removeprefix(PARAM).lstrip(".")
+    assert str(bad.value).startswith(part), str(bad.value)
 
 
-def test_one_constraint_only() -> None:
+def test_one_constraint_only_and_text() -> None:
     with pytest.raises(ParameterError, match="exactly one"):
         StructuredOutputsParams(structural_tag=LEGACY, regex="a")
+    for value in ("", {"x": float("nan")}):
+        with pytest.raises(ParameterError) as err:
+            StructuredOutputsParams(structural_tag=value)
+        assert err.value.param == PARAM
 
 
 def test_the_front_check_uses_xgrammars_parser() -> None:
@@ -114,6 +125,13 @@ def test_the_front_check_uses_xgrammars_parser() -> None:
             validator.check(bad)
         assert err.value.param == PARAM
         assert "/" not in str(err.value).split(":", 1)[1]  # no source path of xgrammar's
+        part = {**LEGACY, "structures": [{"begin": "<g>", "end": "</g>"}]}
+        with pytest.raises(ParameterError) as err:
+            validator.check(
+                SamplingParams(structured_outputs=StructuredOutputsParams(structural_tag=part))
+            )
+        assert err.value.param == PARAM
+        assert "structures[0].begin must start with one of the triggers" in str(err.value)
     finally:
         validator.close()
 

@@ -152,29 +152,27 @@ def test_grpc_structural_tag_formats(
 
 
 @pytest.mark.parametrize(
-    ("tag", "param"),
+    ("tag", "words"),
     [
-        ("not json", "structured_output.structural_tag"),
-        ("[1]", "structured_output.structural_tag"),
-        (
-            '{"type": "structural_tag", "format": {"type": "nope"}}',
-            "structured_output.structural_tag",
-        ),
+        ("not json", "is not valid JSON"),
+        ("[1]", "must be a JSON object"),
+        ('{"format": {"type": "nope"}}', "nope"),
         (
             json.dumps({**LEGACY, "structures": [{"begin": "<x>", "end": "</x>"}]}),
-            "structured_output.structural_tag.structures[0].begin",
+            "structures[0].begin must start with one of the triggers",
         ),
-        (json.dumps({**LEGACY, "triggers": []}), "structured_output.structural_tag.triggers"),
+        (json.dumps({**LEGACY, "triggers": []}), "triggers must list at least one trigger"),
     ],
 )
 def test_grpc_bad_structural_tag_is_invalid_argument(
-    gen: generation_pb2_grpc.GenerationServiceStub, tag: str, param: str
+    gen: generation_pb2_grpc.GenerationServiceStub, tag: str, words: str
 ) -> None:
     with pytest.raises(grpc.RpcError) as err:
         gen.Generate(grpc_request(tag))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     info, _ = details_of(err.value)
-    assert info is not None and info.metadata["param"] == param, err.value.details()
+    assert info is not None and info.metadata["param"] == "structured_output.structural_tag"
+    assert words in (err.value.details() or ""), err.value.details()
 
 
 def test_grpc_structural_tag_depth_limit(gen: generation_pb2_grpc.GenerationServiceStub) -> None:
@@ -243,36 +241,39 @@ def test_rest_structural_tag_shapes(
 
 
 @pytest.mark.parametrize(
-    ("extra", "param"),
+    ("extra", "param", "words"),
     [
         (
             {"response_format": {**LEGACY, "structures": [{"begin": "<tool_call>", "end": 1}]}},
-            "response_format.structures[0].end",
+            "response_format",
+            "structures[0].end must be a string",
         ),
-        ({"response_format": {**LEGACY, "triggers": []}}, "response_format.triggers"),
+        ({"response_format": {**LEGACY, "triggers": []}}, "response_format", "triggers"),
         (
             {"response_format": {**LEGACY, "structures": [{"begin": "<a>", "end": "</a>"}]}},
-            "response_format.structures[0].begin",
+            "response_format",
+            "structures[0].begin",
         ),
         (
             {"response_format": {"type": "structural_tag", "format": {"type": "nope"}}},
             "response_format",
+            "nope",
         ),
-        ({"response_format": {"type": "structural_tag"}}, "response_format"),
-        (
-            {"structured_outputs": {"structural_tag": "not json"}},
-            "structured_outputs.structural_tag",
-        ),
-        ({"structural_tag": "{}"}, "structural_tag"),
-        ({"structural_tag": json.dumps(LEGACY), "guided_regex": "a"}, "structural_tag"),
+        ({"response_format": {"type": "structural_tag"}}, "response_format", "format"),
+        ({"structured_outputs": {"structural_tag": "{"}}, "structured_outputs.structural_tag", ""),
+        ({"structural_tag": "{}"}, "structural_tag", "format"),
+        ({"structural_tag": json.dumps(LEGACY), "guided_regex": "a"}, "structural_tag", ""),
     ],
 )
 def test_rest_bad_structural_tag_is_400_naming_the_field(
-    client: openai.OpenAI, extra: dict[str, Any], param: str
+    client: openai.OpenAI, extra: dict[str, Any], param: str, words: str
 ) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         chat(client, extra_body=extra)
     assert bad.value.param == param, bad.value.message
+    body = bad.value.body
+    message = body.get("message", "") if isinstance(body, dict) else ""
+    assert words in message and message.startswith(f"{param}:"), message
 
 
 def test_rest_auto_tool_choice_constrains_the_call(

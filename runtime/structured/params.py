@@ -2,11 +2,13 @@
 
 Exactly one of ``json`` (a JSON schema, as a dict or its JSON text), ``json_object`` (any JSON
 object), ``regex``, ``choice`` (one of a list of strings), ``grammar`` (EBNF / GBNF, root rule
-``root``) or ``structural_tag`` (xgrammar's structural tag, see ``structural_tag.py``) is
-set. Every form reduces to a ``GrammarSpec`` — a kind plus one text — which is what the
-compile cache is keyed on and what crosses to the engine core. Checks here are structural
-(types, one kind set); whether a schema, regex or grammar *compiles* is checked by
-``structured.validate`` with xgrammar's parser, so the message is the compiler's.
+``root``) or ``structural_tag`` (xgrammar's structural tag as a dict or its JSON text, either
+shape of ``structural_tag.py``) is set. Every form reduces to a ``GrammarSpec`` — a kind plus
+one text — which is what the compile cache is keyed on and what crosses to the engine core.
+Checks here are structural (types, one kind set); whether a schema, regex, grammar or
+structural tag *compiles* (a structural tag's shape included) is checked by
+``structured.validate`` with xgrammar's parser, off the caller's thread, so the message is
+the compiler's.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tokenwire.runtime.errors import ParameterError
-from tokenwire.runtime.structured.structural_tag import normalize as normalize_structural_tag
 
 GrammarKind = Literal["json", "json_object", "regex", "choice", "grammar", "structural_tag"]
 # The runtime's name of the SamplingParams field (servers rename it to their own field).
@@ -67,11 +68,13 @@ class StructuredOutputsParams:
             except (TypeError, ValueError) as exc:
                 raise ParameterError(f"{FIELD}.json", f"is not valid JSON: {exc}") from None
             object.__setattr__(self, "json", text)
-        if self.structural_tag is not None:
-            param = f"{FIELD}.structural_tag"
-            if not isinstance(self.structural_tag, str | dict):
-                raise ParameterError(param, "must be a JSON object (or its text)")
-            text = normalize_structural_tag(self.structural_tag, param)
+        if isinstance(self.structural_tag, dict):  # its shape is checked with the grammar
+            try:
+                text = jsonlib.dumps(self.structural_tag, ensure_ascii=False, allow_nan=False)
+            except (TypeError, ValueError, RecursionError) as exc:
+                raise ParameterError(
+                    f"{FIELD}.structural_tag", f"is not valid JSON: {exc}"
+                ) from None
             object.__setattr__(self, "structural_tag", text)
         self._validate()
 
@@ -81,7 +84,7 @@ class StructuredOutputsParams:
         ]
         if self.json_object:
             set_kinds.append("json_object")
-        for name in ("json", "regex", "grammar"):
+        for name in ("json", "regex", "grammar", "structural_tag"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise ParameterError(f"{FIELD}.{name}", "must be a non-empty string")

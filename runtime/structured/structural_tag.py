@@ -9,10 +9,11 @@ Two shapes are accepted, as vLLM accepts them:
 - xgrammar's current one, ``{"type": "structural_tag", "format": {...}}`` (any of its formats:
   ``triggered_tags``, ``tag``, ``sequence``, ``json_schema``, ...).
 
-Both become the current shape's JSON text (``normalize``), which is what is compiled and
-cached. The checks here are structural and name the failing part (``structures[0].begin``);
-whether the format itself is valid is xgrammar's parse, run where every constraint's parse
-runs (off the event loop, under the limits of ``limits.py``). Pure Python: no xgrammar here.
+Both become the current shape's JSON text (``normalize``) where the grammar work runs: the
+front's check on its worker threads and the core's compile pool, after the limits of
+``limits.py`` (never on an event loop: the document is parsed here). The checks are
+structural and name the failing part (``structures[0].begin``, see ``problem``); whether
+the format itself is valid is xgrammar's parse. Pure Python: no xgrammar here.
 """
 
 from __future__ import annotations
@@ -23,6 +24,22 @@ from typing import Any
 from tokenwire.runtime.errors import ParameterError
 
 TYPE = "structural_tag"
+_ROOT = "structural_tag"
+
+
+def canonical(text: str) -> str:
+    """``text`` in the current shape; raises ``ValueError`` with ``problem``'s message."""
+    try:
+        return normalize(text, _ROOT)
+    except ParameterError as exc:
+        raise ValueError(problem(exc)) from None
+
+
+def problem(exc: ParameterError) -> str:
+    """The message of a shape error, led by the part it names (``structures[0].begin ...``)."""
+    message = str(exc).removeprefix(f"{exc.param}: ")
+    part = exc.param.removeprefix(_ROOT).lstrip(".")
+    return f"{part} {message}" if part else message
 
 
 def normalize(value: str | dict[str, Any], param: str) -> str:

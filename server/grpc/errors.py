@@ -76,14 +76,6 @@ _PROTO_PARAMS = {
 }
 
 
-def _proto_named(exc: ParameterError) -> ParameterError:
-    """``exc`` under the API's name of its field (a part's path kept: ``...[0].begin``)."""
-    head, dot, rest = exc.param.partition(".structural_tag")
-    if dot and head == "structured_outputs":
-        return renamed(exc, "structured_output.structural_tag" + rest)
-    return renamed(exc, _PROTO_PARAMS[exc.param]) if exc.param in _PROTO_PARAMS else exc
-
-
 def renamed(exc: ParameterError, param: str) -> ParameterError:
     """The same error under another parameter name (message re-prefixed)."""
     message = str(exc).removeprefix(f"{exc.param}: ")
@@ -126,7 +118,8 @@ def to_service_error(exc: BaseException, request_id: str | None = None) -> Servi
             {"param": exc.param},
         )
     if isinstance(exc, ParameterError):
-        exc = _proto_named(exc)
+        if exc.param in _PROTO_PARAMS:
+            exc = renamed(exc, _PROTO_PARAMS[exc.param])
         return ServiceError(
             grpc.StatusCode.INVALID_ARGUMENT,
             errors_pb2.ERROR_REASON_INVALID_PARAMETER,

@@ -165,18 +165,6 @@ def _rich_status(err: grpc.aio.AioRpcError) -> _Rich:
     return rich
 
 
-def _client_param(proto_param: str, params: Mapping[str, str]) -> str:
-    """The client's name of a proto field, a part's path kept (``X.structures[0].begin``)."""
-    if proto_param in params:
-        return params[proto_param]
-    head = proto_param
-    while "." in head:
-        head = head.rsplit(".", 1)[0]
-        if head in params:
-            return params[head] + proto_param[len(head) :]
-    return proto_param
-
-
 def from_rpc_error(err: grpc.aio.AioRpcError, params: Mapping[str, str]) -> RestError:
     """Translate a failed gRPC call; ``params`` maps proto field names to OpenAI ones."""
     code = err.code()
@@ -186,7 +174,7 @@ def from_rpc_error(err: grpc.aio.AioRpcError, params: Mapping[str, str]) -> Rest
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and reason not in _RATE_LIMIT_REASONS:
         status = 413  # a size limit (message, metadata), not a full queue: retrying won't help
     proto_param = rich.metadata.get("param")
-    param = _client_param(proto_param, params) if proto_param else None
+    param = params.get(proto_param, proto_param) if proto_param else None
     if rich.message:
         message = clip(rich.message, MAX_MESSAGE_CHARS)
     else:
