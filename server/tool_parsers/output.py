@@ -68,7 +68,20 @@ HARMONY_TOOL_PARSERS = frozenset({"openai"})
 HARMONY_REASONING_PARSERS = frozenset({"openai_gptoss"})
 REASONING_PARSERS = ("qwen3", "deepseek_r1", *sorted(HARMONY_REASONING_PARSERS))
 
-__all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "ChoiceParser", "OutputParsing", "ParsedOutput"]
+
+def needs_harmony(tool_call_parser: str | None, reasoning_parser: str | None) -> bool:
+    """Whether the server reads gpt-oss Harmony (its encoding is loaded at startup)."""
+    return tool_call_parser in HARMONY_TOOL_PARSERS or reasoning_parser in HARMONY_REASONING_PARSERS
+
+
+__all__ = [
+    "REASONING_PARSERS",
+    "TOOL_PARSERS",
+    "ChoiceParser",
+    "OutputParsing",
+    "ParsedOutput",
+    "needs_harmony",
+]
 
 
 def check_parser_names(tool_call_parser: str | None, reasoning_parser: str | None) -> None:
