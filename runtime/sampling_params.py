@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import Any
 
 from tokenwire.runtime.errors import ParameterError
-from tokenwire.runtime.structured.params import MAX_JSON_WHITESPACE, StructuredOutputsParams
+from tokenwire.runtime.structured.params import StructuredOutputsParams
 
 # A temperature below this is treated as greedy (argmax), as in vLLM.
 GREEDY_EPSILON = 1e-5
@@ -23,7 +23,6 @@ MAX_LOGPROBS = 20
 MAX_SEED = 2**63 - 1
 
 __all__ = [
-    "MAX_JSON_WHITESPACE",
     "MAX_LOGPROBS",
     "ParameterError",
     "SamplingParams",

@@ -58,12 +58,18 @@ def test_both_shapes_become_the_current_one() -> None:
                 {
                     "type": "tag",
                     "begin": "<f=a>",
-                    "content": {"type": "json_schema", "json_schema": SCHEMA},
+                    "content": {
+                        "type": "json_schema",
+                        "json_schema": SCHEMA,
+                        "max_whitespace_cnt": 20,  # the bound of every JSON constraint
+                    },
                     "end": "</f>",
                 }
             ],
         },
     }
+    own = {"format": {"type": "json_schema", "json_schema": SCHEMA, "max_whitespace_cnt": 0}}
+    assert json.loads(canonical(json.dumps(own)))["format"]["max_whitespace_cnt"] == 0
     current = StructuredOutputsParams(structural_tag=document)
     assert canonical(current.spec().text) == canonical(legacy.spec().text)
     grammar = Grammar.from_structural_tag(canonical(current.spec().text))

@@ -49,7 +49,7 @@ ANSWER_TAG = {
     "format": {
         "type": "tag",
         "begin": "<answer>",
-        "content": {"type": "json_schema", "json_schema": SCHEMA},
+        "content": {"type": "json_schema", "json_schema": SCHEMA, "max_whitespace_cnt": 1},
         "end": "</answer>",
     },
 }
@@ -110,23 +110,22 @@ def grpc_request(
             messages=[common_pb2.ChatMessage(role="user", content=ASK[0]["content"])], **chat
         ),
         sampling=common_pb2.SamplingOptions(temperature=1.0, seed=5, logit_bias=bias or {}),
-        stopping=common_pb2.StoppingOptions(max_tokens=80),
+        stopping=common_pb2.StoppingOptions(max_tokens=160),
         output=output,
     )
 
 
 def check_tagged(text: str, begin: str, end: str) -> int:
-    """``text`` is a run of ``begin`` JSON ``end`` structures (the last may be cut short),
-    each JSON valid under SCHEMA; returns how many are complete."""
+    """``text`` opens with ``begin`` and each ``begin`` starts a JSON object valid under
+    SCHEMA closed by ``end`` (the last may be cut short); returns how many are complete."""
     assert text.startswith(begin), text
     parts = text.split(begin)[1:]
     for n, part in enumerate(parts):
         if end not in part:
             assert n == len(parts) - 1, text  # only the last may be open (max_tokens)
             continue
-        body, rest = part.split(end, 1)
+        body, _ = part.split(end, 1)  # then free text (no trigger) until the next one
         jsonschema.validate(json.loads(body), SCHEMA)
-        assert rest == "", text
     complete = sum(end in part for part in parts)
     assert complete >= 1, text
     return complete
@@ -212,7 +211,7 @@ def test_grpc_auto_tool_choice_constrains_the_call(
 # ---------------------------------------------------------------------------- REST
 def chat(client: openai.OpenAI, **kwargs: Any) -> Any:
     kwargs.setdefault("messages", ASK)
-    kwargs.setdefault("max_tokens", 80)
+    kwargs.setdefault("max_tokens", 160)
     return client.chat.completions.create(model=MODEL_NAME, seed=5, **kwargs)
 
 
@@ -262,7 +261,7 @@ def test_rest_structural_tag_shapes(
         ({"response_format": {"type": "structural_tag"}}, "response_format", "format"),
         ({"structured_outputs": {"structural_tag": "{"}}, "structured_outputs.structural_tag", ""),
         ({"structural_tag": "{}"}, "structural_tag", "format"),
-        ({"structural_tag": json.dumps(LEGACY), "guided_regex": "a"}, "structural_tag", ""),
+        ({"structural_tag": json.dumps(LEGACY), "guided_regex": "a"}, "structural_tag", "only one"),
     ],
 )
 def test_rest_bad_structural_tag_is_400_naming_the_field(
@@ -273,7 +272,7 @@ def test_rest_bad_structural_tag_is_400_naming_the_field(
     assert bad.value.param == param, bad.value.message
     body = bad.value.body
     message = body.get("message", "") if isinstance(body, dict) else ""
-    assert words in message and message.startswith(f"{param}:"), message
+    assert words in message and param in message, message
 
 
 def test_rest_auto_tool_choice_constrains_the_call(

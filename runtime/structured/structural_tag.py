@@ -13,7 +13,8 @@ Both become the current shape's JSON text (``normalize``) where the grammar work
 front's check on its worker threads and the core's compile pool, after the limits of
 ``limits.py`` (never on an event loop: the document is parsed here). The checks are
 structural and name the failing part (``structures[0].begin``, see ``problem``); whether
-the format itself is valid is xgrammar's parse. Pure Python: no xgrammar here.
+the format itself is valid is xgrammar's parse. A ``json_schema`` region gets the whitespace
+bound of every JSON constraint unless it sets its own. Pure Python: no xgrammar here.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 from typing import Any
 
 from tokenwire.runtime.errors import ParameterError
+from tokenwire.runtime.structured.params import MAX_JSON_WHITESPACE
 
 TYPE = "structural_tag"
 _ROOT = "structural_tag"
@@ -60,12 +62,30 @@ def normalize(value: str | dict[str, Any], param: str) -> str:
         if extra:
             raise ParameterError(param, f"unknown field {extra[0]!r}")
         document = {"type": TYPE, "format": document["format"]}
+    _bound_whitespace(document["format"])
     try:
         return json.dumps(document, ensure_ascii=False, allow_nan=False)
     except RecursionError:
         raise ParameterError(param, "nests too deep") from None
     except (TypeError, ValueError) as exc:
         raise ParameterError(param, f"is not valid JSON: {exc}") from None
+
+
+def _bound_whitespace(node: Any) -> None:
+    """Every ``json_schema`` format without its own ``max_whitespace_cnt`` gets the bound
+    of every JSON constraint (``MAX_JSON_WHITESPACE``; else a random or small model can pad
+    with blank space until ``max_tokens``). Schemas themselves are not entered."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            if item.get("type") == "json_schema" and "json_schema" in item:
+                item.setdefault("max_whitespace_cnt", MAX_JSON_WHITESPACE)
+                stack.extend(v for k, v in item.items() if k != "json_schema")
+            else:
+                stack.extend(item.values())
 
 
 def _document(value: str | dict[str, Any], param: str) -> dict[str, Any]:

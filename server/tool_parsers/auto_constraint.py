@@ -3,11 +3,12 @@
 The model writes what it likes until it opens a call with its parser's begin marker (the
 tag's trigger); from there the grammar holds it to one of the tools: the rest of that
 format's header with the function's name, arguments that match the function's parameters
-schema, and the format's closing text; then free text again (at most one call when
-parallel tool calls are off: the output ends after it). The tag writes the header exactly
-as the parser reads it, so every constrained call parses. Formats with a begin marker that
-opens one call: ``hermes`` (``<tool_call>`` + JSON), ``qwen3_coder`` (``<tool_call>`` +
-``<function=...>`` XML, xgrammar's ``qwen_xml`` style), ``deepseek_v3`` / ``deepseek_v31``
+schema (blanks one at a time, as ``json.dumps`` writes them), and the format's closing
+text; then free text again (at most one call when parallel tool calls are off: the output
+ends after it). The tag writes the header exactly as the parser reads it, so every
+constrained call parses. Formats with a begin marker that opens one call: ``hermes``
+(``<tool_call>`` + JSON), ``qwen3_coder`` (``<tool_call>`` + ``<function=...>`` XML,
+xgrammar's ``qwen_xml`` style), ``deepseek_v3`` / ``deepseek_v31``
 (``<｜tool▁call▁begin｜>``). Others (JSON arrays after a marker, pythonic lists, Harmony
 channels) get no constraint: None.
 """
@@ -18,7 +19,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tokenwire.runtime.sampling_params import MAX_JSON_WHITESPACE, StructuredOutputsParams
+from tokenwire.runtime.sampling_params import StructuredOutputsParams
 from tokenwire.server.tool_parsers.tool_choice import FunctionSpec
 
 _NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -61,7 +62,7 @@ def structural_tag(parser: str, tools: Sequence[FunctionSpec], parallel: bool) -
             "type": "json_schema",
             "json_schema": tool.parameters or _NO_PARAMETERS,
             "style": style,
-            "max_whitespace_cnt": MAX_JSON_WHITESPACE,
+            "max_whitespace_cnt": 1,  # single blanks, as json.dumps writes a call
         }
         tags.append({"type": "tag", "begin": begin, "content": content, "end": end})
     fmt: dict[str, Any] = {"type": "triggered_tags", "triggers": [trigger], "tags": tags}
