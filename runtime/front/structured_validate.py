@@ -30,6 +30,7 @@ from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.structured.config import ConstraintLimits
 from tokenwire.runtime.structured.limits import depth_problem, length_problem
 from tokenwire.runtime.structured.params import FIELD, MAX_JSON_WHITESPACE, GrammarSpec
+from tokenwire.runtime.structured.structural_tag import canonical
 
 # xgrammar prefixes its messages with a time stamp, a source path and the failed check.
 _PREFIX = re.compile(
@@ -56,6 +57,8 @@ def parse_grammar(spec: GrammarSpec) -> None:
         )
     elif spec.kind == "regex":
         xgr.Grammar.from_regex(spec.text)
+    elif spec.kind == "structural_tag":
+        xgr.Grammar.from_structural_tag(canonical(spec.text))
     else:
         xgr.Grammar.from_ebnf(spec.text)
 

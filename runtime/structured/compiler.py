@@ -23,6 +23,7 @@ from tokenwire.runtime.front.tokenizer import load_tokenizer
 from tokenwire.runtime.structured.config import StructuredOutputsConfig
 from tokenwire.runtime.structured.limits import limits_problem
 from tokenwire.runtime.structured.params import MAX_JSON_WHITESPACE, GrammarSpec
+from tokenwire.runtime.structured.structural_tag import canonical
 
 
 class GrammarCompilerPool:
@@ -114,6 +115,8 @@ class GrammarCompilerPool:
             )
         if spec.kind == "regex":
             return compiler.compile_regex(spec.text)
+        if spec.kind == "structural_tag":
+            return compiler.compile_structural_tag(canonical(spec.text))
         return compiler.compile_grammar(spec.text)
 
     def _get_compiler(self) -> Any:

@@ -28,8 +28,9 @@ def length_problem(spec: GrammarSpec, limits: ConstraintLimits) -> str | None:
 
 
 def depth_problem(spec: GrammarSpec, limits: ConstraintLimits) -> str | None:
-    """Why a JSON schema nests too deep (None: it does not, or it is no JSON schema)."""
-    if spec.kind != "json" or not too_deep(spec.text, limits.max_depth):
+    """Why a JSON schema (or a structural tag, a JSON document holding schemas) nests too
+    deep (None: it does not, or it is neither)."""
+    if spec.kind not in ("json", "structural_tag") or not too_deep(spec.text, limits.max_depth):
         return None
     return f"nests deeper than {limits.max_depth} levels (the server's limit); flatten the schema"
 

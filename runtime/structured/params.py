@@ -1,11 +1,14 @@
 """``StructuredOutputsParams``: one request's output constraint (vLLM-shaped).
 
 Exactly one of ``json`` (a JSON schema, as a dict or its JSON text), ``json_object`` (any JSON
-object), ``regex``, ``choice`` (one of a list of strings) or ``grammar`` (EBNF / GBNF, root rule
-``root``) is set. Every form reduces to a ``GrammarSpec`` — a kind plus one text — which is what
-the compile cache is keyed on and what crosses to the engine core. Checks here are structural
-(types, one kind set); whether a schema, regex or grammar *compiles* is checked by
-``structured.validate`` with xgrammar's parser, so the message is the compiler's.
+object), ``regex``, ``choice`` (one of a list of strings), ``grammar`` (EBNF / GBNF, root rule
+``root``) or ``structural_tag`` (xgrammar's structural tag as a dict or its JSON text, either
+shape of ``structural_tag.py``) is set. Every form reduces to a ``GrammarSpec`` — a kind plus
+one text — which is what the compile cache is keyed on and what crosses to the engine core.
+Checks here are structural (types, one kind set); whether a schema, regex, grammar or
+structural tag *compiles* (a structural tag's shape included) is checked by
+``structured.validate`` with xgrammar's parser, off the caller's thread, so the message is
+the compiler's.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any, Literal
 
 from tokenwire.runtime.errors import ParameterError
 
-GrammarKind = Literal["json", "json_object", "regex", "choice", "grammar"]
+GrammarKind = Literal["json", "json_object", "regex", "choice", "grammar", "structural_tag"]
 # The runtime's name of the SamplingParams field (servers rename it to their own field).
 FIELD = "structured_outputs"
 # ``json_object``: any JSON object (OpenAI's JSON mode), as a schema.
@@ -35,7 +38,7 @@ class GrammarSpec:
     only four compile paths exist; ``any_whitespace`` applies to JSON kinds only.
     """
 
-    kind: Literal["json", "regex", "grammar"]
+    kind: Literal["json", "regex", "grammar", "structural_tag"]
     text: str
     any_whitespace: bool = True
 
@@ -52,6 +55,7 @@ class StructuredOutputsParams:
     grammar: str | None = None
     json_object: bool | None = None
     disable_any_whitespace: bool = False
+    structural_tag: str | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.choice, list):
@@ -64,13 +68,23 @@ class StructuredOutputsParams:
             except (TypeError, ValueError) as exc:
                 raise ParameterError(f"{FIELD}.json", f"is not valid JSON: {exc}") from None
             object.__setattr__(self, "json", text)
+        if isinstance(self.structural_tag, dict):  # its shape is checked with the grammar
+            try:
+                text = jsonlib.dumps(self.structural_tag, ensure_ascii=False, allow_nan=False)
+            except (TypeError, ValueError, RecursionError) as exc:
+                raise ParameterError(
+                    f"{FIELD}.structural_tag", f"is not valid JSON: {exc}"
+                ) from None
+            object.__setattr__(self, "structural_tag", text)
         self._validate()
 
     def _validate(self) -> None:
-        set_kinds = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k)]
+        set_kinds = [
+            k for k in ("json", "regex", "choice", "grammar", "structural_tag") if getattr(self, k)
+        ]
         if self.json_object:
             set_kinds.append("json_object")
-        for name in ("json", "regex", "grammar"):
+        for name in ("json", "regex", "grammar", "structural_tag"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise ParameterError(f"{FIELD}.{name}", "must be a non-empty string")
@@ -86,7 +100,8 @@ class StructuredOutputsParams:
             got = ", ".join(set_kinds) or "none"
             raise ParameterError(
                 FIELD,
-                f"set exactly one of json, json_object, regex, choice or grammar (got {got})",
+                "set exactly one of json, json_object, regex, choice, grammar or "
+                f"structural_tag (got {got})",
             )
 
     @property
@@ -99,6 +114,8 @@ class StructuredOutputsParams:
             return "choice"
         if self.grammar is not None:
             return "grammar"
+        if self.structural_tag is not None:
+            return "structural_tag"
         return "json_object"
 
     def spec(self) -> GrammarSpec:
@@ -116,6 +133,9 @@ class StructuredOutputsParams:
         if kind == "choice":
             assert self.choice is not None
             return GrammarSpec("grammar", choice_grammar(self.choice))
+        if kind == "structural_tag":
+            assert isinstance(self.structural_tag, str)
+            return GrammarSpec("structural_tag", self.structural_tag)
         assert self.grammar is not None
         return GrammarSpec("grammar", self.grammar)
 

@@ -72,6 +72,7 @@ _PROTO_PARAMS = {
     "structured_outputs.regex": "structured_output.regex",
     "structured_outputs.choice": "structured_output.choice",
     "structured_outputs.grammar": "structured_output.grammar",
+    "structured_outputs.structural_tag": "structured_output.structural_tag",
 }
 
 

@@ -38,6 +38,7 @@ from tokenwire.server.telemetry.core import Telemetry
 from tokenwire.server.telemetry.record import RequestRecord
 from tokenwire.server.tenants.limits import Lease, ModelNotAllowed
 from tokenwire.server.tenants.registry import TenantRegistry
+from tokenwire.server.tool_parsers.auto_constraint import auto_constraint
 from tokenwire.server.tool_parsers.output import ChoiceParser, OutputParsing
 from tokenwire.v1 import generation_pb2, generation_pb2_grpc
 
@@ -94,6 +95,12 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         how to read the output (tool calls, reasoning) is decided."""
         if tooling is None:
             return params, None
+        auto = tooling.choice is not None and tooling.choice.mode == "auto"
+        if auto and params.structured_outputs is None:  # arguments held to the schema
+            parser = self.readers.tool_call_parser
+            constraint = auto_constraint(parser, tooling.tools, tooling.parallel)
+            if constraint is not None:
+                params = dataclasses.replace(params, structured_outputs=constraint)
         if tooling.constraint is not None:
             if params.structured_outputs is not None:
                 raise ParameterError(
@@ -105,6 +112,8 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             parsing = tooling.parsing(self.readers.tool_call_parser, self.readers.reasoning_parser)
         except ParameterError as exc:  # "auto" without a parser: name what the client sent
             raise (exc if tooling.choice_explicit else renamed(exc, "tools")) from None
+        if parsing.needs_special_tokens:  # Harmony's channels are special tokens
+            params = dataclasses.replace(params, skip_special_tokens=False)
         return params, parsing if parsing.active else None
 
     async def _submit(
@@ -123,6 +132,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
             self.engine.info.default_sampling,
             constrained=tooling is not None and tooling.constraint is not None,
         )
+        asked = params.structured_outputs  # the client's own constraint (None: none)
         params, parsing = self._shape(tooling, params)
         self.telemetry.describe(record, params, chat, prompt)
         try:
@@ -138,7 +148,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
                 lora_request=lora,
             )
         except ParameterError as exc:
-            constrained_by_tools = tooling is not None and tooling.constraint is not None
+            constrained_by_tools = params.structured_outputs is not asked
             if constrained_by_tools and exc.param.startswith("structured_outputs"):
                 raise renamed(exc, "tools") from None  # a tool's parameters schema
             if exc.param != "prompt":

@@ -28,7 +28,8 @@ from tokenwire.server.tenants.config import TenantConfig
 from tokenwire.server.tenants.registry import TenantRegistry, merged_config
 from tokenwire.server.tls.reloader import TlsReloader
 from tokenwire.server.tool_parsers.detect import parser_for_template
-from tokenwire.server.tool_parsers.output import check_parser_names
+from tokenwire.server.tool_parsers.harmony import harmony_encoding
+from tokenwire.server.tool_parsers.output import check_parser_names, needs_harmony
 from tokenwire.v1 import generation_pb2, generation_pb2_grpc, models_pb2, models_pb2_grpc
 
 logger = logging.getLogger("tokenwire.server")
@@ -115,6 +116,8 @@ class GrpcServer:
         self.tool_call_parser = settings.tool_call_parser
         if self.tool_call_parser is None and tokenizer is not None:
             self.tool_call_parser = parser_for_template(tokenizer.chat_template)
+        if needs_harmony(self.tool_call_parser, settings.reasoning_parser):
+            harmony_encoding()  # loaded once, here, not on the first request's event loop
         self.tokenizers = None
         if tokenizer is not None:
             max_prompt_bytes = settings.limits.prompt_bytes(engine.info.max_model_len)

@@ -49,6 +49,7 @@ class ChatTooling:
             tool_call_parser=tool_call_parser,
             function=None if choice is None else choice.function,
             parallel_tool_calls=self.parallel,
+            tools=tuple(self.tools),
         )
 
 
@@ -132,6 +133,8 @@ def structured_output(message: common_pb2.StructuredOutput) -> StructuredOutputs
         return StructuredOutputsParams(regex=message.regex)
     if kind == "choice":
         return StructuredOutputsParams(choice=tuple(message.choice.choices))
+    if kind == "structural_tag":
+        return StructuredOutputsParams(structural_tag=message.structural_tag)
     return StructuredOutputsParams(grammar=message.grammar)
 
 

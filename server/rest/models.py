@@ -194,10 +194,15 @@ class JsonSchemaFormat(_Strict):
 
 
 class ResponseFormat(_Strict):
-    """``text`` (no constraint), ``json_object`` (any JSON object) or ``json_schema``."""
+    """``text`` (no constraint), ``json_object`` (any JSON object), ``json_schema``, or
+    ``structural_tag`` (vLLM's shapes: ``format``, or the legacy ``structures`` +
+    ``triggers``; their insides are checked by the server, errors naming response_format)."""
 
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    format: dict[str, Any] | None = None
+    structures: list[Any] | None = None
+    triggers: list[Any] | None = None
 
     @model_validator(mode="after")
     def _check_schema(self) -> ResponseFormat:
@@ -205,7 +210,19 @@ class ResponseFormat(_Strict):
             raise PydanticCustomError(
                 "invalid_value", "json_schema is required exactly when type is json_schema"
             )
+        tag_fields = (self.format, self.structures, self.triggers)
+        if self.type != "structural_tag" and any(f is not None for f in tag_fields):
+            raise PydanticCustomError(
+                "invalid_value", "format, structures and triggers go with type structural_tag"
+            )
         return self
+
+    def structural_tag(self) -> dict[str, Any]:
+        """The structural tag as sent (its shape is checked by the server)."""
+        if self.format is not None:
+            return {"type": "structural_tag", "format": self.format}
+        legacy = {"structures": self.structures, "triggers": self.triggers}
+        return {key: value for key, value in legacy.items() if value is not None}
 
 
 class StructuredOutputs(_Strict):
@@ -216,6 +233,7 @@ class StructuredOutputs(_Strict):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: dict[str, Any] | str | None = None
     disable_any_whitespace: bool | None = None
 
 
@@ -273,7 +291,7 @@ class CommonFields(_Strict):
     # vLLM fields tokenwire does not implement (their no-op value passes)
     use_beam_search: FalseOnly = None
     return_token_ids: FalseOnly = None
-    structural_tag: Unsupported = None
+    structural_tag: str | None = None  # vLLM's older extra: a structural tag's JSON text
     truncate_prompt_tokens: Unsupported = None
     allowed_token_ids: Unsupported = None
     bad_words: Unsupported = None

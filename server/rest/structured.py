@@ -16,7 +16,7 @@ from tokenwire.server.rest.errors import invalid
 from tokenwire.server.rest.models import ChatCompletionRequest, CommonFields
 from tokenwire.v1 import common_pb2
 
-_SUBFIELDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+_SUBFIELDS = ("json_schema", "json_object", "regex", "choice", "grammar", "structural_tag")
 _MODES = {
     "none": common_pb2.TOOL_CHOICE_MODE_NONE,
     "auto": common_pb2.TOOL_CHOICE_MODE_AUTO,
@@ -42,6 +42,9 @@ def _sources(body: CommonFields) -> list[tuple[str, common_pb2.StructuredOutput]
         schema = fmt.json_schema.schema_ if fmt.json_schema else None
         text = _schema_text(schema if schema is not None else {"type": "object"})
         found.append(("response_format", common_pb2.StructuredOutput(json_schema=text)))
+    elif fmt is not None and fmt.type == "structural_tag":
+        text = _schema_text(fmt.structural_tag())
+        found.append(("response_format", common_pb2.StructuredOutput(structural_tag=text)))
     so = body.structured_outputs
     if so is not None:
         message = common_pb2.StructuredOutput(
@@ -57,6 +60,8 @@ def _sources(body: CommonFields) -> list[tuple[str, common_pb2.StructuredOutput]
             message.grammar = so.grammar
         if so.json_object is not None:
             message.json_object = so.json_object
+        if so.structural_tag is not None:
+            message.structural_tag = _schema_text(so.structural_tag)
         found.append(("structured_outputs", message))
     if body.guided_json is not None:
         text = _schema_text(body.guided_json)
@@ -68,6 +73,9 @@ def _sources(body: CommonFields) -> list[tuple[str, common_pb2.StructuredOutput]
         found.append(("guided_choice", common_pb2.StructuredOutput(choice=choices)))
     if body.guided_grammar is not None:
         found.append(("guided_grammar", common_pb2.StructuredOutput(grammar=body.guided_grammar)))
+    if body.structural_tag is not None:
+        tag = common_pb2.StructuredOutput(structural_tag=body.structural_tag)
+        found.append(("structural_tag", tag))
     return found
 
 
@@ -84,13 +92,14 @@ def _check_structured_outputs_fields(body: CommonFields) -> None:
             ("choice", so.choice),
             ("grammar", so.grammar),
             ("json_object", so.json_object),
+            ("structural_tag", so.structural_tag),
         )
         if value is not None
     ]
     if len(set_fields) != 1:
         raise invalid(
             "structured_outputs",
-            "set exactly one of json, regex, choice, grammar or json_object",
+            "set exactly one of json, regex, choice, grammar, json_object or structural_tag",
         )
 
 
@@ -114,6 +123,7 @@ def structured_output(
                 "structured_output.regex": "structured_outputs.regex",
                 "structured_output.choice": "structured_outputs.choice",
                 "structured_output.grammar": "structured_outputs.grammar",
+                "structured_output.structural_tag": "structured_outputs.structural_tag",
             }
         )
     return message, params

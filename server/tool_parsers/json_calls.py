@@ -1,7 +1,8 @@
-"""``llama3_json`` and ``mistral`` tool-call parsers: calls as bare JSON after a marker.
+"""``llama3_json``, ``mistral`` and ``granite`` tool-call parsers: bare JSON after a marker.
 
 Llama 3.x writes ``<|python_tag|>{"name": ..., "parameters": {...}}`` (calls separated by
-``;``), Mistral ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``. The markers are
+``;``), Mistral ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``, Granite 3.x
+``<|tool_call|>[{"name": ..., "arguments": {...}}, ...]``. The markers are
 special tokens, usually skipped from the text, so an output is read as calls when it opens
 with the marker or directly with ``{`` (llama3_json) / ``[`` (mistral); anything else is
 content (decided on the first characters, held back until then).
@@ -52,3 +53,7 @@ def llama3_json_parser(new_id: IdFactory = new_call_id) -> MarkedJsonToolParser:
 
 def mistral_parser(new_id: IdFactory = new_call_id) -> MarkedJsonToolParser:
     return MarkedJsonToolParser("[TOOL_CALLS]", "[", new_id)
+
+
+def granite_parser(new_id: IdFactory = new_call_id) -> MarkedJsonToolParser:
+    return MarkedJsonToolParser("<|tool_call|>", "[", new_id)

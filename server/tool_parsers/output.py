@@ -13,20 +13,24 @@ A streamed delta carries at most one piece per call (``ChoiceParser.step``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from tokenwire.runtime.errors import ParameterError
+from tokenwire.server.tool_parsers.deepseek import DeepSeekV3ToolParser
 from tokenwire.server.tool_parsers.forced import JsonArrayToolParser, NamedToolParser
+from tokenwire.server.tool_parsers.harmony import HarmonyParser
 from tokenwire.server.tool_parsers.hermes import HermesToolParser
-from tokenwire.server.tool_parsers.json_calls import llama3_json_parser, mistral_parser
-from tokenwire.server.tool_parsers.reasoning import (
-    REASONING_PARSERS,
-    ThinkReasoningParser,
-    make_reasoning_parser,
+from tokenwire.server.tool_parsers.json_calls import (
+    granite_parser,
+    llama3_json_parser,
+    mistral_parser,
 )
-from tokenwire.server.tool_parsers.tool_choice import ToolMode
+from tokenwire.server.tool_parsers.pythonic import PythonicToolParser
+from tokenwire.server.tool_parsers.qwen3_coder import Qwen3CoderToolParser
+from tokenwire.server.tool_parsers.reasoning import make_reasoning_parser
+from tokenwire.server.tool_parsers.tool_choice import FunctionSpec, ToolMode
 from tokenwire.server.tool_parsers.types import (
     IdFactory,
     ParsedDelta,
@@ -38,18 +42,46 @@ from tokenwire.server.tool_parsers.types import (
 
 
 class ToolParser(Protocol):
+    """Also the shape of a reasoning parser (its ``feed`` / ``finish`` deltas carry
+    ``reasoning`` and the ``content`` that goes on to the tool parser)."""
+
     def feed(self, text: str) -> ParsedDelta: ...
 
     def finish(self) -> ParsedDelta: ...
 
 
-TOOL_PARSERS: dict[str, Callable[[IdFactory, bool], ToolParser]] = {
-    "hermes": lambda new_id, parallel: HermesToolParser(new_id, parallel),
-    "llama3_json": lambda new_id, parallel: llama3_json_parser(new_id),
-    "mistral": lambda new_id, parallel: mistral_parser(new_id),
+# name -> factory(new id, parallel tool calls, the request's tools)
+TOOL_PARSERS: dict[str, Callable[[IdFactory, bool, Sequence[FunctionSpec]], ToolParser]] = {
+    "hermes": lambda new_id, parallel, tools: HermesToolParser(new_id, parallel),
+    "llama3_json": lambda new_id, parallel, tools: llama3_json_parser(new_id),
+    "mistral": lambda new_id, parallel, tools: mistral_parser(new_id),
+    "granite": lambda new_id, parallel, tools: granite_parser(new_id),
+    "qwen3_coder": Qwen3CoderToolParser,
+    "pythonic": PythonicToolParser,
+    "llama4_pythonic": PythonicToolParser,
+    "deepseek_v3": DeepSeekV3ToolParser,
+    "deepseek_v31": DeepSeekV3ToolParser,
+    "openai": HarmonyParser,  # gpt-oss (vLLM's name)
 }
+# Parsers that read special tokens of the output (its text is decoded with them kept).
+HARMONY_TOOL_PARSERS = frozenset({"openai"})
+HARMONY_REASONING_PARSERS = frozenset({"openai_gptoss"})
+REASONING_PARSERS = ("qwen3", "deepseek_r1", *sorted(HARMONY_REASONING_PARSERS))
 
-__all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "ChoiceParser", "OutputParsing", "ParsedOutput"]
+
+def needs_harmony(tool_call_parser: str | None, reasoning_parser: str | None) -> bool:
+    """Whether the server reads gpt-oss Harmony (its encoding is loaded at startup)."""
+    return tool_call_parser in HARMONY_TOOL_PARSERS or reasoning_parser in HARMONY_REASONING_PARSERS
+
+
+__all__ = [
+    "REASONING_PARSERS",
+    "TOOL_PARSERS",
+    "ChoiceParser",
+    "OutputParsing",
+    "ParsedOutput",
+    "needs_harmony",
+]
 
 
 def check_parser_names(tool_call_parser: str | None, reasoning_parser: str | None) -> None:
@@ -82,6 +114,7 @@ class OutputParsing:
     tool_call_parser: str | None = None
     function: str | None = None  # tool_mode "named"
     parallel_tool_calls: bool = True
+    tools: tuple[FunctionSpec, ...] = ()  # their schemas type XML parameters (qwen3_coder)
 
     def __post_init__(self) -> None:
         if self.tool_mode == "auto" and self.tool_call_parser is None:
@@ -95,14 +128,27 @@ class OutputParsing:
     def active(self) -> bool:
         return self.reasoning_parser is not None or self.tool_mode not in (None, "none")
 
+    @property
+    def _harmony_tools(self) -> bool:
+        return self.tool_mode == "auto" and self.tool_call_parser in HARMONY_TOOL_PARSERS
+
+    @property
+    def needs_special_tokens(self) -> bool:
+        """The output must be decoded with its special tokens (Harmony's markers)."""
+        return self._harmony_tools or self.reasoning_parser in HARMONY_REASONING_PARSERS
+
     def new(self, new_id: IdFactory = new_call_id) -> ChoiceParser:
-        reasoning = None
-        if self.reasoning_parser is not None:
+        reasoning: ToolParser | None = None
+        if self.reasoning_parser in HARMONY_REASONING_PARSERS:
+            if not self._harmony_tools:  # else the tool parser reads the channels itself
+                reasoning = HarmonyParser(new_id, calls=False)
+        elif self.reasoning_parser is not None:
             reasoning = make_reasoning_parser(self.reasoning_parser)
         tools: ToolParser | None = None
         if self.tool_mode == "auto":
             assert self.tool_call_parser is not None
-            tools = TOOL_PARSERS[self.tool_call_parser](new_id, self.parallel_tool_calls)
+            factory = TOOL_PARSERS[self.tool_call_parser]
+            tools = factory(new_id, self.parallel_tool_calls, self.tools)
         elif self.tool_mode == "required":
             tools = JsonArrayToolParser(new_id, forced=True)
         elif self.tool_mode == "named":
@@ -123,7 +169,7 @@ class OutputParsing:
 
 
 class ChoiceParser:
-    def __init__(self, reasoning: ThinkReasoningParser | None, tools: ToolParser | None) -> None:
+    def __init__(self, reasoning: ToolParser | None, tools: ToolParser | None) -> None:
         self.reasoning = reasoning
         self.tools = tools
 

@@ -80,7 +80,4 @@ def make_reasoning_parser(name: str) -> ThinkReasoningParser:
         return ThinkReasoningParser(starts_in_reasoning=False)
     if name == "deepseek_r1":
         return ThinkReasoningParser(starts_in_reasoning=True)
-    raise ValueError(f"unknown reasoning parser {name!r}: choose one of {REASONING_PARSERS}")
-
-
-REASONING_PARSERS = ("qwen3", "deepseek_r1")
+    raise ValueError(f"unknown reasoning parser {name!r}: choose qwen3 or deepseek_r1")

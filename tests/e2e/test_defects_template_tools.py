@@ -60,7 +60,7 @@ GEMMA_LIKE = "{%- if tools %}Call tools as ```tool_code\nname(args)```: {{ tools
         (LLAMA31, "llama3_json"),
         ({"default": "{{ messages }}", "tool_use": QWEN25}, "hermes"),
         ("{% for m in messages %}{{ m.content }}{% endfor %}", "hermes"),  # tokenwire's Hermes
-        (QWEN3_CODER, None),  # XML calls inside <tool_call>: no parser of tokenwire reads them
+        (QWEN3_CODER, "qwen3_coder"),  # XML calls inside <tool_call>
         (GEMMA_LIKE, None),
         (None, None),
     ],

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tokenwire/v1/common.proto\x12\x0ctokenwire.v1\"|\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12*\n\ntool_calls\x18\x03 \x03(\x0b\x32\x16.tokenwire.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\"\x81\x02\n\tChatInput\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.tokenwire.v1.ChatMessage\x12!\n\x05tools\x18\x02 \x03(\x0b\x32\x12.tokenwire.v1.Tool\x12-\n\x0btool_choice\x18\x03 \x01(\x0b\x32\x18.tokenwire.v1.ToolChoice\x12 \n\x13parallel_tool_calls\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12!\n\x19\x63hat_template_kwargs_json\x18\x05 \x01(\t\x12\x18\n\x10reasoning_effort\x18\x06 \x01(\tB\x16\n\x14_parallel_tool_calls\"`\n\x12\x46unctionDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\":\n\x04Tool\x12\x32\n\x08\x66unction\x18\x01 \x01(\x0b\x32 .tokenwire.v1.FunctionDefinition\"]\n\nToolChoice\x12,\n\x04mode\x18\x01 \x01(\x0e\x32\x1c.tokenwire.v1.ToolChoiceModeH\x00\x12\x17\n\rfunction_name\x18\x02 \x01(\tH\x00\x42\x08\n\x06\x63hoice\"/\n\x0c\x46unctionCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\targuments\x18\x02 \x01(\t\"D\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12,\n\x08\x66unction\x18\x02 \x01(\x0b\x32\x1a.tokenwire.v1.FunctionCall\"K\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"\xb8\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12*\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x18.tokenwire.v1.ChoiceListH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x12\x1e\n\x16\x64isable_any_whitespace\x18\x06 \x01(\x08\x42\x06\n\x04kind\"\x1d\n\nChoiceList\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xdd\x03\n\x0fSamplingOptions\x12\x0e\n\x01n\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x05\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x07 \x01(\x01H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x08 \x01(\x01H\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\t \x01(\x01H\x08\x88\x01\x01\x12@\n\nlogit_bias\x18\n \x03(\x0b\x32,.tokenwire.v1.SamplingOptions.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x04\n\x02_nB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penalty\"\xf7\x01\n\x0fStoppingOptions\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x0c\n\x04stop\x18\x03 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x04 \x03(\r\x12\x17\n\nignore_eos\x18\x05 \x01(\x08H\x02\x88\x01\x01\x12\'\n\x1ainclude_stop_str_in_output\x18\x06 \x01(\x08H\x03\x88\x01\x01\x42\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\r\n\x0b_ignore_eosB\x1d\n\x1b_include_stop_str_in_output\"\xda\x01\n\rOutputOptions\x12\x15\n\x08logprobs\x18\x01 \x01(\rH\x00\x88\x01\x01\x12 \n\x13skip_special_tokens\x18\x02 \x01(\x08H\x01\x88\x01\x01\x12\x39\n\x11structured_output\x18\x03 \x01(\x0b\x32\x1e.tokenwire.v1.StructuredOutput\x12\x1c\n\x0fprompt_logprobs\x18\x04 \x01(\rH\x02\x88\x01\x01\x42\x0b\n\t_logprobsB\x16\n\x14_skip_special_tokensB\x12\n\x10_prompt_logprobs\"N\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x01\x12\x0c\n\x04rank\x18\x04 \x01(\r\"g\n\x10PositionLogprobs\x12*\n\x06\x63hosen\x18\x01 \x01(\x0b\x32\x1a.tokenwire.v1.TokenLogprob\x12\'\n\x03top\x18\x02 \x03(\x0b\x32\x1a.tokenwire.v1.TokenLogprob\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r*\x87\x01\n\x0eToolChoiceMode\x12 \n\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x01\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x02\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03*\x93\x02\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12 \n\x1c\x46INISH_REASON_CONTEXT_LENGTH\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03\x12\x1c\n\x18\x46INISH_REASON_STOP_TOKEN\x10\x04\x12\x1f\n\x1b\x46INISH_REASON_STOP_SEQUENCE\x10\x05\x12\x1c\n\x18\x46INISH_REASON_TIME_LIMIT\x10\x06\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x07\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x08\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tokenwire/v1/common.proto\x12\x0ctokenwire.v1\"|\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12*\n\ntool_calls\x18\x03 \x03(\x0b\x32\x16.tokenwire.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\"\x81\x02\n\tChatInput\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.tokenwire.v1.ChatMessage\x12!\n\x05tools\x18\x02 \x03(\x0b\x32\x12.tokenwire.v1.Tool\x12-\n\x0btool_choice\x18\x03 \x01(\x0b\x32\x18.tokenwire.v1.ToolChoice\x12 \n\x13parallel_tool_calls\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12!\n\x19\x63hat_template_kwargs_json\x18\x05 \x01(\t\x12\x18\n\x10reasoning_effort\x18\x06 \x01(\tB\x16\n\x14_parallel_tool_calls\"`\n\x12\x46unctionDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\":\n\x04Tool\x12\x32\n\x08\x66unction\x18\x01 \x01(\x0b\x32 .tokenwire.v1.FunctionDefinition\"]\n\nToolChoice\x12,\n\x04mode\x18\x01 \x01(\x0e\x32\x1c.tokenwire.v1.ToolChoiceModeH\x00\x12\x17\n\rfunction_name\x18\x02 \x01(\tH\x00\x42\x08\n\x06\x63hoice\"/\n\x0c\x46unctionCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\targuments\x18\x02 \x01(\t\"D\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12,\n\x08\x66unction\x18\x02 \x01(\x0b\x32\x1a.tokenwire.v1.FunctionCall\"K\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"\xd2\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12*\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x18.tokenwire.v1.ChoiceListH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x12\x18\n\x0estructural_tag\x18\x07 \x01(\tH\x00\x12\x1e\n\x16\x64isable_any_whitespace\x18\x06 \x01(\x08\x42\x06\n\x04kind\"\x1d\n\nChoiceList\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xdd\x03\n\x0fSamplingOptions\x12\x0e\n\x01n\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x05\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x07 \x01(\x01H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x08 \x01(\x01H\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\t \x01(\x01H\x08\x88\x01\x01\x12@\n\nlogit_bias\x18\n \x03(\x0b\x32,.tokenwire.v1.SamplingOptions.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x04\n\x02_nB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penalty\"\xf7\x01\n\x0fStoppingOptions\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x0c\n\x04stop\x18\x03 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x04 \x03(\r\x12\x17\n\nignore_eos\x18\x05 \x01(\x08H\x02\x88\x01\x01\x12\'\n\x1ainclude_stop_str_in_output\x18\x06 \x01(\x08H\x03\x88\x01\x01\x42\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\r\n\x0b_ignore_eosB\x1d\n\x1b_include_stop_str_in_output\"\xda\x01\n\rOutputOptions\x12\x15\n\x08logprobs\x18\x01 \x01(\rH\x00\x88\x01\x01\x12 \n\x13skip_special_tokens\x18\x02 \x01(\x08H\x01\x88\x01\x01\x12\x39\n\x11structured_output\x18\x03 \x01(\x0b\x32\x1e.tokenwire.v1.StructuredOutput\x12\x1c\n\x0fprompt_logprobs\x18\x04 \x01(\rH\x02\x88\x01\x01\x42\x0b\n\t_logprobsB\x16\n\x14_skip_special_tokensB\x12\n\x10_prompt_logprobs\"N\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x01\x12\x0c\n\x04rank\x18\x04 \x01(\r\"g\n\x10PositionLogprobs\x12*\n\x06\x63hosen\x18\x01 \x01(\x0b\x32\x1a.tokenwire.v1.TokenLogprob\x12\'\n\x03top\x18\x02 \x03(\x0b\x32\x1a.tokenwire.v1.TokenLogprob\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r*\x87\x01\n\x0eToolChoiceMode\x12 \n\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x01\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x02\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03*\x93\x02\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12 \n\x1c\x46INISH_REASON_CONTEXT_LENGTH\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03\x12\x1c\n\x18\x46INISH_REASON_STOP_TOKEN\x10\x04\x12\x1f\n\x1b\x46INISH_REASON_STOP_SEQUENCE\x10\x05\x12\x1c\n\x18\x46INISH_REASON_TIME_LIMIT\x10\x06\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x07\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x08\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,10 +33,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGOPTIONS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGOPTIONS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_TOOLCHOICEMODE']._serialized_start=2340
-  _globals['_TOOLCHOICEMODE']._serialized_end=2475
-  _globals['_FINISHREASON']._serialized_start=2478
-  _globals['_FINISHREASON']._serialized_end=2753
+  _globals['_TOOLCHOICEMODE']._serialized_start=2366
+  _globals['_TOOLCHOICEMODE']._serialized_end=2501
+  _globals['_FINISHREASON']._serialized_start=2504
+  _globals['_FINISHREASON']._serialized_end=2779
   _globals['_CHATMESSAGE']._serialized_start=43
   _globals['_CHATMESSAGE']._serialized_end=167
   _globals['_CHATINPUT']._serialized_start=170
@@ -54,23 +54,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOOLCALLDELTA']._serialized_start=801
   _globals['_TOOLCALLDELTA']._serialized_end=876
   _globals['_STRUCTUREDOUTPUT']._serialized_start=879
-  _globals['_STRUCTUREDOUTPUT']._serialized_end=1063
-  _globals['_CHOICELIST']._serialized_start=1065
-  _globals['_CHOICELIST']._serialized_end=1094
-  _globals['_TOKENIDS']._serialized_start=1096
-  _globals['_TOKENIDS']._serialized_end=1119
-  _globals['_SAMPLINGOPTIONS']._serialized_start=1122
-  _globals['_SAMPLINGOPTIONS']._serialized_end=1599
-  _globals['_SAMPLINGOPTIONS_LOGITBIASENTRY']._serialized_start=1424
-  _globals['_SAMPLINGOPTIONS_LOGITBIASENTRY']._serialized_end=1472
-  _globals['_STOPPINGOPTIONS']._serialized_start=1602
-  _globals['_STOPPINGOPTIONS']._serialized_end=1849
-  _globals['_OUTPUTOPTIONS']._serialized_start=1852
-  _globals['_OUTPUTOPTIONS']._serialized_end=2070
-  _globals['_TOKENLOGPROB']._serialized_start=2072
-  _globals['_TOKENLOGPROB']._serialized_end=2150
-  _globals['_POSITIONLOGPROBS']._serialized_start=2152
-  _globals['_POSITIONLOGPROBS']._serialized_end=2255
-  _globals['_USAGE']._serialized_start=2257
-  _globals['_USAGE']._serialized_end=2337
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=1089
+  _globals['_CHOICELIST']._serialized_start=1091
+  _globals['_CHOICELIST']._serialized_end=1120
+  _globals['_TOKENIDS']._serialized_start=1122
+  _globals['_TOKENIDS']._serialized_end=1145
+  _globals['_SAMPLINGOPTIONS']._serialized_start=1148
+  _globals['_SAMPLINGOPTIONS']._serialized_end=1625
+  _globals['_SAMPLINGOPTIONS_LOGITBIASENTRY']._serialized_start=1450
+  _globals['_SAMPLINGOPTIONS_LOGITBIASENTRY']._serialized_end=1498
+  _globals['_STOPPINGOPTIONS']._serialized_start=1628
+  _globals['_STOPPINGOPTIONS']._serialized_end=1875
+  _globals['_OUTPUTOPTIONS']._serialized_start=1878
+  _globals['_OUTPUTOPTIONS']._serialized_end=2096
+  _globals['_TOKENLOGPROB']._serialized_start=2098
+  _globals['_TOKENLOGPROB']._serialized_end=2176
+  _globals['_POSITIONLOGPROBS']._serialized_start=2178
+  _globals['_POSITIONLOGPROBS']._serialized_end=2281
+  _globals['_USAGE']._serialized_start=2283
+  _globals['_USAGE']._serialized_end=2363
 # @@protoc_insertion_point(module_scope)
