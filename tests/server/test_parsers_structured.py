@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +18,9 @@ import grpc
 import jsonschema
 import openai
 import pytest
-from conftest import build_tiny_model
 from grpc_helpers import details_of
-from rest_harness import RestHarness
 from server_harness import MODEL_NAME, ServerHarness
+from tiny_models import build_tiny_model
 
 from tokenwire.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 
@@ -79,24 +77,13 @@ def tool_token(model_dir: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def harness(model_dir: Path) -> Iterator[ServerHarness]:
-    h = ServerHarness(model_dir, max_model_len=512, tool_call_parser="hermes").start()
-    yield h
-    h.stop()
+def harness_model(model_dir: Path) -> Path:
+    return model_dir
 
 
 @pytest.fixture(scope="module")
-def gen(harness: ServerHarness) -> Iterator[generation_pb2_grpc.GenerationServiceStub]:
-    with harness.channel() as channel:
-        yield generation_pb2_grpc.GenerationServiceStub(channel)
-
-
-@pytest.fixture(scope="module")
-def client(harness: ServerHarness) -> Iterator[openai.OpenAI]:
-    rest = RestHarness(harness).start()
-    with openai.OpenAI(base_url=f"{rest.url}/v1", api_key="x", max_retries=0) as c:
-        yield c
-    rest.stop()
+def harness_options() -> dict[str, Any]:
+    return dict(max_model_len=512, tool_call_parser="hermes")
 
 
 def grpc_request(
@@ -209,32 +196,32 @@ def test_grpc_auto_tool_choice_constrains_the_call(
 
 
 # ---------------------------------------------------------------------------- REST
-def chat(client: openai.OpenAI, **kwargs: Any) -> Any:
+def chat(openai_client: openai.OpenAI, **kwargs: Any) -> Any:
     kwargs.setdefault("messages", ASK)
     kwargs.setdefault("max_tokens", 160)
-    return client.chat.completions.create(model=MODEL_NAME, seed=5, **kwargs)
+    return openai_client.chat.completions.create(model=MODEL_NAME, seed=5, **kwargs)
 
 
 def test_rest_structural_tag_shapes(
-    harness: ServerHarness, client: openai.OpenAI, tool_token: int
+    harness: ServerHarness, openai_client: openai.OpenAI, tool_token: int
 ) -> None:
-    reply = chat(client, response_format=ANSWER_TAG)
+    reply = chat(openai_client, response_format=ANSWER_TAG)
     text = reply.choices[0].message.content
     match = re.fullmatch(r"<answer>(.*)</answer>", text, re.S)
     assert match is not None, text
     jsonschema.validate(json.loads(match.group(1)), SCHEMA)
     assert reply.choices[0].finish_reason == "stop"
     bias = {str(tool_token): 100}
-    legacy = chat(client, response_format=LEGACY, logit_bias=bias)
+    legacy = chat(openai_client, response_format=LEGACY, logit_bias=bias)
     check_tagged(legacy.choices[0].message.content, "<tool_call>", "</tool_call>")
-    streamed = chat(client, response_format=LEGACY, logit_bias=bias, stream=True)
+    streamed = chat(openai_client, response_format=LEGACY, logit_bias=bias, stream=True)
     text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
     assert text == legacy.choices[0].message.content
     for extra in (
         {"structured_outputs": {"structural_tag": LEGACY}},
         {"structural_tag": json.dumps(LEGACY)},
     ):
-        other = chat(client, logit_bias=bias, extra_body=extra)
+        other = chat(openai_client, logit_bias=bias, extra_body=extra)
         assert other.choices[0].message.content == legacy.choices[0].message.content
     harness.assert_idle()
 
@@ -265,10 +252,10 @@ def test_rest_structural_tag_shapes(
     ],
 )
 def test_rest_bad_structural_tag_is_400_naming_the_field(
-    client: openai.OpenAI, extra: dict[str, Any], param: str, words: str
+    openai_client: openai.OpenAI, extra: dict[str, Any], param: str, words: str
 ) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
-        chat(client, extra_body=extra)
+        chat(openai_client, extra_body=extra)
     assert bad.value.param == param, bad.value.message
     body = bad.value.body
     message = body.get("message", "") if isinstance(body, dict) else ""
@@ -276,7 +263,7 @@ def test_rest_bad_structural_tag_is_400_naming_the_field(
 
 
 def test_rest_auto_tool_choice_constrains_the_call(
-    harness: ServerHarness, client: openai.OpenAI, tool_token: int
+    harness: ServerHarness, openai_client: openai.OpenAI, tool_token: int
 ) -> None:
     kwargs: dict[str, Any] = {
         "tools": [WEATHER],
@@ -284,13 +271,13 @@ def test_rest_auto_tool_choice_constrains_the_call(
         "parallel_tool_calls": False,
         "logit_bias": {str(tool_token): 100},
     }
-    reply = chat(client, **kwargs)
+    reply = chat(openai_client, **kwargs)
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather"
     jsonschema.validate(json.loads(call.function.arguments), SCHEMA)
-    streamed = chat(client, stream=True, **kwargs)
+    streamed = chat(openai_client, stream=True, **kwargs)
     names, args, finish = [], "", None
     for chunk in streamed:
         if not chunk.choices:
@@ -301,7 +288,7 @@ def test_rest_auto_tool_choice_constrains_the_call(
         finish = chunk.choices[0].finish_reason or finish
     assert (names, args, finish) == (["get_weather"], call.function.arguments, "tool_calls")
     # No bias: the model writes text; the constraint leaves it free (no call opened).
-    plain = chat(client, tools=[WEATHER], max_tokens=12)
+    plain = chat(openai_client, tools=[WEATHER], max_tokens=12)
     assert plain.choices[0].message.tool_calls is None
     assert plain.choices[0].finish_reason in ("stop", "length")
     harness.assert_idle()
