@@ -7,9 +7,10 @@ with a config.json, exactly what ``LLM(model=path)`` loads. A test module shapes
 overriding ``harness_model`` (which model) and ``harness_options`` (``ServerHarness`` keyword
 arguments); the harness is started once per module and stopped after it, releasing a gated
 observer first so a parked core never blocks the stop. Helpers live in ``tests/support/``
-(on ``sys.path`` through pytest's ``pythonpath``). The fixtures import the server side
-lazily: conftest is imported before any test module, and the kernel tests must set
-``TRITON_INTERPRET`` before the first Triton kernel module is imported.
+(on ``sys.path`` through pytest's ``pythonpath``). Conftest defines every Triton kernel
+under the CPU interpreter before any test module is imported (``interpreted_kernels``), so
+collection order never decides compiled vs interpreted; the fixtures still import the server
+side lazily.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from interpreted_kernels import define_kernels_interpreted
 from tiny_models import build_tiny_model, default_gguf_path
 
 if TYPE_CHECKING:
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from tokenwire.v1 import generation_pb2_grpc
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+define_kernels_interpreted()
 
 
 @pytest.fixture(scope="session")

