@@ -109,7 +109,11 @@ def rest_stream(url: str, model: str, max_tokens: int) -> queue.Queue[Any]:
             return lines
 
     out = in_thread(run)
-    assert first.wait(60), "the REST stream never started"
+    # A stream that ended before its first chunk (a refusal, an error) says what it got.
+    for _ in range(120):
+        if first.wait(0.5) or not out.empty():
+            break
+    assert first.is_set(), f"the REST stream never started: {list(out.queue)!r}"
     return out
 
 

@@ -11,7 +11,7 @@ prefills. Every shape must give each target row bit-identical output.
 That holds with one torch thread. With two, PyTorch's CPU flash-attention kernel (behind sdpa)
 is not batch-invariant: measured on torch 2.13, a row's bits change with the number of
 (batch, head) work items in the call, though each row's inputs are the same; the case stays
-here as a strict xfail, so it reports the day the kernel (or a replacement) makes it hold.
+here as an xfail (not strict: on a loaded box the split can happen to come out the same).
 Engine-level greedy invariance at two threads is checked in
 ``tests/runtime/test_defects_invariant_engine.py``; see docs/quantization.md.
 """
@@ -116,7 +116,7 @@ SPLITS = [(0, 70), (0, 40), (40, 70), (32, 70), (64, 70), (69, 70), (39, 40), (1
         pytest.param(
             2,
             marks=pytest.mark.xfail(
-                strict=True,
+                strict=False,  # holds by chance on a loaded box (xdist workers share 2 cores)
                 reason="torch's CPU flash attention: not batch-invariant at 2 threads",
             ),
         ),

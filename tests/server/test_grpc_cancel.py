@@ -149,7 +149,8 @@ def test_cancel_during_prefill(
     bystanders.check(recorder)
     harness.assert_idle()
     steps = recorder.steps_of("anon/prefill")
-    assert len(steps) == 2 and all("anon/prefill" in s.prefill_req_ids for s in steps)
+    # The two parked chunks, plus any the core ran before the abort crossed ZMQ.
+    assert len(steps) >= 2 and all("anon/prefill" in s.prefill_req_ids for s in steps)
     assert assert_cancelled(recorder, "anon/prefill").num_output_tokens == 0
 
 

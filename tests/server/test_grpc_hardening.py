@@ -102,9 +102,10 @@ def test_oversized_prompt_is_refused_before_tokenizing(
     assert "--max-prompt-bytes" in err.details()
     assert runs.calls == []  # the tokenizer never saw it
     # Before the fix this took 4.5-14 s with every other call waiting; the loop stays free.
+    # The bound (1.5 s, as for the schema bombs) leaves room for a loaded 2-core box under xdist.
     assert probe.latencies, "no health answer while the request was in flight"
     print(f"15 MiB refused in {elapsed:.3f} s; slowest health answer {max(probe.latencies):.3f} s")
-    assert max(probe.latencies) < 0.5, (elapsed, max(probe.latencies))
+    assert max(probe.latencies) < 1.5, (elapsed, max(probe.latencies))
     chat = common_pb2.ChatInput(messages=[common_pb2.ChatMessage(role="user", content=text)])
     err, info = _failure(lambda: gen.Generate(pb.GenerateRequest(chat=chat)))
     assert err.code() == Code.INVALID_ARGUMENT and info.metadata["param"] == "chat"
@@ -125,7 +126,7 @@ def test_tokenization_runs_off_the_event_loop(
     # ~230k tokens do not fit the 256-token context: the engine says so after tokenizing.
     assert err.code() == Code.INVALID_ARGUMENT and info.reason == "CONTEXT_LENGTH_EXCEEDED"
     print(f"1 MiB tokenized; slowest health answer {max(probe.latencies):.3f} s")
-    assert probe.latencies and max(probe.latencies) < 0.5, max(probe.latencies)
+    assert probe.latencies and max(probe.latencies) < 1.5, max(probe.latencies)
     reply = gen.Generate(
         pb.GenerateRequest(
             text="Hello there",
