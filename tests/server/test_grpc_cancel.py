@@ -290,6 +290,7 @@ def test_cancel_the_session_call_mid_turn(
 ) -> None:
     releases = spy_on(monkeypatch, harness.engine, "release_holder")
     bystanders = Bystanders(channel, "session", expected)
+    earlier = set(recorder.finished)  # the module's recorder holds earlier tests' turns
     recorder.hold("/turn-1", nth=3)
     outbox, call = open_session(stub)
     start_turn(outbox, call, 200)
@@ -302,7 +303,7 @@ def test_cancel_the_session_call_mid_turn(
     harness.assert_idle()
     [turn] = [
         rid
-        for rid in recorder.finished
+        for rid in set(recorder.finished) - earlier
         if rid.endswith("/turn-1") and 3 <= recorder.finished[rid].num_output_tokens < 200
     ]
     assert_cancelled(recorder, turn)
