@@ -13,7 +13,7 @@ from tokenwire.runtime.config import DEFAULT_MAX_REQUESTS
 from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.server.grpc.connection import add_connection_arguments, connection_settings
 from tokenwire.server.grpc.convert import Limits
-from tokenwire.server.grpc.server import GrpcSettings
+from tokenwire.server.grpc.server import WORKER_PROTOCOLS, GrpcSettings
 from tokenwire.server.rest.app import RestSettings
 from tokenwire.server.rest.connection import HttpConnectionSettings, http_connection_settings
 from tokenwire.server.rest.server import add_rest_arguments
@@ -178,6 +178,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="run the engine core on a thread of the server process (debugging) instead of "
         "a process of its own",
     )
+    p.add_argument(
+        "--worker-protocol",
+        choices=sorted(WORKER_PROTOCOLS),
+        default=GrpcSettings.worker_protocol,
+        help="also serve a gateway's worker protocol on the gRPC port, behind the same keys, "
+        "TLS and health: vllm = vLLM's engine protocol (vllm.grpc.engine.VllmEngine), what "
+        "SMG's grpc:// workers speak (docs/fleet.md); default: off",
+    )
     add_tracing_arguments(p)
 
 
@@ -216,6 +224,7 @@ def grpc_settings(args: argparse.Namespace) -> GrpcSettings:
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         lora_root=args.lora_root,
         connection=connection_settings(args),
+        worker_protocol=args.worker_protocol,
     )
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
+from smg_grpc_proto.generated import vllm_engine_pb2_grpc
 
 from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.server.grpc.adapters import AdapterFlags
@@ -30,6 +31,10 @@ from tokenwire.server.tls.reloader import TlsReloader
 from tokenwire.server.tool_parsers.detect import parser_for_template
 from tokenwire.server.tool_parsers.harmony import harmony_encoding
 from tokenwire.server.tool_parsers.output import check_parser_names, needs_harmony
+from tokenwire.server.worker_protocol.servicer import (
+    SERVICE_NAME as VLLM_ENGINE_SERVICE,
+)
+from tokenwire.server.worker_protocol.servicer import KvEventSource, VllmEngineServicer
 from tokenwire.v1 import generation_pb2, generation_pb2_grpc, models_pb2, models_pb2_grpc
 
 logger = logging.getLogger("tokenwire.server")
@@ -38,6 +43,10 @@ SERVICE_NAMES = (
     generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name,
     models_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name,
 )
+
+
+# --worker-protocol values (None: off).
+WORKER_PROTOCOLS = {"vllm": VLLM_ENGINE_SERVICE}
 
 
 @dataclass(frozen=True)
@@ -61,8 +70,16 @@ class GrpcSettings:
     lora_root: str | None = None
     # Keepalive, connection age, message sizes, concurrent-RPC cap (server/grpc/connection.py).
     connection: ConnectionSettings = field(default_factory=ConnectionSettings)
+    # --worker-protocol: a gateway worker protocol served beside tokenwire.v1 on this port
+    # ("vllm": vllm.grpc.engine.VllmEngine, server/worker_protocol); None: off.
+    worker_protocol: str | None = None
 
     def __post_init__(self) -> None:
+        if self.worker_protocol is not None and self.worker_protocol not in WORKER_PROTOCOLS:
+            raise ValueError(
+                f"--worker-protocol must be one of {', '.join(sorted(WORKER_PROTOCOLS))}, "
+                f"got {self.worker_protocol!r}"
+            )
         check_parser_names(self.tool_call_parser, self.reasoning_parser)
         merged = merged_config(self.api_keys, self.tenants)  # --api-key with the key file
         # Runtime LoRA updating needs authenticated callers: keys of either flag.
@@ -85,6 +102,7 @@ class GrpcServer:
         telemetry: Telemetry | None = None,
         tls: TlsReloader | None = None,
         tenants: TenantRegistry | None = None,
+        kv_events: KvEventSource | None = None,
     ) -> None:
         self.engine = engine
         self.settings = settings
@@ -158,9 +176,27 @@ class GrpcServer:
             ),
             self.server,
         )
+        self.serving = False  # what health says: warm and not draining
+        self.service_names: tuple[str, ...] = SERVICE_NAMES
+        if settings.worker_protocol == "vllm":  # the gateway worker protocol, same port
+            vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(
+                VllmEngineServicer(
+                    engine,
+                    model_name,
+                    limits,
+                    self.tokenizers,
+                    telemetry,
+                    self.tenants,
+                    lambda: self.serving,
+                    kv_events,
+                ),
+                self.server,
+            )
+            self.service_names = (*SERVICE_NAMES, VLLM_ENGINE_SERVICE)
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        enable_reflection((*SERVICE_NAMES, "grpc.health.v1.Health"), self.server)  # v1, v1alpha
+        # Reflection: v1 and v1alpha.
+        enable_reflection((*self.service_names, "grpc.health.v1.Health"), self.server)
         self.port = 0
         engine.on_dead(self._engine_died)
 
@@ -189,7 +225,8 @@ class GrpcServer:
             if serving
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
-        for name in ("", *SERVICE_NAMES):
+        self.serving = serving
+        for name in ("", *self.service_names):
             await self.health.set(name, status)
 
     async def drain(self, timeout: float) -> None:

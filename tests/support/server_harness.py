@@ -66,6 +66,7 @@ class ServerHarness:
         lora_root: str | None = None,
         tls: TlsReloader | None = None,  # serve TLS (mTLS) instead of plaintext
         connection: ConnectionSettings | None = None,
+        worker_protocol: str | None = None,  # "vllm": also serve vllm.grpc.engine.VllmEngine
     ) -> None:
         self.config = EngineConfig(
             model=ModelConfig(
@@ -94,6 +95,7 @@ class ServerHarness:
             allow_runtime_lora_updating=allow_runtime_lora_updating,
             lora_root=lora_root,
             connection=connection or ConnectionSettings(),
+            worker_protocol=worker_protocol,
         )
         self.tls = tls
         self.observer = observer

@@ -1,0 +1,1 @@
+"""The vLLM engine worker protocol (``vllm.grpc.engine.VllmEngine``) for gateways."""
