@@ -17,8 +17,7 @@ from typing import Any
 from smg_grpc_proto.generated import vllm_engine_pb2
 
 from tokenwire.runtime.errors import ParameterError
-from tokenwire.runtime.sampling_params import SamplingParams
-from tokenwire.runtime.structured.params import StructuredOutputsParams
+from tokenwire.runtime.sampling_params import SamplingParams, StructuredOutputsParams
 from tokenwire.server.grpc.convert import Limits
 from tokenwire.server.grpc.errors import renamed
 
