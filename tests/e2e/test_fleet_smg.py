@@ -48,7 +48,7 @@ TOOLS = [
 
 @pytest.fixture(scope="module")
 def replicas(tiny_model_with_tokenizer: Path) -> Iterator[list[Served]]:
-    flags = ("--served-model-name", MODEL, "--worker-protocol", "vllm", "--max-model-len", "1024")
+    flags = ("--served-model-name", MODEL, "--worker-protocol", "vllm", "--max-model-len", "512")
     with ThreadPoolExecutor(2) as pool:  # both load at once
         started = list(pool.map(lambda _: serve(tiny_model_with_tokenizer, *flags), range(2)))
     yield started

@@ -84,6 +84,8 @@ def start_gateway(
         "1",
         "--health-failure-threshold",
         "1",
+        "--shutdown-grace-period-secs",
+        "1",
         *args,
     ]
     log = Path(tempfile.mkstemp(prefix="smg-", suffix=".log")[1])
