@@ -251,3 +251,17 @@ def test_unimplemented_and_flush(engine_stub: Any) -> None:
     assert "--kv-events-config" in (caught.value.details() or "")
     flushed = engine_stub.FlushCache(common_pb2.FlushCacheRequest())
     assert not flushed.success and flushed.message
+
+
+def test_undecodable_request_is_malformed(channel: grpc.Channel) -> None:
+    """The malformed-request guard covers this service too: INVALID_ARGUMENT, never UNKNOWN."""
+    raw = channel.unary_stream(
+        "/vllm.grpc.engine.VllmEngine/Generate",
+        request_serializer=lambda b: b,
+        response_deserializer=lambda b: b,
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        list(raw(b"\x0a\xff\xff\xff\xff\xff"))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    info, _ = details_of(caught.value)
+    assert info is not None and info.reason == "MALFORMED_REQUEST"
