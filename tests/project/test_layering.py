@@ -23,6 +23,7 @@ SERVER_STACK = (
     "grpc_health",
     "grpc_reflection",
     "grpc_status",
+    "smg_grpc_proto",  # the gateway worker protocol lives in server/worker_protocol
     "google.rpc",
     "fastapi",
     "starlette",
