@@ -159,6 +159,8 @@ def main() -> None:
     p.add_argument("--max-model-len", type=int, default=512)
     p.add_argument("--transports", default="grpc,http")
     args = p.parse_args()
+    # SIGTERM unwinds like Ctrl-C: the replica and the gateways are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     transports = [t for t in args.transports.split(",") if t]
     results: dict[str, list[float]] = {"direct": [], **{f"smg-{t}": [] for t in transports}}
     same_text = True
