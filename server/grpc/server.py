@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import socket
 from dataclasses import dataclass, field
 
 import grpc
@@ -40,6 +42,12 @@ SERVICE_NAMES = (
 )
 
 
+def default_replica_id() -> str:
+    """``hostname-pid``: stable for the process's life, distinct across pods (the pod name
+    is the hostname) and across servers on one host."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
 @dataclass(frozen=True)
 class GrpcSettings:
     host: str = "127.0.0.1"
@@ -61,8 +69,12 @@ class GrpcSettings:
     lora_root: str | None = None
     # Keepalive, connection age, message sizes, concurrent-RPC cap (server/grpc/connection.py).
     connection: ConnectionSettings = field(default_factory=ConnectionSettings)
+    # --replica-id: this process's id in a fleet (GetServerInfo, /v1/models).
+    replica_id: str = field(default_factory=lambda: default_replica_id())
 
     def __post_init__(self) -> None:
+        if not self.replica_id or len(self.replica_id) > 253 or not self.replica_id.isprintable():
+            raise ValueError("--replica-id must be 1-253 printable characters")
         check_parser_names(self.tool_call_parser, self.reasoning_parser)
         merged = merged_config(self.api_keys, self.tenants)  # --api-key with the key file
         # Runtime LoRA updating needs authenticated callers: keys of either flag.
@@ -155,6 +167,7 @@ class GrpcServer:
                 self.tenants.auth_required,
                 settings.adapter_flags,
                 self.tenants,
+                settings.replica_id,
             ),
             self.server,
         )
