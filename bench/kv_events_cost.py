@@ -1,7 +1,8 @@
 """``tokenwire bench overhead --compare-kv-events``: the cost of KV-cache events per step.
 
 Runs the overhead workload with events off and on (``publisher: null``: the core records
-and the front drains every step, as served), alternating ``rounds`` times in one process, and
+and the front drains every step, as served), ``rounds`` times in one process in ABBA order,
+and
 compares median step times. The cost is the step-time difference plus the msgspec encoding
 of the batches (which the step timings do not contain), as a fraction of the step time off.
 """
@@ -26,9 +27,13 @@ def kv_events_cost(config: OverheadConfig, rounds: int = 3) -> dict[str, Any]:
     )
     off: list[dict[str, Any]] = []
     on: list[dict[str, Any]] = []
-    for _ in range(rounds):
-        off.append(overhead_result(config))
-        on.append(overhead_result(on_config))
+    for i in range(rounds):  # ABBA order: neither setting always runs first
+        if i % 2:
+            on.append(overhead_result(on_config))
+            off.append(overhead_result(config))
+        else:
+            off.append(overhead_result(config))
+            on.append(overhead_result(on_config))
     step_off = statistics.median(r["step_ms"] for r in off)
     step_on = statistics.median(r["step_ms"] for r in on)
     book_off = statistics.median(r["engine_overhead_ms_per_step"] for r in off)

@@ -23,6 +23,7 @@ import msgspec
 import pytest
 import zmq
 from tiny_models import TEST_KV_CACHE_BYTES
+from vllm_kv_schema import BlockStored, KVEventBatch
 
 from tokenwire.runtime.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from tokenwire.runtime.core.kv_events import external_block_hash
@@ -31,42 +32,6 @@ from tokenwire.runtime.engine.inproc_client import InprocCoreClient
 from tokenwire.runtime.front.request_stream import RequestFailed, RequestFinished
 from tokenwire.runtime.kv_events_config import KVEventsConfig
 from tokenwire.runtime.sampling_params import SamplingParams
-
-
-# ------------------------------------------------ vLLM's schema, as a vLLM subscriber has it
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[Any]
-    data_parallel_rank: int | None = None
-
-
-class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
-    pass
-
-
-class BlockStored(KVCacheEvent):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-
-
-class BlockRemoved(KVCacheEvent):
-    block_hashes: list[int]
-    medium: str | None
-
-
-class AllBlocksCleared(KVCacheEvent):
-    pass
-
-
-class KVEventBatch(EventBatch):
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
-
 
 BLOCK_SIZE = 4
 TOPIC = b"kv"
