@@ -146,6 +146,13 @@ def add_overhead_arguments(p: argparse.ArgumentParser) -> None:
         default=OverheadConfig.output_len,
         help="tokens each sequence decodes (default: %(default)s)",
     )
+    p.add_argument(
+        "--compare-kv-events",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="compare KV-cache events off vs on over ROUNDS alternating runs (0: no)",
+    )
     EngineArgs.add_cli_args(
         p, model_help="model (default: a tiny random Llama, whose forward pass is nearly free)"
     )
@@ -158,6 +165,10 @@ def overhead_config(args: argparse.Namespace) -> OverheadConfig:
 
 
 def _overhead(args: argparse.Namespace) -> int:
+    if args.compare_kv_events:
+        from tokenwire.bench.kv_events_cost import run_kv_events_cost
+
+        return run_kv_events_cost(overhead_config(args), args.compare_kv_events)
     from tokenwire.bench.overhead import run_overhead
 
     return run_overhead(overhead_config(args))

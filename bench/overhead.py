@@ -8,8 +8,11 @@ import dataclasses
 import json
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from tokenwire.bench.configs import OverheadConfig
 from tokenwire.bench.throughput import build_llm, overhead_ms
@@ -56,6 +59,7 @@ def overhead_result(config: OverheadConfig) -> dict[str, Any]:
         prompts = [[(7 * i + j) % span + 3 for j in range(PROMPT_LEN)] for i in range(num_seqs)]
         params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=config.output_len)
         llm.generate(prompts, params, use_tqdm=False)
+        encode_s = _encode_time(llm.kv_events)
         del llm
     full = [s for s in recorder.steps if s.num_seqs == num_seqs and s.phase == "decode"]
     if not full:
@@ -73,7 +77,21 @@ def overhead_result(config: OverheadConfig) -> dict[str, Any]:
         "update_ms": round(1e3 * statistics.median(s.update_time for s in full), 3),
         "forward_ms": round(1e3 * statistics.median(s.forward_time for s in full), 3),
         "sample_ms": round(1e3 * statistics.median(s.sample_time for s in full), 3),
+        "step_ms": round(1e3 * statistics.median(s.duration for s in full), 3),
+        "kv_events_encode_ms_per_step": round(1e3 * encode_s / len(recorder.steps), 4),
     }
+
+
+def _encode_time(batches: Any) -> float:
+    """Seconds msgspec takes to encode every recorded KV-event batch (what the core process
+    adds to its StepResult, and the ZMQ publisher thread again); 0 with events off."""
+    if not batches:
+        return 0.0
+    encoder = msgspec.msgpack.Encoder()
+    t0 = time.perf_counter()
+    for batch in batches:
+        encoder.encode(batch)
+    return time.perf_counter() - t0
 
 
 def run_overhead(config: OverheadConfig) -> int:

@@ -76,8 +76,9 @@ class AsyncClient:
         timeout: float | None = None,
         request_id: str | None = None,
         priority: int | None = None,
+        session_key: str | None = None,
     ) -> T:
-        metadata = convert.call_metadata(self._api_key, request_id, priority)
+        metadata = convert.call_metadata(self._api_key, request_id, priority, session_key)
         deadline = self._timeout if timeout is None else timeout
         try:
             return await method(request, metadata=metadata, timeout=deadline)
@@ -96,16 +97,18 @@ class AsyncClient:
         cache_salt: str | None = None,
         timeout: float | None = None,
         priority: int | None = None,
+        session_key: str | None = None,
         **options: Unpack[GenerationOptions],
     ) -> r.Completion:
-        """Generate a complete answer for text, token ids or chat ``messages``."""
+        """Generate a complete answer for text, token ids or chat ``messages``.
+        ``session_key``: the conversation's affinity key, sent as ``x-session-id``."""
         request = convert.generate_request(
             prompt, messages, model=model, request_id=request_id, cache_salt=cache_salt,
             options=options,
         )  # fmt: skip
         response: gen.GenerateResponse = await self._call(
             self._generation.Generate, request, timeout=timeout, request_id=request_id,
-            priority=priority,
+            priority=priority, session_key=session_key,
         )  # fmt: skip
         return convert.completion(response)
 
@@ -119,6 +122,7 @@ class AsyncClient:
         cache_salt: str | None = None,
         timeout: float | None = None,
         priority: int | None = None,
+        session_key: str | None = None,
         **options: Unpack[GenerationOptions],
     ) -> AsyncIterator[r.StreamEvent]:
         """Stream events: StreamStart, TextDelta*, one ChoiceEnd per choice, StreamUsage.
@@ -130,7 +134,7 @@ class AsyncClient:
             prompt, messages, model=model, request_id=request_id, cache_salt=cache_salt,
             options=options,
         )  # fmt: skip
-        metadata = convert.call_metadata(self._api_key, request_id, priority)
+        metadata = convert.call_metadata(self._api_key, request_id, priority, session_key)
         deadline = self._timeout if timeout is None else timeout
         call = self._generation.GenerateStream(request, metadata=metadata, timeout=deadline)
         return _stream_events(call, request_id)
@@ -150,15 +154,20 @@ class AsyncClient:
         *,
         cache_salt: str | None = None,
         timeout: float | None = None,
+        session_key: str | None = None,
+        reconnect: bool = True,
         **options: Unpack[GenerationOptions],
     ) -> AsyncSession:
         """A Session to use as ``async with client.session(...) as s`` (or ``await s.open()``
-        and ``await s.close()``). ``options`` are defaults for every turn."""
+        and ``await s.close()``). ``options`` are defaults for every turn. ``session_key``:
+        its ``x-session-id`` (default: a random one per session); ``reconnect``: reopen the
+        conversation with its transcript when its replica is lost (``AsyncSession``)."""
         opening = convert.session_open(model, system_prompt, cache_salt, options)
         metadata = convert.call_metadata(self._api_key)
         return AsyncSession(
-            self._generation.Session, opening, metadata, options.get("n") or 1, timeout
-        )
+            self._generation.Session, opening, metadata, options.get("n") or 1, timeout,
+            session_key, reconnect,
+        )  # fmt: skip
 
     # ----------------------------------------------------------------------------- models
 

@@ -3,12 +3,20 @@
 A reader task moves every server message into a queue as soon as it arrives, and writes are
 independent of reads, so ``cancel_turn()`` from another task is never stuck behind
 generation.
+
+Affinity: every stream of a session carries ``x-session-id`` metadata (``session_key``, one
+per session object, kept across reconnects) so a gateway's consistent hashing keeps the
+conversation on one replica. Reconnect: when the stream is lost (the replica died or
+drained: UNAVAILABLE, or the stream ended) the next turn reopens the session with its
+transcript (``session_transcript``) and first yields ``Notice("reconnected", why)``; a turn
+cut off mid-generation is run again once on the new stream, after that notice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeAlias, Unpack
 
@@ -18,6 +26,7 @@ from tokenwire.clients import convert
 from tokenwire.clients import results as r
 from tokenwire.clients.convert import GenerationOptions
 from tokenwire.clients.errors import TokenwireError, UnavailableError, from_rpc_error, from_status
+from tokenwire.clients.session_transcript import Transcript
 from tokenwire.v1 import generation_pb2 as gen
 
 _CANCEL_TURN = gen.SessionRequest(cancel_turn=gen.SessionCancelTurn())
@@ -37,10 +46,17 @@ class AsyncSession:
         metadata: Sequence[tuple[str, str]],
         default_n: int,
         timeout: float | None,
+        session_key: str | None = None,
+        reconnect: bool = True,
     ) -> None:
         self._method = method
         self._opening = opening
-        self._metadata = tuple(metadata)
+        self.session_key = session_key or uuid.uuid4().hex
+        self._metadata = (*metadata, ("x-session-id", self.session_key))
+        self.reconnect = reconnect
+        self._transcript = Transcript()
+        self._user_closed = False
+        self._lost: str | None = None  # why the stream ended (it was not closed by us)
         self._timeout = timeout
         self._default_n = default_n
         self._call: Any = None
@@ -70,9 +86,14 @@ class AsyncSession:
 
     async def open(self) -> r.SessionInfo:
         """Start the stream and wait for the server's Opened."""
+        return await self._open(self._opening)
+
+    async def _open(self, opening: gen.SessionRequest) -> r.SessionInfo:
         self._call = self._method(metadata=self._metadata, timeout=self._timeout)
+        self._inbox = asyncio.Queue()
+        self._closed, self._lost, self._pending_ends = False, None, 0
         self._reader = asyncio.create_task(self._read_loop())
-        await self._write(self._opening)
+        await self._write(opening)
         while (response := await self._next()) is not None:
             event = convert.session_event(response)
             if isinstance(event, r.SessionInfo):
@@ -85,8 +106,12 @@ class AsyncSession:
             while (response := await self._call.read()) is not grpc.aio.EOF:
                 self._inbox.put_nowait(response)
         except grpc.RpcError as err:
-            self._inbox.put_nowait(from_rpc_error(err))
+            error = from_rpc_error(err)
+            self._lost = str(error)
+            self._inbox.put_nowait(error)
         finally:
+            if self._lost is None:
+                self._lost = "the server ended the stream"
             self._inbox.put_nowait(None)
 
     async def _next(self) -> gen.SessionResponse | None:
@@ -121,7 +146,42 @@ class AsyncSession:
         """Run one turn: yields TurnStart, TextDelta*, one TurnEnd per choice (and any
         Notice). A failed turn raises its ``TokenwireError``; the session stays usable."""
         request = convert.session_turn(user_message, text, token_ids, options)
-        return self._run_turn(request, options.get("n") or self._default_n)
+        return self._turn_with_reconnect(request, options.get("n") or self._default_n)
+
+    def _can_reconnect(self) -> bool:
+        return self.reconnect and not self._user_closed and self._transcript.replayable
+
+    async def _reconnect(self) -> r.Notice:
+        old, why = self.session_id, self._lost or "the stream ended"
+        if self._reader is not None:
+            self._call.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        info = await self._open(self._transcript.opening(self._opening))
+        text = f"session {old} was lost ({why}); reopened as {info.session_id}: it recomputes"
+        return r.Notice("reconnected", text)
+
+    async def _turn_with_reconnect(
+        self, request: gen.SessionRequest, n: int
+    ) -> AsyncIterator[r.SessionEvent]:
+        if self._call is None or self._user_closed:
+            raise UnavailableError("the session is not open")
+        if self._closed and self._can_reconnect():
+            yield await self._reconnect()
+        self._transcript.start(request.turn)
+        try:
+            async for event in self._run_turn(request, n):
+                yield event
+        except UnavailableError:
+            if not (self._closed and self._can_reconnect()):
+                raise
+            yield await self._reconnect()  # cut off mid-turn: once more on the new stream
+            self._transcript.start(request.turn)
+            async for event in self._run_turn(request, n):
+                yield event
+        except GeneratorExit:  # left early: the turn was cancelled, its reply so far stays
+            self._transcript.commit()
+            raise
+        self._transcript.commit()
 
     async def _run_turn(self, request: gen.SessionRequest, n: int) -> AsyncIterator[r.SessionEvent]:
         if self._closed or self._call is None:
@@ -132,6 +192,8 @@ class AsyncSession:
         self._pending_ends = n
         if not await self._write(request):
             self._pending_ends = 0
+            self._closed = True  # the stream is finished, whether or not its end was read
+            self._lost = self._lost or "the stream was finished"
             raise UnavailableError("the session is closed")
         try:
             while self._turn_seq == seq and self._pending_ends > 0:
@@ -153,6 +215,8 @@ class AsyncSession:
                 self._pending_ends = 0
                 raise from_status(response.turn_end.error)
         event = convert.session_event(response)
+        if isinstance(event, r.TextDelta):
+            self._transcript.reply(event.index, event.text, event.token_ids)
         return None if isinstance(event, r.SessionInfo) else event
 
     async def _abandon_turn(self) -> None:
@@ -173,6 +237,7 @@ class AsyncSession:
 
     async def close(self) -> None:
         """Close the session (frees its KV cache on the server) and wait for the stream."""
+        self._user_closed = True
         if self._call is None:
             return
         if not self._closed:

@@ -8,6 +8,7 @@ with Client("127.0.0.1:50051", api_key="...") as client:
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, Unpack
 
@@ -153,15 +154,19 @@ class Client:
         *,
         cache_salt: str | None = None,
         timeout: float | None = None,
+        session_key: str | None = None,
         **options: Unpack[GenerationOptions],
     ) -> SyncSession:
         """Open a Session (a conversation whose KV cache stays on the server).
 
         ``options`` are defaults for every turn. ``timeout`` bounds the whole session
-        (default: none). Use as a context manager so the session is closed.
+        (default: none). Use as a context manager so the session is closed. The stream
+        carries ``x-session-id: session_key`` (default: a random key per session) for a
+        gateway's affinity; reopening a lost session is ``AsyncSession``'s (not this one's).
         """
         opening = convert.session_open(model, system_prompt, cache_salt, options)
-        metadata = convert.call_metadata(self._api_key)
+        key = session_key or uuid.uuid4().hex
+        metadata = convert.call_metadata(self._api_key, session_key=key)
         return SyncSession(
             self._generation.Session, opening, metadata, options.get("n") or 1, timeout
         )

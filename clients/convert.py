@@ -48,10 +48,16 @@ Messages = Sequence[Mapping[str, str]]
 
 
 def call_metadata(
-    api_key: str | None, request_id: str | None = None, priority: int | None = None
+    api_key: str | None,
+    request_id: str | None = None,
+    priority: int | None = None,
+    session_key: str | None = None,
 ) -> tuple[tuple[str, str], ...]:
-    """gRPC metadata of one call: API key, request id and priority when given."""
+    """gRPC metadata of one call: API key, request id, priority and the conversation's
+    affinity key (``x-session-id``, what a gateway's consistent hashing reads) when given."""
     pairs: list[tuple[str, str]] = []
+    if session_key:
+        pairs.append(("x-session-id", session_key))
     if api_key:
         pairs.append(("authorization", f"Bearer {api_key}"))
     if request_id:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tokenwire.runtime.kv_events_config import KVEventsConfig
 from tokenwire.runtime.structured.config import StructuredOutputsConfig
 
 LoadFormat = Literal["auto", "safetensors", "gguf", "dummy"]
@@ -289,6 +290,7 @@ class EngineConfig:
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     speculative_config: SpeculativeConfig | None = None
+    kv_events_config: KVEventsConfig | None = None
     device: str = "auto"
     # CUDA only: run every step eagerly instead of replaying decode CUDA graphs.
     enforce_eager: bool = False

@@ -52,6 +52,11 @@ from tokenwire.runtime.flag_values import (
     parse_speculative_config,
     speculative_from_value,
 )
+from tokenwire.runtime.kv_events_config import (
+    KVEventsConfig,
+    kv_events_from_value,
+    parse_kv_events_config,
+)
 
 
 @dataclass(frozen=True)
@@ -327,6 +332,15 @@ class EngineArgs:
         type=parse_speculative_config,
         metavar="JSON",
     )
+    kv_events_config: KVEventsConfig | None = _arg(  # noqa: RUF009 (a frozen config)
+        EngineConfig,
+        "kv_events_config",
+        'KV-cache events, vLLM\'s JSON: {"enable_kv_cache_events": true, "publisher": "zmq", '
+        '"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "buffer_steps": N, '
+        '"hwm": N, "topic": ""} (docs/fleet.md)',
+        type=parse_kv_events_config,
+        metavar="JSON",
+    )
 
     # ------------------------------------------------------------------ command line
     @staticmethod
@@ -391,6 +405,7 @@ class EngineArgs:
 TO_CONFIG: dict[str, Callable[[Any], Any]] = {
     "max_model_len": max_model_len_from_value,  # LLM(max_model_len="8k")
     "speculative_config": speculative_from_value,  # vLLM's dict, or the flag's JSON text
+    "kv_events_config": kv_events_from_value,
     "lora_modules": tuple,  # LLM(lora_modules=[("name", "/path")])
 }
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 from tqdm import tqdm
 
+from tokenwire.runtime.core.kv_events import KVEventBatch
 from tokenwire.runtime.engine.core import EngineCore
 from tokenwire.runtime.engine.core_loop import engine_info
 from tokenwire.runtime.engine_args import EngineArgs
@@ -47,6 +50,11 @@ class LLM:
         self.frontend = Frontend.from_info(info)
         self.default_sampling = info.default_sampling
         self._counter = itertools.count()
+        # With --kv-events-config: each step's KV-cache events, the last buffer_steps kept.
+        events = config.kv_events_config
+        self.kv_events: deque[KVEventBatch] | None = None
+        if events is not None and events.enable_kv_cache_events:
+            self.kv_events = deque(maxlen=events.buffer_steps)
 
     @classmethod
     def from_engine_args(
@@ -202,6 +210,8 @@ class LLM:
 
     def _step(self) -> ProcessedStep:
         step = self.frontend.process(self.engine.step())
+        if self.kv_events is not None and (events := self.engine.take_kv_events()):
+            self.kv_events.append(KVEventBatch(ts=time.time(), events=events))
         if step.to_abort:
             self.engine.abort_requests(step.to_abort)
         return step

@@ -70,8 +70,8 @@ def run_serve(args: argparse.Namespace) -> int:
     tracing = tracing_settings(args)
     tls = _load_tls(args)  # every certificate problem exits 2 here, before the model loads
     configure_logging(args.log_format)
-    telemetry = Telemetry(tracing)
     options = serve_options(args)
+    telemetry = Telemetry(tracing, metrics_compat=options.metrics_compat)
     tenants = TenantRegistry(settings.tenants, settings.api_keys)
     rest = None
     if not args.disable_rest:

@@ -18,6 +18,7 @@ from tokenwire.server.rest.app import RestSettings
 from tokenwire.server.rest.connection import HttpConnectionSettings, http_connection_settings
 from tokenwire.server.rest.server import add_rest_arguments
 from tokenwire.server.telemetry.logs import add_log_format_argument
+from tokenwire.server.telemetry.metrics import METRICS_COMPAT
 from tokenwire.server.telemetry.tracing import add_tracing_arguments
 from tokenwire.server.tenants.config import load_tenant_file
 from tokenwire.server.tls.settings import add_ssl_arguments
@@ -35,6 +36,7 @@ class ServeOptions:
     engine_in_process: bool = False
     http: HttpConnectionSettings = field(default_factory=HttpConnectionSettings)
     reload_interval: float | None = None  # poll the reloadable files (None: SIGHUP only)
+    metrics_compat: str = "both"  # /metrics names: tokenwire:*, vllm:* or both
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -130,6 +132,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "against it; .. and symlinks cannot leave it)",
     )
     p.add_argument(
+        "--replica-id",
+        default=None,
+        help="this server's id in a fleet, shown by GetServerInfo and /v1/models "
+        "(default: HOSTNAME-PID, stable for the process's life)",
+    )
+    p.add_argument(
         "--max-sessions",
         type=int,
         default=GrpcSettings.max_sessions,
@@ -168,6 +176,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "REST --port, where it needs the API key when --api-key is set)",
     )
     p.add_argument(
+        "--metrics-compat",
+        choices=METRICS_COMPAT,
+        default=ServeOptions.metrics_compat,
+        help="metric names on /metrics: tokenwire:*, vllm:* (what llm-d / Gateway API "
+        "endpoint pickers read unchanged) or both (default: %(default)s)",
+    )
+    p.add_argument(
         "--metrics-host",
         default=None,
         help="bind address of --metrics-port (default: --host); keep it internal",
@@ -198,6 +213,7 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
         engine_in_process=args.engine_in_process,
         http=http_connection_settings(args),
         reload_interval=args.reload_interval,
+        metrics_compat=args.metrics_compat,
     )
 
 
@@ -225,6 +241,7 @@ def grpc_settings(args: argparse.Namespace) -> GrpcSettings:
         lora_root=args.lora_root,
         connection=connection_settings(args),
         worker_protocol=args.worker_protocol,
+        **({} if args.replica_id is None else {"replica_id": args.replica_id}),
     )
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 
+from tokenwire.runtime.core.kv_events import KVEventRecorder
 from tokenwire.runtime.scheduler_output import NULL_BLOCK_ID
 
 
@@ -42,7 +43,9 @@ class KVBlock:
 class BlockPool:
     """All ``num_blocks`` blocks (including the null block) and their free/cached state."""
 
-    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+    def __init__(
+        self, num_blocks: int, enable_caching: bool, events: KVEventRecorder | None = None
+    ) -> None:
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (one is the null block), got {num_blocks}")
         self.num_blocks = num_blocks
@@ -54,6 +57,8 @@ class BlockPool:
         self._free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
         # block hash -> the one block caching it (in use, or free but evictable).
         self._cached: dict[bytes, KVBlock] = {}
+        # Records hashes leaving the map and cache resets (None: KV events are off).
+        self.events = events
 
     @property
     def num_usable_blocks(self) -> int:
@@ -100,6 +105,8 @@ class BlockPool:
         assert block_hash is not None
         if self._cached.get(block_hash) is block:
             del self._cached[block_hash]
+            if self.events is not None:
+                self.events.removed(block_hash)
         block.block_hash = None
 
     def touch(self, blocks: Iterable[KVBlock]) -> None:
@@ -127,18 +134,19 @@ class BlockPool:
         """The block caching ``block_hash`` (in use or evictable), or None."""
         return self._cached.get(block_hash)
 
-    def cache_full_block(self, block: KVBlock, block_hash: bytes) -> None:
-        """Register a full block under ``block_hash``.
+    def cache_full_block(self, block: KVBlock, block_hash: bytes) -> bool:
+        """Register a full block under ``block_hash``; True if the map gained the hash.
 
         No-op if caching is off, if the block is already cached, or if another block already
         caches this hash (the duplicate stays uncached; the map keeps one block per hash).
         """
         if not self.enable_caching or block.block_hash is not None:
-            return
+            return False
         if block_hash in self._cached:
-            return
+            return False
         block.block_hash = block_hash
         self._cached[block_hash] = block
+        return True
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash. Refused (returns False) while any block is in use."""
@@ -147,7 +155,13 @@ class BlockPool:
         for block in self._cached.values():
             block.block_hash = None
         self._cached.clear()
+        if self.events is not None:
+            self.events.cleared()
         return True
+
+    def cached_hashes(self) -> list[bytes]:
+        """Every hash in the prefix-cache map (tests compare it with a subscriber's view)."""
+        return list(self._cached)
 
     def free_block_ids(self) -> list[int]:
         """Free queue in eviction order (front first). For tests and debugging."""

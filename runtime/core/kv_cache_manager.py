@@ -27,6 +27,7 @@ import struct
 from collections.abc import Sequence
 
 from tokenwire.runtime.core.block_pool import BlockPool, KVBlock
+from tokenwire.runtime.core.kv_events import KVEventRecorder
 from tokenwire.runtime.core.request import Request
 
 
@@ -42,6 +43,14 @@ def request_extra_keys(request: Request) -> bytes:
     if request.lora_request is not None:
         extra += request.lora_request.cache_key
     return extra
+
+
+def request_extra_pieces(request: Request) -> tuple[str, ...]:
+    """``request_extra_keys`` as the UTF-8 text pieces KV events publish (same bytes)."""
+    pieces = [] if request.cache_salt is None else ["salt:" + request.cache_salt]
+    if request.lora_request is not None:
+        pieces.append(request.lora_request.cache_key.decode())
+    return tuple(pieces)
 
 
 def salt_extra_keys(cache_salt: str | None) -> bytes:
@@ -79,9 +88,11 @@ class KVCacheManager:
         block_size: int,
         enable_prefix_caching: bool,
         sliding_window: int | None = None,
+        kv_events: KVEventRecorder | None = None,
     ) -> None:
         """``sliding_window``: the largest window when every layer has one (None: some layer
-        attends to the whole context, nothing is ever skipped)."""
+        attends to the whole context, nothing is ever skipped). ``kv_events``: records the
+        blocks cached, evicted and cleared (None: KV events are off)."""
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         if sliding_window is not None and sliding_window <= 0:
@@ -89,7 +100,8 @@ class KVCacheManager:
         self.block_size = block_size
         self.sliding_window = sliding_window
         self.enable_prefix_caching = enable_prefix_caching
-        self.block_pool = BlockPool(num_blocks, enable_prefix_caching)
+        self.block_pool = BlockPool(num_blocks, enable_prefix_caching, kv_events)
+        self.kv_events = kv_events
         self._pack_block = struct.Struct(f"<{block_size}I").pack
         self._requests: dict[str, _RequestBlocks] = {}
         # Tables of finished requests kept referenced for a holder (a session), by holder id.
@@ -256,9 +268,36 @@ class KVCacheManager:
         cache_full_block = self.block_pool.cache_full_block
         # A block skipped before it could be hashed (its tokens arrived late, e.g. accepted
         # speculative tokens) is simply never cached.
-        for i in range(max(state.num_cached_blocks, state.num_skipped), num_full):
-            cache_full_block(state.blocks[i], hashes[i])
+        start = max(state.num_cached_blocks, state.num_skipped)
+        if self.kv_events is None:
+            for i in range(start, num_full):
+                cache_full_block(state.blocks[i], hashes[i])
+        else:
+            stored = [
+                i for i in range(start, num_full) if cache_full_block(state.blocks[i], hashes[i])
+            ]
+            self._record_stored(request, hashes, stored)
         state.num_cached_blocks = num_full
+
+    def _record_stored(self, request: Request, hashes: list[bytes], stored: list[int]) -> None:
+        """One ``BlockStored`` per run of consecutive newly cached blocks."""
+        assert self.kv_events is not None
+        bs = self.block_size
+        lora = request.lora_request
+        lora_key = None if lora is None else (lora.lora_int_id, lora.lora_name)
+        run_start = 0
+        for k in range(1, len(stored) + 1):
+            if k < len(stored) and stored[k] == stored[k - 1] + 1:
+                continue
+            first, last = stored[run_start], stored[k - 1]
+            self.kv_events.stored(
+                hashes[first : last + 1],
+                hashes[first - 1] if first > 0 else None,
+                list(request.token_ids[first * bs : (last + 1) * bs]),
+                lora_key,
+                request_extra_pieces(request) if first == 0 else None,
+            )
+            run_start = k
 
     def _extend_block_hashes(
         self, request: Request, state: _RequestBlocks, num_full: int

@@ -17,6 +17,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from tokenwire.runtime.config import DEFAULT_MAX_REQUESTS, EngineConfig
 from tokenwire.runtime.engine.core_client import CoreClient, make_core_client
@@ -29,6 +30,8 @@ from tokenwire.runtime.engine.messages import (
     IdleReply,
     LoRAReply,
     ReleaseHolder,
+    ResetPrefixCache,
+    ResetReply,
     StepResult,
 )
 from tokenwire.runtime.engine.protocol import EngineInfo, EngineStatsSnapshot, IdleReport
@@ -42,6 +45,8 @@ from tokenwire.runtime.errors import (
     QueueFullError,
 )
 from tokenwire.runtime.front.frontend import Frontend
+from tokenwire.runtime.front.kv_event_hub import KVEventHub
+from tokenwire.runtime.front.kv_events_front import KVEventsFront
 from tokenwire.runtime.front.lora_front import LoRAFront
 from tokenwire.runtime.front.output_processor import ProcessedStep
 from tokenwire.runtime.front.request_stream import RequestFailed, RequestFinished, RequestStream
@@ -90,6 +95,8 @@ class AsyncEngine:
         self._idle_calls: dict[int, asyncio.Future[IdleReport]] = {}
         self._call_ids = itertools.count()
         self._output_task: asyncio.Task[None] | None = None
+        self._kv_events = KVEventsFront.make(config)  # None unless --kv-events-config
+        self._reset_calls: dict[int, asyncio.Future[bool]] = {}
 
     # ------------------------------------------------------------------ facts
     @property
@@ -122,10 +129,17 @@ class AsyncEngine:
     def stats_snapshot(self) -> EngineStatsSnapshot:
         return self._snapshot
 
+    @property
+    def kv_events(self) -> KVEventHub | None:
+        """The KV-cache event stream (None unless ``--kv-events-config`` enables it)."""
+        return None if self._kv_events is None else self._kv_events.hub
+
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         """Start the core, wait until it has loaded the model, load the tokenizer (off the
         loop) from what the core published."""
+        if self._kv_events is not None:
+            self._kv_events.start()  # a bad endpoint fails before the model loads
         info = await self.client.start()
         self._info = info
         self._loras.seed(info.lora_adapters, info.max_lora_rank)
@@ -162,9 +176,24 @@ class AsyncEngine:
         if self._frontend is not None:
             self._frontend.close()
         await self.client.shutdown()
+        if self._kv_events is not None:
+            await self._kv_events.close()
         if self._output_task is not None:
             self._output_task.cancel()
             await asyncio.gather(self._output_task, return_exceptions=True)
+
+    async def reset_prefix_cache(self, timeout: float = 30.0) -> bool:
+        """Forget every cached block; False (nothing changed) while any block is in use."""
+        if self._dead is not None:
+            raise EngineDeadError(self._dead)
+        call_id = next(self._call_ids)
+        reply: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._reset_calls[call_id] = reply
+        self.client.send(ResetPrefixCache(call_id))
+        try:
+            return await asyncio.wait_for(reply, timeout)
+        finally:
+            self._reset_calls.pop(call_id, None)
 
     async def check_idle(self, timeout: float = 30.0) -> IdleReport:
         """The core's own account of its state once every earlier command is applied."""
@@ -309,6 +338,10 @@ class AsyncEngine:
                         reply.set_result(message.report)
                 elif isinstance(message, LoRAReply):
                     self._loras.on_reply(message)
+                elif isinstance(message, ResetReply):
+                    done = self._reset_calls.pop(message.call_id, None)
+                    if done is not None and not done.done():
+                        done.set_result(message.ok)
                 elif isinstance(message, CoreFailed):
                     if not self._closing:
                         self._die(message.message)
@@ -326,6 +359,8 @@ class AsyncEngine:
                 self.observer.on_request_finished(stats)
         if result.snapshot is not None:
             self._snapshot = result.snapshot
+        if result.kv_events is not None and self._kv_events is not None:
+            self._kv_events.hub.publish(result.kv_events)
         outputs = result.outputs
         if any(o.error_param is not None for o in outputs):
             outputs = self._fail_bad_parameters(outputs)
@@ -390,7 +425,9 @@ class AsyncEngine:
         for request_id in list(self._streams):
             self.frontend.abort(request_id)
             self._fail(request_id, EngineDeadError(reason))
-        for reply in self._idle_calls.values():
+        pending: list[asyncio.Future[Any]] = [*self._idle_calls.values()]
+        pending += self._reset_calls.values()
+        for reply in pending:
             if not reply.done():
                 reply.set_exception(EngineDeadError(reason))
         self._loras.fail_all(EngineDeadError(reason))

@@ -11,6 +11,7 @@ import time
 
 from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
+from tokenwire.runtime.core.kv_events import AnyKVEvent, KVEventRecorder
 from tokenwire.runtime.core.request import Request
 from tokenwire.runtime.core.scheduler import Scheduler
 from tokenwire.runtime.core.spec.accept import spec_step_stats
@@ -62,11 +63,15 @@ class EngineCore:
         except BaseException:
             self.executor.shutdown()
             raise
+        events = config.kv_events_config
         self.kv_cache_manager = KVCacheManager(
             self.facts.num_blocks,
             config.cache.block_size,
             config.cache.enable_prefix_caching,
             every_layer_window(self.facts.arch),
+            KVEventRecorder(config.cache.block_size)
+            if events is not None and events.enable_kv_cache_events
+            else None,
         )
         max_held = int(self.kv_cache_manager.num_blocks * config.cache.session_cache_fraction)
         pool = GrammarCompilerPool(
@@ -190,6 +195,15 @@ class EngineCore:
     def release_holder(self, holder_id: str) -> bool:
         """Free the KV blocks a finished request left under ``holder_id``."""
         return self.scheduler.release_holder(holder_id)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (refused, False, while any block is in use)."""
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def take_kv_events(self) -> list[AnyKVEvent]:
+        """KV-cache events recorded since the last call ([] when they are off)."""
+        events = self.kv_cache_manager.kv_events
+        return [] if events is None else events.take()
 
     def pop_evicted_holders(self) -> list[str]:
         """Holders whose blocks were released under memory pressure since the last call."""

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 
+from tokenwire.runtime.core.kv_events import KVEventBatch
 from tokenwire.runtime.core.request import Request
 from tokenwire.runtime.engine.core import EngineCore
 from tokenwire.runtime.engine.messages import (
@@ -26,6 +28,8 @@ from tokenwire.runtime.engine.messages import (
     ReleaseHolder,
     RemoveLoRA,
     RequestFault,
+    ResetPrefixCache,
+    ResetReply,
     Shutdown,
     StepResult,
 )
@@ -204,6 +208,10 @@ class CoreLoop:
         elif isinstance(message, AddLoRA | RemoveLoRA):
             self._flush()
             self.send(lora_reply(core, message))
+        elif isinstance(message, ResetPrefixCache):
+            ok = core.reset_prefix_cache()
+            self._flush()  # the AllBlocksCleared event goes out before the answer
+            self.send(ResetReply(message.call_id, ok))
         elif isinstance(message, CheckIdle):
             self._flush()  # everything before the question goes out before the answer
             self.send(IdleReply(message.call_id, idle_report(core)))
@@ -229,7 +237,9 @@ class CoreLoop:
     def _flush(self) -> None:
         steps, finished = self.collector.take()
         evicted = self.core.pop_evicted_holders()
-        if not (self._outputs or steps or finished or evicted or self._faults or self._released):
+        events = self.core.take_kv_events()
+        pending = self._outputs or steps or finished or evicted or self._faults or self._released
+        if not (pending or events):
             return
         result = StepResult(
             outputs=self._outputs,
@@ -238,6 +248,7 @@ class CoreLoop:
             evicted_holders=evicted,
             faults=self._faults,
             snapshot=snapshot(self.core, self._step_id),
+            kv_events=KVEventBatch(ts=time.time(), events=events) if events else None,
         )
         self._outputs, self._faults, self._released = [], [], False
         self.send(result)

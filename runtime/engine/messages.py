@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tokenwire.runtime.core.kv_events import KVEventBatch
 from tokenwire.runtime.engine.protocol import EngineInfo, EngineStatsSnapshot, IdleReport
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.outputs import EngineCoreOutput
@@ -78,7 +79,23 @@ class RemoveLoRA:
     name: str
 
 
-CoreInput = AddRequest | AbortRequests | ReleaseHolder | CheckIdle | Shutdown | AddLoRA | RemoveLoRA
+@dataclass(frozen=True, slots=True)
+class ResetPrefixCache:
+    """Forget every cached block; answered with a ``ResetReply`` (refused while in use)."""
+
+    call_id: int
+
+
+CoreInput = (
+    AddRequest
+    | AbortRequests
+    | ReleaseHolder
+    | CheckIdle
+    | Shutdown
+    | AddLoRA
+    | RemoveLoRA
+    | ResetPrefixCache
+)
 
 
 # ---------------------------------------------------------------------------- core -> front
@@ -98,6 +115,8 @@ class StepResult:
     evicted_holders: list[str] = field(default_factory=list)
     faults: list[RequestFault] = field(default_factory=list)
     snapshot: EngineStatsSnapshot | None = None
+    # The KV-cache events of this step (None when there are none or they are off).
+    kv_events: KVEventBatch | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,4 +150,10 @@ class LoRAReply:
     message: str = ""
 
 
-CoreOutput = StepResult | CoreStarted | IdleReply | CoreFailed | LoRAReply
+@dataclass(frozen=True, slots=True)
+class ResetReply:
+    call_id: int
+    ok: bool
+
+
+CoreOutput = StepResult | CoreStarted | IdleReply | CoreFailed | LoRAReply | ResetReply

@@ -18,6 +18,7 @@ from tokenwire.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from tokenwire.runtime.front.frontend import Frontend
+    from tokenwire.runtime.front.kv_event_hub import KVEventHub
     from tokenwire.runtime.front.request_stream import RequestStream
 
 
@@ -176,6 +177,15 @@ class EngineClient(Protocol):
     def stats_snapshot(self) -> EngineStatsSnapshot: ...
 
     async def check_idle(self, timeout: float = 30.0) -> IdleReport: ...
+
+    @property
+    def kv_events(self) -> KVEventHub | None:
+        """The KV-cache event stream (None unless ``--kv-events-config`` enables it)."""
+        ...
+
+    async def reset_prefix_cache(self, timeout: float = 30.0) -> bool:
+        """Forget every cached block (an ``AllBlocksCleared`` event); False while in use."""
+        ...
 
     async def wait_idle(self, timeout: float) -> bool: ...
 

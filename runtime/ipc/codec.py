@@ -24,6 +24,8 @@ from tokenwire.runtime.engine.messages import (
     LoRAReply,
     ReleaseHolder,
     RemoveLoRA,
+    ResetPrefixCache,
+    ResetReply,
     Shutdown,
     StepResult,
 )
@@ -36,8 +38,16 @@ _INPUT_TYPES: tuple[type[Any], ...] = (
     Shutdown,
     AddLoRA,
     RemoveLoRA,
+    ResetPrefixCache,
 )
-_OUTPUT_TYPES: tuple[type[Any], ...] = (StepResult, CoreStarted, IdleReply, CoreFailed, LoRAReply)
+_OUTPUT_TYPES: tuple[type[Any], ...] = (
+    StepResult,
+    CoreStarted,
+    IdleReply,
+    CoreFailed,
+    LoRAReply,
+    ResetReply,
+)
 _Frame = tuple[int, msgspec.Raw]
 
 

@@ -18,9 +18,11 @@ from tokenwire.server.grpc.adapters import (
     resolve_model,
 )
 from tokenwire.server.grpc.call_context import identify
-from tokenwire.server.grpc.convert import Limits
+from tokenwire.server.grpc.convert import Limits, render_chat
 from tokenwire.server.grpc.errors import abort, invalid_parameter, to_service_error
+from tokenwire.server.grpc.request_options import template_kwargs
 from tokenwire.server.grpc.tokenizer_pool import TokenizerPool
+from tokenwire.server.grpc.tools import chat_messages, chat_tooling
 from tokenwire.server.tenants.limits import ModelNotAllowed
 from tokenwire.server.tenants.registry import TenantRegistry
 from tokenwire.v1 import common_pb2, models_pb2, models_pb2_grpc
@@ -54,6 +56,7 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         auth_required: bool,
         adapter_flags: AdapterFlags | None = None,
         tenants: TenantRegistry | None = None,
+        replica_id: str = "",
     ) -> None:
         """``tenants``: ListModels shows a caller only the models its tenant may use; every
         other RPC that takes a name answers one outside the tenant's list exactly like an
@@ -67,6 +70,7 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
         self.max_sessions = max_sessions
         self.auth_required = auth_required
         self.adapters = AdapterAdmin(engine, model_name, adapter_flags or AdapterFlags())
+        self.replica_id = replica_id
 
     def _info(self, name: str = "") -> models_pb2.ModelInfo:
         """The base model (``name`` empty or its own) or one of its adapters."""
@@ -160,6 +164,7 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
             max_loras=info.max_loras,
             max_lora_rank=info.max_lora_rank,
             runtime_lora_updating=self.adapters.allowed,
+            replica_id=self.replica_id,
         )
 
     async def LoadAdapter(
@@ -189,8 +194,17 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
             self._check_tenant(context, request.model)
             self._check_model(request.model)
             pool = self._pool()
-            special = request.add_special_tokens if request.HasField("add_special_tokens") else True
-            ids = await pool.encode("text", request.text, add_special_tokens=special)
+            if request.HasField("chat"):
+                if request.text:
+                    raise invalid_parameter("text", "give text or chat, not both")
+                chat = request.chat
+                tools = chat_tooling(chat).tools
+                ids = await render_chat(pool, chat_messages(chat), tools, template_kwargs(chat))
+            else:
+                special = (
+                    request.add_special_tokens if request.HasField("add_special_tokens") else True
+                )
+                ids = await pool.encode("text", request.text, add_special_tokens=special)
             tokens = await pool.run(pool.tokenizer.convert_ids_to_tokens, ids)
             return models_pb2.TokenizeResponse(token_ids=ids, tokens=tokens)
         except Exception as exc:

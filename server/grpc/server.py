@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import socket
 from dataclasses import dataclass, field
 
 import grpc
@@ -49,6 +51,12 @@ SERVICE_NAMES = (
 WORKER_PROTOCOLS = {"vllm": VLLM_ENGINE_SERVICE}
 
 
+def default_replica_id() -> str:
+    """``hostname-pid``: stable for the process's life, distinct across pods (the pod name
+    is the hostname) and across servers on one host."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
 @dataclass(frozen=True)
 class GrpcSettings:
     host: str = "127.0.0.1"
@@ -73,6 +81,8 @@ class GrpcSettings:
     # --worker-protocol: a gateway worker protocol served beside tokenwire.v1 on this port
     # ("vllm": vllm.grpc.engine.VllmEngine, server/worker_protocol); None: off.
     worker_protocol: str | None = None
+    # --replica-id: this process's id in a fleet (GetServerInfo, /v1/models).
+    replica_id: str = field(default_factory=lambda: default_replica_id())
 
     def __post_init__(self) -> None:
         if self.worker_protocol is not None and self.worker_protocol not in WORKER_PROTOCOLS:
@@ -80,6 +90,8 @@ class GrpcSettings:
                 f"--worker-protocol must be one of {', '.join(sorted(WORKER_PROTOCOLS))}, "
                 f"got {self.worker_protocol!r}"
             )
+        if not self.replica_id or len(self.replica_id) > 253 or not self.replica_id.isprintable():
+            raise ValueError("--replica-id must be 1-253 printable characters")
         check_parser_names(self.tool_call_parser, self.reasoning_parser)
         merged = merged_config(self.api_keys, self.tenants)  # --api-key with the key file
         # Runtime LoRA updating needs authenticated callers: keys of either flag.
@@ -173,6 +185,7 @@ class GrpcServer:
                 self.tenants.auth_required,
                 settings.adapter_flags,
                 self.tenants,
+                settings.replica_id,
             ),
             self.server,
         )

@@ -45,7 +45,7 @@ from tokenwire.server.grpc.session_messages import (
     turn_error,
     turn_started,
 )
-from tokenwire.server.grpc.session_state import SessionState
+from tokenwire.server.grpc.session_state import SessionState, resumed
 from tokenwire.server.grpc.tokenizer_pool import TokenizerPool
 from tokenwire.server.telemetry.core import Telemetry
 from tokenwire.server.tenants.limits import Lease, ModelNotAllowed
@@ -146,7 +146,7 @@ class SessionHandler:
         )
         session_id = uuid.uuid4().hex
         holder_id = f"session/{who.namespace}/{session_id}"
-        return SessionState(session_id, holder_id, first.open, lora)
+        return resumed(SessionState(session_id, holder_id, first.open, lora))
 
 
 class _Session:

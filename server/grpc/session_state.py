@@ -85,3 +85,24 @@ class SessionState:
         else:
             self.mode = "raw"
             self.tokens = [*prompt, *reply_tokens]
+
+
+def resumed(state: SessionState) -> SessionState:
+    """A session opened with a ``history`` (chat) or ``history_token_ids`` (raw) continues
+    that transcript; its first turn prefills it. Roles other than user / assistant, or both
+    kinds of history, are an INVALID_ARGUMENT naming the field."""
+    opened = state.open
+    raw = list(opened.history_token_ids.ids)
+    if opened.history and raw:
+        raise ParameterError("history", "give history or history_token_ids, not both")
+    if raw:
+        state.mode, state.tokens = "raw", raw
+    elif opened.history:
+        messages = [{"role": m.role, "content": m.content} for m in opened.history]
+        for m in messages:
+            if m["role"] not in ("user", "assistant"):
+                raise ParameterError("history", f"roles must be user or assistant: {m['role']!r}")
+        if opened.system_prompt:
+            messages.insert(0, {"role": "system", "content": opened.system_prompt})
+        state.mode, state.messages = "chat", messages
+    return state

@@ -2,8 +2,9 @@
 
 Holds no model, tokenizer or engine: every route is a translation onto the ``tokenwire.v1``
 gRPC API through ``Upstream``. Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``GET /v1/models``, ``GET /v1/models/{model}`` (the base model and its LoRA adapters, each
-adapter with the base as ``parent``), vLLM's ``POST /v1/load_lora_adapter`` and
+``GET /v1/models`` (with the serving replica's ``replica_id``), ``GET /v1/models/{model}``
+(the base model and its LoRA adapters, each adapter with the base as ``parent``), vLLM's
+``POST /v1/load_lora_adapter`` and
 ``POST /v1/unload_lora_adapter`` (onto ``ModelService.LoadAdapter`` / ``UnloadAdapter``: the
 gRPC server decides on the flag, the key and the path; success is vLLM's plain-text line),
 ``GET /health`` (the shim is up) and ``GET /ready`` (the gRPC server reports SERVING),
@@ -60,6 +61,7 @@ from tokenwire.server.rest.responses import (
 from tokenwire.server.rest.responses_api.routes import install_responses
 from tokenwire.server.rest.responses_api.store import ResponsesSettings, ResponseStore
 from tokenwire.server.rest.stream import ChatChunks, CompletionChunks, StreamSpec, sse_events
+from tokenwire.server.rest.tokenize import install_tokenize
 from tokenwire.server.rest.upstream import CallOptions, Upstream, call_options
 from tokenwire.v1 import models_pb2
 
@@ -183,7 +185,12 @@ class Routes:
 
     async def list_models(self, request: Request) -> JSONResponse:
         reply = await self._models_call(request, "ListModels", models_pb2.ListModelsRequest())
-        return JSONResponse({"object": "list", "data": [self._model(m) for m in reply.models]})
+        server = await self._models_call(
+            request, "GetServerInfo", models_pb2.GetServerInfoRequest()
+        )
+        data = [{**self._model(m), "replica_id": server.replica_id} for m in reply.models]
+        # replica_id (tokenwire's): which server answered, for fleets behind a gateway.
+        return JSONResponse({"object": "list", "data": data, "replica_id": server.replica_id})
 
     async def get_model(self, request: Request, model: str) -> JSONResponse:
         info_request = models_pb2.GetModelInfoRequest(model=model)
@@ -309,6 +316,7 @@ def create_app(upstream: Upstream, settings: RestSettings) -> FastAPI:
     app.add_api_route("/v1/load_lora_adapter", routes.load_lora_adapter, methods=["POST"])
     app.add_api_route("/v1/unload_lora_adapter", routes.unload_lora_adapter, methods=["POST"])
     install_responses(app, upstream, ResponseStore(settings.responses), settings.request_timeout)
+    install_tokenize(app, routes._models_call)  # /tokenize, /detokenize, the render routes
     app.add_api_route("/health", routes.health, methods=["GET"])
     app.add_api_route("/ready", routes.ready, methods=["GET"])
     if settings.metrics is not None:

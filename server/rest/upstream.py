@@ -25,7 +25,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tokenwire.server.rest.errors import invalid
 from tokenwire.v1 import generation_pb2, generation_pb2_grpc, models_pb2_grpc
 
-FORWARDED_HEADERS = ("authorization", "traceparent", "tracestate", "x-priority")
+# x-session-id: the affinity key a gateway's consistent hashing reads (docs/fleet.md).
+FORWARDED_HEADERS = ("authorization", "traceparent", "tracestate", "x-priority", "x-session-id")
 StreamCall: TypeAlias = grpc.aio.UnaryStreamCall  # grpc ships no type stubs
 Event = generation_pb2.GenerateStreamResponse
 

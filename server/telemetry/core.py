@@ -39,13 +39,30 @@ _PROPAGATOR = TraceContextTextMapPropagator()  # stateless
 DEFAULT_TENANT_LABEL = "default"
 
 
+def cache_config_labels(info: Any) -> tuple[tuple[str, str], ...]:
+    """vLLM's ``cache_config_info`` labels that tokenwire knows (values as strings)."""
+    blocks = getattr(info, "num_kv_blocks", None)
+    if blocks is None:  # an engine stand-in without the facts (unit tests)
+        return ()
+    return (
+        ("block_size", str(info.block_size)),
+        ("cache_dtype", str(info.kv_cache_dtype)),
+        ("enable_prefix_caching", str(bool(info.enable_prefix_caching))),
+        ("num_gpu_blocks", str(blocks)),
+        ("num_cpu_blocks", "None"),
+        ("prefix_caching_hash_algo", "sha256"),
+    )
+
+
 class Telemetry:
     def __init__(
         self,
         tracing: TracingSettings | None = None,
         provider: TracerProvider | None = None,
+        metrics_compat: str = "both",
     ) -> None:
         self.settings = tracing or TracingSettings()
+        self.metrics_compat = metrics_compat  # --metrics-compat: tokenwire, vllm or both
         if provider is None and self.settings.enabled:
             provider = build_tracer_provider(self.settings)
         self.provider = provider
@@ -79,9 +96,13 @@ class Telemetry:
                 snap.waiting_lora_adapters,
                 kv_num_blocks=snap.kv_blocks_total,
                 kv_free_blocks=snap.kv_blocks_free,
+                prefix_cache_queries=snap.prefix_cache_queries,
+                prefix_cache_hits=snap.prefix_cache_hits,
+                cache_config=cache_config,
             )
 
-        self.metrics = EngineMetrics(self.model_name, gauges)
+        cache_config = cache_config_labels(engine.info)
+        self.metrics = EngineMetrics(self.model_name, gauges, self.metrics_compat)
 
     def grpc_interceptors(self) -> list[Any]:
         """The OTel grpc.aio server interceptor (RPC spans, W3C context from metadata).

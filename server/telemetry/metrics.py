@@ -1,5 +1,13 @@
 """Prometheus metrics with vLLM's names (``tokenwire:*``), in a registry the server owns.
 
+``--metrics-compat`` picks the prefix of what an endpoint picker reads: ``tokenwire`` (only
+``tokenwire:*``), ``vllm`` (those series as ``vllm:*``, which llm-d / the Gateway API
+Inference Extension read unchanged) or ``both`` (the default: existing dashboards keep
+working and pickers need no mapping; the cost is a handful of extra series). The ``vllm:``
+set is what pickers read: the gauges, ``lora_requests_info``, ``cache_config_info`` and
+``prefix_cache_queries_total`` / ``prefix_cache_hits_total`` (counted per scheduled prompt
+lookup, from the engine's own counters, as vLLM counts them).
+
 Counters and histograms are fed from the engine's plain records (``StepStats`` per step,
 ``RequestStats`` per finished request) on the engine thread — a handful of locked adds per
 step. Gauges (running / waiting requests, KV cache usage, and with LoRA enabled vLLM's
@@ -21,12 +29,13 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tokenwire.runtime.stats import RequestStats, StepStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+METRICS_COMPAT = ("tokenwire", "vllm", "both")
 
 # vLLM's buckets (seconds), trimmed to what a CPU or GPU server produces.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -50,17 +59,45 @@ class EngineGauges:
     waiting_lora_adapters: tuple[str, ...] = ()
     kv_num_blocks: int = 0  # KV blocks requests can use (the null block excluded)
     kv_free_blocks: int = 0  # of those, blocks no request holds (evictable cached included)
+    prefix_cache_queries: int = 0  # prompt tokens looked up (the engine's monotonic counter)
+    prefix_cache_hits: int = 0
+    # vLLM's cache_config_info labels (block_size, num_gpu_blocks, ...), all strings.
+    cache_config: tuple[tuple[str, str], ...] = ()
+
+
+def compat_prefixes(compat: str) -> tuple[str, ...]:
+    if compat not in METRICS_COMPAT:
+        raise ValueError(f"--metrics-compat must be one of {', '.join(METRICS_COMPAT)}")
+    return ("tokenwire", "vllm") if compat == "both" else (compat,)
 
 
 class _EngineStateCollector(Collector):
-    def __init__(self, model_name: str, read: Callable[[], EngineGauges | None]) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        read: Callable[[], EngineGauges | None],
+        prefixes: tuple[str, ...] = ("tokenwire",),
+    ) -> None:
         self.model_name = model_name
         self.read = read
+        self.prefixes = prefixes
 
     def collect(self) -> Iterator[Metric]:
         state = self.read()
         if state is None:  # the engine is not loaded yet
             return
+        for prefix in self.prefixes:
+            yield from self._families(prefix, state)
+        if "vllm" in self.prefixes:
+            for name, doc, value in (
+                ("prefix_cache_queries", "Prompt tokens queried.", state.prefix_cache_queries),
+                ("prefix_cache_hits", "Prompt tokens found cached.", state.prefix_cache_hits),
+            ):
+                counter = CounterMetricFamily(f"vllm:{name}", doc, labels=["model_name"])
+                counter.add_metric([self.model_name], float(value))
+                yield counter
+
+    def _families(self, prefix: str, state: EngineGauges) -> Iterator[Metric]:
         for name, doc, value in (
             ("num_requests_running", "Requests in model execution batches.", state.num_running),
             ("num_requests_waiting", "Requests waiting to be processed.", state.num_waiting),
@@ -68,17 +105,24 @@ class _EngineStateCollector(Collector):
             ("kv_cache_num_blocks", "KV cache blocks requests can use.", state.kv_num_blocks),
             ("kv_cache_free_blocks", "KV cache blocks no request holds.", state.kv_free_blocks),
         ):
-            family = GaugeMetricFamily(f"tokenwire:{name}", doc, labels=["model_name"])
+            family = GaugeMetricFamily(f"{prefix}:{name}", doc, labels=["model_name"])
             family.add_metric([self.model_name], float(value))
             yield family
         if state.max_loras > 0:
-            yield self._lora_info(state)
+            yield self._lora_info(prefix, state)
+        if state.cache_config:
+            keys = [k for k, _ in state.cache_config]
+            info = GaugeMetricFamily(
+                f"{prefix}:cache_config_info", "Information of the KV cache config.", labels=keys
+            )
+            info.add_metric([v for _, v in state.cache_config], 1.0)
+            yield info
 
-    def _lora_info(self, state: EngineGauges) -> Metric:
+    def _lora_info(self, prefix: str, state: EngineGauges) -> Metric:
         """vLLM's info gauge: the adapters in use as labels (sorted, comma-joined), the
         value the Unix time of the state it shows (the engine publishes it every step)."""
         family = GaugeMetricFamily(
-            "tokenwire:lora_requests_info",
+            f"{prefix}:lora_requests_info",
             "Running stats on LoRA requests.",
             labels=["model_name", "max_lora", "waiting_lora_adapters", "running_lora_adapters"],
         )
@@ -97,12 +141,17 @@ class _EngineStateCollector(Collector):
 class EngineMetrics:
     """The server's Prometheus registry; ``on_step`` / ``on_request_finished`` feed it."""
 
-    def __init__(self, model_name: str, read_gauges: Callable[[], EngineGauges | None]) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        read_gauges: Callable[[], EngineGauges | None],
+        compat: str = "both",
+    ) -> None:
         self.registry = CollectorRegistry()
         reg, labels = self.registry, ["model_name"]
         ProcessCollector(registry=reg)
         PlatformCollector(registry=reg)
-        reg.register(_EngineStateCollector(model_name, read_gauges))
+        reg.register(_EngineStateCollector(model_name, read_gauges, compat_prefixes(compat)))
 
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
             return Counter(f"tokenwire:{name}", doc, [*labels, *extra], registry=reg)

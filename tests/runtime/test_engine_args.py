@@ -23,6 +23,7 @@ from tokenwire.runtime.config import (
     SpeculativeConfig,
 )
 from tokenwire.runtime.engine_args import EngineArgs, engine_flags, flag_of, flag_spec
+from tokenwire.runtime.kv_events_config import KVEventsConfig
 from tokenwire.server.cli import build_parser
 
 COMMANDS = {
@@ -77,6 +78,7 @@ VALUES: dict[str, Any] = {
     "generation_config": "vllm",
     "allow_content_special_tokens": True,
     "speculative_config": SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_max=4),
+    "kv_events_config": KVEventsConfig(enable_kv_cache_events=True, topic="kv"),
 }
 
 
@@ -109,7 +111,7 @@ def argv_for(command: str) -> list[str]:
             argv.append(flag if value else "--no-" + flag.removeprefix("--"))
         elif isinstance(value, tuple):  # --lora-modules NAME=PATH ...
             argv += [flag, *(f"{name}={path}" for name, path in value)]
-        elif isinstance(value, SpeculativeConfig):  # vLLM's JSON
+        elif isinstance(value, SpeculativeConfig | KVEventsConfig):  # vLLM's JSON
             argv += [flag, json.dumps(dataclasses.asdict(value))]
         else:
             argv += [flag, str(value)]

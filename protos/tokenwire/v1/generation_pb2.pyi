@@ -167,20 +167,24 @@ class CancelResponse(_message.Message):
     def __init__(self, cancelled: _Optional[bool] = ...) -> None: ...
 
 class SessionOpen(_message.Message):
-    __slots__ = ("model", "sampling", "stopping", "output", "system_prompt", "cache_salt")
+    __slots__ = ("model", "sampling", "stopping", "output", "system_prompt", "cache_salt", "history", "history_token_ids")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     STOPPING_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     model: str
     sampling: _common_pb2.SamplingOptions
     stopping: _common_pb2.StoppingOptions
     output: _common_pb2.OutputOptions
     system_prompt: str
     cache_salt: str
-    def __init__(self, model: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingOptions, _Mapping]] = ..., stopping: _Optional[_Union[_common_pb2.StoppingOptions, _Mapping]] = ..., output: _Optional[_Union[_common_pb2.OutputOptions, _Mapping]] = ..., system_prompt: _Optional[str] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+    history: _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]
+    history_token_ids: _common_pb2.TokenIds
+    def __init__(self, model: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingOptions, _Mapping]] = ..., stopping: _Optional[_Union[_common_pb2.StoppingOptions, _Mapping]] = ..., output: _Optional[_Union[_common_pb2.OutputOptions, _Mapping]] = ..., system_prompt: _Optional[str] = ..., cache_salt: _Optional[str] = ..., history: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., history_token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ...) -> None: ...
 
 class SessionTurn(_message.Message):
     __slots__ = ("text", "token_ids", "user_message", "sampling", "stopping", "output", "traceparent", "tracestate")

@@ -66,7 +66,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("version", "device", "kv_blocks_total", "block_size", "max_num_seqs", "max_num_batched_tokens", "prefix_caching", "max_sessions", "auth_required", "max_loras", "max_lora_rank", "runtime_lora_updating")
+    __slots__ = ("version", "device", "kv_blocks_total", "block_size", "max_num_seqs", "max_num_batched_tokens", "prefix_caching", "max_sessions", "auth_required", "max_loras", "max_lora_rank", "runtime_lora_updating", "replica_id")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class ServerInfo(_message.Message):
     MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
     MAX_LORA_RANK_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_LORA_UPDATING_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     version: str
     device: str
     kv_blocks_total: int
@@ -91,17 +92,20 @@ class ServerInfo(_message.Message):
     max_loras: int
     max_lora_rank: int
     runtime_lora_updating: bool
-    def __init__(self, version: _Optional[str] = ..., device: _Optional[str] = ..., kv_blocks_total: _Optional[int] = ..., block_size: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., prefix_caching: _Optional[bool] = ..., max_sessions: _Optional[int] = ..., auth_required: _Optional[bool] = ..., max_loras: _Optional[int] = ..., max_lora_rank: _Optional[int] = ..., runtime_lora_updating: _Optional[bool] = ...) -> None: ...
+    replica_id: str
+    def __init__(self, version: _Optional[str] = ..., device: _Optional[str] = ..., kv_blocks_total: _Optional[int] = ..., block_size: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., prefix_caching: _Optional[bool] = ..., max_sessions: _Optional[int] = ..., auth_required: _Optional[bool] = ..., max_loras: _Optional[int] = ..., max_lora_rank: _Optional[int] = ..., runtime_lora_updating: _Optional[bool] = ..., replica_id: _Optional[str] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
-    __slots__ = ("model", "text", "add_special_tokens")
+    __slots__ = ("model", "text", "add_special_tokens", "chat")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CHAT_FIELD_NUMBER: _ClassVar[int]
     model: str
     text: str
     add_special_tokens: bool
-    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ...) -> None: ...
+    chat: _common_pb2.ChatInput
+    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ..., chat: _Optional[_Union[_common_pb2.ChatInput, _Mapping]] = ...) -> None: ...
 
 class TokenizeResponse(_message.Message):
     __slots__ = ("token_ids", "tokens")

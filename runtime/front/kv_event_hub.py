@@ -1,0 +1,175 @@
+"""``KVEventHub``: the front's copy of the core's KV-cache event stream, for subscribers.
+
+Each ``StepResult`` that carries KV events becomes one batch with the next sequence number
+(1, 2, ...: the numbers the ZMQ publisher sends too). The hub keeps the last
+``buffer_steps`` batches for replay, the set of blocks now cached (rebuilt from the events,
+so a late subscriber can start from a snapshot) and one queue per live subscriber. It runs on
+the front's event loop; the engine core only ever hands over its per-step list.
+
+``subscribe(start)``: 0 = a snapshot of the cached blocks (stamped with the last sequence
+number) then live batches; N > 0 = the buffered batches from N on, then live (a snapshot
+first when N is older than the buffer). A subscriber that falls ``buffer_steps`` batches
+behind is ended with ``SubscriberLagged`` (it can resubscribe from its last number).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from tokenwire.runtime.core.kv_events import (
+    AllBlocksCleared,
+    AnyKVEvent,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+)
+
+__all__ = [
+    "AllBlocksCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "KVEventBatch",
+    "KVEventHub",
+    "SequencedBatch",
+    "SubscriberLagged",
+]
+
+
+class SubscriberLagged(RuntimeError):
+    """The subscriber fell a whole replay buffer behind."""
+
+
+@dataclass(frozen=True, slots=True)
+class SequencedBatch:
+    seq: int
+    batch: KVEventBatch
+    snapshot: bool = False  # the cached-block set as of ``seq``, not a batch the core sent
+
+
+@dataclass(frozen=True, slots=True)
+class _CachedBlock:
+    parent: int | None
+    token_ids: list[int]
+    lora_id: int | None
+    lora_name: str | None
+    extra: tuple[object, ...] | None
+    medium: str | None
+
+
+Sink = Callable[[int, KVEventBatch], None]
+
+
+class KVEventHub:
+    def __init__(self, block_size: int, buffer_steps: int, data_parallel_rank: int = 0) -> None:
+        self.block_size = block_size
+        self.buffer_steps = buffer_steps
+        self.data_parallel_rank = data_parallel_rank
+        self.last_seq = 0
+        self._buffer: deque[SequencedBatch] = deque(maxlen=buffer_steps)
+        self._blocks: dict[int, _CachedBlock] = {}
+        self._queues: set[asyncio.Queue[SequencedBatch | None]] = set()
+        self._sinks: list[Sink] = []
+
+    def add_sink(self, sink: Sink) -> None:
+        """``sink(seq, batch)`` sees every batch (the ZMQ publisher queues it; never blocks)."""
+        self._sinks.append(sink)
+
+    @property
+    def cached_block_hashes(self) -> set[int]:
+        return set(self._blocks)
+
+    def publish(self, batch: KVEventBatch) -> None:
+        """Number one core batch, apply it to the block set and hand it to everyone."""
+        if batch.data_parallel_rank is None:
+            batch.data_parallel_rank = self.data_parallel_rank
+        self.last_seq += 1
+        item = SequencedBatch(self.last_seq, batch)
+        for event in batch.events:
+            self._apply(event)
+        self._buffer.append(item)
+        for sink in self._sinks:
+            sink(item.seq, batch)
+        for queue in list(self._queues):
+            if queue.qsize() >= self.buffer_steps:
+                self._queues.discard(queue)
+                queue.put_nowait(None)  # lagged: its iterator raises
+            else:
+                queue.put_nowait(item)
+
+    def _apply(self, event: AnyKVEvent) -> None:
+        blocks = self._blocks
+        if isinstance(event, BlockStored):
+            parent, bs = event.parent_block_hash, event.block_size
+            for i, h in enumerate(event.block_hashes):
+                extra = None if event.extra_keys is None else event.extra_keys[i]
+                tokens = event.token_ids[i * bs : (i + 1) * bs]
+                blocks[h] = _CachedBlock(
+                    parent, tokens, event.lora_id, event.lora_name, extra, event.medium
+                )
+                parent = h
+        elif isinstance(event, BlockRemoved):
+            for h in event.block_hashes:
+                blocks.pop(h, None)
+        else:
+            blocks.clear()
+
+    def snapshot(self) -> SequencedBatch:
+        """The cached blocks as ``BlockStored`` events, parents before children."""
+        events: list[AnyKVEvent] = [AllBlocksCleared()]
+        done: set[int] = set()
+        for h in self._blocks:
+            self._emit(h, done, events)
+        batch = KVEventBatch(ts=0.0, events=events, data_parallel_rank=self.data_parallel_rank)
+        return SequencedBatch(self.last_seq, batch, snapshot=True)
+
+    def _emit(self, h: int, done: set[int], events: list[AnyKVEvent]) -> None:
+        chain: list[int] = []
+        while h not in done and h in self._blocks:  # walk up to a block already emitted
+            chain.append(h)
+            done.add(h)
+            parent = self._blocks[h].parent
+            if parent is None:
+                break
+            h = parent
+        for h in reversed(chain):
+            b = self._blocks[h]
+            events.append(
+                BlockStored(
+                    [h],
+                    b.parent,
+                    b.token_ids,
+                    self.block_size,
+                    b.lora_id,
+                    b.medium,
+                    b.lora_name,
+                    None if b.extra is None else [b.extra],
+                )
+            )
+
+    async def subscribe(self, start_sequence_number: int = 0) -> AsyncIterator[SequencedBatch]:
+        """Replay or snapshot, then live batches until the consumer stops iterating."""
+        if start_sequence_number < 0:
+            raise ValueError(f"start_sequence_number must be >= 0, got {start_sequence_number}")
+        queue: asyncio.Queue[SequencedBatch | None] = asyncio.Queue()
+        self._queues.add(queue)  # before the backlog: no batch falls between the two
+        try:
+            for item in self._backlog(start_sequence_number):
+                yield item
+            while True:
+                live = await queue.get()
+                if live is None:
+                    raise SubscriberLagged(
+                        f"subscriber fell {self.buffer_steps} batches behind; resubscribe"
+                    )
+                yield live
+        finally:
+            self._queues.discard(queue)
+
+    def _backlog(self, start: int) -> list[SequencedBatch]:
+        oldest = self._buffer[0].seq if self._buffer else self.last_seq + 1
+        if start == 0 or start < oldest:
+            return [self.snapshot()]  # from the current state (older batches are gone)
+        return [item for item in self._buffer if item.seq >= start]

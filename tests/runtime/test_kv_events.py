@@ -1,0 +1,267 @@
+"""KV-cache events in vLLM's schema (issue 28 item 2), end to end on a real engine.
+
+A tiny llama with few KV blocks runs a random workload (shared prefixes = prefix hits,
+more sequences than blocks = preemptions and evictions, aborts, a prefix-cache reset). A ZMQ
+subscriber decodes every batch with a *copy of vLLM's own Struct definitions* (not
+tokenwire's classes), fills the gaps PUB/SUB loses through the ROUTER replay socket, and
+rebuilds the cached block set; it must equal the KV cache manager's own map. A late
+subscriber of the front's hub starts from a snapshot and gets the same set; a router
+recomputes a prompt's block hashes from its token ids with the recipe of docs/fleet.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import zmq
+from tiny_models import TEST_KV_CACHE_BYTES
+from vllm_kv_schema import BlockStored, KVEventBatch
+
+from tokenwire.runtime.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from tokenwire.runtime.core.kv_events import external_block_hash
+from tokenwire.runtime.engine.async_engine import AsyncEngine
+from tokenwire.runtime.engine.inproc_client import InprocCoreClient
+from tokenwire.runtime.front.request_stream import RequestFailed, RequestFinished
+from tokenwire.runtime.kv_events_config import KVEventsConfig
+from tokenwire.runtime.sampling_params import SamplingParams
+
+BLOCK_SIZE = 4
+TOPIC = b"kv"
+
+
+def apply(blocks: set[int], batch: Any) -> None:
+    for event in batch.events:
+        if type(event).__name__ == "BlockStored":
+            blocks.update(event.block_hashes)
+        elif type(event).__name__ == "BlockRemoved":
+            blocks.difference_update(event.block_hashes)
+        else:
+            blocks.clear()
+
+
+def recompute_hashes(tokens: list[int], cache_salt: str | None = None) -> list[int]:
+    """docs/fleet.md's recipe, written from the doc alone."""
+    out, parent = [], b""
+    for i in range(len(tokens) // BLOCK_SIZE):
+        block = tokens[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]
+        extra = b"" if i or cache_salt is None else b"salt:" + cache_salt.encode()
+        parent = hashlib.sha256(parent + struct.pack(f"<{BLOCK_SIZE}I", *block) + extra).digest()
+        out.append(int.from_bytes(parent, "big") & (2**64 - 1))
+    return out
+
+
+class Subscriber:
+    """A vLLM-style SUB + replay client: batches by sequence number, gaps filled by replay."""
+
+    def __init__(self, ctx: zmq.Context[Any], endpoint: str, replay: str) -> None:
+        self.sub = ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.SUBSCRIBE, TOPIC)
+        self.sub.connect(endpoint)
+        self.replay = ctx.socket(zmq.DEALER)  # one request, many replies (REQ allows one)
+        self.replay.connect(replay)
+        self.decoder = msgspec.msgpack.Decoder(KVEventBatch)
+        self.batches: dict[int, KVEventBatch] = {}
+
+    def drain(self) -> None:
+        while self.sub.poll(50):
+            topic, seq, payload = self.sub.recv_multipart()
+            assert topic == TOPIC
+            self.batches[int.from_bytes(seq, "big")] = self.decoder.decode(payload)
+
+    def replay_from(self, start: int) -> list[int]:
+        self.replay.send_multipart((b"", start.to_bytes(8, "big")))
+        seqs = []
+        while True:
+            empty, seq_bytes, payload = self.replay.recv_multipart()
+            assert empty == b""
+            seq = int.from_bytes(seq_bytes, "big", signed=True)
+            if seq == -1:
+                return seqs
+            seqs.append(seq)
+            self.batches[seq] = self.decoder.decode(payload)
+
+    def blocks(self) -> set[int]:
+        blocks: set[int] = set()
+        seqs = sorted(self.batches)
+        assert seqs == list(range(1, len(seqs) + 1)), "a gap the replay did not fill"
+        for seq in seqs:
+            apply(blocks, self.batches[seq])
+        return blocks
+
+
+def engine_config(model: Path) -> EngineConfig:
+    events = KVEventsConfig(
+        enable_kv_cache_events=True,
+        endpoint="tcp://127.0.0.1:*",
+        replay_endpoint="tcp://127.0.0.1:*",
+        topic="kv",
+    )
+    return EngineConfig(
+        model=ModelConfig(model=str(model), max_model_len=96, served_model_name="tiny"),
+        cache=CacheConfig(
+            block_size=BLOCK_SIZE, num_gpu_blocks_override=48, kv_cache_memory=TEST_KV_CACHE_BYTES
+        ),
+        scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64),
+        kv_events_config=events,
+        device="cpu",
+    )
+
+
+async def run_request(engine: AsyncEngine, rid: str, tokens: list[int], rng: random.Random) -> None:
+    params = SamplingParams(max_tokens=rng.randint(1, 10), temperature=0.0, ignore_eos=True)
+    stream = engine.add_request(rid, None, tokens, params, cache_salt=rng.choice([None, "t1"]))
+    abort_after = rng.random() < 0.2
+    async for item in stream:
+        if abort_after:
+            engine.abort(rid)
+        if isinstance(item, RequestFinished | RequestFailed):
+            return
+
+
+async def workload(engine: AsyncEngine, rng: random.Random, n: int, tag: str) -> None:
+    prefixes = [[rng.randrange(1, 500) for _ in range(rng.randint(8, 24))] for _ in range(3)]
+    tasks = []
+    for i in range(n):
+        prompt = rng.choice(prefixes) + [rng.randrange(1, 500) for _ in range(rng.randint(1, 40))]
+        tasks.append(run_request(engine, f"{tag}-{i}", prompt, rng))
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
+
+
+def core_blocks(engine: AsyncEngine) -> set[int]:
+    client = engine.client
+    assert isinstance(client, InprocCoreClient) and client.core is not None
+    pool = client.core.kv_cache_manager.block_pool
+    return {external_block_hash(h) for h in pool.cached_hashes()}
+
+
+async def scenario(model: Path, check: Callable[[AsyncEngine, Subscriber], Any]) -> None:
+    engine = AsyncEngine(engine_config(model), in_process=True, max_requests=64)
+    await engine.start()
+    await engine.warmup()
+    ctx: zmq.Context[Any] = zmq.Context()
+    try:
+        publisher = engine._kv_events.publisher if engine._kv_events else None
+        assert publisher is not None and publisher.replay_endpoint is not None
+        sub = Subscriber(ctx, publisher.endpoint, publisher.replay_endpoint)
+        await check(engine, sub)
+    finally:
+        ctx.destroy(linger=0)
+        await engine.shutdown()
+
+
+def test_subscriber_rebuilds_the_cached_block_set(tiny_model_factory: Callable[..., Path]) -> None:
+    async def check(engine: AsyncEngine, sub: Subscriber) -> None:
+        rng = random.Random(7)
+        hub = engine.kv_events
+        assert hub is not None
+        await workload(engine, rng, 24, "a")
+        idle = await engine.check_idle()
+        assert idle.num_free_blocks == idle.num_blocks
+        assert await engine.reset_prefix_cache()
+        await workload(engine, rng, 24, "b")
+        report = await engine.check_idle()
+        assert not report.has_unfinished_requests and report.invariant_error is None
+        stats = engine.stats_snapshot()
+        assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
+        await asyncio.to_thread(sub.drain)
+        replayed = await asyncio.to_thread(sub.replay_from, 1)
+        assert replayed == list(range(1, hub.last_seq + 1))  # the whole run is buffered
+        kinds = {type(e).__name__ for b in sub.batches.values() for e in b.events}
+        assert kinds == {"BlockStored", "BlockRemoved", "AllBlocksCleared"}
+        expected = core_blocks(engine)
+        assert expected and sub.blocks() == expected
+        assert hub.cached_block_hashes == expected
+        # A late subscriber: snapshot (as of last_seq) first, then live batches.
+        late = hub.subscribe(0)
+        first = await anext(late)
+        assert first.snapshot and first.seq == hub.last_seq
+        late_blocks: set[int] = set()
+        apply(late_blocks, first.batch)
+        assert late_blocks == expected
+        # Live from there on: one more request's batch arrives after the snapshot.
+        tokens = [rng.randrange(1, 500) for _ in range(13)]
+        await run_request(engine, "late", tokens, random.Random(1))
+        nxt = await asyncio.wait_for(anext(late), 10)
+        assert nxt.seq == first.seq + 1 and not nxt.snapshot
+        await late.aclose()
+        # Replay from a number inside the buffer returns exactly the later batches.
+        await asyncio.to_thread(sub.drain)
+        assert await asyncio.to_thread(sub.replay_from, hub.last_seq) == [hub.last_seq]
+
+    asyncio.run(scenario(tiny_model_factory("llama"), check))
+
+
+def test_router_recomputes_block_hashes(tiny_model_factory: Callable[..., Path]) -> None:
+    async def check(engine: AsyncEngine, sub: Subscriber) -> None:
+        tokens = list(range(10, 31))  # 21 tokens: 5 full blocks
+        for salt in (None, "tenant:acme"):
+            params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+            stream = engine.add_request(f"r-{salt}", None, tokens, params, cache_salt=salt)
+            async for _item in stream:
+                pass
+        await engine.check_idle()
+        await asyncio.to_thread(sub.replay_from, 1)
+        stored = [e for b in sub.batches.values() for e in b.events if isinstance(e, BlockStored)]
+        *_warmup, plain, salted = stored
+        assert plain.block_hashes == recompute_hashes(tokens)
+        assert salted.block_hashes == recompute_hashes(tokens, "tenant:acme")[:5]
+        assert salted.extra_keys == [("salt:tenant:acme",), None, None, None, None]
+        assert plain.parent_block_hash is None and plain.token_ids == tokens[:20]
+        assert plain.medium == "GPU" and plain.block_size == BLOCK_SIZE
+
+    asyncio.run(scenario(tiny_model_factory("llama"), check))
+
+
+def test_events_off_by_default_cost_nothing(tiny_model_factory: Callable[..., Path]) -> None:
+    config = EngineConfig(
+        model=ModelConfig(model=str(tiny_model_factory("llama")), max_model_len=96),
+        cache=CacheConfig(kv_cache_memory=TEST_KV_CACHE_BYTES),
+        device="cpu",
+    )
+    engine = AsyncEngine(config, in_process=True)
+    assert engine.kv_events is None
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('{"publisher": "kafka"}', "publisher"),
+        ('{"buffer_steps": 0}', "buffer_steps"),
+        ('{"endpoint": 5}', "endpoint"),
+        ('{"bogus": 1}', "bogus"),
+    ],
+)
+def test_bad_kv_events_config_names_the_key(text: str, key: str) -> None:
+    from tokenwire.runtime.engine_args import EngineArgs
+
+    with pytest.raises(ValueError, match=f"--kv-events-config.*{key}"):
+        EngineArgs(kv_events_config=text).create_engine_config()  # type: ignore[arg-type]
+
+
+def test_events_cross_the_process_codec() -> None:
+    """The engine-core process sends them inside its ``StepResult`` (msgspec, no pickle)."""
+    from tokenwire.runtime.core import kv_events as ev
+    from tokenwire.runtime.engine.messages import StepResult
+    from tokenwire.runtime.ipc.codec import OutputCodec
+
+    batch = ev.KVEventBatch(
+        ts=1.5,
+        events=[
+            ev.BlockStored(
+                [2**64 - 1, 5], None, [1, 2, 3, 4] * 2, 4, 3, "GPU", "a", [("x",), None]
+            ),
+            ev.BlockRemoved([7], "GPU"),
+            ev.AllBlocksCleared(),
+        ],
+    )
+    codec = OutputCodec()
+    decoded = codec.decode_output(codec.encode(StepResult(kv_events=batch)))
+    assert isinstance(decoded, StepResult) and decoded.kv_events == batch
