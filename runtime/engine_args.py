@@ -52,6 +52,13 @@ from tokenwire.runtime.flag_values import (
     parse_speculative_config,
     speculative_from_value,
 )
+from tokenwire.runtime.pooling_params import (
+    TASKS,
+    PoolerConfig,
+    Task,
+    parse_pooler_config,
+    pooler_from_value,
+)
 
 
 @dataclass(frozen=True)
@@ -157,6 +164,23 @@ class EngineArgs:
         "as the special tokens themselves, as before; this lets a client forge chat turns "
         "(default: such text is plain text; system and assistant messages are unaffected)",
         action="store_true",
+    )
+    task: Task = _arg(  # noqa: RUF009 (returns an immutable str)
+        ModelConfig,
+        "task",
+        "what the model serves: generate (text), embed (embeddings: EmbeddingService.Embed, "
+        "POST /v1/embeddings, LLM.embed), or auto = embed for BERT-family encoders and for "
+        "directories with a sentence-transformers pooling module, else generate",
+        choices=TASKS,
+    )
+    pooler_config: PoolerConfig | None = _arg(  # noqa: RUF009 (a frozen dataclass or None)
+        ModelConfig,
+        "pooler_config",
+        'embedding models: JSON {"pooling_type": "LAST"|"MEAN"|"CLS", "normalize": true} '
+        "overriding the model's sentence-transformers pooling (default there: LAST + "
+        "normalize for decoders, CLS + normalize for encoders)",
+        type=parse_pooler_config,
+        metavar="JSON",
     )
     dtype: DType = _arg(  # noqa: RUF009 (returns an immutable str)
         ModelConfig,
@@ -392,6 +416,7 @@ TO_CONFIG: dict[str, Callable[[Any], Any]] = {
     "max_model_len": max_model_len_from_value,  # LLM(max_model_len="8k")
     "speculative_config": speculative_from_value,  # vLLM's dict, or the flag's JSON text
     "lora_modules": tuple,  # LLM(lora_modules=[("name", "/path")])
+    "pooler_config": pooler_from_value,  # LLM(pooler_config={"pooling_type": "MEAN"})
 }
 
 
