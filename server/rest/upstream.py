@@ -23,7 +23,12 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tokenwire.server.rest.errors import invalid
-from tokenwire.v1 import generation_pb2, generation_pb2_grpc, models_pb2_grpc
+from tokenwire.v1 import (
+    embeddings_pb2_grpc,
+    generation_pb2,
+    generation_pb2_grpc,
+    models_pb2_grpc,
+)
 
 FORWARDED_HEADERS = ("authorization", "traceparent", "tracestate", "x-priority")
 StreamCall: TypeAlias = grpc.aio.UnaryStreamCall  # grpc ships no type stubs
@@ -76,6 +81,7 @@ class Upstream:
         self.channel = channel
         self.generation = generation_pb2_grpc.GenerationServiceStub(channel)
         self.models = models_pb2_grpc.ModelServiceStub(channel)
+        self.embeddings = embeddings_pb2_grpc.EmbeddingServiceStub(channel)
         self.health = health_pb2_grpc.HealthStub(channel)
 
     @classmethod
