@@ -46,9 +46,12 @@ def write_tokenizer(folder: Path) -> Any:
     folder.mkdir(parents=True, exist_ok=True)
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
-    vocab = specials + sorted(set(WORDS)) + letters + [f"##{c}" for c in letters]
+    vocab = list(
+        dict.fromkeys(specials + sorted(set(WORDS)) + letters + [f"##{c}" for c in letters])
+    )
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
+    tokenizer = BertTokenizerFast(vocab=str(folder / "vocab.txt"), do_lower_case=True)
+    assert len(tokenizer) == len(vocab), "the WordPiece vocabulary did not load"
     tokenizer.save_pretrained(folder)
     return tokenizer
 
@@ -89,7 +92,8 @@ def build_hf_model(kind: str, folder: Path, seed: int = 0, **shape: Any) -> Path
 
 def build_st_model(kind: str, out_dir: Path, pooling: str, seed: int = 0, **shape: Any) -> Any:
     """Save a sentence-transformers model at ``out_dir``; returns it (the reference)."""
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules as models
 
     build_hf_model(kind, out_dir, seed, **shape)
     transformer = models.Transformer(str(out_dir))
