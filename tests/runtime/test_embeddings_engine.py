@@ -81,7 +81,8 @@ def test_decoder_embeddings_equal_sentence_transformers_with_chunked_prefill(
         assert llm.engine.facts.embed.pooler.pooling_type == pooling
         out = llm.embed(TEXTS, use_tqdm=False)
         assert max(len(o.prompt_token_ids) for o in out) > 16  # really chunked
-        assert _cos(out[0].outputs.embedding, out[1].outputs.embedding) < 0.99  # not constant
+        if pooling != "CLS":  # a causal model's first token sees only itself
+            assert _cos(out[0].outputs.embedding, out[1].outputs.embedding) < 0.99
         for ref, got in zip(reference, out, strict=True):
             assert len(got.outputs.embedding) == 64
             assert _cos(ref, got.outputs.embedding) >= 0.9999
@@ -155,9 +156,9 @@ def test_matryoshka_dimensions_and_errors(qwen3_dir: Path, bert_dir: Path) -> No
         with pytest.raises(WrongTaskError, match="serves task 'embed'"):
             llm.generate(["hello"], use_tqdm=False)
         _assert_all_free(llm)
-    with LLM(str(bert_dir), kv_cache_memory=32 << 20) as llm:  # not Matryoshka-capable
-        with pytest.raises(ParameterError, match="Matryoshka"):
-            llm.embed(["hello"], dimensions=8, use_tqdm=False)
+    bert = LLM(str(bert_dir), kv_cache_memory=32 << 20)  # not Matryoshka-capable
+    with bert, pytest.raises(ParameterError, match="Matryoshka"):
+        bert.embed(["hello"], dimensions=8, use_tqdm=False)
 
 
 def test_embed_on_a_generation_model_names_its_task(tiny_model_factory: Any) -> None:
