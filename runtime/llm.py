@@ -30,8 +30,7 @@ from tokenwire.runtime.outputs import (
     EmbeddingRequestOutput,
     RequestOutput,
 )
-from tokenwire.runtime.pooling_params import embedding_params
-from tokenwire.runtime.sampling_params import SamplingParams, normalize_params
+from tokenwire.runtime.sampling_params import SamplingParams, embedding_params, normalize_params
 from tokenwire.runtime.stats import EngineObserver
 
 Prompt = str | list[int]

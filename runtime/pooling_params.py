@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 from tokenwire.runtime.errors import ParameterError
-
-if TYPE_CHECKING:
-    from tokenwire.runtime.sampling_params import SamplingParams
 
 PoolingType = Literal["LAST", "MEAN", "CLS"]
 # What a model serves: generation (sampling) or embeddings (pooling). ``auto`` picks embed
@@ -113,10 +110,3 @@ class PoolingParams:
             isinstance(self.dimensions, bool) or self.dimensions < 1
         ):
             raise ParameterError("dimensions", f"must be a positive integer, got {self.dimensions}")
-
-
-def embedding_params(dimensions: int | None) -> SamplingParams:
-    """The ``SamplingParams`` of an embedding request (no sampling, no output tokens)."""
-    from tokenwire.runtime.sampling_params import SamplingParams
-
-    return SamplingParams(max_tokens=None, temperature=0.0, pooling=PoolingParams(dimensions))

@@ -26,8 +26,10 @@ MAX_SEED = 2**63 - 1
 __all__ = [
     "MAX_LOGPROBS",
     "ParameterError",
+    "PoolingParams",
     "SamplingParams",
     "StructuredOutputsParams",
+    "embedding_params",
     "normalize_params",
 ]
 
@@ -205,3 +207,9 @@ def normalize_params(
             "sampling_params", f"got {len(out)} sampling params for {count} prompts"
         )
     return out
+
+
+def embedding_params(dimensions: int | None) -> SamplingParams:
+    """The params of an embedding request: prefill only, no sampling, no output tokens;
+    ``dimensions``: Matryoshka truncation (``PoolingParams``)."""
+    return SamplingParams(max_tokens=None, temperature=0.0, pooling=PoolingParams(dimensions))

@@ -49,8 +49,7 @@ from tokenwire.runtime.front.tokenizer import Tokenizer
 from tokenwire.runtime.front.validation import check_task, validate_priority
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.outputs import EngineCoreOutput
-from tokenwire.runtime.pooling_params import embedding_params
-from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.sampling_params import SamplingParams, embedding_params
 from tokenwire.runtime.stats import EngineObserver
 
 logger = logging.getLogger("tokenwire.engine")

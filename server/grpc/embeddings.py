@@ -16,7 +16,7 @@ from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.errors import ParameterError, WrongTaskError
 from tokenwire.runtime.front.request_stream import RequestFailed, RequestFinished, RequestStream
 from tokenwire.runtime.outputs import RequestOutput
-from tokenwire.runtime.pooling_params import embedding_params
+from tokenwire.runtime.sampling_params import embedding_params
 from tokenwire.server.grpc import convert
 from tokenwire.server.grpc.call_context import CallContext, call_context
 from tokenwire.server.grpc.errors import abort, model_not_found, to_service_error
