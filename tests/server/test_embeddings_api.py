@@ -47,7 +47,8 @@ class Served:
 
     def __init__(self, folder: Path, st: Any, **options: Any) -> None:
         self.st = st
-        self.harness = ServerHarness(folder, in_process=True, **options).start()
+        options.setdefault("in_process", True)
+        self.harness = ServerHarness(folder, **options).start()
         self.rest = RestHarness(self.harness).start()
         self.channel = self.harness.channel()
         self.embed = embeddings_pb2_grpc.EmbeddingServiceStub(self.channel)
@@ -75,7 +76,10 @@ def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     folder = tmp_path_factory.mktemp("api-bert")
-    served = Served(folder, build_st_model("bert", folder, "mean"), max_model_len=128)
+    # The engine core in a process of its own (as ``tokenwire serve``): the pooled vectors
+    # and the model's embedding facts cross the msgspec wire.
+    st = build_st_model("bert", folder, "mean")
+    served = Served(folder, st, max_model_len=128, in_process=False)
     yield served
     served.stop()
 
