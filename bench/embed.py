@@ -37,7 +37,11 @@ QWEN3 = dict(
 
 
 def _write_model(kind: str, folder: Path, vocab_size: int, seed: int) -> None:
-    from transformers import AutoConfig, AutoModel, BertTokenizerFast
+    from transformers import (
+        AutoConfig,
+        AutoModel,
+        BertTokenizerFast,  # type: ignore[attr-defined]
+    )
 
     words = [f"w{i}" for i in range(vocab_size - 5)]
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
