@@ -37,17 +37,16 @@ QWEN3 = dict(
 
 
 def _write_model(kind: str, folder: Path, vocab_size: int, seed: int) -> None:
-    from transformers import (
-        AutoConfig,
-        AutoModel,
-        BertTokenizerFast,  # type: ignore[attr-defined]
-    )
+    import transformers
+    from transformers import AutoConfig, AutoModel
+
+    tokenizer_class: Any = transformers.BertTokenizerFast
 
     words = [f"w{i}" for i in range(vocab_size - 5)]
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    BertTokenizerFast(vocab=str(folder / "vocab.txt")).save_pretrained(folder)
+    tokenizer_class(vocab=str(folder / "vocab.txt")).save_pretrained(folder)
     if kind == "bert":
         config = AutoConfig.for_model("bert", vocab_size=len(vocab), **MINILM)
         config.architectures = ["BertModel"]
