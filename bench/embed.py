@@ -40,7 +40,7 @@ def _write_model(kind: str, folder: Path, vocab_size: int, seed: int) -> None:
     import transformers
     from transformers import AutoConfig, AutoModel
 
-    tokenizer_class: Any = transformers.BertTokenizerFast
+    tokenizer_class: Any = getattr(transformers, "BertTokenizerFast")  # noqa: B009 (lazy export)
 
     words = [f"w{i}" for i in range(vocab_size - 5)]
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
