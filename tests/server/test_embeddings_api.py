@@ -280,3 +280,68 @@ def test_rest_task_mismatch_is_400_naming_the_task(qwen3: Served) -> None:
         qwen3.client.completions.create(model=MODEL_NAME, prompt="hello", max_tokens=2)
     assert "task 'embed'" in str(info.value)
     qwen3.harness.assert_idle()
+
+
+# ---------------------------------------------------------------------------- shared limits
+def test_embed_shares_admission_limits_and_api_keys(tmp_path: Path) -> None:
+    """``--max-requests`` counts every input of an Embed call (a batch over it is QUEUE_FULL
+    with nothing left in the engine); the API key applies as to every RPC."""
+    build_st_model("bert", tmp_path, "cls")
+    harness = ServerHarness(
+        tmp_path, in_process=True, max_model_len=128, max_requests=2, api_keys=("k1",)
+    ).start()
+    try:
+        with harness.channel() as ch:
+            stub = embeddings_pb2_grpc.EmbeddingServiceStub(ch)
+            auth = (("authorization", "Bearer k1"),)
+            expect(lambda: stub.Embed(_texts("hello")), Code.UNAUTHENTICATED, "API_KEY_INVALID")
+            expect(
+                lambda: stub.Embed(_texts("a", "b", "c"), metadata=auth),
+                Code.RESOURCE_EXHAUSTED,
+                "QUEUE_FULL",
+            )
+            harness.assert_idle()  # the inputs admitted before the refusal were aborted
+            reply = stub.Embed(_texts("hello", "world"), metadata=auth)
+            assert len(reply.data) == 2
+        harness.assert_idle()
+    finally:
+        harness.stop()
+
+
+def test_one_record_counts_every_input_of_an_embed_call() -> None:
+    """The call's record waits for each input's engine record (``<id>#i``); the request
+    counters then count every input, under the caller's tenant."""
+    import time
+    from types import SimpleNamespace
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tokenwire.runtime.engine.protocol import EngineStatsSnapshot
+    from tokenwire.runtime.outputs import FinishReason
+    from tokenwire.runtime.stats import RequestStats
+    from tokenwire.server.telemetry.core import Telemetry
+
+    telemetry = Telemetry()
+    engine = SimpleNamespace(
+        info=SimpleNamespace(served_model_name="m"),
+        stats_snapshot=EngineStatsSnapshot,
+        observer=telemetry,
+    )
+    telemetry.attach(engine)  # type: ignore[arg-type]
+    record = telemetry.begin("e1", "tenant:alpha/e1", "embed")
+    telemetry.set_tenant(record, "alpha")
+    telemetry.admit(record, 2)
+    t0 = time.monotonic()
+    for i in range(2):
+        stats = RequestStats(
+            f"tenant:alpha/e1#{i}", t0, t0, t0 + 0.01, t0 + 0.01, 7, 0, 0, 0, FinishReason.LENGTH
+        )
+        telemetry.on_request_finished(stats)
+    telemetry.end(record, "OK")
+    samples = {
+        (s.name, s.labels.get("tenant")): s.value
+        for f in text_string_to_metric_families(telemetry.exposition().decode())
+        for s in f.samples
+    }
+    assert samples[("tokenwire:request_success_total", "alpha")] == 2
+    assert samples[("tokenwire:prompt_tokens_total", "alpha")] == 14
