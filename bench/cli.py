@@ -1,4 +1,4 @@
-"""``tokenwire bench throughput|overhead|serve|lora``: the command-line edge of the benchmarks.
+"""``tokenwire bench throughput|overhead|serve|lora|embed``: the benchmarks' command-line edge.
 
 The only module of the package that sees ``argparse``: each command's flags become a frozen
 config (``ThroughputConfig``, ``OverheadConfig``, ``ServeBenchConfig``) and the benchmark runs
@@ -13,6 +13,7 @@ import argparse
 
 from tokenwire.bench.configs import (
     DEFAULT_WORKLOAD,
+    EmbedBenchConfig,
     HfBaselineConfig,
     LoRABenchConfig,
     OverheadConfig,
@@ -38,6 +39,36 @@ def add_parsers(bench: argparse._SubParsersAction) -> None:  # type: ignore[type
     lo = bench.add_parser("lora", help="offline throughput with N LoRA adapters vs the base")
     add_lora_arguments(lo)
     lo.set_defaults(func=_lora)
+    em = bench.add_parser("embed", help="embedding throughput vs sentence-transformers (CPU)")
+    add_embed_arguments(em)
+    em.set_defaults(func=_embed)
+
+
+def add_embed_arguments(p: argparse.ArgumentParser) -> None:
+    defaults = EmbedBenchConfig()
+    p.add_argument("--num-sequences", type=int, default=defaults.num_sequences)
+    p.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    p.add_argument("--seq-len", type=int, default=defaults.seq_len, help="tokens per text")
+    p.add_argument("--vocab-size", type=int, default=defaults.vocab_size)
+    p.add_argument(
+        "--models",
+        default=",".join(defaults.models),
+        help="comma-separated: bert (all-MiniLM-L6 shape), qwen3 (a decoder embedding model)",
+    )
+
+
+def _embed(args: argparse.Namespace) -> int:
+    from tokenwire.bench.embed import run_embed_bench
+
+    return run_embed_bench(
+        EmbedBenchConfig(
+            num_sequences=args.num_sequences,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+            vocab_size=args.vocab_size,
+            models=tuple(m for m in args.models.split(",") if m),
+        )
+    )
 
 
 def _add_workload_arguments(p: argparse.ArgumentParser) -> None:

@@ -79,3 +79,27 @@ class LoRABenchConfig:
     num_requests: int | None = None
     num_adapters: int = 4
     rank: int = 16
+
+
+# bench embed: BERT's context; the decoder's KV cache is sized for it too.
+EMBED_MAX_MODEL_LEN = 512
+
+
+@dataclass(frozen=True)
+class EmbedBenchConfig:
+    num_sequences: int = 256
+    batch_size: int = 64
+    seq_len: int = 128
+    vocab_size: int = 8192
+    models: tuple[str, ...] = ("bert", "qwen3")
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_sequences", "batch_size", "seq_len", "vocab_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.seq_len > EMBED_MAX_MODEL_LEN:
+            raise ValueError(f"--seq-len must be <= {EMBED_MAX_MODEL_LEN}")
+        for model in self.models:
+            if model not in ("bert", "qwen3"):
+                raise ValueError(f"--models: unknown model {model!r} (bert, qwen3)")

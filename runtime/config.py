@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from tokenwire.runtime.kv_events_config import KVEventsConfig
+from tokenwire.runtime.pooling_params import TASKS, PoolerConfig, Task
 from tokenwire.runtime.structured.config import StructuredOutputsConfig
 
 LoadFormat = Literal["auto", "safetensors", "gguf", "dummy"]
@@ -75,9 +76,14 @@ class ModelConfig:
     chat_template: str | None = None
     generation_config: str = "auto"
     allow_content_special_tokens: bool = False
+    # generate / embed (auto: from the checkpoint); embed models' pooler override.
+    task: Task = "auto"
+    pooler_config: PoolerConfig | None = None
 
     def __post_init__(self) -> None:
         _positive("max_model_len", self.max_model_len)
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}; got {self.task!r}")
         if not self.generation_config:
             raise ValueError("generation_config must be auto, vllm or a folder, got ''")
         quant_methods = ("fp8", "gptq", "awq", "int8", "gguf")

@@ -57,6 +57,13 @@ from tokenwire.runtime.kv_events_config import (
     kv_events_from_value,
     parse_kv_events_config,
 )
+from tokenwire.runtime.pooling_params import (
+    TASKS,
+    PoolerConfig,
+    Task,
+    parse_pooler_config,
+    pooler_from_value,
+)
 
 
 @dataclass(frozen=True)
@@ -162,6 +169,23 @@ class EngineArgs:
         "as the special tokens themselves, as before; this lets a client forge chat turns "
         "(default: such text is plain text; system and assistant messages are unaffected)",
         action="store_true",
+    )
+    task: Task = _arg(  # noqa: RUF009 (returns an immutable str)
+        ModelConfig,
+        "task",
+        "what the model serves: generate (text), embed (embeddings: EmbeddingService.Embed, "
+        "POST /v1/embeddings, LLM.embed), or auto = embed for BERT-family encoders and for "
+        "directories with a sentence-transformers pooling module, else generate",
+        choices=TASKS,
+    )
+    pooler_config: PoolerConfig | None = _arg(  # noqa: RUF009 (a frozen dataclass or None)
+        ModelConfig,
+        "pooler_config",
+        'embedding models: JSON {"pooling_type": "LAST"|"MEAN"|"CLS", "normalize": true} '
+        "overriding the model's sentence-transformers pooling (default there: LAST + "
+        "normalize for decoders, CLS + normalize for encoders)",
+        type=parse_pooler_config,
+        metavar="JSON",
     )
     dtype: DType = _arg(  # noqa: RUF009 (returns an immutable str)
         ModelConfig,
@@ -407,6 +431,7 @@ TO_CONFIG: dict[str, Callable[[Any], Any]] = {
     "speculative_config": speculative_from_value,  # vLLM's dict, or the flag's JSON text
     "kv_events_config": kv_events_from_value,
     "lora_modules": tuple,  # LLM(lora_modules=[("name", "/path")])
+    "pooler_config": pooler_from_value,  # LLM(pooler_config={"pooling_type": "MEAN"})
 }
 
 

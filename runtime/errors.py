@@ -15,6 +15,16 @@ class ContextLengthError(ParameterError):
     """Prompt (+ max_tokens) does not fit in the model's context window."""
 
 
+class WrongTaskError(ValueError):
+    """The model does not serve this kind of request (generation on an embedding model, or
+    embeddings on a generation model); ``task`` is what the model serves."""
+
+    def __init__(self, model: str, task: str, message: str) -> None:
+        super().__init__(message)
+        self.model = model
+        self.task = task
+
+
 class DuplicateRequestError(ValueError):
     """A request with this request_id is already in flight."""
 

@@ -27,8 +27,13 @@ from tokenwire.runtime.front.frontend import Frontend
 from tokenwire.runtime.front.output_processor import ProcessedStep
 from tokenwire.runtime.front.tokenizer import Tokenizer
 from tokenwire.runtime.lora.request import LoRARequest
-from tokenwire.runtime.outputs import ChoiceDelta, RequestOutput
-from tokenwire.runtime.sampling_params import SamplingParams, normalize_params
+from tokenwire.runtime.outputs import (
+    ChoiceDelta,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    RequestOutput,
+)
+from tokenwire.runtime.sampling_params import SamplingParams, embedding_params, normalize_params
 from tokenwire.runtime.stats import EngineObserver
 
 Prompt = str | list[int]
@@ -121,6 +126,35 @@ class LLM:
             raise
         results = self._run(use_tqdm and len(request_ids) > 1, len(request_ids))
         return [results[rid] for rid in request_ids]
+
+    def embed(
+        self,
+        prompts: str | Sequence[str] | Sequence[list[int]],
+        *,
+        dimensions: int | None = None,
+        use_tqdm: bool = True,
+    ) -> list[EmbeddingRequestOutput]:
+        """Embed every prompt (an embedding model: ``--task embed``); input order kept.
+        ``dimensions``: Matryoshka truncation (renormalized when the pooler normalizes)."""
+        prompt_list: list[Prompt] = [prompts] if isinstance(prompts, str) else list(prompts)
+        params = embedding_params(dimensions)
+        request_ids: list[str] = []
+        try:
+            for prompt in prompt_list:
+                text, token_ids = self._tokenize(prompt)
+                request_ids.append(self._add(text, token_ids, params, 0))
+        except Exception:
+            for request_id in request_ids:
+                self._abort(request_id)
+            raise
+        results = self._run(use_tqdm and len(request_ids) > 1, len(request_ids))
+        out = []
+        for rid in request_ids:
+            result = results[rid]
+            assert result.embedding is not None
+            vector = EmbeddingOutput(result.embedding)
+            out.append(EmbeddingRequestOutput(rid, result.prompt_token_ids, vector))
+        return out
 
     def chat(
         self,

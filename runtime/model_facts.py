@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tokenwire.runtime.models.arch import ModelArch
+from tokenwire.runtime.pooling_params import EmbedSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,12 @@ class ModelFacts:
     tensor_parallel_size: int = 1
     quantization: str | None = None  # the weight scheme; None: unquantized
     weight_bytes: int = 0  # bytes of weights on all ranks together, as loaded
+    embed: EmbedSpec | None = None  # set: an embedding model (its pooler, Matryoshka sizes)
+    encoder: bool = False  # a BERT-family encoder (bidirectional; prompts never chunked)
+
+    @property
+    def task(self) -> str:
+        return "generate" if self.embed is None else "embed"
 
     @property
     def vocab_size(self) -> int:

@@ -44,3 +44,6 @@ class ModelOutput:
     extra_token_ids: dict[str, list[int]] = field(default_factory=dict)
     # ... and their logprobs, for requests that asked (one per extra token, in order).
     extra_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    # Embedding requests whose last prompt chunk ran this step: their pooled vectors (they
+    # sample nothing and are not in ``req_ids``).
+    pooled: dict[str, list[float]] = field(default_factory=dict)

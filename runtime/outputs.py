@@ -36,6 +36,8 @@ class EngineCoreOutput:
     # Set when the request failed on a bad parameter found in the core (a constraint that
     # did not compile): the parameter's name; ``stop_reason`` holds the message.
     error_param: str | None = None
+    # An embedding request's pooled vector (it finishes in the step its prompt completes).
+    pooled: list[float] | None = None
 
     @property
     def finished(self) -> bool:
@@ -81,6 +83,8 @@ class RequestOutput:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     finished: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
+    # Embedding requests: the pooled vector (``outputs`` holds one empty choice).
+    embedding: list[float] | None = None
 
 
 @dataclass(slots=True)
@@ -103,3 +107,18 @@ class RequestStarted:
     request_id: str
     num_prompt_tokens: int
     num_cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingOutput:
+    embedding: list[float]
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingRequestOutput:
+    """``LLM.embed``'s result per input (vLLM's shape: ``.outputs.embedding``)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True

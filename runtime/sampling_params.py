@@ -15,6 +15,7 @@ from functools import cached_property
 from typing import Any
 
 from tokenwire.runtime.errors import ParameterError
+from tokenwire.runtime.pooling_params import PoolingParams
 from tokenwire.runtime.structured.params import StructuredOutputsParams
 
 # A temperature below this is treated as greedy (argmax), as in vLLM.
@@ -25,8 +26,10 @@ MAX_SEED = 2**63 - 1
 __all__ = [
     "MAX_LOGPROBS",
     "ParameterError",
+    "PoolingParams",
     "SamplingParams",
     "StructuredOutputsParams",
+    "embedding_params",
     "normalize_params",
 ]
 
@@ -49,6 +52,9 @@ class SamplingParams:
     is complete, and the choice ends (EOS) when it is. Logprobs of a constrained request are
     those of the masked distribution (log-softmax over the allowed tokens only, as vLLM V1);
     ``min_tokens`` does not hold back EOS there (the grammar decides where output may end).
+
+    ``pooling`` makes it an embedding request: the engine runs its prompt (chunked prefill
+    as usual), pools the hidden states and finishes it without sampling.
     """
 
     n: int = 1
@@ -71,6 +77,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
+    # Set: an embedding request (prefill only, no sampling; ``pooling_params``).
+    pooling: PoolingParams | None = None
 
     def __post_init__(self) -> None:
         # Normalise containers first so the object is hashable-ish and immutable.
@@ -199,3 +207,9 @@ def normalize_params(
             "sampling_params", f"got {len(out)} sampling params for {count} prompts"
         )
     return out
+
+
+def embedding_params(dimensions: int | None) -> SamplingParams:
+    """The params of an embedding request: prefill only, no sampling, no output tokens;
+    ``dimensions``: Matryoshka truncation (``PoolingParams``)."""
+    return SamplingParams(max_tokens=None, temperature=0.0, pooling=PoolingParams(dimensions))

@@ -41,8 +41,11 @@ class Scheduler:
         structured: StructuredOutputManager | None = None,
         lora: LoRAAdmission | None = None,
         proposer: Proposer | None = None,
+        encoder_only: bool = False,
     ) -> None:
         self.config = config
+        # An encoder model (bidirectional attention): each prompt runs whole in one step.
+        self.encoder_only = encoder_only
         self.lora = lora  # None: LoRA is not enabled
         self.proposer = proposer  # None: no speculative decoding
         self.kv = kv_cache_manager
@@ -278,12 +281,15 @@ class Scheduler:
                 skipped.append(self.waiting.pop())
                 continue
             hit_ids: list[int]
-            if request.sampling_params.prompt_logprobs is not None:
+            params = request.sampling_params
+            if params.prompt_logprobs is not None or params.pooling is not None:
                 hit_ids, num_hit = [], 0  # every prompt position must be computed
             else:
                 hit_ids, num_hit = self.kv.get_computed_blocks(request)
             num_new = request.num_tokens - num_hit
-            if num_new > step.budget and not self.config.enable_chunked_prefill:
+            if num_new > step.budget and (
+                self.encoder_only or not self.config.enable_chunked_prefill
+            ):
                 break
             num_new = min(num_new, step.budget)
             new_block_ids = self.kv.allocate_slots(request, num_new, hit_ids, num_hit)
@@ -377,11 +383,37 @@ class Scheduler:
                     run = model_output.extra_logprobs.get(request_id, [])
                     output.new_logprobs.extend(run[: len(output.new_token_ids) - 1])
             outputs.append(output)
+        if model_output.pooled:
+            any_finished |= self._finish_pooled(model_output.pooled, outputs, now)
         if any_finished:
             self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
         if model_output.prompt_logprobs:
             self._attach_prompt_logprobs(model_output, outputs)
         return outputs
+
+    def _finish_pooled(
+        self, pooled: dict[str, list[float]], outputs: list[EngineCoreOutput], now: float
+    ) -> bool:
+        """Embedding requests whose prompt completed: they finish (``LENGTH``: the whole
+        input was consumed) with their vector, and their blocks go back."""
+        finished = False
+        for request_id, vector in pooled.items():
+            request = self.requests.get(request_id)
+            if request is None:
+                continue  # aborted while the step ran
+            request.first_token_time = now
+            self._finish(request, FinishReason.LENGTH)
+            outputs.append(
+                EngineCoreOutput(
+                    request_id,
+                    [],
+                    finish_reason=FinishReason.LENGTH,
+                    num_cached_tokens=max(request.num_cached_tokens, 0),
+                    pooled=vector,
+                )
+            )
+            finished = True
+        return finished
 
     def _attach_prompt_logprobs(
         self, model_output: ModelOutput, outputs: list[EngineCoreOutput]

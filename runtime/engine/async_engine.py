@@ -51,10 +51,10 @@ from tokenwire.runtime.front.lora_front import LoRAFront
 from tokenwire.runtime.front.output_processor import ProcessedStep
 from tokenwire.runtime.front.request_stream import RequestFailed, RequestFinished, RequestStream
 from tokenwire.runtime.front.tokenizer import Tokenizer
-from tokenwire.runtime.front.validation import validate_priority
+from tokenwire.runtime.front.validation import check_task, validate_priority
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.outputs import EngineCoreOutput
-from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.sampling_params import SamplingParams, embedding_params
 from tokenwire.runtime.stats import EngineObserver
 
 logger = logging.getLogger("tokenwire.engine")
@@ -154,7 +154,9 @@ class AsyncEngine:
             "warmup",
             None,
             [1, 2, 3],
-            SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True),
+            SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+            if self.info.embed is None
+            else embedding_params(None),
             before_ready=True,
         )
         async for item in stream:
@@ -249,6 +251,7 @@ class AsyncEngine:
         if lora_request is not None and self._loras.get(lora_request.lora_name) != lora_request:
             raise AdapterNotFoundError(lora_request.lora_name)
         validate_priority(priority)  # what the wire to the core carries
+        check_task(self.info.served_model_name, self.info.embed, params)
         # No grammar work here, on the loop: a constraint not known to parse is left to the
         # core's compile pool (``check_constraint`` parses it off the loop beforehand).
         frontend = self.frontend

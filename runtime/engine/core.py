@@ -20,7 +20,7 @@ from tokenwire.runtime.engine.fault import step_fault_from_env
 from tokenwire.runtime.errors import DuplicateRequestError
 from tokenwire.runtime.executor.base import Executor
 from tokenwire.runtime.executor.factory import make_executor
-from tokenwire.runtime.front.validation import validate_request
+from tokenwire.runtime.front.validation import check_task, validate_request
 from tokenwire.runtime.lora.admission import LoRAAdmission
 from tokenwire.runtime.lora.registry import LoRARegistry
 from tokenwire.runtime.lora.request import LoRARequest
@@ -89,6 +89,7 @@ class EngineCore:
             self.structured,
             LoRAAdmission(config.lora.max_loras) if config.lora.enable_lora else None,
             make_proposer(config.speculative_config, self.max_model_len),
+            encoder_only=self.facts.encoder,
         )
 
     def _check_capacity(self, num_blocks: int) -> None:
@@ -98,6 +99,12 @@ class EngineCore:
         block_size = self.config.cache.block_size
         capacity = (num_blocks - 1) * block_size  # block 0 is the null block
         needed = self.max_model_len
+        if self.facts.encoder and self.config.scheduler.max_num_batched_tokens < needed:
+            raise ValueError(
+                "max_num_batched_tokens must be >= max_model_len for an encoder model (its "
+                f"prompts run whole, never chunked): {self.config.scheduler.max_num_batched_tokens}"
+                f" < {needed}; raise --max-num-batched-tokens or lower --max-model-len"
+            )
         window = every_layer_window(self.facts.arch)
         if window is not None:
             chunk = self.config.scheduler.max_num_batched_tokens
@@ -157,6 +164,7 @@ class EngineCore:
         self.scheduler.add_request(request)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        check_task(self.facts.served_model_name, self.facts.embed, params)
         validate_request(prompt_token_ids, params, self.vocab_size, self.max_model_len)
 
     def abort_requests(

@@ -99,6 +99,7 @@ def engine_info(core: EngineCore) -> EngineInfo:
         chat_template=load_chat_template(config.model.chat_template),
         allow_content_special_tokens=config.model.allow_content_special_tokens,
         default_sampling=loaded_model_defaults(config.model, facts.model_path),
+        embed=facts.embed,
     )
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from tokenwire.runtime.front.tokenizer import Tokenizer
 from tokenwire.runtime.lora.request import LoRARequest
+from tokenwire.runtime.pooling_params import EmbedSpec
 from tokenwire.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -58,6 +59,17 @@ class EngineInfo:
     # --generation-config: SamplingParams field -> default for requests leaving it unset
     # (temperature, top_p, top_k, min_p, repetition_penalty, max_tokens); empty: built-ins.
     default_sampling: dict[str, float | int] = field(default_factory=dict)
+    # Set: an embedding model (``task == "embed"``): its pooler and Matryoshka sizes.
+    embed: EmbedSpec | None = None
+
+    @property
+    def task(self) -> str:
+        return "generate" if self.embed is None else "embed"
+
+    @property
+    def embedding_dimensions(self) -> int:
+        """The full embedding size; 0 for a generation model."""
+        return 0 if self.embed is None else self.embed.hidden_size
 
 
 @dataclass(frozen=True, slots=True)

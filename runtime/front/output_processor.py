@@ -61,6 +61,7 @@ class _Parent:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_unfinished: int = 0
     started: bool = False
+    embedding: list[float] | None = None
 
 
 _TOKEN_STOPS = (FinishReason.EOS, FinishReason.STOP_TOKEN)
@@ -100,7 +101,7 @@ class OutputProcessor:
             child_params = params if params.n == 1 else params.with_seed(seed)
             child_id = child_request_id(request_id, i, params.n)
             detok = None
-            if self.tokenizer is not None:
+            if self.tokenizer is not None and params.pooling is None:
                 detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, child_params)
             choice = _Choice(parent, i, child_id, detok, params.include_stop_str_in_output)
             if params.logprobs is not None:
@@ -158,6 +159,8 @@ class OutputProcessor:
                 parent.num_cached_tokens = output.num_cached_tokens
                 if output.new_prompt_logprobs is not None:
                     self._add_prompt_logprobs(parent, output.new_prompt_logprobs)
+                if output.pooled is not None:
+                    parent.embedding = output.pooled
             delta = self._advance(choice, output)
             if choice.finish_reason == FinishReason.STOP_SEQUENCE and not output.finished:
                 step.to_abort.append(choice.child_id)
@@ -252,4 +255,5 @@ class OutputProcessor:
             num_cached_tokens=parent.num_cached_tokens,
             prompt_logprobs=parent.prompt_logprobs,
             finished=True,
+            embedding=parent.embedding,
         )

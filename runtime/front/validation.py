@@ -6,7 +6,8 @@ fails its call at once, before anything crosses to the core) and ``EngineCore.ad
 
 from __future__ import annotations
 
-from tokenwire.runtime.errors import ContextLengthError, ParameterError
+from tokenwire.runtime.errors import ContextLengthError, ParameterError, WrongTaskError
+from tokenwire.runtime.pooling_params import EmbedSpec, PoolingParams
 from tokenwire.runtime.sampling_params import SamplingParams
 
 # The range of a request's priority: a signed 64-bit integer, what the front <-> core wire
@@ -28,6 +29,13 @@ def validate_request(
         raise ParameterError("prompt", f"token ids must lie in [0, {vocab_size}) (the vocabulary)")
     params.validate_for_model(vocab_size)
     num_prompt = len(prompt_token_ids)
+    if params.pooling is not None:  # embeddings: the whole context, no output tokens
+        if num_prompt > max_model_len:
+            raise ContextLengthError(
+                "input",
+                f"{num_prompt} tokens exceed the model's context of {max_model_len} tokens",
+            )
+        return
     if num_prompt >= max_model_len:
         raise ContextLengthError(
             "prompt",
@@ -40,3 +48,36 @@ def validate_request(
             f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) exceeds the "
             f"model's context of {max_model_len} tokens",
         )
+
+
+def check_task(model: str, embed: EmbedSpec | None, params: SamplingParams) -> None:
+    """A generation request on an embedding model, or an embedding request on a
+    generation model: ``WrongTaskError`` naming what the model serves."""
+    if embed is None and params.pooling is not None:
+        raise WrongTaskError(
+            model, "generate", f"model {model!r} serves task 'generate': it computes no embeddings"
+        )
+    if embed is not None and params.pooling is None:
+        raise WrongTaskError(
+            model,
+            "embed",
+            f"model {model!r} serves task 'embed': use EmbeddingService.Embed or "
+            "/v1/embeddings, not generation",
+        )
+    if embed is not None and params.pooling is not None:
+        check_dimensions(embed, params.pooling)
+
+
+def check_dimensions(embed: EmbedSpec, pooling: PoolingParams) -> None:
+    dims = pooling.dimensions
+    if dims is None:
+        return
+    if not embed.is_matryoshka:
+        raise ParameterError("dimensions", "this model does not support Matryoshka truncation")
+    if dims > embed.hidden_size:
+        raise ParameterError(
+            "dimensions", f"must be <= the model's embedding size {embed.hidden_size}, got {dims}"
+        )
+    if embed.matryoshka_dimensions and dims not in embed.matryoshka_dimensions:
+        sizes = ", ".join(str(d) for d in embed.matryoshka_dimensions)
+        raise ParameterError("dimensions", f"must be one of the model's sizes {sizes}, got {dims}")

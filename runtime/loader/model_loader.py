@@ -36,6 +36,7 @@ are safe (converting once before starting the ranks saves the duplicated work).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Iterator
@@ -50,6 +51,11 @@ from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.front.tokenizer import Tokenizer, load_chat_template, load_tokenizer
 from tokenwire.runtime.loader.generation_config import default_sampling
 from tokenwire.runtime.loader.hub import resolve_tokenizer_dir
+from tokenwire.runtime.loader.pooling_config import (
+    base_decoder_config,
+    embed_spec,
+    resolve_task,
+)
 from tokenwire.runtime.loader.source import ModelSource, model_source
 from tokenwire.runtime.models.arch import ModelArch, token_id_tuple
 from tokenwire.runtime.models.layers import process_weights_after_loading
@@ -62,6 +68,7 @@ from tokenwire.runtime.models.layers.quant.gguf import (
 from tokenwire.runtime.models.layers.quant.registry import resolve_quant_config
 from tokenwire.runtime.models.llama import LlamaForCausalLM, build_model
 from tokenwire.runtime.models.weights import SafetensorsWeight, WeightSource
+from tokenwire.runtime.pooling_params import EmbedSpec
 
 _INDEX_FILE = "model.safetensors.index.json"
 _DEFAULT_INIT_STD = 0.02  # HF initializer_range default
@@ -83,6 +90,8 @@ class LoadedModel:
     dtype: torch.dtype
     quantization: str | None = None  # the weight scheme ("gptq", "awq", "int8", "gguf")
     tokenizer_dir: Path | None = None  # where ``tokenizer`` was loaded from (a hub snapshot...)
+    # Set for an embedding model (``--task embed``): its pooler and Matryoshka sizes.
+    embed: EmbedSpec | None = None
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -111,7 +120,12 @@ def load_model(
     load_chat_template(model_config.chat_template)
     default_sampling(model_config, folder, source.gguf)
     config = _read_json(source.config_file)
-    arch = ModelArch.from_hf_config(config)
+    task = resolve_task(model_config.task, folder, config)
+    embed = None
+    arch = ModelArch.from_hf_config(config if task != "embed" else base_decoder_config(config))
+    if task == "embed":  # the LM head is never used: a checkpoint without one loads
+        arch = dataclasses.replace(arch, tie_word_embeddings=True)
+        embed = embed_spec(folder, config, model_config.pooler_config, arch.hidden_size)
     arch.check_tensor_parallel(tp.world_size)
     dummy = model_config.load_format == "dummy"
     plan = _gguf_plan(model_config, source, device, dtype)
@@ -127,7 +141,8 @@ def load_model(
     elif isinstance(quant, GGUFConfig) and source.gguf is not None:
         model.load_weights(iter_gguf_checkpoint(source.gguf))
     else:
-        model.load_weights(iter_safetensors(folder))
+        weights = iter_safetensors(folder)
+        model.load_weights(weights if embed is None else with_model_prefix(weights))
     process_weights_after_loading(model)  # quantized layers: into the kernels' layouts
     model.prepare_logits()  # the LM head: a row's logits do not depend on the batch
     tokenizer = load_tokenizer(tokenizer_dir)
@@ -143,7 +158,20 @@ def load_model(
         dtype=dtype,
         quantization=None if quant is None else quant.name,
         tokenizer_dir=None if tokenizer is None else tokenizer_dir,
+        embed=embed,
     )
+
+
+def with_model_prefix(
+    weights: Iterator[tuple[str, WeightSource]],
+) -> Iterator[tuple[str, WeightSource]]:
+    """Embedding checkpoints saved from the bare decoder (``Qwen3Model``, as
+    sentence-transformers does) name tensors without HF's ``model.`` prefix: add it."""
+    for name, source in weights:
+        if name.startswith(("model.", "lm_head.")):
+            yield name, source
+        else:
+            yield f"model.{name}", source
 
 
 def _gguf_plan(

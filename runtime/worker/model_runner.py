@@ -40,6 +40,7 @@ from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.scheduler_output import SchedulerOutput
 from tokenwire.runtime.worker.attention_inputs import AttentionInputs
 from tokenwire.runtime.worker.input_batch import InputBatch, StepArrays
+from tokenwire.runtime.worker.pooler import Pooler, pool_rows
 from tokenwire.runtime.worker.prompt_logprobs import prompt_logprobs_for_step
 from tokenwire.runtime.worker.request_state import CachedRequestState
 from tokenwire.runtime.worker.runner_caches import build_caches
@@ -87,6 +88,9 @@ class ModelRunner:
         self.batch = InputBatch(settings.max_num_seqs, loaded.max_model_len, self.block_size)
         self.requests: dict[str, CachedRequestState] = {}
         self._num_prompt_logprob_reqs = 0  # live requests that asked for prompt logprobs
+        # Embedding models: pools the hidden states of embedding requests (prefill only).
+        self.pooler = None if loaded.embed is None else Pooler(loaded.embed.pooler)
+        self._num_pooling_reqs = 0  # live embedding requests
         # Generator for unseeded random rows: reproducible per engine seed, not global state.
         generator = torch.Generator(device=device)
         generator.manual_seed(settings.seed)
@@ -111,8 +115,12 @@ class ModelRunner:
                 self.batch.release_row(state.row)
             if state.params.prompt_logprobs is not None:
                 self._num_prompt_logprob_reqs -= 1
+            if state.params.pooling is not None:
+                self._forget_pooling(request_id, finished=True)
         for request_id in so.preempted_req_ids:
             state = self.requests.get(request_id)
+            if state is not None and state.params.pooling is not None:
+                self._forget_pooling(request_id, finished=False)
             if state is not None and state.row is not None:
                 self.batch.release_row(state.row)
                 state.row = None
@@ -174,6 +182,16 @@ class ModelRunner:
         self.requests[request_id] = state
         if params.prompt_logprobs is not None:
             self._num_prompt_logprob_reqs += 1
+        if params.pooling is not None:
+            if self.pooler is None:
+                raise ValueError(f"request {request_id}: this model serves no embeddings")
+            self._num_pooling_reqs += 1
+
+    def _forget_pooling(self, request_id: str, *, finished: bool) -> None:
+        assert self.pooler is not None
+        self.pooler.forget(request_id)
+        if finished:
+            self._num_pooling_reqs -= 1
 
     # ------------------------------------------------------------------ one step
     @torch.inference_mode()
@@ -199,8 +217,9 @@ class ModelRunner:
         t1, hidden = self._forward(arrays)
         if drafts:
             t2, prompt_lps, out = self._verify(so, drafts, states, rows, arrays, hidden)
+            pooled: dict[str, list[float]] = {}
         else:
-            t2, prompt_lps, out = self._sample(so, states, rows, arrays, hidden)
+            t2, prompt_lps, out, pooled = self._sample(so, states, rows, arrays, hidden)
         t3 = time.perf_counter()
         collective_time = self.tp.clock.seconds - collective0
         if drafts and self.drafter is not None:
@@ -216,6 +235,7 @@ class ModelRunner:
             collective_time=collective_time,
             extra_token_ids=out.extra_token_ids,
             extra_logprobs=out.extra_logprobs,
+            pooled=pooled,
         )
 
     def _forward(self, arrays: StepArrays) -> tuple[float, torch.Tensor]:
@@ -237,10 +257,23 @@ class ModelRunner:
         rows: np.ndarray,
         arrays: StepArrays,
         hidden: torch.Tensor,
-    ) -> tuple[float, dict[str, list[TokenLogprobs | None]], StepTokens]:
-        """A plain step: (logits done time, prompt logprobs, the sampled tokens)."""
+    ) -> tuple[float, dict[str, list[TokenLogprobs | None]], StepTokens, dict[str, list[float]]]:
+        """A plain step: (logits done time, prompt logprobs, the sampled tokens, the pooled
+        vectors of embedding requests whose prompt completed)."""
         # A row samples when this step brings it up to date (not mid-way through a prefill).
         samples = arrays.seq_lens == self.batch.num_tokens[rows]
+        pooled: dict[str, list[float]] = {}
+        if self._num_pooling_reqs:
+            assert self.pooler is not None
+            pooled, samples = pool_rows(self.pooler, states, arrays, hidden, samples)
+            if not samples.any():  # only embedding rows: nothing to sample
+                t2 = time.perf_counter()
+                return (
+                    t2,
+                    self._prompt_logprobs(states, arrays, hidden),
+                    StepTokens([], [], {}),
+                    pooled,
+                )
         if samples.all():
             sample_states, rows_to_sample = states, rows
             last = hidden if len(hidden) == len(rows) else hidden[arrays.query_start_loc[1:] - 1]
@@ -254,7 +287,7 @@ class ModelRunner:
         out = sample_rows(
             self.sampling, self.batch, logits, sample_states, rows_to_sample, so.grammar_bitmask
         )
-        return t2, prompt_lps, out
+        return t2, prompt_lps, out, pooled
 
     def _verify(
         self,

@@ -13,11 +13,13 @@ import torch
 
 from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.distributed.group import TPGroup
+from tokenwire.runtime.loader.encoder_loader import LoadedEncoder, load_encoder, source_is_encoder
 from tokenwire.runtime.loader.model_loader import LoadedModel, load_model, resolve_dtype
 from tokenwire.runtime.model_facts import ModelFacts
 from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.scheduler_output import SchedulerOutput
 from tokenwire.runtime.worker.cpu_tuning import keep_freed_memory
+from tokenwire.runtime.worker.encoder_runner import EncoderRunner
 from tokenwire.runtime.worker.model_runner import ModelRunner
 from tokenwire.runtime.worker.runner_settings import RunnerSettings
 from tokenwire.runtime.worker.spec.draft_model import load_draft_model
@@ -62,13 +64,22 @@ class Worker:
         if device.type == "cpu":
             keep_freed_memory()
         dtype = resolve_dtype(config.model.dtype, device)
-        self.loaded: LoadedModel = load_model(config.model, device, dtype, tp)
+        settings = RunnerSettings.from_config(config)
+        self.loaded: LoadedModel | LoadedEncoder
+        self.runner: ModelRunner | EncoderRunner
+        if source_is_encoder(config.model):  # BERT family: bidirectional, no KV tensors
+            if tp.world_size > 1:
+                raise ValueError("--tensor-parallel-size: encoder models run on one device")
+            self.loaded = load_encoder(config.model, device, dtype)
+            self.runner = EncoderRunner(self.loaded, settings, device)
+            return
+        loaded = load_model(config.model, device, dtype, tp)
+        self.loaded = loaded
         spec = config.speculative_config
         draft = None
         if spec is not None and spec.method == "draft_model":
-            draft = load_draft_model(config.model, spec, self.loaded, tp)
-        settings = RunnerSettings.from_config(config)
-        self.runner = ModelRunner(self.loaded, settings, device, tp=tp, draft=draft)
+            draft = load_draft_model(config.model, spec, loaded, tp)
+        self.runner = ModelRunner(loaded, settings, device, tp=tp, draft=draft)
 
     @property
     def num_blocks(self) -> int:
@@ -101,4 +112,6 @@ class Worker:
             tensor_parallel_size=self.tp.world_size,
             quantization=getattr(loaded, "quantization", None),
             weight_bytes=self.weight_bytes if weight_bytes is None else weight_bytes,
+            embed=loaded.embed,
+            encoder=isinstance(loaded, LoadedEncoder),
         )

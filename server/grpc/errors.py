@@ -29,6 +29,7 @@ from tokenwire.runtime.errors import (
     NotReadyError,
     ParameterError,
     QueueFullError,
+    WrongTaskError,
     clip,
 )
 from tokenwire.server.tenants.limits import LimitExceeded, ModelNotAllowed
@@ -125,6 +126,13 @@ def to_service_error(exc: BaseException, request_id: str | None = None) -> Servi
             errors_pb2.ERROR_REASON_INVALID_PARAMETER,
             str(exc),
             {"param": exc.param},
+        )
+    if isinstance(exc, WrongTaskError):
+        return ServiceError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            errors_pb2.ERROR_REASON_WRONG_TASK,
+            str(exc),
+            {"model": clip(exc.model), "task": exc.task},
         )
     if isinstance(exc, AdapterExistsError):
         return ServiceError(

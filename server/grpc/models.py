@@ -95,6 +95,8 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
             kv_cache_dtype=info.kv_cache_dtype,
             default_sampling=_default_sampling(info.default_sampling),
             default_max_tokens=_default_max_tokens(info.default_sampling),
+            task=info.task,
+            embedding_dimensions=info.embedding_dimensions,
         )
 
     def _check_model(self, name: str) -> None:

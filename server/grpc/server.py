@@ -20,6 +20,7 @@ from tokenwire.server.grpc.adapters import AdapterFlags
 from tokenwire.server.grpc.auth import ApiKeyInterceptor
 from tokenwire.server.grpc.connection import ConnectionSettings
 from tokenwire.server.grpc.convert import Limits
+from tokenwire.server.grpc.embeddings import EmbeddingService
 from tokenwire.server.grpc.generation import GenerationService, OutputReaders
 from tokenwire.server.grpc.guard import MalformedRequestInterceptor
 from tokenwire.server.grpc.models import ModelService
@@ -37,13 +38,21 @@ from tokenwire.server.worker_protocol.servicer import (
     SERVICE_NAME as VLLM_ENGINE_SERVICE,
 )
 from tokenwire.server.worker_protocol.servicer import KvEventSource, VllmEngineServicer
-from tokenwire.v1 import generation_pb2, generation_pb2_grpc, models_pb2, models_pb2_grpc
+from tokenwire.v1 import (
+    embeddings_pb2,
+    embeddings_pb2_grpc,
+    generation_pb2,
+    generation_pb2_grpc,
+    models_pb2,
+    models_pb2_grpc,
+)
 
 logger = logging.getLogger("tokenwire.server")
 
 SERVICE_NAMES = (
     generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name,
     models_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name,
+    embeddings_pb2.DESCRIPTOR.services_by_name["EmbeddingService"].full_name,
 )
 
 
@@ -206,6 +215,10 @@ class GrpcServer:
                 self.server,
             )
             self.service_names = (*SERVICE_NAMES, VLLM_ENGINE_SERVICE)
+        embeddings_pb2_grpc.add_EmbeddingServiceServicer_to_server(
+            EmbeddingService(engine, model_name, limits, self.tokenizers, telemetry, self.tenants),
+            self.server,
+        )
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         # Reflection: v1 and v1alpha.

@@ -2,6 +2,7 @@
 
 Holds no model, tokenizer or engine: every route is a translation onto the ``tokenwire.v1``
 gRPC API through ``Upstream``. Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``,
+``POST /v1/embeddings`` (``EmbeddingService.Embed``; ``rest/embeddings``),
 ``GET /v1/models`` (with the serving replica's ``replica_id``), ``GET /v1/models/{model}``
 (the base model and its LoRA adapters, each adapter with the base as ``parent``), vLLM's
 ``POST /v1/load_lora_adapter`` and
@@ -34,6 +35,7 @@ from tokenwire.server.rest.disconnect import (
     request_id_of,
     until_disconnect,
 )
+from tokenwire.server.rest.embeddings import EmbeddingRequest, embed
 from tokenwire.server.rest.errors import (
     RestError,
     clip,
@@ -183,6 +185,10 @@ class Routes:
             texts.append(reply.text)
         return tuple(texts)
 
+    async def embeddings(self, request: Request, body: EmbeddingRequest) -> JSONResponse:
+        payload, rid = await embed(self.upstream, request, body, self.settings.request_timeout)
+        return JSONResponse(payload, headers={"x-request-id": rid})
+
     async def list_models(self, request: Request) -> JSONResponse:
         reply = await self._models_call(request, "ListModels", models_pb2.ListModelsRequest())
         server = await self._models_call(
@@ -243,6 +249,8 @@ class Routes:
             "quantization": info.quantization or None,
             "weight_bytes": info.weight_bytes,
             "tensor_parallel_size": info.tensor_parallel_size,
+            "task": info.task or "generate",  # "embed": POST /v1/embeddings serves it
+            "embedding_dimensions": info.embedding_dimensions or None,
         }
 
     async def metrics(self, request: Request) -> Response:
@@ -311,6 +319,7 @@ def create_app(upstream: Upstream, settings: RestSettings) -> FastAPI:
     routes = Routes(upstream, settings)
     app.add_api_route("/v1/chat/completions", routes.chat, methods=["POST"])
     app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
+    app.add_api_route("/v1/embeddings", routes.embeddings, methods=["POST"])
     app.add_api_route("/v1/models", routes.list_models, methods=["GET"])
     app.add_api_route("/v1/models/{model:path}", routes.get_model, methods=["GET"])
     app.add_api_route("/v1/load_lora_adapter", routes.load_lora_adapter, methods=["POST"])

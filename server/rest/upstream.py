@@ -23,7 +23,12 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tokenwire.server.rest.errors import invalid
-from tokenwire.v1 import generation_pb2, generation_pb2_grpc, models_pb2_grpc
+from tokenwire.v1 import (
+    embeddings_pb2_grpc,
+    generation_pb2,
+    generation_pb2_grpc,
+    models_pb2_grpc,
+)
 
 # x-session-id: the affinity key a gateway's consistent hashing reads (docs/fleet.md).
 FORWARDED_HEADERS = ("authorization", "traceparent", "tracestate", "x-priority", "x-session-id")
@@ -77,6 +82,7 @@ class Upstream:
         self.channel = channel
         self.generation = generation_pb2_grpc.GenerationServiceStub(channel)
         self.models = models_pb2_grpc.ModelServiceStub(channel)
+        self.embeddings = embeddings_pb2_grpc.EmbeddingServiceStub(channel)
         self.health = health_pb2_grpc.HealthStub(channel)
 
     @classmethod

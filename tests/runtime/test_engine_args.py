@@ -24,6 +24,7 @@ from tokenwire.runtime.config import (
 )
 from tokenwire.runtime.engine_args import EngineArgs, engine_flags, flag_of, flag_spec
 from tokenwire.runtime.kv_events_config import KVEventsConfig
+from tokenwire.runtime.pooling_params import PoolerConfig
 from tokenwire.server.cli import build_parser
 
 COMMANDS = {
@@ -79,6 +80,8 @@ VALUES: dict[str, Any] = {
     "allow_content_special_tokens": True,
     "speculative_config": SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_max=4),
     "kv_events_config": KVEventsConfig(enable_kv_cache_events=True, topic="kv"),
+    "task": "embed",
+    "pooler_config": PoolerConfig(pooling_type="MEAN", normalize=False),
 }
 
 
@@ -111,7 +114,7 @@ def argv_for(command: str) -> list[str]:
             argv.append(flag if value else "--no-" + flag.removeprefix("--"))
         elif isinstance(value, tuple):  # --lora-modules NAME=PATH ...
             argv += [flag, *(f"{name}={path}" for name, path in value)]
-        elif isinstance(value, SpeculativeConfig | KVEventsConfig):  # vLLM's JSON
+        elif isinstance(value, SpeculativeConfig | KVEventsConfig | PoolerConfig):  # vLLM's JSON
             argv += [flag, json.dumps(dataclasses.asdict(value))]
         else:
             argv += [flag, str(value)]
@@ -179,7 +182,8 @@ def test_create_engine_config_carries_every_field() -> None:
         load_format="dummy", seed=7, served_model_name="served", quantization="int8",
         revision="v1.0", tokenizer_revision="tok-v2", download_dir="/hf-cache",
         chat_template="/templates/chat.jinja", generation_config="vllm",
-        allow_content_special_tokens=True,
+        allow_content_special_tokens=True, task="embed",
+        pooler_config=PoolerConfig(pooling_type="MEAN", normalize=False),
     )  # fmt: skip
     assert config.cache == CacheConfig(
         block_size=32, enable_prefix_caching=False, kv_cache_memory=1 << 20,
@@ -315,6 +319,7 @@ def test_llm_accepts_every_engine_field(tmp_path: Path) -> None:
         tensor_parallel_size=1, nnodes=1, node_rank=0, distributed_init_method=None,
         lora_modules=(),  # adapters are loaded in tests/runtime/test_lora_runtime.py
         chat_template=None,  # templates are rendered in tests/server/test_generation_config.py
+        task="generate",  # embeddings: tests/runtime/test_embeddings_engine.py
     )  # fmt: skip
     llm = LLM(**kwargs)
     assert llm.engine.facts.num_blocks == 64
