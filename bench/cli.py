@@ -234,6 +234,12 @@ def _add_fleet_arguments(p: argparse.ArgumentParser) -> None:
     from tokenwire.bench.fleet_workloads import FleetShape
 
     p.add_argument(
+        "--text-prompts",
+        action="store_true",
+        help="OpenAI backend: send prompts as text decoded with --tokenizer (gateways such as "
+        "SMG take only text prompts)",
+    )
+    p.add_argument(
         "--replica-metrics",
         nargs="+",
         default=[],
@@ -278,6 +284,7 @@ def serve_bench_config(args: argparse.Namespace) -> ServeBenchConfig:
         seed=args.seed,
         cache_salt=args.cache_salt,
         tls=tls_from_args(args),
+        text_prompts=args.text_prompts,
         replica_metrics=tuple(args.replica_metrics),
         fleet=FleetShape(
             args.conversations,

@@ -89,8 +89,15 @@ def grpc_sender(
 
 
 def openai_sender(
-    base_url: str, model: str, api_key: str | None, cache_salt: str, tls: TlsOptions | None = None
+    base_url: str,
+    model: str,
+    api_key: str | None,
+    cache_salt: str,
+    tls: TlsOptions | None = None,
+    as_text: Callable[[list[int]], str] | None = None,
 ) -> tuple[Sender, Callable[[], Awaitable[None]]]:
+    """``as_text``: send each prompt as this text instead of token ids (gateways such as SMG
+    accept only text prompts on /v1/completions)."""
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -105,7 +112,7 @@ def openai_sender(
         session_headers = {SESSION_HEADER: session} if session else {}
         body = {
             "model": model,
-            "prompt": prompt,
+            "prompt": prompt if as_text is None else as_text(prompt),
             "max_tokens": output_len,
             "stream": True,
             "temperature": 0.0,
@@ -229,7 +236,13 @@ async def _main(config: ServeBenchConfig, load: Load, first_prompt: list[int]) -
         send, close = grpc_sender(config.target, config.api_key, salt, config.tls)
         target = f"grpc{'s' if config.tls else ''}://{config.target}"
     else:
-        send, close = openai_sender(config.base_url, config.model, config.api_key, salt, config.tls)
+        as_text = None
+        if config.text_prompts:
+            tokenizer = bench_tokenizer(config.tokenizer)
+            as_text = lambda ids: str(tokenizer.decode(ids))  # noqa: E731
+        send, close = openai_sender(
+            config.base_url, config.model, config.api_key, salt, config.tls, as_text
+        )
         target = config.base_url
     try:
         # Warm-up: connection set-up stays out of the figures (its 16 tokens enter no prefix
