@@ -71,14 +71,22 @@ def _embed(args: argparse.Namespace) -> int:
     )
 
 
-def _add_workload_arguments(p: argparse.ArgumentParser) -> None:
+def _add_workload_arguments(p: argparse.ArgumentParser, fleet: bool = False) -> None:
+    from tokenwire.bench.fleet_workloads import FLEET_WORKLOADS
+
     p.add_argument(
         "--workload",
-        choices=WORKLOADS,
+        choices=(*WORKLOADS, *FLEET_WORKLOADS) if fleet else WORKLOADS,
         default=DEFAULT_WORKLOAD,
         help="request mix (bench/workloads.py): fixed, mixed (nano-vllm's), cpu (64 short), "
-        "repeat (answers copy their prompts), edit (chat rewrites of a passage) (default: "
-        "%(default)s)",
+        "repeat (answers copy their prompts), edit (chat rewrites of a passage)"
+        + (
+            "; fleet (bench/fleet_workloads.py): multiturn (growing transcripts), "
+            "shared-prefix (a few long system prompts)"
+            if fleet
+            else ""
+        )
+        + " (default: %(default)s)",
     )
     p.add_argument(
         "--num-requests",
@@ -220,7 +228,8 @@ def add_serve_bench_arguments(p: argparse.ArgumentParser) -> None:
         "--model", default=ServeBenchConfig.model, help="model name for the OpenAI backend"
     )
     p.add_argument("--api-key", default=None, help="bearer key the server requires")
-    _add_workload_arguments(p)
+    _add_workload_arguments(p, fleet=True)
+    _add_fleet_arguments(p)
     p.add_argument(
         "--vocab-size",
         type=int,
@@ -263,7 +272,43 @@ def add_serve_bench_arguments(p: argparse.ArgumentParser) -> None:
     add_tls_client_arguments(p)  # --tls, --tls-ca, --tls-cert, --tls-key, --tls-server-name
 
 
+def _add_fleet_arguments(p: argparse.ArgumentParser) -> None:
+    from tokenwire.bench.fleet_workloads import FleetShape
+
+    p.add_argument(
+        "--text-prompts",
+        action="store_true",
+        help="OpenAI backend: send prompts as text decoded with --tokenizer (gateways such as "
+        "SMG take only text prompts)",
+    )
+    p.add_argument(
+        "--replica-metrics",
+        nargs="+",
+        default=[],
+        metavar="URL",
+        help="/metrics URL of every replica behind the target: report the run's prefix-cache "
+        "hit rate over all of them",
+    )
+    for name, help_text in (
+        ("conversations", "fleet workloads: conversations (--num-requests overrides)"),
+        ("turns", "multiturn: turns per conversation; shared-prefix: requests per conversation"),
+        ("first_prompt", "multiturn: tokens of a conversation's first message"),
+        ("user_message", "multiturn: tokens each later turn's user message adds"),
+        ("output_len", "fleet workloads: tokens each turn generates"),
+        ("system_prompts", "shared-prefix: distinct system prompts"),
+        ("system_len", "shared-prefix: tokens of each system prompt"),
+        ("suffix_len", "shared-prefix: tokens of each request's own question"),
+    ):
+        p.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=int,
+            default=getattr(FleetShape, name),
+            help=f"{help_text} (default: %(default)s)",
+        )
+
+
 def serve_bench_config(args: argparse.Namespace) -> ServeBenchConfig:
+    from tokenwire.bench.fleet_workloads import FleetShape
     from tokenwire.clients.channel import tls_from_args
 
     return ServeBenchConfig(
@@ -281,6 +326,18 @@ def serve_bench_config(args: argparse.Namespace) -> ServeBenchConfig:
         seed=args.seed,
         cache_salt=args.cache_salt,
         tls=tls_from_args(args),
+        text_prompts=args.text_prompts,
+        replica_metrics=tuple(args.replica_metrics),
+        fleet=FleetShape(
+            args.conversations,
+            args.turns,
+            args.first_prompt,
+            args.user_message,
+            args.output_len,
+            args.system_prompts,
+            args.system_len,
+            args.suffix_len,
+        ),
     )
 
 

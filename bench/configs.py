@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tokenwire.bench.fleet_workloads import FleetShape
 from tokenwire.clients.channel import TlsOptions
 from tokenwire.runtime.engine_args import EngineArgs
 
@@ -68,6 +69,10 @@ class ServeBenchConfig:
     seed: int = 0  # arrival times
     cache_salt: str | None = None  # None: fresh per run (no prefix-cache reuse across runs)
     tls: TlsOptions | None = None  # gRPC over TLS (OpenAI backend: the CA verifies https)
+    # OpenAI backend: prompts as text (decoded with ``tokenizer``), for gateways that take text.
+    text_prompts: bool = False
+    replica_metrics: tuple[str, ...] = ()  # /metrics of every replica behind a gateway
+    fleet: FleetShape = field(default_factory=FleetShape)  # multiturn / shared-prefix sizes
 
 
 @dataclass(frozen=True)

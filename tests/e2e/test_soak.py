@@ -1,12 +1,14 @@
 """A mixed soak against one real ``tokenwire serve`` subprocess (tiny model, loopback): unary,
-streaming, session and REST-streaming callers for ``TOKENWIRE_SOAK_SECONDS`` (default 300),
+streaming, session and REST-streaming callers for ``TOKENWIRE_SOAK_SECONDS`` (default 120),
 a third of the calls cancelled at random points (seeded RNG), short deadlines, client
 disconnects and bad requests. Afterwards, read from outside (``/metrics``, ``psutil``): nothing
 running or waiting, KV usage back at 0 with every block free, the server tree's RSS growth
 under ``RSS_GROWTH_BOUND``, no INTERNAL / UNKNOWN / 5xx anywhere, and the server still serves.
 
 The summary line (``SOAK ...``) is the figure in docs/soak-and-fault-tests.md:
-``TOKENWIRE_SOAK_SECONDS=300 .venv/bin/pytest -s tests/e2e/test_soak.py``.
+``TOKENWIRE_SOAK_SECONDS=300 .venv/bin/pytest -s tests/e2e/test_soak.py``. ``make test`` runs
+120 s (issue 27: the suite's time budget): the same checks, a leak must be ~2.5x larger per
+call to cross the RSS bound.
 """
 
 from __future__ import annotations
@@ -28,12 +30,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from serve_process import Served, serve
 from soak_workers import MODES, WEIGHTS, Tally, rest_stream, session, stream, unary
 
-SOAK_SECONDS = float(os.environ.get("TOKENWIRE_SOAK_SECONDS", "300"))
+SOAK_SECONDS = float(os.environ.get("TOKENWIRE_SOAK_SECONDS", "120"))
 SEED = 18
 KV_BLOCKS = 64  # small enough that the callers press on it (preemption included)
 # Measured on a busy 2-core box (docs/soak-and-fault-tests.md), 30 s and 300 s runs: the
 # tree's RSS never rose more than 0.7 MiB above its post-warm-up value and ended ~25 MiB below
-# it. 64 MiB of margin still catches a leak of ~35 KiB per call over the 300 s run's ~1900.
+# it. 64 MiB of margin still catches a leak of ~35 KiB per call over the 300 s run's ~1900
+# calls (~85 KiB per call over make test's 120 s, ~750 calls).
 RSS_GROWTH_BOUND = 64 * 2**20
 IDLE_WITHIN_S = 30.0
 # kind -> number of threads; each thread has its own RNG seeded from SEED and its index.

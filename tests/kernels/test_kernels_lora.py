@@ -29,18 +29,10 @@ from tokenwire.kernels.lora import (
     add_lora_torch,
     find_runs,
 )
+from tokenwire.kernels.lora_triton import LoRATiles, add_lora_triton
 
 ON_CUDA = torch.cuda.is_available()
-_PRIOR_INTERPRET = os.environ.get("TRITON_INTERPRET")
-if not ON_CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"
 
-from tokenwire.kernels.lora_triton import LoRATiles, add_lora_triton  # noqa: E402
-
-if _PRIOR_INTERPRET is None:
-    os.environ.pop("TRITON_INTERPRET", None)
-else:
-    os.environ["TRITON_INTERPRET"] = _PRIOR_INTERPRET
 
 DEVICE = torch.device("cuda" if ON_CUDA else "cpu")
 CPU = torch.device("cpu")

@@ -3,35 +3,24 @@ reference against a dense per-token oracle.
 
 Without CUDA the kernel runs under Triton's CPU interpreter on small float32 shapes with
 16-wide tiles, so row blocks, padding and several column / depth tiles are all exercised; the
-interpreter is chosen before the kernel module is imported and restored right after (see
-``test_kernels_triton``). Shapes cover top-1 and top-k > 1, experts that receive no token, an
-expert that receives every token, widths that are not multiples of the tiles, one token, and
-no tokens.
+kernel is defined interpreted by the root conftest (tests/support/interpreted_kernels.py).
+Shapes cover top-1 and top-k > 1, experts that receive no token, an expert that receives every
+token, widths that are not multiples of the tiles, one token, and no tokens.
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
 
 from tokenwire.kernels.moe import fused_moe, fused_moe_ref, select_experts
-
-ON_CUDA = torch.cuda.is_available()
-_PRIOR_INTERPRET = os.environ.get("TRITON_INTERPRET")
-if not ON_CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"
-from tokenwire.kernels.moe_triton import (  # noqa: E402
+from tokenwire.kernels.moe_triton import (
     MoETiles,
     align_block_size,
     fused_moe_triton,
 )
 
-if _PRIOR_INTERPRET is None:
-    os.environ.pop("TRITON_INTERPRET", None)
-else:
-    os.environ["TRITON_INTERPRET"] = _PRIOR_INTERPRET
+ON_CUDA = torch.cuda.is_available()
 
 DEVICE = torch.device("cuda" if ON_CUDA else "cpu")
 SMALL_TILES = MoETiles(16, 16, 16)

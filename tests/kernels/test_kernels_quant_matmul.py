@@ -35,22 +35,14 @@ from tokenwire.kernels.quant_matmul import (
     w4a16_matmul,
     w8a16_matmul,
 )
-
-ON_CUDA = torch.cuda.is_available()
-_PRIOR_INTERPRET = os.environ.get("TRITON_INTERPRET")
-if not ON_CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from tokenwire.kernels.quant_matmul_triton import (  # noqa: E402  (after the interpreter switch)
+from tokenwire.kernels.quant_matmul_triton import (
     Tiles,
     w4a16_matmul_triton,
     w8a16_matmul_triton,
 )
 
-if _PRIOR_INTERPRET is None:
-    os.environ.pop("TRITON_INTERPRET", None)
-else:
-    os.environ["TRITON_INTERPRET"] = _PRIOR_INTERPRET
+ON_CUDA = torch.cuda.is_available()
+
 
 DEVICE = torch.device("cuda" if ON_CUDA else "cpu")
 SMALL = Tiles(16, 16, 128, split_k=1)  # the smallest tiles that also compile (dot depth 16)

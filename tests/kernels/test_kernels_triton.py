@@ -1,11 +1,11 @@
 """Every Triton kernel against its torch reference, on CPU (interpreter) or CUDA (compiled).
 
-Without CUDA the kernels run under Triton's CPU interpreter on small float32 shapes: the
-interpreter must be chosen before the kernel modules are imported (``triton.jit`` picks it
-when a kernel is defined), so ``TRITON_INTERPRET=1`` is set first thing. It is then restored
-right after the imports and re-set per test by a fixture: pytest imports every test module
-before running any, and a process-wide ``TRITON_INTERPRET=1`` would send all other tests' CPU
-model runs through the (slow, not bit-identical) interpreter. With CUDA the same tests run
+Without CUDA the kernels run under Triton's CPU interpreter on small float32 shapes: the root
+conftest defines every kernel interpreted before any test module is imported
+(tests/support/interpreted_kernels.py: ``triton.jit`` picks interpreted or compiled when a
+kernel is defined), and a fixture sets ``TRITON_INTERPRET=1`` per test for the dispatch,
+which reads it at call time; a process-wide switch would send every other test's CPU model
+run through the (slow, not bit-identical) interpreter. With CUDA the same tests run
 compiled on the GPU, and the ``gpu``-marked tests add large bf16 shapes.
 """
 
@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
+# The reference modules above never import triton. Everything below this switch does.
 from kernel_inputs import (
     ATTENTION_CASES,
     DECODES,
@@ -32,34 +34,21 @@ from kernel_inputs import (
 
 from tokenwire.kernels import cuda_graph_buckets as buckets
 from tokenwire.kernels.activation import silu_and_mul_ref
+from tokenwire.kernels.activation_triton import silu_and_mul_triton
 from tokenwire.kernels.attention_metadata import AttentionMetadata
 from tokenwire.kernels.dispatch import use_triton
 from tokenwire.kernels.paged_attention import paged_attention_dense_ref, paged_attention_ref
+from tokenwire.kernels.paged_attention_triton import paged_attention_triton
 from tokenwire.kernels.rmsnorm import fused_add_rms_norm_ref, rms_norm_ref
-from tokenwire.kernels.rotary import apply_rotary_ref, build_cos_sin_cache, compute_inv_freq
-from tokenwire.kernels.store_kv import store_kv_ref
-from tokenwire.runtime.outputs import CompletionOutput, RequestOutput
-
-# The reference modules above never import triton. Everything below this switch does.
-_PRIOR_INTERPRET = os.environ.get("TRITON_INTERPRET")
-if not ON_CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"
-
-import triton  # noqa: E402, F401  (imported while the interpreter switch is set)
-
-from tokenwire.kernels.activation_triton import silu_and_mul_triton  # noqa: E402
-from tokenwire.kernels.paged_attention_triton import paged_attention_triton  # noqa: E402
-from tokenwire.kernels.rmsnorm_triton import (  # noqa: E402
+from tokenwire.kernels.rmsnorm_triton import (
     fused_add_rms_norm_triton,
     rms_norm_triton,
 )
-from tokenwire.kernels.rotary_triton import apply_rotary_triton  # noqa: E402
-from tokenwire.kernels.store_kv_triton import store_kv_triton  # noqa: E402
-
-if _PRIOR_INTERPRET is None:
-    os.environ.pop("TRITON_INTERPRET", None)
-else:
-    os.environ["TRITON_INTERPRET"] = _PRIOR_INTERPRET
+from tokenwire.kernels.rotary import apply_rotary_ref, build_cos_sin_cache, compute_inv_freq
+from tokenwire.kernels.rotary_triton import apply_rotary_triton
+from tokenwire.kernels.store_kv import store_kv_ref
+from tokenwire.kernels.store_kv_triton import store_kv_triton
+from tokenwire.runtime.outputs import CompletionOutput, RequestOutput
 
 LLAMA3 = {
     "rope_type": "llama3",

@@ -6,9 +6,7 @@ reference forward. The GPU itself is exercised by ``scripts/gpu_check.py``."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -36,19 +34,6 @@ from tokenwire.runtime.worker.runner_settings import RunnerSettings
 
 GIB = 1 << 30
 ON_CUDA = torch.cuda.is_available()
-_TRITON_MODULES = ("activation", "paged_attention", "rmsnorm", "rotary", "store_kv")
-if not ON_CUDA:
-    # ``triton.jit`` picks interpreter or compiler when a kernel is defined: import the kernel
-    # modules now, at collection, under the interpreter, before any test (test_packaging)
-    # imports them compiled. The switch is restored at once; the test sets it again.
-    _PRIOR = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    for _name in _TRITON_MODULES:
-        importlib.import_module(f"tokenwire.kernels.{_name}_triton")
-    if _PRIOR is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _PRIOR
 TINY: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 64,
     "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,

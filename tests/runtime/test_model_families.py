@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, P
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from tokenwire.kernels.activation import gelu_tanh_and_mul_ref
+from tokenwire.kernels.activation_triton import gelu_tanh_and_mul_triton
 from tokenwire.kernels.paged_attention import paged_attention, paged_attention_dense_ref
 from tokenwire.kernels.rotary import compute_inv_freq, rope_attention_scaling
 from tokenwire.kernels.store_kv import store_kv
@@ -35,18 +35,8 @@ from tokenwire.runtime.loader.model_loader import LoadedModel, load_model
 from tokenwire.runtime.models.arch import ModelArch
 from tokenwire.runtime.sampling_params import SamplingParams
 
-# Triton's interpreter must be chosen before the kernel module is imported (see
-# test_kernels_triton); restored right after so other tests' CPU runs stay on torch.
+# The Triton kernels are defined interpreted by the root conftest (interpreted_kernels.py).
 ON_CUDA = torch.cuda.is_available()
-_PRIOR_INTERPRET = os.environ.get("TRITON_INTERPRET")
-if not ON_CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"
-from tokenwire.kernels.activation_triton import gelu_tanh_and_mul_triton  # noqa: E402
-
-if _PRIOR_INTERPRET is None:
-    os.environ.pop("TRITON_INTERPRET", None)
-else:
-    os.environ["TRITON_INTERPRET"] = _PRIOR_INTERPRET
 
 NEW_FAMILIES = ["gemma2", "gemma3_text", "phi3"]
 # google/gemma-3-1b-it's config.json: no layer_types, legacy rope keys.

@@ -135,6 +135,7 @@ the engine shutdown and the final server stop. Always above --shutdown-timeout.
 - --reload-interval
 - {{ .Values.server.reloadIntervalSeconds | quote }}
 {{- end }}
+{{- include "tokenwire.gatewayArgs" . }}
 {{- range .Values.server.extraArgs }}
 - {{ . | quote }}
 {{- end }}
