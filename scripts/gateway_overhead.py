@@ -6,8 +6,8 @@ and detokenizes) and ``http`` (tokenwire's OpenAI REST shim, proxied). The same 
 completion requests (fixed prompts, ``ignore_eos``, fixed ``max_tokens``) run at
 ``--concurrency`` through the real OpenAI SDK against: the replica's REST port (``direct``),
 ``smg-grpc`` and ``smg-http``, interleaved round by round in one run (the order rotating).
-Prints a table of output tokens/s per round, the medians and each gateway's ratio to
-direct, then one JSON line.
+Prints a table of output tokens/s per round, the medians, each gateway's ratio to
+direct (of the medians, and the median of per-round ratios), then one JSON line.
 
     .venv/bin/python scripts/gateway_overhead.py [--model PATH] [--concurrency 16]
         [--requests 64] [--max-tokens 32] [--rounds 3] [--transports grpc,http]
@@ -198,16 +198,20 @@ def report(args: argparse.Namespace, results: dict[str, list[float]], same_text:
         f"output tok/s, concurrency {args.concurrency}, {args.requests} requests x "
         f"{args.max_tokens} tokens, greedy; rounds interleaved"
     )
-    print(f"{'target':<10} {'rounds':<30} {'median':>9} {'vs direct':>10}")
+    # Per-round ratio (target / direct of the same round): robust to the box's load drifting
+    # between rounds, which moves every target of a round together.
+    print(f"{'target':<10} {'rounds':<36} {'median':>8} {'vs direct':>10} {'paired':>8}")
     summary: dict[str, Any] = {}
     for name, values in results.items():
         median = statistics.median(values)
         ratio = median / direct
+        paired = statistics.median(v / d for v, d in zip(values, results["direct"], strict=True))
         rounds = " ".join(f"{v:.1f}" for v in values)
-        print(f"{name:<10} {rounds:<30} {median:>9.1f} {ratio:>10.3f}")
+        print(f"{name:<10} {rounds:<36} {median:>8.1f} {ratio:>10.3f} {paired:>8.3f}")
         summary[name] = {
             "tok_s": round(median, 2),
             "ratio": round(ratio, 4),
+            "paired_ratio": round(paired, 4),
             "rounds": [round(v, 2) for v in values],
         }
     print(f"greedy texts identical across targets: {same_text}")

@@ -22,7 +22,7 @@ import pytest
 from serve_process import Served, serve
 from smg_gateway import MODEL, Gateway, replica_idle, start_gateway
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # two replicas + two gateways
 
 MESSAGES = [{"role": "user", "content": "Name a city in France."}]
 SCHEMA = {
