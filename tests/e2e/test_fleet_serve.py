@@ -181,7 +181,7 @@ def test_real_prometheus_scrapes_the_vllm_names(served: Served, tmp_path: Path) 
             "vllm:lora_requests_info", "vllm:cache_config_info",
         )  # fmt: skip
         found: dict[str, list[dict[str, Any]]] = {}
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(found) < len(wanted):
             for name in wanted:
                 with contextlib.suppress(httpx.HTTPError):
