@@ -188,7 +188,7 @@ def add_overhead_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compare-kv-events",
         type=int,
-        default=0,
+        default=OverheadConfig.compare_kv_events,
         metavar="ROUNDS",
         help="compare KV-cache events off vs on over ROUNDS alternating runs (0: no)",
     )
@@ -199,18 +199,22 @@ def add_overhead_arguments(p: argparse.ArgumentParser) -> None:
 
 def overhead_config(args: argparse.Namespace) -> OverheadConfig:
     return OverheadConfig(
-        engine=EngineArgs.from_cli_args(args), num_seqs=args.num_seqs, output_len=args.output_len
+        engine=EngineArgs.from_cli_args(args),
+        num_seqs=args.num_seqs,
+        output_len=args.output_len,
+        compare_kv_events=args.compare_kv_events,
     )
 
 
 def _overhead(args: argparse.Namespace) -> int:
-    if args.compare_kv_events:
+    config = overhead_config(args)
+    if config.compare_kv_events:
         from tokenwire.bench.kv_events_cost import run_kv_events_cost
 
-        return run_kv_events_cost(overhead_config(args), args.compare_kv_events)
+        return run_kv_events_cost(config, config.compare_kv_events)
     from tokenwire.bench.overhead import run_overhead
 
-    return run_overhead(overhead_config(args))
+    return run_overhead(config)
 
 
 # ---------------------------------------------------------------------- serve

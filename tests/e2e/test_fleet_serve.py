@@ -11,11 +11,16 @@ its engine core in a process of its own:
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 import socket
+import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -153,3 +158,47 @@ def test_replica_id(served: Served) -> None:
         )
     assert info.replica_id == "replica-a"
     assert httpx.get(f"{served.rest_url}/v1/models", timeout=30).json()["replica_id"] == "replica-a"
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="no prometheus binary here")
+def test_real_prometheus_scrapes_the_vllm_names(served: Served, tmp_path: Path) -> None:
+    """A real Prometheus server scrapes /metrics and answers PromQL on the vLLM names."""
+    port = _free_port()
+    target = served.rest_url.removeprefix("http://")
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s}\n"
+        f"scrape_configs:\n- job_name: tw\n  static_configs:\n  - targets: ['{target}']\n"
+    )
+    proc = subprocess.Popen(
+        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'db'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wanted = (
+            "vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+            "vllm:lora_requests_info", "vllm:cache_config_info",
+        )  # fmt: skip
+        found: dict[str, list[dict[str, Any]]] = {}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(found) < len(wanted):
+            for name in wanted:
+                with contextlib.suppress(httpx.HTTPError):
+                    reply = httpx.get(
+                        f"http://127.0.0.1:{port}/api/v1/query", params={"query": name}, timeout=5
+                    )
+                    result = reply.json()["data"]["result"]
+                    if result:
+                        found[name] = result
+            if len(found) < len(wanted):
+                assert proc.poll() is None, "prometheus exited"
+                time.sleep(0.5)  # polling the next scrape (1 s interval), with a deadline
+        assert set(found) == set(wanted), found
+        (cache,) = found["vllm:cache_config_info"]
+        assert cache["metric"]["block_size"] == "16" and cache["value"][1] == "1"
+        (lora,) = found["vllm:lora_requests_info"]
+        assert lora["metric"]["max_lora"] == "2"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

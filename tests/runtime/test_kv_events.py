@@ -115,24 +115,28 @@ def engine_config(model: Path) -> EngineConfig:
     )
 
 
-async def run_request(engine: AsyncEngine, rid: str, tokens: list[int], rng: random.Random) -> None:
-    params = SamplingParams(max_tokens=rng.randint(1, 10), temperature=0.0, ignore_eos=True)
+async def run_request(engine: AsyncEngine, rid: str, tokens: list[int], rng: random.Random) -> str:
+    """The finish reason of the request's choice ("cancelled" for the ~20% it aborts)."""
+    params = SamplingParams(max_tokens=rng.randint(2, 10), temperature=0.0, ignore_eos=True)
     stream = engine.add_request(rid, None, tokens, params, cache_salt=rng.choice([None, "t1"]))
     abort_after = rng.random() < 0.2
     async for item in stream:
         if abort_after:
             engine.abort(rid)
-        if isinstance(item, RequestFinished | RequestFailed):
-            return
+        if isinstance(item, RequestFailed):
+            return "failed"
+        if isinstance(item, RequestFinished):
+            return str(item.output.outputs[0].finish_reason)
+    return "none"
 
 
-async def workload(engine: AsyncEngine, rng: random.Random, n: int, tag: str) -> None:
+async def workload(engine: AsyncEngine, rng: random.Random, n: int, tag: str) -> list[str]:
     prefixes = [[rng.randrange(1, 500) for _ in range(rng.randint(8, 24))] for _ in range(3)]
     tasks = []
     for i in range(n):
         prompt = rng.choice(prefixes) + [rng.randrange(1, 500) for _ in range(rng.randint(1, 40))]
         tasks.append(run_request(engine, f"{tag}-{i}", prompt, rng))
-    await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
+    return list(await asyncio.wait_for(asyncio.gather(*tasks), timeout=120))
 
 
 def core_blocks(engine: AsyncEngine) -> set[int]:
@@ -162,11 +166,12 @@ def test_subscriber_rebuilds_the_cached_block_set(tiny_model_factory: Callable[.
         rng = random.Random(7)
         hub = engine.kv_events
         assert hub is not None
-        await workload(engine, rng, 24, "a")
+        reasons = await workload(engine, rng, 24, "a")
         idle = await engine.check_idle()
         assert idle.num_free_blocks == idle.num_blocks
         assert await engine.reset_prefix_cache()
-        await workload(engine, rng, 24, "b")
+        reasons += await workload(engine, rng, 24, "b")
+        assert any("cancel" in r.lower() for r in reasons), reasons  # aborts happened
         report = await engine.check_idle()
         assert not report.has_unfinished_requests and report.invariant_error is None
         stats = engine.stats_snapshot()

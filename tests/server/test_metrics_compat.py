@@ -1,0 +1,40 @@
+"""``--metrics-compat``: which prefixes the scrape-time series carry, and a bad value's
+message (the full served check with real scrapes is tests/e2e/test_fleet_serve.py)."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tokenwire.server.telemetry.metrics import EngineGauges, EngineMetrics
+
+STATE = EngineGauges(
+    3, 1, 0.25, max_loras=2, prefix_cache_queries=100, prefix_cache_hits=40,
+    cache_config=(("block_size", "16"), ("num_gpu_blocks", "512")),
+)  # fmt: skip
+
+
+def _names(compat: str) -> dict[str, float]:
+    text = EngineMetrics("m", lambda: STATE, compat).exposition().decode()
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_vllm_only() -> None:
+    names = _names("vllm")
+    assert names["vllm:num_requests_running"] == 3 and names["vllm:num_requests_waiting"] == 1
+    assert names["vllm:kv_cache_usage_perc"] == 0.25 and names["vllm:cache_config_info"] == 1
+    assert names["vllm:prefix_cache_queries_total"] == 100
+    assert names["vllm:prefix_cache_hits_total"] == 40
+    assert "vllm:lora_requests_info" in names
+    assert "tokenwire:num_requests_running" not in names
+
+
+def test_tokenwire_only_and_both() -> None:
+    assert not any(n.startswith("vllm:") for n in _names("tokenwire"))
+    both = _names("both")
+    assert both["tokenwire:num_requests_running"] == both["vllm:num_requests_running"] == 3
+
+
+def test_bad_value_names_the_flag() -> None:
+    with pytest.raises(ValueError, match="--metrics-compat"):
+        EngineMetrics("m", lambda: STATE, "prometheus")
