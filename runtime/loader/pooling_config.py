@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tokenwire.runtime.models.arch import SUPPORTED_ARCHITECTURES
 from tokenwire.runtime.pooling_params import EmbedSpec, PoolerConfig, PoolingType, ResolvedPooler
 
 # HF architectures served as encoders (bidirectional attention, ``models.bert``).
@@ -41,9 +42,10 @@ def base_decoder_config(config: dict[str, Any]) -> dict[str, Any]:
     """A bare decoder checkpoint (``Qwen3Model``, ``LlamaModel``, ``MistralModel``: what
     sentence-transformers saves) read as its ``*ForCausalLM`` family; others unchanged."""
     archs = config.get("architectures") or []
-    if archs and str(archs[0]).endswith("Model") and not is_encoder(config):
-        return {**config, "architectures": [str(archs[0])[: -len("Model")] + "ForCausalLM"]}
-    return config
+    if not archs or not str(archs[0]).endswith("Model") or is_encoder(config):
+        return config
+    causal = str(archs[0])[: -len("Model")] + "ForCausalLM"
+    return {**config, "architectures": [causal]} if causal in SUPPORTED_ARCHITECTURES else config
 
 
 def _is_bare_decoder(config: dict[str, Any]) -> bool:

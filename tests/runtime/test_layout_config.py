@@ -19,6 +19,7 @@ from tokenwire.runtime.config import (
     SpeculativeConfig,
 )
 from tokenwire.runtime.engine_args import EngineArgs, flag_of, flag_spec
+from tokenwire.runtime.pooling_params import PoolerConfig
 from tokenwire.runtime.structured.config import StructuredOutputsConfig
 from tokenwire.server.cli import build_parser
 
@@ -66,6 +67,8 @@ VALUES: dict[str, Any] = {
     "max_lora_rank": 32,
     "max_cpu_loras": 4,
     "speculative_config": SpeculativeConfig(num_speculative_tokens=3),
+    "task": "embed",
+    "pooler_config": PoolerConfig(pooling_type="CLS", normalize=False),
 }
 # What a field's value is only valid together with (set in both configs compared).
 COMPANIONS: dict[str, dict[str, Any]] = {
