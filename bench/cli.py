@@ -46,10 +46,26 @@ def add_parsers(bench: argparse._SubParsersAction) -> None:  # type: ignore[type
 
 def add_embed_arguments(p: argparse.ArgumentParser) -> None:
     defaults = EmbedBenchConfig()
-    p.add_argument("--num-sequences", type=int, default=defaults.num_sequences)
-    p.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    p.add_argument(
+        "--num-sequences",
+        type=int,
+        default=defaults.num_sequences,
+        help="texts embedded per model and side (default: %(default)s)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=defaults.batch_size,
+        help="texts per engine batch (max_num_seqs) and per sentence-transformers "
+        "batch (default: %(default)s)",
+    )
     p.add_argument("--seq-len", type=int, default=defaults.seq_len, help="tokens per text")
-    p.add_argument("--vocab-size", type=int, default=defaults.vocab_size)
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=defaults.vocab_size,
+        help="vocabulary of the random models; token ids are drawn below it (default: %(default)s)",
+    )
     p.add_argument(
         "--models",
         default=",".join(defaults.models),

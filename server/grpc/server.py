@@ -34,6 +34,7 @@ from tokenwire.server.tls.reloader import TlsReloader
 from tokenwire.server.tool_parsers.detect import parser_for_template
 from tokenwire.server.tool_parsers.harmony import harmony_encoding
 from tokenwire.server.tool_parsers.output import check_parser_names, needs_harmony
+from tokenwire.server.worker_protocol.kv_event_stream import HubKvEvents
 from tokenwire.server.worker_protocol.servicer import (
     SERVICE_NAME as VLLM_ENGINE_SERVICE,
 )
@@ -201,6 +202,9 @@ class GrpcServer:
         self.serving = False  # what health says: warm and not draining
         self.service_names: tuple[str, ...] = SERVICE_NAMES
         if settings.worker_protocol == "vllm":  # the gateway worker protocol, same port
+            hub = engine.kv_events  # None unless --kv-events-config
+            if kv_events is None and hub is not None:
+                kv_events = HubKvEvents(engine, hub)
             vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(
                 VllmEngineServicer(
                     engine,

@@ -135,10 +135,11 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
     async def FlushCache(
         self, request: common_pb2.FlushCacheRequest, context: grpc.aio.ServicerContext
     ) -> common_pb2.FlushCacheResponse:
+        if await self.engine.reset_prefix_cache():
+            return common_pb2.FlushCacheResponse(success=True, message="prefix cache reset")
         return common_pb2.FlushCacheResponse(
             success=False,
-            message="tokenwire does not reset its prefix cache on request: cached blocks are "
-            "evicted least-recently-used as space is needed",
+            message="prefix cache not reset: requests or sessions hold KV blocks; retry when idle",
         )
 
     async def SubscribeKvEvents(

@@ -31,6 +31,7 @@ from tokenwire.runtime.engine.async_engine import AsyncEngine
 from tokenwire.runtime.engine.core import EngineCore
 from tokenwire.runtime.engine.inproc_client import InprocCoreClient
 from tokenwire.runtime.engine.protocol import IdleReport
+from tokenwire.runtime.kv_events_config import KVEventsConfig
 from tokenwire.runtime.stats import EngineObserver
 from tokenwire.server.grpc.connection import ConnectionSettings
 from tokenwire.server.grpc.convert import Limits
@@ -67,6 +68,7 @@ class ServerHarness:
         tls: TlsReloader | None = None,  # serve TLS (mTLS) instead of plaintext
         connection: ConnectionSettings | None = None,
         worker_protocol: str | None = None,  # "vllm": also serve vllm.grpc.engine.VllmEngine
+        kv_events: KVEventsConfig | None = None,  # --kv-events-config
     ) -> None:
         self.config = EngineConfig(
             model=ModelConfig(
@@ -83,6 +85,7 @@ class ServerHarness:
             parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
             lora=lora or LoRAConfig(),
             device="cpu",
+            kv_events_config=kv_events,
         )
         self.settings = GrpcSettings(
             port=0,
