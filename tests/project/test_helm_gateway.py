@@ -14,6 +14,7 @@ from helm_render import CHART, NS, one, render, render_fails
 from tokenwire.server.cli import build_parser
 
 GATEWAY_VALUES = str(CHART / "ci" / "gateway-values.yaml")
+HTTP_GATEWAY_VALUES = str(CHART / "ci" / "gateway-http-values.yaml")
 
 
 def _pod(docs: list[dict[str, Any]], name: str) -> dict[str, Any]:
@@ -49,10 +50,7 @@ def test_smg_discovers_the_replicas_over_the_vllm_engine_protocol() -> None:
     assert args.service_discovery_port == replica_args.grpc_port
     assert replica_args.worker_protocol == "vllm"  # the replicas speak what the gateway dials
     assert args.policy == "cache_aware" and args.routing_key_headers == ["x-session-id"]
-    # The replicas' key reaches the gateway as an env var the kubelet expands into --api-key.
-    assert args.api_key == "$(TOKENWIRE_API_KEY)"
-    (env,) = c["env"]
-    assert env["valueFrom"]["secretKeyRef"] == {"name": "tokenwire-api-key", "key": "api-key"}
+    assert args.api_key is None and "env" not in c  # keyless gRPC workers
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"http": args.port, "metrics": args.prometheus_port}
     svc = one(docs, "Service", "tw-tokenwire-smg")
@@ -83,13 +81,19 @@ def test_smg_may_watch_pods_and_nothing_else() -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
 
 
-def test_smg_over_http_workers_targets_the_rest_shim() -> None:
-    docs = render("--set", "gateway.smg.enabled=true", "--set", "gateway.smg.workerProtocol=http")
-    _, args = _smg(docs)
+def test_smg_over_http_workers_targets_the_rest_shim_with_the_key() -> None:
+    docs = render("-f", HTTP_GATEWAY_VALUES)
+    c, args = _smg(docs)
     replica_args = _replica_args(docs)
     assert args.service_discovery_port == replica_args.port
     assert replica_args.worker_protocol != "vllm"  # nothing extra on the replicas
-    assert args.api_key is None  # no key configured, none passed
+    # The replicas' key reaches the gateway as an env var the kubelet expands into --api-key.
+    assert args.api_key == "$(TOKENWIRE_API_KEY)"
+    (env,) = c["env"]
+    assert env["name"] == "TOKENWIRE_API_KEY"
+    assert env["valueFrom"]["secretKeyRef"] == {"name": "tokenwire-api-key", "key": "api-key"}
+    no_key = render("--set", "gateway.smg.enabled=true", "--set", "gateway.smg.workerProtocol=http")
+    assert _smg(no_key)[1].api_key is None  # no key configured, none passed
 
 
 def test_inference_pool_selects_the_replicas_with_the_vllm_metric_mapping() -> None:
@@ -147,6 +151,7 @@ def test_default_chart_has_no_gateway() -> None:
             "tls.enabled",
         ),
         (("gateway.inferencePool.enabled=true", "gateway.inferencePool.protocol=tcp"), "protocol"),
+        (("gateway.smg.enabled=true", "apiKey.existingSecret=k"), "sends no authorization"),
     ],
 )
 def test_gateway_misconfiguration_fails_to_render(values: tuple[str, ...], message: str) -> None:
