@@ -19,6 +19,7 @@ from tokenwire.runtime.config import (
     SpeculativeConfig,
 )
 from tokenwire.runtime.engine_args import EngineArgs, flag_of, flag_spec
+from tokenwire.runtime.kv_events_config import KVEventsConfig
 from tokenwire.runtime.pooling_params import PoolerConfig
 from tokenwire.runtime.structured.config import StructuredOutputsConfig
 from tokenwire.server.cli import build_parser
@@ -69,6 +70,7 @@ VALUES: dict[str, Any] = {
     "speculative_config": SpeculativeConfig(num_speculative_tokens=3),
     "task": "embed",
     "pooler_config": PoolerConfig(pooling_type="CLS", normalize=False),
+    "kv_events_config": KVEventsConfig(enable_kv_cache_events=True, topic="kv"),
 }
 # What a field's value is only valid together with (set in both configs compared).
 COMPANIONS: dict[str, dict[str, Any]] = {
