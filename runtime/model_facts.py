@@ -29,6 +29,9 @@ class ModelFacts:
     tensor_parallel_size: int = 1
     quantization: str | None = None  # the weight scheme; None: unquantized
     weight_bytes: int = 0  # bytes of weights on all ranks together, as loaded
+    # KV tiers: host-tier blocks (from --kv-offloading-size; 0: off) and bytes per KV block.
+    num_offload_blocks: int = 0
+    kv_block_bytes: int = 0
 
     @property
     def vocab_size(self) -> int:

@@ -44,3 +44,5 @@ class ModelOutput:
     extra_token_ids: dict[str, list[int]] = field(default_factory=dict)
     # ... and their logprobs, for requests that asked (one per extra token, in order).
     extra_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    # KV tiers: ids of the host-tier loads (``KVLoad.load_id``) finished by now.
+    kv_loads_done: list[int] = field(default_factory=list)

@@ -17,7 +17,7 @@ arbitrary block in O(1). No torch here: this runs on the scheduler thread.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from tokenwire.runtime.scheduler_output import NULL_BLOCK_ID
 
@@ -54,6 +54,8 @@ class BlockPool:
         self._free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
         # block hash -> the one block caching it (in use, or free but evictable).
         self._cached: dict[bytes, KVBlock] = {}
+        # KV tiers hook: called with a cached block about to be reused (its KV still intact).
+        self.on_evict: Callable[[KVBlock], None] | None = None
 
     @property
     def num_usable_blocks(self) -> int:
@@ -98,6 +100,8 @@ class BlockPool:
         # block, or a later lookup of the old hash would return the wrong KV.
         block_hash = block.block_hash
         assert block_hash is not None
+        if self.on_evict is not None:  # KV tiers: save it to the host tier first
+            self.on_evict(block)
         if self._cached.get(block_hash) is block:
             del self._cached[block_hash]
         block.block_hash = None

@@ -7,6 +7,7 @@ its slices of the checkpoint, sizes its KV cache, and runs ``execute_model`` for
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -18,6 +19,7 @@ from tokenwire.runtime.model_facts import ModelFacts
 from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.scheduler_output import SchedulerOutput
 from tokenwire.runtime.worker.cpu_tuning import keep_freed_memory
+from tokenwire.runtime.worker.kv_offload import make_offloader
 from tokenwire.runtime.worker.model_runner import ModelRunner
 from tokenwire.runtime.worker.runner_settings import RunnerSettings
 from tokenwire.runtime.worker.spec.draft_model import load_draft_model
@@ -69,13 +71,21 @@ class Worker:
             draft = load_draft_model(config.model, spec, self.loaded, tp)
         settings = RunnerSettings.from_config(config)
         self.runner = ModelRunner(self.loaded, settings, device, tp=tp, draft=draft)
+        # KV tiers: the host tier's copy engine (None: --kv-offloading-size is off).
+        self.offload = make_offloader(config.cache, self.runner.kv_cache, device)
 
     @property
     def num_blocks(self) -> int:
         return self.runner.num_blocks
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelOutput:
-        return self.runner.execute_model(scheduler_output)
+        plan = scheduler_output.kv_transfers
+        if plan is None or self.offload is None:
+            return self.runner.execute_model(scheduler_output)
+        self.offload.start(plan)  # KV tiers: saves before the forward, loads start
+        output = self.runner.execute_model(scheduler_output)
+        done = self.offload.finished(wait=scheduler_output.is_empty)
+        return dataclasses.replace(output, kv_loads_done=done) if done else output
 
     @property
     def weight_bytes(self) -> int:
@@ -101,4 +111,6 @@ class Worker:
             tensor_parallel_size=self.tp.world_size,
             quantization=getattr(loaded, "quantization", None),
             weight_bytes=self.weight_bytes if weight_bytes is None else weight_bytes,
+            num_offload_blocks=0 if self.offload is None else self.offload.num_slots,
+            kv_block_bytes=0 if self.offload is None else self.offload.block_bytes,
         )
