@@ -141,7 +141,7 @@ class OffloadingConnector:
         pool: BlockPool,
         num_slots: int,
         block_bytes: int,
-        max_held_fraction: float = 0.5,
+        max_held_fraction: float = 0.9,
     ) -> None:
         self.pool = pool
         self.tier = HostTier(num_slots)

@@ -248,8 +248,9 @@ class Scheduler:
         self, request: Request, num_new: int, step: StepBuilder
     ) -> list[int] | None:
         """Free memory until the allocation fits (it just failed): first tables held by idle
-        sessions, then preempt from the tail of ``running``."""
-        while self._evict_holder():
+        sessions (and finished host-tier loads not admitted yet), then preempt from the tail
+        of ``running``."""
+        while self._evict_holder() or self._release_kv_load(request):
             new_block_ids = self.kv.allocate_slots(request, num_new)
             if new_block_ids is not None:
                 return new_block_ids
