@@ -139,7 +139,7 @@ def summarize(core: EngineCore, wall: float, skip_turn0: bool) -> dict[str, Any]
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="HF model dir (default: random dummy Llama)")
-    p.add_argument("--conversations", type=int, default=24)
+    p.add_argument("--conversations", type=int, default=16)
     p.add_argument("--turns", type=int, default=5)
     p.add_argument("--system-tokens", type=int, default=96)
     p.add_argument("--user-tokens", type=int, default=32)
@@ -148,7 +148,8 @@ def main() -> None:
     p.add_argument("--device-blocks", type=int, default=0, help="0: ~1/4 of the transcripts")
     p.add_argument("--offload-gib", type=float, default=0.25)
     p.add_argument("--max-model-len", type=int, default=512)
-    p.add_argument("--unique-requests", type=int, default=48)
+    p.add_argument("--unique-requests", type=int, default=24)
+    p.add_argument("--reps", type=int, default=3, help="no-reuse runs per mode (best kept)")
     p.add_argument("--unique-prompt-tokens", type=int, default=160)
     args = p.parse_args()
     final_len = args.system_tokens + args.turns * (args.user_tokens + args.output_tokens)
@@ -166,31 +167,27 @@ def main() -> None:
         }
         for name, offload in (("off", None), ("on", args.offload_gib)):
             results[f"multi_turn_{name}"] = multi_turn(make_engine(args, model, offload), args)
-        for name, offload in (
-            ("off", None),
-            ("on", args.offload_gib),
-            ("off2", None),
-            ("on2", args.offload_gib),
-        ):
-            results[f"no_reuse_{name}"] = no_reuse(make_engine(args, model, offload), args)
+        # Alternating repetitions, the best of each kept: this shared box's load swings more
+        # than the difference being measured.
+        for _ in range(args.reps):
+            for name, offload in (("off", None), ("on", args.offload_gib)):
+                run = no_reuse(make_engine(args, model, offload), args)
+                results.setdefault(f"no_reuse_{name}_tok_per_s", []).append(run["output_tok_per_s"])
+                best = results.get(f"no_reuse_{name}")
+                if best is None or run["output_tok_per_s"] > best["output_tok_per_s"]:
+                    results[f"no_reuse_{name}"] = run
     off, on = results["multi_turn_off"], results["multi_turn_on"]
     results["prefill_ratio_off_over_on"] = off["prefill_tokens"] / max(1, on["prefill_tokens"])
     results["ttft_p50_on_over_off"] = on["ttft_p50_ms"] / off["ttft_p50_ms"]
     results["ttft_p99_on_over_off"] = on["ttft_p99_ms"] / off["ttft_p99_ms"]
-    tput_off = (
-        results["no_reuse_off"]["output_tok_per_s"] + results["no_reuse_off2"]["output_tok_per_s"]
-    ) / 2
-    tput_on = (
-        results["no_reuse_on"]["output_tok_per_s"] + results["no_reuse_on2"]["output_tok_per_s"]
-    ) / 2
+    tput_off = results["no_reuse_off"]["output_tok_per_s"]
+    tput_on = results["no_reuse_on"]["output_tok_per_s"]
     results["no_reuse_throughput_on_over_off"] = tput_on / tput_off
     for key in (
         "multi_turn_off",
         "multi_turn_on",
         "no_reuse_off",
         "no_reuse_on",
-        "no_reuse_off2",
-        "no_reuse_on2",
     ):
         r = results[key]
         print(

@@ -79,6 +79,7 @@ class Telemetry:
                 snap.waiting_lora_adapters,
                 kv_num_blocks=snap.kv_blocks_total,
                 kv_free_blocks=snap.kv_blocks_free,
+                kv_offload=snap.kv_offload,
             )
 
         self.metrics = EngineMetrics(self.model_name, gauges)

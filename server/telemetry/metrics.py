@@ -21,10 +21,10 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tokenwire.runtime.stats import RequestStats, StepStats
+from tokenwire.runtime.stats import KVOffloadStats, RequestStats, StepStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -50,6 +50,7 @@ class EngineGauges:
     waiting_lora_adapters: tuple[str, ...] = ()
     kv_num_blocks: int = 0  # KV blocks requests can use (the null block excluded)
     kv_free_blocks: int = 0  # of those, blocks no request holds (evictable cached included)
+    kv_offload: KVOffloadStats | None = None  # the host KV tier; None: off
 
 
 class _EngineStateCollector(Collector):
@@ -73,6 +74,34 @@ class _EngineStateCollector(Collector):
             yield family
         if state.max_loras > 0:
             yield self._lora_info(state)
+        if state.kv_offload is not None:
+            yield from self._kv_offload(state.kv_offload)
+
+    def _kv_offload(self, tier: KVOffloadStats) -> Iterator[Metric]:
+        """The host KV tier (docs/kv-tiers.md): size gauges and cumulative counters."""
+        for name, doc, value in (
+            ("kv_offload_capacity_blocks", "Host KV tier size in blocks.", tier.capacity_blocks),
+            ("kv_offload_used_blocks", "Host KV tier blocks holding KV.", tier.used_blocks),
+        ):
+            gauge = GaugeMetricFamily(f"tokenwire:{name}", doc, labels=["model_name"])
+            gauge.add_metric([self.model_name], float(value))
+            yield gauge
+        counters: tuple[tuple[str, str, float], ...] = (
+            ("kv_offload_hit_blocks", "Blocks loaded back from the host tier.", tier.blocks_loaded),
+            ("kv_offload_saved_bytes", "Bytes copied to the host tier.", tier.bytes_saved),
+            ("kv_offload_loaded_bytes", "Bytes copied from the host tier.", tier.bytes_loaded),
+            (
+                "kv_offload_load_seconds",
+                "Seconds from scheduling loads to their end, summed.",
+                tier.load_time,
+            ),
+        )
+        for counter_name, counter_doc, total in counters:
+            counter = CounterMetricFamily(
+                f"tokenwire:{counter_name}", counter_doc, labels=["model_name"]
+            )
+            counter.add_metric([self.model_name], total)
+            yield counter
 
     def _lora_info(self, state: EngineGauges) -> Metric:
         """vLLM's info gauge: the adapters in use as labels (sorted, comma-joined), the

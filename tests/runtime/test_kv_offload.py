@@ -22,6 +22,7 @@ from tokenwire.runtime.core.kv_connector import (
 )
 from tokenwire.runtime.core.request import Request, RequestStatus
 from tokenwire.runtime.core.scheduler import Scheduler
+from tokenwire.runtime.engine.core_loop import snapshot
 from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.runtime.llm import LLM
 from tokenwire.runtime.model_output import ModelOutput
@@ -96,6 +97,7 @@ def test_prefix_restored_from_host_tier_matches_a_run_that_never_evicted(
     assert_same_choice(first, never_evicted)
     assert_same_choice(again, never_evicted)
     assert_tier_idle(llm)
+    assert snapshot(llm.engine, 0).kv_offload == connector.stats()  # what metrics read
 
 
 def connector_hashes(llm: LLM, prompt: list[int]) -> list[bytes]:
@@ -113,6 +115,7 @@ def test_off_by_default_changes_nothing(model_dir: Path) -> None:
     llm = small_llm(model_dir, None)
     assert llm.engine.scheduler.connector is None
     assert llm.engine.kv_cache_manager.block_pool.on_evict is None
+    assert snapshot(llm.engine, 0).kv_offload is None
     outs = [one(llm, p) for p in (A, B, C, A)]
     assert outs[3].num_cached_tokens == 0  # evicted, recomputed
     assert_same_choice(outs[3], outs[0])
