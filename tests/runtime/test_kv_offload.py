@@ -246,3 +246,29 @@ def test_host_tier_evicts_least_recently_used_and_never_a_pinned_slot() -> None:
     tier.unpin([0, 1])
     assert tier.put(b"w") == 1  # z: x was touched by the lookup
     tier.check_invariants(idle=True)
+
+
+def test_host_hits_keep_the_cache_salt_isolation() -> None:
+    sched, kv, connector = make_scheduler()
+    a = request("a", list(range(10, 27)))
+    a.cache_salt = "tenant-x"
+    sched.add_request(a)
+    run_until_idle(sched)
+    sched.add_request(request("b", list(range(100, 148))))  # evicts a's blocks to the host
+    run_until_idle(sched)
+    other = request("other", list(range(10, 27)))
+    other.cache_salt = "tenant-y"
+    sched.add_request(other)
+    so = step(sched)
+    assert so.kv_transfers is None or not so.kv_transfers.loads  # another salt: no host hit
+    assert so.num_scheduled_tokens == {"other": 17}
+    run_until_idle(sched)
+    same = request("same", list(range(10, 27)))
+    same.cache_salt = "tenant-x"
+    sched.add_request(same)
+    so = step(sched)
+    assert so.kv_transfers is not None and len(so.kv_transfers.loads[0].block_ids) == 4
+    run_until_idle(sched)
+    assert same.num_cached_tokens == 16
+    kv.check_invariants(idle=True)
+    connector.check_invariants(idle=True)
