@@ -28,3 +28,15 @@ def test_kv_offload_series_follow_the_stats_record() -> None:
 
 def test_no_kv_offload_series_when_the_tier_is_off() -> None:
     assert "kv_offload" not in scrape(EngineGauges(0, 0, 0.0))
+
+
+def test_the_tier_stats_cross_the_core_process_codec() -> None:
+    from tokenwire.runtime.engine.messages import StepResult
+    from tokenwire.runtime.engine.protocol import EngineStatsSnapshot
+    from tokenwire.runtime.ipc.codec import OutputCodec
+
+    codec = OutputCodec()
+    tier = KVOffloadStats(capacity_blocks=5, blocks_loaded=2, load_time=0.25)
+    message = StepResult([], [], [], [], [], EngineStatsSnapshot(kv_offload=tier))
+    decoded = codec.decode(codec.encode(message))
+    assert decoded.snapshot.kv_offload == tier
