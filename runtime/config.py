@@ -121,9 +121,14 @@ class CacheConfig:
     # At most this fraction of KV blocks stays pinned by idle sessions between turns.
     session_cache_fraction: float = 0.5
     kv_cache_dtype: KVCacheDType = "auto"
+    # KV tiers (docs/kv-tiers.md): GiB of host memory for evicted prefix blocks; None/0: off.
+    kv_offloading_size: float | None = None
 
     def __post_init__(self) -> None:
         _positive("block_size", self.block_size)
+        size = self.kv_offloading_size
+        if size is not None and (isinstance(size, bool) or not 0 <= size < float("inf")):
+            raise ValueError(f"kv_offloading_size must be a GiB count >= 0, got {size!r}")
         if self.block_size > 1024 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two <= 1024, got {self.block_size}")
         _positive("kv_cache_memory", self.kv_cache_memory)

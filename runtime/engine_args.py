@@ -239,6 +239,14 @@ class EngineArgs:
         "fix the number of KV blocks on any device (wins over both budgets)",
         type=int,
     )
+    kv_offloading_size: float | None = _arg(
+        CacheConfig,
+        "kv_offloading_size",
+        "GiB of host memory for a KV tier under the device cache: evicted prefix blocks are "
+        "kept there and copied back on a prefix hit (0 or unset: off; docs/kv-tiers.md)",
+        type=float,
+        metavar="GiB",
+    )
     enable_prefix_caching: bool = _arg(
         CacheConfig,
         "enable_prefix_caching",

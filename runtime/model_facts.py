@@ -30,6 +30,9 @@ class ModelFacts:
     tensor_parallel_size: int = 1
     quantization: str | None = None  # the weight scheme; None: unquantized
     weight_bytes: int = 0  # bytes of weights on all ranks together, as loaded
+    # KV tiers: host-tier blocks (from --kv-offloading-size; 0: off) and bytes per KV block.
+    num_offload_blocks: int = 0
+    kv_block_bytes: int = 0
     embed: EmbedSpec | None = None  # set: an embedding model (its pooler, Matryoshka sizes)
     encoder: bool = False  # a BERT-family encoder (bidirectional; prompts never chunked)
 

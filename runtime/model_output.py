@@ -47,3 +47,5 @@ class ModelOutput:
     # Embedding requests whose last prompt chunk ran this step: their pooled vectors (they
     # sample nothing and are not in ``req_ids``).
     pooled: dict[str, list[float]] = field(default_factory=dict)
+    # KV tiers: ids of the host-tier loads (``KVLoad.load_id``) finished by now.
+    kv_loads_done: list[int] = field(default_factory=list)

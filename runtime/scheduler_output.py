@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tokenwire.runtime.kv_transfer import KVTransferPlan
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.structured.bitmask import GrammarBitmask
@@ -70,6 +71,8 @@ class SchedulerOutput:
     # Speculative decoding: request_id -> draft tokens scheduled after its last token (its
     # ``num_scheduled_tokens`` counts them); the runner verifies them.
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # KV tiers: this step's host-tier copies; None when off or nothing to move.
+    kv_transfers: KVTransferPlan | None = None
 
     @property
     def is_empty(self) -> bool:

@@ -106,3 +106,18 @@ class StepRecorder:
     @property
     def accepted(self) -> int:
         return sum(s.num_accepted_tokens for s in list(self.steps))
+
+
+@dataclass(frozen=True, slots=True)
+class KVOffloadStats:
+    """The host KV tier (``--kv-offloading-size``): its size in blocks and monotonic counters
+    of what moved (docs/kv-tiers.md). All zero when the tier is off."""
+
+    capacity_blocks: int = 0
+    used_blocks: int = 0
+    blocks_saved: int = 0  # device blocks copied to the host tier at eviction
+    blocks_loaded: int = 0  # host-tier hits copied back to the device
+    bytes_saved: int = 0
+    bytes_loaded: int = 0
+    loads_in_flight: int = 0
+    load_time: float = 0.0  # seconds from scheduling a load to its acknowledgement, summed

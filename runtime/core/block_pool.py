@@ -17,7 +17,7 @@ arbitrary block in O(1). No torch here: this runs on the scheduler thread.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from tokenwire.runtime.core.kv_events import KVEventRecorder
 from tokenwire.runtime.scheduler_output import NULL_BLOCK_ID
@@ -59,6 +59,8 @@ class BlockPool:
         self._cached: dict[bytes, KVBlock] = {}
         # Records hashes leaving the map and cache resets (None: KV events are off).
         self.events = events
+        # KV tiers hook: called with a cached block about to be reused (its KV still intact).
+        self.on_evict: Callable[[KVBlock], None] | None = None
 
     @property
     def num_usable_blocks(self) -> int:
@@ -103,6 +105,8 @@ class BlockPool:
         # block, or a later lookup of the old hash would return the wrong KV.
         block_hash = block.block_hash
         assert block_hash is not None
+        if self.on_evict is not None:  # KV tiers: save it to the host tier first
+            self.on_evict(block)
         if self._cached.get(block_hash) is block:
             del self._cached[block_hash]
             if self.events is not None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tokenwire.runtime.core.block_pool import BlockPool, KVBlock
 from tokenwire.runtime.core.kv_events import KVEventRecorder
@@ -109,6 +109,9 @@ class KVCacheManager:
         # Monotonic counters, in tokens: queried by get_computed_blocks, and found cached.
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        # KV tiers hook: block references held outside request tables (a KV connector's
+        # loads), counted by ``check_invariants``.
+        self.external_refs: Callable[[], dict[int, int]] | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -131,6 +134,11 @@ class KVCacheManager:
         """The request's live block table (callers must not mutate it); [] if unknown."""
         state = self._requests.get(request_id)
         return [] if state is None else state.block_ids
+
+    def get_block_hashes(self, request_id: str) -> list[bytes]:
+        """The request's full-block hashes computed so far (do not mutate); [] if unknown."""
+        state = self._requests.get(request_id)
+        return [] if state is None else state.block_hashes
 
     def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
         """Longest cached prefix of full blocks: (block ids, hit tokens). Takes no references.
@@ -384,6 +392,9 @@ class KVCacheManager:
                 )
             for block_id in ids:
                 ref_cnts[block_id] = ref_cnts.get(block_id, 0) + 1
+        if self.external_refs is not None:  # KV tiers: the connector's references
+            for block_id, count in self.external_refs().items():
+                ref_cnts[block_id] = ref_cnts.get(block_id, 0) + count
         self.block_pool.check_invariants(ref_cnts)
         if idle:
             _check(not self._requests, f"idle but requests remain: {sorted(self._requests)}")

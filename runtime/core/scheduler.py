@@ -18,6 +18,7 @@ import time
 
 from tokenwire.runtime.config import SchedulerConfig
 from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
+from tokenwire.runtime.core.kv_connector import KVConnector
 from tokenwire.runtime.core.request import Request, RequestStatus
 from tokenwire.runtime.core.request_queue import make_queue
 from tokenwire.runtime.core.spec.accept import accept_drafts
@@ -41,9 +42,11 @@ class Scheduler:
         structured: StructuredOutputManager | None = None,
         lora: LoRAAdmission | None = None,
         proposer: Proposer | None = None,
+        connector: KVConnector | None = None,
         encoder_only: bool = False,
     ) -> None:
         self.config = config
+        self.connector = connector  # KV tiers (docs/kv-tiers.md); None: off
         # An encoder model (bidirectional attention): each prompt runs whole in one step.
         self.encoder_only = encoder_only
         self.lora = lora  # None: LoRA is not enabled
@@ -107,6 +110,8 @@ class Scheduler:
         request.finished_time = time.monotonic()
         if request.grammar is not None:
             self._num_constrained -= 1
+        if self.connector is not None:  # KV tiers: free what a pending load holds
+            self.connector.request_finished(request.request_id)
         if request.hold_as is None:
             self.kv.free(request)
         else:
@@ -140,7 +145,8 @@ class Scheduler:
         return finished
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
+        # KV tiers: a load of an aborted request still holds blocks until it is acknowledged.
+        return bool(self.requests) or (self.connector is not None and self.connector.has_pending)
 
     @property
     def num_running(self) -> int:
@@ -181,6 +187,7 @@ class Scheduler:
             if self.lora is None
             else self.lora.ready_removals(self.requests.values()),
             spec_token_ids=step.spec_tokens,
+            kv_transfers=None if self.connector is None else self.connector.build_plan(),
         )
 
     def _poll_grammars(self) -> None:
@@ -244,8 +251,9 @@ class Scheduler:
         self, request: Request, num_new: int, step: StepBuilder
     ) -> list[int] | None:
         """Free memory until the allocation fits (it just failed): first tables held by idle
-        sessions, then preempt from the tail of ``running``."""
-        while self._evict_holder():
+        sessions (and finished host-tier loads not admitted yet), then preempt from the tail
+        of ``running``."""
+        while self._evict_holder() or self._release_kv_load(request):
             new_block_ids = self.kv.allocate_slots(request, num_new)
             if new_block_ids is not None:
                 return new_block_ids
@@ -275,9 +283,14 @@ class Scheduler:
         active = None if lora is None else lora.active(self.running)
         while self.waiting and step.budget > 0 and len(self.running) < max_seqs:
             request = self.waiting.peek()
-            if (request.grammar is not None and not request.grammar.ready) or (
-                lora is not None and active is not None and not lora.allows(request, active)
-            ):
+            if (
+                (request.grammar is not None and not request.grammar.ready)
+                or (lora is not None and active is not None and not lora.allows(request, active))
+                or (
+                    self.connector is not None
+                    and self.connector.waiting_for_load(request.request_id)
+                )
+            ):  # the last: KV tiers, its blocks are being loaded (re-checked each step)
                 skipped.append(self.waiting.pop())
                 continue
             hit_ids: list[int]
@@ -286,6 +299,9 @@ class Scheduler:
                 hit_ids, num_hit = [], 0  # every prompt position must be computed
             else:
                 hit_ids, num_hit = self.kv.get_computed_blocks(request)
+                if self.connector is not None and self._start_kv_load(request, hit_ids, num_hit):
+                    skipped.append(self.waiting.pop())
+                    continue
             num_new = request.num_tokens - num_hit
             if num_new > step.budget and (
                 self.encoder_only or not self.config.enable_chunked_prefill
@@ -293,10 +309,14 @@ class Scheduler:
                 break
             num_new = min(num_new, step.budget)
             new_block_ids = self.kv.allocate_slots(request, num_new, hit_ids, num_hit)
-            while new_block_ids is None and self._evict_holder():
+            while new_block_ids is None and (
+                self._evict_holder() or self._release_kv_load(request)
+            ):
                 new_block_ids = self.kv.allocate_slots(request, num_new, hit_ids, num_hit)
             if new_block_ids is None:
                 break
+            if self.connector is not None:  # KV tiers: the request holds its loaded blocks now
+                self.connector.admitted(request.request_id)
             self.waiting.pop()
             request.num_computed_tokens = num_hit
             if request.num_cached_tokens < 0:
@@ -309,6 +329,23 @@ class Scheduler:
                 active.add(request.lora_int_id)
         for request in reversed(skipped):  # back in front, in their order
             self.waiting.prepend(request)
+
+    # ------------------------------------------------------------------ KV tiers hooks
+    def _start_kv_load(self, request: Request, hit_ids: list[int], num_hit: int) -> bool:
+        """Ask the connector to load the blocks continuing this prefix hit; True: the request
+        waits for them (its lookup is then not counted: the one after the load is)."""
+        assert self.connector is not None
+        max_hit_blocks = max(0, request.num_tokens - 1) // self.kv.block_size
+        hashes = self.kv.get_block_hashes(request.request_id)[:max_hit_blocks]
+        if not self.connector.start_load(request.request_id, hashes, hit_ids):
+            return False
+        self.kv.prefix_cache_queries -= request.num_tokens
+        self.kv.prefix_cache_hits -= num_hit
+        return True
+
+    def _release_kv_load(self, request: Request) -> bool:
+        """Room for ``request``: free one other request's finished, unadmitted load."""
+        return self.connector is not None and self.connector.release_ready(request.request_id)
 
     def _admit(self, request: Request, block_ids: list[int], step: StepBuilder) -> None:
         resumed = request.status == RequestStatus.PREEMPTED
@@ -337,6 +374,8 @@ class Scheduler:
         self, scheduler_output: SchedulerOutput, model_output: ModelOutput
     ) -> list[EngineCoreOutput]:
         requests = self.requests
+        if self.connector is not None and model_output.kv_loads_done:  # KV tiers
+            self.connector.loads_done(model_output.kv_loads_done)
         for request_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
             request = requests.get(request_id)
             if request is not None:

@@ -12,6 +12,11 @@ import time
 from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
 from tokenwire.runtime.core.kv_events import AnyKVEvent, KVEventRecorder
+from tokenwire.runtime.core.kv_connector import (
+    KVConnector,
+    attach_offloading,
+    check_offloading_supported,
+)
 from tokenwire.runtime.core.request import Request
 from tokenwire.runtime.core.scheduler import Scheduler
 from tokenwire.runtime.core.spec.accept import spec_step_stats
@@ -51,6 +56,7 @@ class EngineCore:
         self.config = config
         self.observer = observer
         self._fault = step_fault_from_env()  # TOKENWIRE_TEST_FAULT (tests only); else None
+        check_offloading_supported(config)  # KV tiers: before any worker starts
         self.executor = executor if executor is not None else make_executor(config)
         try:
             self.facts = self.executor.facts
@@ -89,7 +95,16 @@ class EngineCore:
             self.structured,
             LoRAAdmission(config.lora.max_loras) if config.lora.enable_lora else None,
             make_proposer(config.speculative_config, self.max_model_len),
+            self._make_connector(),
             encoder_only=self.facts.encoder,
+        )
+
+    def _make_connector(self) -> KVConnector | None:
+        """KV tiers (docs/kv-tiers.md): the host tier when the worker sized one."""
+        if not self.facts.num_offload_blocks or not self.config.cache.enable_prefix_caching:
+            return None
+        return attach_offloading(
+            self.kv_cache_manager, self.facts.num_offload_blocks, self.facts.kv_block_bytes
         )
 
     def _check_capacity(self, num_blocks: int) -> None:
@@ -225,7 +240,13 @@ class EngineCore:
         t1 = time.perf_counter()
         # An empty step still goes out when it finishes or preempts requests: the workers
         # must release their rows (a request that preempted itself used to leak one).
-        if so.is_empty and not so.finished_req_ids and not so.preempted_req_ids:
+        # So does one with KV-tier copies to make or loads to wait for.
+        if (
+            so.is_empty
+            and not so.finished_req_ids
+            and not so.preempted_req_ids
+            and so.kv_transfers is None
+        ):
             if self.structured.num_pending:
                 self.structured.wait(GRAMMAR_WAIT_S)
             return []

@@ -118,6 +118,7 @@ def snapshot(core: EngineCore, step_id: int) -> EngineStatsSnapshot:
         num_preemptions=scheduler.num_preemptions_total,
         running_lora_adapters=_adapter_names(scheduler.running) if scheduler.lora else (),
         waiting_lora_adapters=_adapter_names(scheduler.waiting) if scheduler.lora else (),
+        kv_offload=None if scheduler.connector is None else scheduler.connector.stats(),
     )
 
 

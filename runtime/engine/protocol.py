@@ -16,6 +16,7 @@ from tokenwire.runtime.front.tokenizer import Tokenizer
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.pooling_params import EmbedSpec
 from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.stats import KVOffloadStats
 
 if TYPE_CHECKING:
     from tokenwire.runtime.front.frontend import Frontend
@@ -89,6 +90,8 @@ class EngineStatsSnapshot:
     # Adapter names of the running / waiting requests (vLLM's lora_requests_info gauge).
     running_lora_adapters: tuple[str, ...] = ()
     waiting_lora_adapters: tuple[str, ...] = ()
+    # KV tiers: the host tier's state and counters; None when --kv-offloading-size is off.
+    kv_offload: KVOffloadStats | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ its slices of the checkpoint, sizes its KV cache, and runs ``execute_model`` for
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -20,6 +21,7 @@ from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.scheduler_output import SchedulerOutput
 from tokenwire.runtime.worker.cpu_tuning import keep_freed_memory
 from tokenwire.runtime.worker.encoder_runner import EncoderRunner
+from tokenwire.runtime.worker.kv_offload import KVOffloader, make_offloader
 from tokenwire.runtime.worker.model_runner import ModelRunner
 from tokenwire.runtime.worker.runner_settings import RunnerSettings
 from tokenwire.runtime.worker.spec.draft_model import load_draft_model
@@ -67,11 +69,13 @@ class Worker:
         settings = RunnerSettings.from_config(config)
         self.loaded: LoadedModel | LoadedEncoder
         self.runner: ModelRunner | EncoderRunner
+        self.offload: KVOffloader | None
         if source_is_encoder(config.model):  # BERT family: bidirectional, no KV tensors
             if tp.world_size > 1:
                 raise ValueError("--tensor-parallel-size: encoder models run on one device")
             self.loaded = load_encoder(config.model, device, dtype)
             self.runner = EncoderRunner(self.loaded, settings, device)
+            self.offload = None  # no KV tensors: nothing to offload
             return
         loaded = load_model(config.model, device, dtype, tp)
         self.loaded = loaded
@@ -80,13 +84,21 @@ class Worker:
         if spec is not None and spec.method == "draft_model":
             draft = load_draft_model(config.model, spec, loaded, tp)
         self.runner = ModelRunner(loaded, settings, device, tp=tp, draft=draft)
+        # KV tiers: the host tier's copy engine (None: --kv-offloading-size is off).
+        self.offload = make_offloader(config.cache, self.runner.kv_cache, device)
 
     @property
     def num_blocks(self) -> int:
         return self.runner.num_blocks
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelOutput:
-        return self.runner.execute_model(scheduler_output)
+        plan = scheduler_output.kv_transfers
+        if plan is None or self.offload is None:
+            return self.runner.execute_model(scheduler_output)
+        self.offload.start(plan)  # KV tiers: saves before the forward, loads start
+        output = self.runner.execute_model(scheduler_output)
+        done = self.offload.finished(wait=scheduler_output.is_empty)
+        return dataclasses.replace(output, kv_loads_done=done) if done else output
 
     @property
     def weight_bytes(self) -> int:
@@ -114,4 +126,6 @@ class Worker:
             weight_bytes=self.weight_bytes if weight_bytes is None else weight_bytes,
             embed=loaded.embed,
             encoder=isinstance(loaded, LoadedEncoder),
+            num_offload_blocks=0 if self.offload is None else self.offload.num_slots,
+            kv_block_bytes=0 if self.offload is None else self.offload.block_bytes,
         )

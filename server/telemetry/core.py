@@ -99,6 +99,7 @@ class Telemetry:
                 prefix_cache_queries=snap.prefix_cache_queries,
                 prefix_cache_hits=snap.prefix_cache_hits,
                 cache_config=cache_config,
+                kv_offload=snap.kv_offload,
             )
 
         cache_config = cache_config_labels(engine.info)

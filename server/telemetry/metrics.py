@@ -32,7 +32,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tokenwire.runtime.stats import RequestStats, StepStats
+from tokenwire.runtime.stats import KVOffloadStats, RequestStats, StepStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 METRICS_COMPAT = ("tokenwire", "vllm", "both")
@@ -69,6 +69,7 @@ def compat_prefixes(compat: str) -> tuple[str, ...]:
     if compat not in METRICS_COMPAT:
         raise ValueError(f"--metrics-compat must be one of {', '.join(METRICS_COMPAT)}")
     return ("tokenwire", "vllm") if compat == "both" else (compat,)
+    kv_offload: KVOffloadStats | None = None  # the host KV tier; None: off
 
 
 class _EngineStateCollector(Collector):
@@ -88,6 +89,8 @@ class _EngineStateCollector(Collector):
             return
         for prefix in self.prefixes:
             yield from self._families(prefix, state)
+        if state.kv_offload is not None:  # tokenwire's own names whatever --metrics-compat
+            yield from self._kv_offload(state.kv_offload)
         if "vllm" in self.prefixes:
             for name, doc, value in (
                 ("prefix_cache_queries", "Prompt tokens queried.", state.prefix_cache_queries),
@@ -117,6 +120,32 @@ class _EngineStateCollector(Collector):
             )
             info.add_metric([v for _, v in state.cache_config], 1.0)
             yield info
+
+    def _kv_offload(self, tier: KVOffloadStats) -> Iterator[Metric]:
+        """The host KV tier (docs/kv-tiers.md): size gauges and cumulative counters."""
+        for name, doc, value in (
+            ("kv_offload_capacity_blocks", "Host KV tier size in blocks.", tier.capacity_blocks),
+            ("kv_offload_used_blocks", "Host KV tier blocks holding KV.", tier.used_blocks),
+        ):
+            gauge = GaugeMetricFamily(f"tokenwire:{name}", doc, labels=["model_name"])
+            gauge.add_metric([self.model_name], float(value))
+            yield gauge
+        counters: tuple[tuple[str, str, float], ...] = (
+            ("kv_offload_hit_blocks", "Blocks loaded back from the host tier.", tier.blocks_loaded),
+            ("kv_offload_saved_bytes", "Bytes copied to the host tier.", tier.bytes_saved),
+            ("kv_offload_loaded_bytes", "Bytes copied from the host tier.", tier.bytes_loaded),
+            (
+                "kv_offload_load_seconds",
+                "Seconds from scheduling loads to their end, summed.",
+                tier.load_time,
+            ),
+        )
+        for counter_name, counter_doc, total in counters:
+            counter = CounterMetricFamily(
+                f"tokenwire:{counter_name}", counter_doc, labels=["model_name"]
+            )
+            counter.add_metric([self.model_name], total)
+            yield counter
 
     def _lora_info(self, prefix: str, state: EngineGauges) -> Metric:
         """vLLM's info gauge: the adapters in use as labels (sorted, comma-joined), the

@@ -1,0 +1,104 @@
+"""Bookkeeping of the host KV tier: which block hashes live in which host slot, LRU order,
+and the slots pinned by loads in flight. Pure Python (the bytes live in the worker's host
+buffer, ``worker/kv_offload.py``); the scheduler thread owns it.
+
+Keys are the prefix cache's chained block hashes, extra keys (cache salt, LoRA adapter)
+included, so a host hit obeys the same isolation rules as a device prefix hit.
+
+Invariants (``check_invariants``): every slot is either free or holds exactly one hash; a
+pinned slot holds a hash (a load reads it) and is never handed to a save until unpinned.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+
+class HostTier:
+    """``num_slots`` host blocks; ``put`` evicts the least recently used unpinned hash."""
+
+    def __init__(self, num_slots: int) -> None:
+        if num_slots <= 0:
+            raise ValueError(f"the host tier needs at least one block, got {num_slots}")
+        self.num_slots = num_slots
+        # hash -> slot; front = least recently used (evicted first).
+        self._lru: OrderedDict[bytes, int] = OrderedDict()
+        self._free: list[int] = list(range(num_slots - 1, -1, -1))  # pop() hands out 0 first
+        # slot -> number of loads in flight reading it.
+        self._pins: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def __contains__(self, block_hash: bytes) -> bool:
+        return block_hash in self._lru
+
+    @property
+    def num_pinned(self) -> int:
+        return len(self._pins)
+
+    def put(self, block_hash: bytes) -> int | None:
+        """The slot a save of ``block_hash`` must write, or None: already here (now most
+        recently used), or every slot is pinned (the save is dropped)."""
+        lru = self._lru
+        if block_hash in lru:
+            lru.move_to_end(block_hash)
+            return None
+        if self._free:
+            slot = self._free.pop()
+        else:
+            pins = self._pins
+            victim = next((h for h, s in lru.items() if s not in pins), None)
+            if victim is None:
+                return None
+            slot = lru.pop(victim)
+        lru[block_hash] = slot
+        return slot
+
+    def lookup_run(self, block_hashes: Sequence[bytes]) -> list[int]:
+        """Slots of the longest leading run of ``block_hashes`` held here (touched: MRU)."""
+        lru = self._lru
+        slots: list[int] = []
+        for block_hash in block_hashes:
+            slot = lru.get(block_hash)
+            if slot is None:
+                break
+            lru.move_to_end(block_hash)
+            slots.append(slot)
+        return slots
+
+    def pin(self, slots: Iterable[int]) -> None:
+        pins = self._pins
+        for slot in slots:
+            pins[slot] = pins.get(slot, 0) + 1
+
+    def unpin(self, slots: Iterable[int]) -> None:
+        pins = self._pins
+        for slot in slots:
+            left = pins[slot] - 1
+            if left:
+                pins[slot] = left
+            else:
+                del pins[slot]
+
+    def clear(self) -> bool:
+        """Forget every hash; refused (False) while a load reads a slot."""
+        if self._pins:
+            return False
+        self._lru.clear()
+        self._free = list(range(self.num_slots - 1, -1, -1))
+        return True
+
+    def check_invariants(self, idle: bool = False) -> None:
+        used = list(self._lru.values())
+        _check(len(set(used)) == len(used), "a host slot holds two hashes")
+        _check(not set(used) & set(self._free), "a host slot is both used and free")
+        _check(len(used) + len(self._free) == self.num_slots, "a host slot is lost")
+        _check(set(self._pins) <= set(used), "a pinned host slot holds no hash")
+        _check(not idle or not self._pins, f"idle but host slots are pinned: {self._pins}")
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(message)

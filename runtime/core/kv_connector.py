@@ -1,0 +1,316 @@
+"""The scheduler-side part of a KV connector, and its first implementation: the host tier.
+
+A connector decides, per request and per step, which blocks move between the device cache and
+another store; the worker-side part (``worker/kv_offload.py``) moves them. Plain records cross
+the seam (``kv_transfer.py``): the step's ``KVTransferPlan`` rides in ``SchedulerOutput``, and
+finished loads come back in ``ModelOutput.kv_loads_done``. The scheduler calls the hooks
+below and nothing else (docs/kv-tiers.md), so another store can implement ``KVConnector``.
+
+``OffloadingConnector`` (``--kv-offloading-size``):
+- **Save at eviction.** ``BlockPool`` calls ``on_evict`` when a cached block is popped for
+  reuse; its KV is still intact (the reuse is this step's forward), so the save is queued in
+  this step's plan, which the worker runs before the forward. A hash already in the tier is
+  only touched (no copy).
+- **Load on a prefix hit that continues in the tier.** ``start_load`` takes references on the
+  request's device hit, allocates fresh device blocks for the host run (uncached: nothing can
+  hit them before their KV lands), pins the host slots and queues the copy. The request stays
+  in the waiting queue, skipped while its load is in flight (``waiting_for_load``) and
+  re-checked every step, so other requests keep running. When the worker acknowledges the
+  load, the blocks are cached under their hashes and stay referenced by the connector until
+  the request is admitted (``admitted``), where its normal prefix lookup hits them all.
+- **Abort / finish during a load** (``request_finished``): a load in flight keeps its blocks
+  until the worker acknowledges it (they are being written), then frees them; a finished load
+  frees at once. Nothing half-loaded is ever cached or read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+from tokenwire.runtime.config import EngineConfig
+from tokenwire.runtime.core.block_pool import BlockPool, KVBlock
+from tokenwire.runtime.core.host_tier import HostTier
+from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
+from tokenwire.runtime.kv_transfer import KVLoad, KVTransferPlan
+from tokenwire.runtime.stats import KVOffloadStats
+
+
+class KVConnector(Protocol):
+    """What the scheduler asks of a KV connector (scheduler side)."""
+
+    @property
+    def has_pending(self) -> bool:
+        """Loads in flight (the engine must keep stepping until they are acknowledged)."""
+        ...
+
+    def on_evict(self, block: KVBlock) -> None: ...
+
+    def waiting_for_load(self, request_id: str) -> bool: ...
+
+    def start_load(
+        self, request_id: str, block_hashes: Sequence[bytes], hit_ids: Sequence[int]
+    ) -> bool:
+        """Schedule loads continuing a device prefix hit; True: the request must wait."""
+        ...
+
+    def admitted(self, request_id: str) -> None: ...
+
+    def release_ready(self, keep: str) -> bool: ...
+
+    def request_finished(self, request_id: str) -> None: ...
+
+    def build_plan(self) -> KVTransferPlan | None: ...
+
+    def loads_done(self, load_ids: Sequence[int]) -> None: ...
+
+    def block_refs(self) -> dict[int, int]: ...
+
+    def stats(self) -> KVOffloadStats: ...
+
+    def reset(self) -> bool: ...
+
+    def check_invariants(self, idle: bool = False) -> None: ...
+
+
+def check_offloading_supported(config: EngineConfig) -> None:
+    """Refuse the combinations the host tier does not handle yet (docs/kv-tiers.md)."""
+    if not config.cache.kv_offloading_size:
+        return
+    spec = config.speculative_config
+    if config.parallel.tensor_parallel_size > 1 or (
+        spec is not None and spec.method == "draft_model"
+    ):
+        raise ValueError(
+            "--kv-offloading-size is not supported yet with --tensor-parallel-size > 1 or a "
+            "draft model (docs/kv-tiers.md)"
+        )
+
+
+def attach_offloading(kv: KVCacheManager, num_slots: int, block_bytes: int) -> OffloadingConnector:
+    """The host tier over ``kv``'s pool, its two hooks set (evictions, invariant refs)."""
+    connector = OffloadingConnector(kv.block_pool, num_slots, block_bytes)
+    kv.block_pool.on_evict = connector.on_evict
+    kv.external_refs = connector.block_refs
+    return connector
+
+
+class _Load:
+    __slots__ = (
+        "block_hashes",
+        "cancelled",
+        "done",
+        "hit_blocks",
+        "load_id",
+        "new_blocks",
+        "request_id",
+        "slots",
+        "started",
+    )
+
+    def __init__(
+        self,
+        load_id: int,
+        request_id: str,
+        hit_blocks: list[KVBlock],
+        new_blocks: list[KVBlock],
+        block_hashes: list[bytes],
+        slots: list[int],
+    ) -> None:
+        self.load_id = load_id
+        self.request_id = request_id
+        self.hit_blocks = hit_blocks  # the device hit, referenced so it is not evicted
+        self.new_blocks = new_blocks  # written by the load
+        self.block_hashes = block_hashes  # of new_blocks
+        self.slots = slots
+        self.started = time.monotonic()
+        self.done = False
+        self.cancelled = False
+
+    def blocks(self) -> list[KVBlock]:
+        return [*self.hit_blocks, *self.new_blocks]
+
+
+class OffloadingConnector:
+    """The host tier behind the ``KVConnector`` seam. ``max_held_fraction``: loads (in flight
+    or waiting for admission) reference at most this share of the device blocks."""
+
+    def __init__(
+        self,
+        pool: BlockPool,
+        num_slots: int,
+        block_bytes: int,
+        max_held_fraction: float = 0.9,
+    ) -> None:
+        self.pool = pool
+        self.tier = HostTier(num_slots)
+        self.block_bytes = block_bytes
+        self.max_held = max(1, int(pool.num_usable_blocks * max_held_fraction))
+        self._loads: dict[str, _Load] = {}  # by request id: the request's load
+        self._in_flight: dict[int, _Load] = {}  # by load id, until acknowledged
+        self._num_held = 0
+        self._save_block_ids: list[int] = []
+        self._save_slots: list[int] = []
+        self._new_loads: list[KVLoad] = []
+        self._next_load_id = 0
+        self._blocks_saved = self._blocks_loaded = 0
+        self._load_time = 0.0
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._in_flight)
+
+    # ------------------------------------------------------------------ save
+    def on_evict(self, block: KVBlock) -> None:
+        """``block`` (cached, free) is being reused: queue its KV for the host tier."""
+        assert block.block_hash is not None
+        slot = self.tier.put(block.block_hash)
+        if slot is not None:
+            self._save_block_ids.append(block.block_id)
+            self._save_slots.append(slot)
+            self._blocks_saved += 1
+
+    # ------------------------------------------------------------------ load
+    def waiting_for_load(self, request_id: str) -> bool:
+        load = self._loads.get(request_id)
+        return load is not None and not load.done
+
+    def start_load(
+        self, request_id: str, block_hashes: Sequence[bytes], hit_ids: Sequence[int]
+    ) -> bool:
+        if request_id in self._loads:  # loaded already: admit with what is on the device
+            return False
+        slots = self.tier.lookup_run(block_hashes[len(hit_ids) :])
+        if not slots:
+            return False
+        pool = self.pool
+        hit_blocks = [pool.blocks[i] for i in hit_ids]
+        evictable_hits = sum(1 for b in hit_blocks if b.ref_cnt == 0)
+        room = min(
+            pool.num_free_blocks - evictable_hits,
+            self.max_held - self._num_held - len(hit_blocks),
+        )
+        slots = slots[: max(0, room)]
+        if not slots:
+            return False
+        # Pin first: the allocation below may evict device blocks, whose saves take slots.
+        self.tier.pin(slots)
+        pool.touch(hit_blocks)
+        new_blocks = pool.get_new_blocks(len(slots))
+        start = len(hit_ids)
+        load = _Load(
+            self._next_load_id,
+            request_id,
+            hit_blocks,
+            new_blocks,
+            list(block_hashes[start : start + len(slots)]),
+            slots,
+        )
+        self._next_load_id += 1
+        self._loads[request_id] = self._in_flight[load.load_id] = load
+        self._num_held += len(hit_blocks) + len(new_blocks)
+        self._new_loads.append(KVLoad(load.load_id, slots, [b.block_id for b in new_blocks]))
+        return True
+
+    def loads_done(self, load_ids: Sequence[int]) -> None:
+        """The worker finished these loads: their blocks hold the host tier's KV now."""
+        now = time.monotonic()
+        for load_id in load_ids:
+            load = self._in_flight.pop(load_id)
+            self.tier.unpin(load.slots)
+            for block, block_hash in zip(load.new_blocks, load.block_hashes, strict=True):
+                self.pool.cache_full_block(block, block_hash)
+            load.done = True
+            self._blocks_loaded += len(load.new_blocks)
+            self._load_time += now - load.started
+            if load.cancelled:
+                self._release(load)
+
+    def admitted(self, request_id: str) -> None:
+        """The request took its own references on its prefix hit: drop the connector's."""
+        load = self._loads.pop(request_id, None)
+        if load is not None:
+            assert load.done, f"{request_id} admitted while its load is in flight"
+            self._release(load)
+
+    def release_ready(self, keep: str) -> bool:
+        """Free the blocks of one finished load waiting for admission (not ``keep``'s), so a
+        request that cannot allocate gets room; False if there is none."""
+        for request_id, load in self._loads.items():
+            if load.done and request_id != keep:
+                del self._loads[request_id]
+                self._release(load)
+                return True
+        return False
+
+    def request_finished(self, request_id: str) -> None:
+        """Finished or aborted (wherever it was): free what its load holds, once it may."""
+        load = self._loads.pop(request_id, None)
+        if load is None:
+            return
+        if load.done:
+            self._release(load)
+        else:
+            load.cancelled = True  # freed by ``loads_done``: the worker is writing the blocks
+
+    def _release(self, load: _Load) -> None:
+        blocks = load.blocks()
+        self.pool.free_blocks(reversed(blocks))
+        self._num_held -= len(blocks)
+
+    # ------------------------------------------------------------------ the step's plan
+    def build_plan(self) -> KVTransferPlan | None:
+        """This step's copies; None when there is nothing to copy or to wait for."""
+        if not (self._save_block_ids or self._new_loads or self._in_flight):
+            return None
+        plan = KVTransferPlan(
+            self._save_block_ids,
+            self._save_slots,
+            self._new_loads,
+            len(self._in_flight) - len(self._new_loads),
+        )
+        self._save_block_ids, self._save_slots, self._new_loads = [], [], []
+        return plan
+
+    # ------------------------------------------------------------------ state
+    def block_refs(self) -> dict[int, int]:
+        """Device block id -> references the connector holds (for the pool's invariants)."""
+        refs: dict[int, int] = {}
+        for load in {id(x): x for x in (*self._loads.values(), *self._in_flight.values())}.values():
+            for block in load.blocks():
+                refs[block.block_id] = refs.get(block.block_id, 0) + 1
+        return refs
+
+    def stats(self) -> KVOffloadStats:
+        return KVOffloadStats(
+            capacity_blocks=self.tier.num_slots,
+            used_blocks=len(self.tier),
+            blocks_saved=self._blocks_saved,
+            blocks_loaded=self._blocks_loaded,
+            bytes_saved=self._blocks_saved * self.block_bytes,
+            bytes_loaded=self._blocks_loaded * self.block_bytes,
+            loads_in_flight=len(self._in_flight),
+            load_time=self._load_time,
+        )
+
+    def reset(self) -> bool:
+        """Forget the host tier's hashes (``reset_prefix_cache``); refused during loads."""
+        return not self._loads and not self._in_flight and self.tier.clear()
+
+    def check_invariants(self, idle: bool = False) -> None:
+        self.tier.check_invariants(idle)
+        held = sum(len(x.blocks()) for x in {id(x): x for x in self._loads.values()}.values())
+        held += sum(len(x.blocks()) for x in self._in_flight.values() if x.cancelled)
+        _check(held == self._num_held, f"connector holds {held} blocks, counted {self._num_held}")
+        for load in self._in_flight.values():
+            _check(not load.done, f"load {load.load_id} acknowledged but still in flight")
+        if idle:
+            _check(not self._loads, f"idle but loads remain for {sorted(self._loads)}")
+            _check(not self._in_flight, "idle but loads are in flight")
+            _check(not self._save_block_ids and not self._new_loads, "idle but copies queued")
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(message)

@@ -1,0 +1,274 @@
+"""The host KV tier (``--kv-offloading-size``, docs/kv-tiers.md): a prefix evicted from a
+small device cache comes back from the host tier with the same greedy tokens and logprobs as a
+run that never evicted, and reports its cached tokens; the scheduler-side connector (real
+scheduler, block manager and connector; loads acknowledged by hand through the plain-data
+seam) keeps other requests running while a load is in flight, and an abort during a load frees
+everything once the copy is acknowledged; off by default changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from engine_checks import assert_llm_idle
+
+from tokenwire.runtime.config import SchedulerConfig
+from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
+from tokenwire.runtime.core.kv_connector import (
+    OffloadingConnector,
+    attach_offloading,
+    check_offloading_supported,
+)
+from tokenwire.runtime.core.request import Request, RequestStatus
+from tokenwire.runtime.core.scheduler import Scheduler
+from tokenwire.runtime.engine.core_loop import snapshot
+from tokenwire.runtime.engine_args import EngineArgs
+from tokenwire.runtime.llm import LLM
+from tokenwire.runtime.model_output import ModelOutput
+from tokenwire.runtime.outputs import RequestOutput
+from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.scheduler_output import SchedulerOutput
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, logprobs=3, ignore_eos=True)
+A = [(i * 7 + 3) % 400 + 3 for i in range(30)]  # 7 full blocks of 4 can hit
+B = [(i * 11 + 5) % 400 + 3 for i in range(30)]
+C = [(i * 13 + 9) % 400 + 3 for i in range(30)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_factory: Callable[..., Path]) -> Path:
+    return tiny_model_factory("llama")
+
+
+def small_llm(model_dir: Path, offload: float | None) -> LLM:
+    # 16 usable blocks of 4 tokens: two 36-token sequences do not fit together.
+    return LLM(
+        str(model_dir),
+        device="cpu",
+        max_model_len=64,
+        block_size=4,
+        num_gpu_blocks_override=17,
+        kv_offloading_size=offload,
+    )
+
+
+def one(llm: LLM, prompt: list[int]) -> RequestOutput:
+    return llm.generate([prompt], GREEDY, use_tqdm=False)[0]
+
+
+def assert_same_choice(got: RequestOutput, want: RequestOutput) -> None:
+    g, w = got.outputs[0], want.outputs[0]
+    assert g.token_ids == w.token_ids
+    assert g.logprobs is not None and w.logprobs is not None
+    for gp, wp in zip(g.logprobs, w.logprobs, strict=True):
+        assert list(gp) == list(wp)
+        for token, lp in wp.items():
+            assert abs(gp[token].logprob - lp.logprob) < 1e-5
+
+
+def assert_tier_idle(llm: LLM) -> None:
+    assert_llm_idle(llm)
+    connector = llm.engine.scheduler.connector
+    assert isinstance(connector, OffloadingConnector)
+    connector.check_invariants(idle=True)
+
+
+def test_prefix_restored_from_host_tier_matches_a_run_that_never_evicted(
+    model_dir: Path,
+) -> None:
+    never_evicted = one(small_llm(model_dir, None), A)
+    llm = small_llm(model_dir, 0.01)
+    first = one(llm, A)
+    one(llm, B)
+    one(llm, C)  # A's blocks are evicted from the device (saved to the host tier)
+    connector = llm.engine.scheduler.connector
+    assert isinstance(connector, OffloadingConnector)
+    kv = llm.engine.kv_cache_manager
+    assert connector.stats().blocks_saved >= 7
+    assert all(kv.block_pool.get_cached_block(h) is None for h in connector_hashes(llm, A))
+    hits_before = kv.prefix_cache_hits
+    again = one(llm, A)
+    assert again.num_cached_tokens == 28  # every full block before the last token
+    assert kv.prefix_cache_hits - hits_before == 28
+    stats = connector.stats()
+    assert stats.blocks_loaded == 7 and stats.bytes_loaded == 7 * connector.block_bytes
+    assert stats.loads_in_flight == 0 and 0 < stats.used_blocks <= stats.capacity_blocks
+    assert_same_choice(first, never_evicted)
+    assert_same_choice(again, never_evicted)
+    assert_tier_idle(llm)
+    assert snapshot(llm.engine, 0).kv_offload == connector.stats()  # what metrics read
+
+
+def connector_hashes(llm: LLM, prompt: list[int]) -> list[bytes]:
+    """The chained hashes of ``prompt``'s full blocks, as the block manager computes them."""
+    kv = llm.engine.kv_cache_manager
+    probe = Request("probe", prompt, GREEDY, frozenset(), 64)
+    kv.get_computed_blocks(probe)
+    hashes = list(kv.get_block_hashes("probe"))
+    kv.free(probe)
+    return hashes
+
+
+def test_off_by_default_changes_nothing(model_dir: Path) -> None:
+    assert EngineArgs().create_engine_config().cache.kv_offloading_size is None
+    llm = small_llm(model_dir, None)
+    assert llm.engine.scheduler.connector is None
+    assert llm.engine.kv_cache_manager.block_pool.on_evict is None
+    assert snapshot(llm.engine, 0).kv_offload is None
+    outs = [one(llm, p) for p in (A, B, C, A)]
+    assert outs[3].num_cached_tokens == 0  # evicted, recomputed
+    assert_same_choice(outs[3], outs[0])
+    assert_llm_idle(llm)
+
+
+def test_flag_is_validated_and_named() -> None:
+    with pytest.raises(ValueError, match="--kv-offloading-size"):
+        EngineArgs(kv_offloading_size=-1.0).create_engine_config()
+    with pytest.raises(ValueError, match="--kv-offloading-size"):
+        check_offloading_supported(
+            EngineArgs(kv_offloading_size=2.0, tensor_parallel_size=2).create_engine_config()
+        )
+    assert EngineArgs(kv_offloading_size=0.5).create_engine_config().cache.kv_offloading_size == 0.5
+
+
+# ---------------------------------------------------------------------- scheduler side
+BLOCK = 4
+
+
+def make_scheduler(num_blocks: int = 13) -> tuple[Scheduler, KVCacheManager, OffloadingConnector]:
+    kv = KVCacheManager(num_blocks, BLOCK, True)
+    connector = attach_offloading(kv, num_slots=64, block_bytes=1)
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64)
+    return Scheduler(config, kv, 256, connector=connector), kv, connector
+
+
+def request(rid: str, prompt: list[int], max_tokens: int = 1) -> Request:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    return Request(rid, prompt, params, frozenset(), 256)
+
+
+def step(sched: Scheduler, ack: bool = True) -> SchedulerOutput:
+    """One step with a fake model; ``ack``: the worker reports this step's loads finished."""
+    so = sched.schedule()
+    ids, tokens = [], []
+    for rid, n in so.num_scheduled_tokens.items():
+        req = sched.requests[rid]
+        if req.num_computed_tokens + n == req.num_tokens:
+            ids.append(rid)
+            tokens.append(7)
+    done = [x.load_id for x in so.kv_transfers.loads] if ack and so.kv_transfers else []
+    sched.update(so, ModelOutput(req_ids=ids, sampled_token_ids=tokens, kv_loads_done=done))
+    sched.kv.check_invariants()
+    assert sched.connector is not None
+    sched.connector.check_invariants()
+    return so
+
+
+def run_until_idle(sched: Scheduler) -> None:
+    for _ in range(100):
+        if not sched.has_unfinished_requests():
+            return
+        step(sched)
+    raise AssertionError("the scheduler never went idle")
+
+
+def evict_prompt_a(sched: Scheduler) -> list[SchedulerOutput]:
+    """Run A (4 full blocks) to the end, then B, whose 12 blocks evict all of A's."""
+    sched.add_request(request("a", list(range(10, 27))))
+    run_until_idle(sched)
+    sched.add_request(request("b", list(range(100, 148))))
+    outs = [step(sched)]
+    run_until_idle(sched)
+    return outs
+
+
+def test_abort_during_a_pending_load_frees_everything_after_the_ack() -> None:
+    sched, kv, connector = make_scheduler()
+    (b_step,) = evict_prompt_a(sched)
+    assert b_step.kv_transfers is not None and len(b_step.kv_transfers.save_block_ids) == 4
+    sched.add_request(request("a2", list(range(10, 27))))
+    sched.add_request(request("c", list(range(200, 208)), max_tokens=3))
+    so = step(sched, ack=False)
+    assert so.kv_transfers is not None and len(so.kv_transfers.loads) == 1
+    load = so.kv_transfers.loads[0]
+    assert len(load.block_ids) == 4
+    assert "a2" not in so.num_scheduled_tokens and "c" in so.num_scheduled_tokens
+    # The blocks being written are not in the prefix cache yet: nothing can read them.
+    assert all(kv.block_pool.blocks[i].block_hash is None for i in load.block_ids)
+    so = step(sched, ack=False)  # still loading: a2 waits, c keeps decoding
+    assert "a2" not in so.num_scheduled_tokens and "c" in so.num_scheduled_tokens
+    assert so.kv_transfers is not None and so.kv_transfers.num_loads_in_flight == 1
+    sched.abort_requests(["a2"])
+    assert sched.has_unfinished_requests()  # the copy is still landing in its blocks
+    assert all(kv.block_pool.blocks[i].ref_cnt == 1 for i in load.block_ids)
+    while sched.requests:  # c finishes; the load is not acknowledged yet
+        step(sched, ack=False)
+    so = sched.schedule()
+    assert so.is_empty and so.kv_transfers is not None
+    sched.update(so, ModelOutput(req_ids=[], sampled_token_ids=[], kv_loads_done=[load.load_id]))
+    assert not sched.has_unfinished_requests()
+    kv.check_invariants(idle=True)
+    connector.check_invariants(idle=True)
+    assert sched.schedule().kv_transfers is None  # nothing left to move
+
+
+def test_waiting_request_is_admitted_with_the_loaded_blocks_after_the_ack() -> None:
+    sched, kv, connector = make_scheduler()
+    evict_prompt_a(sched)
+    a2 = request("a2", list(range(10, 27)))
+    sched.add_request(a2)
+    so = step(sched, ack=False)
+    assert so.kv_transfers is not None and so.kv_transfers.loads
+    assert a2.status == RequestStatus.WAITING and connector.waiting_for_load("a2")
+    load_id = so.kv_transfers.loads[0].load_id
+    so = sched.schedule()
+    sched.update(so, ModelOutput(req_ids=[], sampled_token_ids=[], kv_loads_done=[load_id]))
+    so = step(sched)
+    assert so.num_scheduled_tokens == {"a2": 1}  # only the last prompt token is computed
+    assert a2.num_cached_tokens == 16
+    run_until_idle(sched)
+    kv.check_invariants(idle=True)
+    connector.check_invariants(idle=True)
+    assert connector.stats().blocks_loaded == 4
+
+
+def test_host_tier_evicts_least_recently_used_and_never_a_pinned_slot() -> None:
+    from tokenwire.runtime.core.host_tier import HostTier
+
+    tier = HostTier(2)
+    assert tier.put(b"x") == 0 and tier.put(b"y") == 1
+    assert tier.put(b"x") is None  # already held: now most recently used
+    assert tier.put(b"z") == 1  # y was the least recently used
+    assert b"y" not in tier and tier.lookup_run([b"x", b"y"]) == [0]
+    tier.pin([0, 1])
+    assert tier.put(b"w") is None  # every slot is being read by a load
+    tier.unpin([0, 1])
+    assert tier.put(b"w") == 1  # z: x was touched by the lookup
+    tier.check_invariants(idle=True)
+
+
+def test_host_hits_keep_the_cache_salt_isolation() -> None:
+    sched, kv, connector = make_scheduler()
+    a = request("a", list(range(10, 27)))
+    a.cache_salt = "tenant-x"
+    sched.add_request(a)
+    run_until_idle(sched)
+    sched.add_request(request("b", list(range(100, 148))))  # evicts a's blocks to the host
+    run_until_idle(sched)
+    other = request("other", list(range(10, 27)))
+    other.cache_salt = "tenant-y"
+    sched.add_request(other)
+    so = step(sched)
+    assert so.kv_transfers is None or not so.kv_transfers.loads  # another salt: no host hit
+    assert so.num_scheduled_tokens == {"other": 17}
+    run_until_idle(sched)
+    same = request("same", list(range(10, 27)))
+    same.cache_salt = "tenant-x"
+    sched.add_request(same)
+    so = step(sched)
+    assert so.kv_transfers is not None and len(so.kv_transfers.loads[0].block_ids) == 4
+    run_until_idle(sched)
+    assert same.num_cached_tokens == 16
+    kv.check_invariants(idle=True)
+    connector.check_invariants(idle=True)
