@@ -2,8 +2,8 @@
 tier's buffer (``--kv-offloading-size``; docs/kv-tiers.md).
 
 The buffer is ``[num_slots, num_layers, 2, block_size, num_kv_heads, head_dim]`` in the KV
-cache's storage dtype (fp8 caches move their bytes as they are; their per-layer scales are
-constants and do not move), pinned on CUDA. Per step (``KVTransferPlan``, the order the
+cache's storage dtype (fp8 caches move their bytes as they are, as a uint8 view; their
+per-layer scales are constants and do not move), pinned on CUDA. Per step (``KVTransferPlan``, the order the
 scheduler relies on):
 
 1. **Saves** (device -> host) finish before this step's forward, which may overwrite the
@@ -25,12 +25,19 @@ from collections.abc import Sequence
 
 import torch
 
+from tokenwire.kernels.kv_quant import FP8_KV_DTYPE
 from tokenwire.runtime.config import CacheConfig
 from tokenwire.runtime.kv_transfer import KVTransferPlan
 from tokenwire.runtime.worker.kv_cache import KVCache
 
 # A step with nothing to compute waits at most this long for a load to finish.
 IDLE_WAIT_S = 0.01
+
+
+def _raw(cache: torch.Tensor) -> torch.Tensor:
+    """The cache's bytes as the copy kernels take them: fp8 has no CPU index_copy, so an fp8
+    cache moves as a uint8 view (same element size, the bytes unchanged)."""
+    return cache.view(torch.uint8) if cache.dtype == FP8_KV_DTYPE else cache
 
 
 def kv_block_bytes(kv_cache: KVCache) -> int:
@@ -65,7 +72,7 @@ class KVOffloader:
         shape = (num_slots, len(kv_cache.layers), 2, *k.shape[1:])
         cuda = device.type == "cuda"
         # Never read before a save writes it: no need to zero (or touch) the pages.
-        self.host = torch.empty(shape, dtype=k.dtype, pin_memory=cuda)
+        self.host = torch.empty(shape, dtype=_raw(k).dtype, pin_memory=cuda)
         self._stream = torch.cuda.Stream(device) if cuda else None  # type: ignore[no-untyped-call]
         self._thread = None if cuda else cf.ThreadPoolExecutor(1, "kv-offload")
         self._futures: dict[int, cf.Future[None]] = {}
@@ -107,16 +114,16 @@ class KVOffloader:
         ids = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
         dst = torch.tensor(slots, dtype=torch.int64)
         for i, layer in enumerate(self.kv_cache.layers):
-            self.host[:, i, 0].index_copy_(0, dst, layer.k_cache.index_select(0, ids))
-            self.host[:, i, 1].index_copy_(0, dst, layer.v_cache.index_select(0, ids))
+            self.host[:, i, 0].index_copy_(0, dst, _raw(layer.k_cache).index_select(0, ids))
+            self.host[:, i, 1].index_copy_(0, dst, _raw(layer.v_cache).index_select(0, ids))
 
     @torch.inference_mode()
     def _load(self, slots: Sequence[int], block_ids: Sequence[int]) -> None:
         ids = torch.tensor(block_ids, dtype=torch.int64)
         src = self.host.index_select(0, torch.tensor(slots, dtype=torch.int64))
         for i, layer in enumerate(self.kv_cache.layers):
-            layer.k_cache.index_copy_(0, ids, src[:, i, 0])
-            layer.v_cache.index_copy_(0, ids, src[:, i, 1])
+            _raw(layer.k_cache).index_copy_(0, ids, src[:, i, 0])
+            _raw(layer.v_cache).index_copy_(0, ids, src[:, i, 1])
 
     # ------------------------------------------------------------------ CUDA copies
     @torch.inference_mode()
@@ -130,7 +137,7 @@ class KVOffloader:
                 ids = torch.tensor(plan.save_block_ids, dtype=torch.int64, device=self.device)
                 gathered = torch.stack(
                     [
-                        torch.stack([x.k_cache[ids], x.v_cache[ids]], 1)
+                        torch.stack([_raw(x.k_cache)[ids], _raw(x.v_cache)[ids]], 1)
                         for x in self.kv_cache.layers
                     ],
                     1,
@@ -150,8 +157,8 @@ class KVOffloader:
                     staging[j].copy_(self.host[slot], non_blocking=True)
                 ids = torch.tensor(load.block_ids, dtype=torch.int64, device=self.device)
                 for i, layer in enumerate(self.kv_cache.layers):
-                    layer.k_cache.index_copy_(0, ids, staging[:, i, 0])
-                    layer.v_cache.index_copy_(0, ids, staging[:, i, 1])
+                    _raw(layer.k_cache).index_copy_(0, ids, staging[:, i, 0])
+                    _raw(layer.v_cache).index_copy_(0, ids, staging[:, i, 1])
                 event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 event.record(stream)
                 self._events[load.load_id] = (event, staging)

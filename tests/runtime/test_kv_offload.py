@@ -272,3 +272,25 @@ def test_host_hits_keep_the_cache_salt_isolation() -> None:
     assert same.num_cached_tokens == 16
     kv.check_invariants(idle=True)
     connector.check_invariants(idle=True)
+
+
+def test_fp8_kv_cache_blocks_come_back_byte_exact(model_dir: Path) -> None:
+    def fp8_llm(offload: float | None) -> LLM:
+        return LLM(
+            str(model_dir),
+            device="cpu",
+            max_model_len=64,
+            block_size=4,
+            num_gpu_blocks_override=17,
+            kv_cache_dtype="fp8",
+            kv_offloading_size=offload,
+        )
+
+    never_evicted = one(fp8_llm(None), A)
+    llm = fp8_llm(0.01)
+    for prompt in (A, B, C):
+        one(llm, prompt)
+    again = one(llm, A)
+    assert again.num_cached_tokens == 28
+    assert_same_choice(again, never_evicted)
+    assert_tier_idle(llm)
