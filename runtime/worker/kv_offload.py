@@ -3,8 +3,8 @@ tier's buffer (``--kv-offloading-size``; docs/kv-tiers.md).
 
 The buffer is ``[num_slots, num_layers, 2, block_size, num_kv_heads, head_dim]`` in the KV
 cache's storage dtype (fp8 caches move their bytes as they are, as a uint8 view; their
-per-layer scales are constants and do not move), pinned on CUDA. Per step (``KVTransferPlan``, the order the
-scheduler relies on):
+per-layer scales are constants and do not move), pinned on CUDA. Per step
+(``KVTransferPlan``, the order the scheduler relies on):
 
 1. **Saves** (device -> host) finish before this step's forward, which may overwrite the
    blocks they read: on CPU they run inline; on CUDA on the side stream, and the compute
