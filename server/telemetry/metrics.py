@@ -63,13 +63,13 @@ class EngineGauges:
     prefix_cache_hits: int = 0
     # vLLM's cache_config_info labels (block_size, num_gpu_blocks, ...), all strings.
     cache_config: tuple[tuple[str, str], ...] = ()
+    kv_offload: KVOffloadStats | None = None  # the host KV tier; None: off
 
 
 def compat_prefixes(compat: str) -> tuple[str, ...]:
     if compat not in METRICS_COMPAT:
         raise ValueError(f"--metrics-compat must be one of {', '.join(METRICS_COMPAT)}")
     return ("tokenwire", "vllm") if compat == "both" else (compat,)
-    kv_offload: KVOffloadStats | None = None  # the host KV tier; None: off
 
 
 class _EngineStateCollector(Collector):

@@ -71,6 +71,7 @@ VALUES: dict[str, Any] = {
     "task": "embed",
     "pooler_config": PoolerConfig(pooling_type="CLS", normalize=False),
     "kv_events_config": KVEventsConfig(enable_kv_cache_events=True, topic="kv"),
+    "kv_offloading_size": 0.5,
 }
 # What a field's value is only valid together with (set in both configs compared).
 COMPANIONS: dict[str, dict[str, Any]] = {
