@@ -54,18 +54,38 @@ def test_every_subpackage_is_listed_in_pyproject() -> None:
     assert not (ROOT / "tokenwire" / "__init__.py").exists()  # implicit namespace
 
 
-def test_top_level_kernels_never_resolves_into_repo() -> None:
+def _find_spec_from_root(name: str, *, safe_path: bool) -> str:
+    """Where ``import <name>`` resolves in a fresh interpreter started in the repo root."""
     code = (
         "import importlib.util, sys\n"
-        "spec = importlib.util.find_spec('kernels')\n"
+        f"spec = importlib.util.find_spec({name!r})\n"
         "print(spec.origin if spec and spec.origin else (list(spec.submodule_search_locations)"
         " if spec else 'none'))\n"
     )
-    env = dict(os.environ, PYTHONSAFEPATH="1")
+    env = dict(os.environ)
+    env.pop("PYTHONSAFEPATH", None)
+    if safe_path:
+        env["PYTHONSAFEPATH"] = "1"
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True
     )
-    assert str(ROOT) not in result.stdout, result.stdout
+    return result.stdout.strip()
+
+
+def _inside(found: str, folder: Path) -> bool:
+    return str(folder.resolve()) in found
+
+
+@pytest.mark.parametrize("safe_path", [True, False], ids=["safepath", "no-safepath"])
+def test_top_level_kernels_never_resolves_into_repo(safe_path: bool) -> None:
+    """HF's ``kernels`` may live under the repo root (the venv is ``.venv/``): the check is
+    against the repo's own ``kernels/`` folder. Without ``PYTHONSAFEPATH`` the repo root is on
+    ``sys.path`` first; ``kernels/`` has no ``__init__.py``, so it is only a PEP 420 namespace
+    portion and an installed regular ``kernels`` package later on the path wins over it."""
+    found = _find_spec_from_root("kernels", safe_path=safe_path)
+    if importlib.util.find_spec("kernels") is not None:  # HF's package is installed
+        assert not _inside(found, ROOT / "kernels"), found
+    assert not (ROOT / "kernels" / "__init__.py").exists()
     for name in ("runtime", "server", "clients", "bench"):
         spec = importlib.util.find_spec(name)
-        assert spec is None or str(ROOT) not in str(spec.origin), name
+        assert spec is None or not _inside(str(spec.origin), ROOT / name), name

@@ -1,1 +1,0 @@
-"""tokenwire kernels: each op beside its torch reference."""
