@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny_models import TEST_KV_CACHE_BYTES
 from tls_certs import Issued, TestCA, serial_of
 from tls_reload import _copy, _Lines, _peer_serial
 
@@ -104,6 +105,7 @@ def test_a_served_process_keeps_its_certificate_on_an_expired_sighup(
     assert exe is not None
     cmd = [exe, "serve", str(tiny_model_with_tokenizer), "--engine-in-process", "--grpc-port", "0"]
     cmd += ["--port", "0", "--log-format", "json", "--max-model-len", "256"]
+    cmd += ["--kv-cache-memory", str(TEST_KV_CACHE_BYTES)]
     cmd += ["--ssl-certfile", str(live.cert), "--ssl-keyfile", str(live.key)]
     cmd += ["--ssl-ca-certs", str(ca.files.cert)]  # the REST shim's root
     proc = subprocess.Popen(

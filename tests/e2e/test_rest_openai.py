@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 from pydantic import BaseModel, Field
+from tiny_models import DEFAULT_MODEL_TEST_KV_BYTES
 
 pytestmark = pytest.mark.slow
 
@@ -59,6 +60,8 @@ def server() -> Iterator[tuple[str, str]]:
         KEY,
         "--max-requests",
         "2",
+        "--kv-cache-memory",
+        str(DEFAULT_MODEL_TEST_KV_BYTES),
         pattern=r"serving model=.* grpc=(\S+:\d+) rest=(\S+)",
     )
     yield f"{match.group(2)}/v1", match.group(1)

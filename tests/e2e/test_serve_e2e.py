@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tiny_models import DEFAULT_MODEL_TEST_KV_BYTES
 
 from tokenwire.clients.client import Client
 from tokenwire.clients.errors import UnavailableError
@@ -28,8 +29,9 @@ pytestmark = pytest.mark.slow
 def server() -> Iterator[tuple[subprocess.Popen[str], str]]:
     exe = shutil.which("tokenwire", path=os.path.dirname(sys.executable))
     assert exe is not None
+    cmd = [exe, "serve", "--grpc-port", "0", "--port", "0", "--shutdown-timeout", "150"]
     proc = subprocess.Popen(
-        [exe, "serve", "--grpc-port", "0", "--port", "0", "--shutdown-timeout", "150"],
+        [*cmd, "--kv-cache-memory", str(DEFAULT_MODEL_TEST_KV_BYTES)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

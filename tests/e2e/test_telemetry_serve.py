@@ -26,6 +26,7 @@ from opentelemetry.proto.collector.trace.v1 import (
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from otlp_receiver import Receiver, attrs
 from prometheus_client.parser import text_string_to_metric_families
+from tiny_models import DEFAULT_MODEL_TEST_KV_BYTES
 
 from tokenwire.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 
@@ -53,6 +54,7 @@ def served() -> Iterator[Served]:
     exe = shutil.which("tokenwire", path=os.path.dirname(sys.executable))
     assert exe is not None
     cmd = [exe, "serve", "--grpc-port", "0", "--port", "0", "--api-key", API_KEY]
+    cmd += ["--kv-cache-memory", str(DEFAULT_MODEL_TEST_KV_BYTES)]
     cmd += ["--otlp-traces-endpoint", f"http://127.0.0.1:{otlp_port}", "--log-format", "json"]
     env = dict(os.environ, PYTHONSAFEPATH="1", OTEL_BSP_SCHEDULE_DELAY="100")
     proc = subprocess.Popen(

@@ -24,6 +24,7 @@ import httpx
 import openai
 import pytest
 from server_harness import ServerHarness
+from tiny_models import TEST_KV_CACHE_BYTES
 from tls_certs import Issued, TestCA, self_signed, serial_of
 from tls_reload import _copy, _Lines, _peer_serial
 
@@ -268,6 +269,7 @@ def test_sighup_reloads_certificates_without_dropping_connections(
     cmd += ["--port", "0", "--log-format", "json", "--ssl-certfile", str(live.cert)]
     cmd += ["--ssl-keyfile", str(live.key), "--ssl-ca-certs", str(pki.ca.files.cert)]
     cmd += ["--ssl-cert-reqs", "required", "--max-model-len", "256", "--served-model-name", "tiny"]
+    cmd += ["--kv-cache-memory", str(TEST_KV_CACHE_BYTES)]
     cmd += ["--grpc-max-connection-age", "600", "--grpc-keepalive-time", "60"]  # accepted
     cmd += ["--header-timeout", "5", "--timeout-keep-alive", "5"]
     proc = subprocess.Popen(

@@ -10,6 +10,8 @@ import sys
 import threading
 from pathlib import Path
 
+from tiny_models import TEST_KV_CACHE_BYTES
+
 
 def _serve_args(model: Path, *flags: str) -> list[str]:
     return ["serve", str(model), "--grpc-port", "0", "--port", "0", *flags]
@@ -45,7 +47,18 @@ def _start(model: Path, *flags: str) -> subprocess.Popen[str]:
     """``tokenwire serve`` (engine in process, context 256) with ``flags``, stdout piped."""
     exe = shutil.which("tokenwire", path=os.path.dirname(sys.executable))
     assert exe is not None
-    cmd = [exe, *_serve_args(model, "--engine-in-process", "--max-model-len", "256", *flags)]
+    cmd = [
+        exe,
+        *_serve_args(
+            model,
+            "--engine-in-process",
+            "--max-model-len",
+            "256",
+            "--kv-cache-memory",
+            str(TEST_KV_CACHE_BYTES),
+            *flags,
+        ),
+    ]
     return subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=dict(os.environ, PYTHONSAFEPATH="1"),

@@ -15,6 +15,8 @@ import pytest
 # once on pytest-xdist workers would not fit the 24 GiB box. 256 MiB holds ~500k tokens of a
 # tiny model and ~5.8k of the default one.
 TEST_KV_CACHE_BYTES = 256 << 20
+# The default model's servers: ~11.6k tokens, more than one sequence of its 8,192 context.
+DEFAULT_MODEL_TEST_KV_BYTES = 512 << 20
 
 # Tiny shapes per family: small enough to run fast on 2 cores, big enough to exercise GQA,
 # non-power-of-two head counts, qkv bias (Qwen2) and q/k norm (Qwen3).
