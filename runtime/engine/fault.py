@@ -1,6 +1,8 @@
 """Test-only fault injection into the engine core: ``TOKENWIRE_TEST_FAULT="step:N"`` makes the
 N-th ``execute_model`` call of the core (1-based, warm-up steps included) raise
-``InjectedFault`` before the executor runs.
+``InjectedFault`` before the executor runs; ``"slow:MS"`` makes every ``execute_model`` call
+take MS milliseconds longer (a tiny model stepping like a big one on a loaded box: the fleet
+tests use it to drive a gateway's liveness checks).
 
 Read once when the ``EngineCore`` is built (in the core's own process under ``serve``, which
 inherits the server's environment). Unset or empty: no hook at all. What follows a fault is
@@ -12,6 +14,7 @@ drains and exits 1. Never set it in production.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -24,13 +27,17 @@ class InjectedFault(RuntimeError):
 
 @dataclass(frozen=True)
 class FaultPlan:
-    """Raise at the ``step``-th ``execute_model`` call (1-based)."""
+    """Raise at the ``step``-th ``execute_model`` call (1-based; 0: never), or delay every call
+    by ``slow_ms``."""
 
     step: int
+    slow_ms: int = 0
 
     def __post_init__(self) -> None:
-        if self.step < 1:
+        if self.step < 0 or (self.step == 0 and self.slow_ms <= 0):
             raise ValueError(f"{FAULT_ENV}: step must be >= 1, got {self.step}")
+        if self.slow_ms < 0:
+            raise ValueError(f"{FAULT_ENV}: slow must be >= 0 ms, got {self.slow_ms}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> FaultPlan | None:
@@ -39,9 +46,9 @@ class FaultPlan:
         if not raw:
             return None
         kind, _, value = raw.partition(":")
-        if kind != "step" or not value.strip().isdigit():
-            raise ValueError(f'{FAULT_ENV}={raw!r}: expected "step:N" with N >= 1')
-        return cls(int(value))
+        if kind not in ("step", "slow") or not value.strip().isdigit():
+            raise ValueError(f'{FAULT_ENV}={raw!r}: expected "step:N" or "slow:MS" with N >= 1')
+        return cls(int(value)) if kind == "step" else cls(0, slow_ms=int(value))
 
 
 class StepFault:
@@ -53,6 +60,8 @@ class StepFault:
 
     def before_execute(self) -> None:
         self.calls += 1
+        if self.plan.slow_ms:
+            time.sleep(self.plan.slow_ms / 1000)
         if self.calls == self.plan.step:
             raise InjectedFault(f"{FAULT_ENV}: injected fault at execute_model call {self.calls}")
 

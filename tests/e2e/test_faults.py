@@ -43,7 +43,8 @@ def test_fault_plan_from_env() -> None:
     assert FaultPlan.from_env({}) is None
     assert FaultPlan.from_env({FAULT_ENV: ""}) is None
     assert FaultPlan.from_env({FAULT_ENV: "step:7"}) == FaultPlan(7)
-    for bad in ("step:0", "step:", "step:x", "boom", "kill:3"):
+    assert FaultPlan.from_env({FAULT_ENV: "slow:250"}) == FaultPlan(0, slow_ms=250)
+    for bad in ("step:0", "step:", "step:x", "boom", "kill:3", "slow:0", "slow:-1"):
         with pytest.raises(ValueError, match=FAULT_ENV):
             FaultPlan.from_env({FAULT_ENV: bad})
 
