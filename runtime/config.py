@@ -182,6 +182,10 @@ class ParallelConfig:
     """
 
     tensor_parallel_size: int = 1
+    # Data parallelism (docs/parallelism.md): this many engine cores behind one front, each
+    # with the whole model (its own device on CUDA, its share of the cores on CPU).
+    data_parallel_size: int = 1
+    data_parallel_rank: int = 0  # set by the front for each core it starts; not a flag
     distributed_init_method: str | None = None
     nnodes: int = 1
     node_rank: int = 0
@@ -192,7 +196,13 @@ class ParallelConfig:
 
     def __post_init__(self) -> None:
         _positive("tensor_parallel_size", self.tensor_parallel_size)
+        _positive("data_parallel_size", self.data_parallel_size)
         _positive("nnodes", self.nnodes)
+        if not 0 <= self.data_parallel_rank < self.data_parallel_size:
+            raise ValueError(
+                f"data_parallel_rank must be in [0, {self.data_parallel_size}), "
+                f"got {self.data_parallel_rank}"
+            )
         if self.tensor_parallel_size % self.nnodes:
             raise ValueError(
                 f"tensor_parallel_size ({self.tensor_parallel_size}) must be a multiple of "
@@ -213,6 +223,11 @@ class ParallelConfig:
     @property
     def ranks_per_node(self) -> int:
         return self.tensor_parallel_size // self.nnodes
+
+    @property
+    def cpu_ranks_per_node(self) -> int:
+        """Processes that share this node's cores: every TP rank of every DP engine core."""
+        return self.ranks_per_node * self.data_parallel_size
 
 
 @dataclass(frozen=True)

@@ -271,6 +271,14 @@ class EngineArgs:
         "ranks (processes, one device each) to shard the model over",
         type=int,
     )
+    data_parallel_size: int = _arg(
+        ParallelConfig,
+        "data_parallel_size",
+        "engine cores behind one front, each with the whole model (its own GPU on CUDA, its "
+        "share of the cores on CPU); requests are balanced by load with prefix and Session "
+        "affinity",
+        type=int,
+    )
     distributed_init_method: str | None = _arg(
         ParallelConfig,
         "distributed_init_method",

@@ -50,6 +50,11 @@ class LLM:
         ``max_model_len=``, ``num_gpu_blocks_override=``, ...); an unknown one is a
         ``TypeError``, a bad value a ``ValueError`` naming its flag."""
         config = EngineArgs(model=model, **kwargs).create_engine_config()
+        if config.parallel.data_parallel_size > 1:
+            raise ValueError(
+                "--data-parallel-size > 1 runs several engine cores behind a server's front: "
+                "use `tokenwire serve`; the offline engine is one core"
+            )
         self.engine = EngineCore(config, observer)
         info = engine_info(self.engine)  # what the core publishes to a served front
         self.frontend = Frontend.from_info(info)

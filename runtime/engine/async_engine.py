@@ -20,7 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tokenwire.runtime.config import DEFAULT_MAX_REQUESTS, EngineConfig
-from tokenwire.runtime.engine.core_client import CoreClient, make_core_client
+from tokenwire.runtime.engine.client_factory import make_core_client
+from tokenwire.runtime.engine.core_client import CoreClient
 from tokenwire.runtime.engine.messages import (
     AbortRequests,
     AddRequest,

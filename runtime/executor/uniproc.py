@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import torch
+
 from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.model_facts import ModelFacts
 from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.scheduler_output import SchedulerOutput
-from tokenwire.runtime.worker.worker import Worker, resolve_device
+from tokenwire.runtime.worker.worker import Worker, cpu_threads_per_rank, resolve_device
 
 
 class UniprocExecutor:
     def __init__(self, config: EngineConfig) -> None:
-        self.worker = Worker(config, resolve_device(config.device), TPGroup.single())
+        device = resolve_device(config.device)
+        parallel = config.parallel
+        if parallel.data_parallel_size > 1 and device.type == "cpu":
+            # Several engine cores on this node: each takes its share of the cores.
+            torch.set_num_threads(cpu_threads_per_rank(parallel.cpu_ranks_per_node))
+        elif parallel.data_parallel_size > 1 and device.index is None:
+            device = torch.device(device.type, parallel.data_parallel_rank)  # a GPU per core
+        self.worker = Worker(config, device, TPGroup.single())
         self._facts = self.worker.facts(self.worker.num_blocks)
 
     @property

@@ -119,7 +119,7 @@ def _start(spec: WorkerSpec) -> Worker:
     parallel = config.parallel
     device = resolve_device(config.device, spec.local_rank, parallel.ranks_per_node)
     if device.type == "cpu":
-        torch.set_num_threads(cpu_threads_per_rank(parallel.ranks_per_node))
+        torch.set_num_threads(cpu_threads_per_rank(parallel.cpu_ranks_per_node))
     else:
         torch.cuda.set_device(device)
     tp = init_tp_group(

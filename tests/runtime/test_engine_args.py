@@ -57,6 +57,7 @@ VALUES: dict[str, Any] = {
     "enable_chunked_prefill": False,
     "scheduling_policy": "priority",
     "tensor_parallel_size": 2,
+    "data_parallel_size": 2,
     "distributed_init_method": "tcp://10.0.0.1:29400",
     "nnodes": 2,
     "node_rank": 1,
@@ -196,7 +197,8 @@ def test_create_engine_config_carries_every_field() -> None:
         enable_chunked_prefill=False,
     )  # fmt: skip
     assert config.parallel == ParallelConfig(
-        tensor_parallel_size=2, distributed_init_method="tcp://10.0.0.1:29400", nnodes=2,
+        tensor_parallel_size=2, data_parallel_size=2, nnodes=2,
+        distributed_init_method="tcp://10.0.0.1:29400",
         node_rank=1, master_addr="10.0.0.1", master_port=29400, distributed_timeout=20.0,
         distributed_startup_timeout=120.0,
     )  # fmt: skip
@@ -319,6 +321,7 @@ def test_llm_accepts_every_engine_field(tmp_path: Path) -> None:
         # One rank on one node here: tensor parallelism runs in
         # tests/runtime/test_tensor_parallel.py.
         tensor_parallel_size=1, nnodes=1, node_rank=0, distributed_init_method=None,
+        data_parallel_size=1,  # one core offline; DP: tests/e2e/test_data_parallel_serve.py
         lora_modules=(),  # adapters are loaded in tests/runtime/test_lora_runtime.py
         chat_template=None,  # templates are rendered in tests/server/test_generation_config.py
         task="generate",  # embeddings: tests/runtime/test_embeddings_engine.py

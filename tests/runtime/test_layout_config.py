@@ -15,6 +15,7 @@ import pytest
 from tokenwire.runtime.config import (
     CacheConfig,
     EngineConfig,
+    ParallelConfig,
     SchedulerConfig,
     SpeculativeConfig,
 )
@@ -51,6 +52,7 @@ VALUES: dict[str, Any] = {
     "enable_chunked_prefill": False,
     "scheduling_policy": "priority",
     "tensor_parallel_size": 2,
+    "data_parallel_size": 2,
     "distributed_init_method": "tcp://10.0.0.1:29400",
     "nnodes": 2,
     "node_rank": 1,
@@ -83,6 +85,8 @@ COMPANIONS: dict[str, dict[str, Any]] = {
 NOT_FLAGS = {
     # The share of KV blocks idle sessions may keep pinned: a policy of the engine.
     (CacheConfig, "session_cache_fraction"),
+    # Which data-parallel core a config is for: the front sets it for each core it starts.
+    (ParallelConfig, "data_parallel_rank"),
     # Grammar compile pool and cache sizes, and the constraint limits (no flag yet, as before).
     *((StructuredOutputsConfig, f.name) for f in dataclasses.fields(StructuredOutputsConfig)),
 }

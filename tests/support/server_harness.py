@@ -60,6 +60,7 @@ class ServerHarness:
         warm: bool = True,
         in_process: bool = False,
         tensor_parallel_size: int = 1,
+        data_parallel_size: int = 1,
         tool_call_parser: str | None = None,
         reasoning_parser: str | None = None,
         lora: LoRAConfig | None = None,
@@ -82,7 +83,9 @@ class ServerHarness:
             scheduler=SchedulerConfig(
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
             ),
-            parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
+            parallel=ParallelConfig(
+                tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size
+            ),
             lora=lora or LoRAConfig(),
             device="cpu",
             kv_events_config=kv_events,

@@ -1,0 +1,99 @@
+"""``DPBalancer``: Session holders stay on their core, prompts sharing a prefix follow it while
+that core is not overloaded, new work goes to the least loaded core, and its maps forget every
+request that ends (finished, aborted or failed to add)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenwire.runtime.config import ParallelConfig
+from tokenwire.runtime.engine.dp_balance import DPBalancer
+from tokenwire.runtime.engine.dp_client import check_data_parallel
+from tokenwire.runtime.engine_args import EngineArgs
+from tokenwire.runtime.kv_events_config import KVEventsConfig
+
+BLOCK = 4
+
+
+def _send(b: DPBalancer, parent: str, prompt: list[int], n: int = 1, **key: str | None) -> int:
+    rank = b.choose(prompt, **key)
+    b.assign(rank, parent, [f"{i}-{parent}" for i in range(n)], prompt, **key)
+    return rank
+
+
+def test_new_work_goes_to_the_least_loaded_core() -> None:
+    b = DPBalancer(2, BLOCK)
+    ranks = [_send(b, f"r{i}", [100 + i] * 8) for i in range(6)]  # distinct prompts
+    assert ranks == [0, 1, 0, 1, 0, 1]
+    assert b.in_flight() == [3, 3] and b.tracked() == 6
+    for i in (0, 2, 4):
+        b.finished(f"0-r{i}")
+    assert b.in_flight() == [0, 3]
+    assert _send(b, "next", [7] * 8) == 0
+
+
+def test_shared_prefix_follows_its_core_within_the_slack() -> None:
+    b = DPBalancer(2, BLOCK, slack=2)
+    system = list(range(16))  # four full blocks
+    first = _send(b, "a", [*system, 1, 2, 3])
+    assert first == 0
+    # Same prefix, another tail: same core while it carries at most 2 more than the other.
+    assert [_send(b, f"p{i}", [*system, 50 + i]) for i in range(2)] == [0, 0]
+    assert b.in_flight() == [3, 0]
+    assert _send(b, "spill", [*system, 99]) == 1  # 3 > 0 + 2: the load wins
+    assert _send(b, "other", [9] * 16) == 1  # no shared prefix: the least loaded core
+
+
+def test_cache_salt_and_adapter_separate_prefixes() -> None:
+    b = DPBalancer(2, BLOCK, slack=8)
+    prompt = list(range(12))
+    assert _send(b, "a", prompt, cache_salt="tenant-a") == 0
+    assert _send(b, "b", prompt, cache_salt="tenant-b") == 1  # not tenant-a's prefix
+    assert _send(b, "c", prompt, cache_salt="tenant-a") == 0
+    assert _send(b, "d", prompt, lora_name="adapter") == 1  # rank 1: in flight 1 vs 2
+
+
+def test_session_holder_stays_on_its_core_whatever_the_load() -> None:
+    b = DPBalancer(2, BLOCK, slack=0)
+    assert _send(b, "t1", [1] * 8, holder="session/x") == 0
+    for i in range(5):  # load piles up on the holder's core
+        b.assign(0, f"bulk{i}", [f"0-bulk{i}"], [200 + i] * 8)
+    assert _send(b, "t2", [1] * 8 + [2] * 8, holder="session/x") == 0
+    assert b.holder_rank("session/x") == 0
+    assert b.release_holder("session/x") == 0
+    assert b.release_holder("session/x") is None
+
+
+def test_failed_add_and_unknown_ids_leave_nothing_behind() -> None:
+    b = DPBalancer(2, BLOCK, affinity_entries=3)
+    _send(b, "n3", [5] * 8, n=3)
+    assert b.tracked() == 3
+    b.failed("n3")
+    b.finished("never-sent")
+    assert b.tracked() == 0 and b.in_flight() == [0, 0]
+    for i in range(10):  # the affinity map stays bounded
+        _send(b, f"q{i}", [i] * 16)
+        b.finished(f"0-q{i}")
+    assert len(b._prefixes) == 3
+
+
+def test_offline_llm_refuses_data_parallel() -> None:
+    from tokenwire.runtime.llm import LLM
+
+    with pytest.raises(ValueError, match="--data-parallel-size"):
+        LLM(data_parallel_size=2)
+
+
+def test_parallel_config_checks_the_data_parallel_size() -> None:
+    assert ParallelConfig(data_parallel_size=2).cpu_ranks_per_node == 2
+    with pytest.raises(ValueError, match="data_parallel_size"):
+        ParallelConfig(data_parallel_size=0)
+    with pytest.raises(ValueError, match="data_parallel_rank"):
+        ParallelConfig(data_parallel_size=2, data_parallel_rank=2)
+    for refused, flag in (
+        ({"tensor_parallel_size": 2}, "--tensor-parallel-size"),
+        ({"kv_events_config": KVEventsConfig(enable_kv_cache_events=True)}, "--kv-events-config"),
+    ):
+        config = EngineArgs(data_parallel_size=2, **refused).create_engine_config()
+        with pytest.raises(ValueError, match=flag):
+            check_data_parallel(config)
