@@ -376,7 +376,7 @@ class EngineArgs:
     )
     structured_outputs_cache_bytes: int = _arg(
         StructuredOutputsConfig,
-        "cache_bytes",
+        "structured_outputs_cache_bytes",
         "compiled grammars the engine core keeps (least recently used dropped first), in "
         "bytes; also the most one grammar may compile to (a larger one: INVALID_ARGUMENT)",
         type=int,

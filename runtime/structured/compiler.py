@@ -5,9 +5,10 @@ released), so a slow schema never stalls a step; each starts with the size and d
 (a request that reached the core without the front's check fails on them, not in xgrammar).
 Results are cached by ``GrammarSpec`` (kind, text, whitespace mode) — the pool belongs to one
 tokenizer, so the tokenizer is part of every key — as futures: identical constraints arriving
-together compile once. The cache holds at most ``cache_size`` grammars and ``cache_bytes`` of
-compiled memory (``CompiledGrammar.memory_size_bytes``), least recently used dropped first. A
-grammar that alone compiles to more than ``cache_bytes`` is refused (its future fails with a
+together compile once. The cache holds at most ``cache_size`` grammars and
+``structured_outputs_cache_bytes`` (``--structured-outputs-cache-bytes``) of compiled memory
+(``CompiledGrammar.memory_size_bytes``), least recently used dropped first. A
+grammar that alone compiles to more than that bound is refused (its future fails with a
 message naming ``--structured-outputs-cache-bytes``: INVALID_ARGUMENT for its request) and
 dropped at once; the failure stays cached, so the same schema is not compiled again. The
 tokenizer's vocabulary (xgrammar ``TokenizerInfo``) is built on the pool by the first compile,
@@ -76,7 +77,7 @@ class GrammarCompilerPool:
         return future
 
     def _account(self, spec: GrammarSpec, future: Future[Any]) -> None:
-        """Count a finished compile's memory against ``cache_bytes``, then trim."""
+        """Count a finished compile's memory against the byte bound, then trim."""
         if future.cancelled() or future.exception() is not None:
             return  # a failure holds no compiled memory
         size = int(future.result().memory_size_bytes)
@@ -88,9 +89,9 @@ class GrammarCompilerPool:
             self._trim()
 
     def _trim(self) -> None:
-        """Drop least recently used entries past ``cache_size`` or ``cache_bytes``."""
+        """Drop least recently used entries past ``cache_size`` or the byte bound."""
         while len(self._cache) > self.config.cache_size or (
-            self._cache_bytes > self.config.cache_bytes and self._sizes
+            self._cache_bytes > self.config.structured_outputs_cache_bytes and self._sizes
         ):
             if len(self._cache) > self.config.cache_size:
                 spec = next(iter(self._cache))
@@ -110,7 +111,7 @@ class GrammarCompilerPool:
             raise ValueError(f"the constraint {problem}")
         compiled = self._compile_spec(spec)
         size = int(compiled.memory_size_bytes)
-        bound = self.config.cache_bytes
+        bound = self.config.structured_outputs_cache_bytes
         if size > bound:
             del compiled  # the failure's traceback keeps this frame: free the grammar now
             raise ValueError(

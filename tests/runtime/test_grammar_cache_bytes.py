@@ -38,7 +38,7 @@ def _settled(future: Future[Any], timeout: float = 120) -> None:
 
 
 def _pool(model_dir: Path, tokenizer: Any, bound: int) -> GrammarCompilerPool:
-    config = StructuredOutputsConfig(cache_bytes=bound)
+    config = StructuredOutputsConfig(structured_outputs_cache_bytes=bound)
     return GrammarCompilerPool(str(model_dir), len(tokenizer), (0,), config)
 
 
@@ -47,9 +47,9 @@ def test_flag_sets_the_bound_and_names_itself_when_bad() -> None:
     parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
     args = parser.parse_args([CACHE_BYTES_FLAG, str(3 << 20)])
     config = EngineArgs.from_cli_args(args).create_engine_config()
-    assert config.structured_outputs.cache_bytes == 3 << 20
-    default = EngineArgs().create_engine_config().structured_outputs.cache_bytes
-    assert default == StructuredOutputsConfig().cache_bytes == 512 << 20
+    assert config.structured_outputs.structured_outputs_cache_bytes == 3 << 20
+    default = EngineArgs().create_engine_config().structured_outputs.structured_outputs_cache_bytes
+    assert default == StructuredOutputsConfig().structured_outputs_cache_bytes == 512 << 20
     with pytest.raises(ValueError, match=CACHE_BYTES_FLAG):
         EngineArgs(structured_outputs_cache_bytes=0).create_engine_config()
 
@@ -105,7 +105,7 @@ def test_core_refuses_the_oversize_request_only(tiny_model_with_tokenizer: Path)
         model=ModelConfig(model=str(tiny_model_with_tokenizer), max_model_len=256),
         cache=CacheConfig(kv_cache_memory=8 << 20),
         scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256),
-        structured_outputs=StructuredOutputsConfig(cache_bytes=SMALL_BOUND),
+        structured_outputs=StructuredOutputsConfig(structured_outputs_cache_bytes=SMALL_BOUND),
         device="cpu",
     )
     core = EngineCore(config)

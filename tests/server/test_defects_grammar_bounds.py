@@ -51,7 +51,7 @@ def test_compile_cache_stays_under_its_byte_bound(
     tiny_model_with_tokenizer: Path, smollm_tokenizer: Any
 ) -> None:
     bound = 1 << 20
-    config = StructuredOutputsConfig(cache_bytes=bound)
+    config = StructuredOutputsConfig(structured_outputs_cache_bytes=bound)
     pool = GrammarCompilerPool(str(tiny_model_with_tokenizer), len(smollm_tokenizer), (0,), config)
     sizes = []
     try:
@@ -70,7 +70,7 @@ def test_compile_cache_stays_under_its_byte_bound(
             str(tiny_model_with_tokenizer),
             len(smollm_tokenizer),
             (0,),
-            StructuredOutputsConfig(cache_bytes=1000),
+            StructuredOutputsConfig(structured_outputs_cache_bytes=1000),
         )
         big = tiny.submit(GrammarSpec("json", enum_schema(0)))
         assert _finished(big).wait(120)
@@ -197,7 +197,7 @@ def test_grammar_over_the_cache_bound_is_invalid_argument_then_serves_on(
     small Generate answer meanwhile, and the server answers afterwards."""
     pool = inproc.core.structured.pool
     saved = pool.config
-    pool.config = StructuredOutputsConfig(cache_bytes=64 << 10)
+    pool.config = StructuredOutputsConfig(structured_outputs_cache_bytes=64 << 10)
     try:
         request = chat_request(common_pb2.StructuredOutput(json_schema=enum_schema(41)))
         with inproc.channel() as ch, HealthProbe(inproc.target) as probe:
