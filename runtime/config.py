@@ -307,7 +307,7 @@ class EngineConfig:
     """Everything the engine needs; built once by ``LLM``/the CLI
     (``EngineArgs.create_engine_config``) and passed down. Its config-dataclass fields are
     the sections that ``EngineArgs`` fields name; ``structured_outputs`` (the engine core's
-    grammar compile pool and cache) has no flags and keeps its defaults there."""
+    grammar compile pool and cache) has one flag, ``--structured-outputs-cache-bytes``."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)

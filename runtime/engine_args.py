@@ -64,6 +64,7 @@ from tokenwire.runtime.pooling_params import (
     parse_pooler_config,
     pooler_from_value,
 )
+from tokenwire.runtime.structured.config import StructuredOutputsConfig
 
 
 @dataclass(frozen=True)
@@ -380,6 +381,14 @@ class EngineArgs:
         '"hwm": N, "topic": ""} (docs/fleet.md)',
         type=parse_kv_events_config,
         metavar="JSON",
+    )
+    structured_outputs_cache_bytes: int = _arg(
+        StructuredOutputsConfig,
+        "structured_outputs_cache_bytes",
+        "compiled grammars the engine core keeps (least recently used dropped first), in "
+        "bytes; also the most one grammar may compile to (a larger one: INVALID_ARGUMENT)",
+        type=int,
+        metavar="BYTES",
     )
 
     # ------------------------------------------------------------------ command line

@@ -5,9 +5,12 @@ released), so a slow schema never stalls a step; each starts with the size and d
 (a request that reached the core without the front's check fails on them, not in xgrammar).
 Results are cached by ``GrammarSpec`` (kind, text, whitespace mode) — the pool belongs to one
 tokenizer, so the tokenizer is part of every key — as futures: identical constraints arriving
-together compile once. The cache holds at most ``cache_size`` grammars and ``cache_bytes`` of
-compiled memory (``CompiledGrammar.memory_size_bytes``), least recently used dropped first; a
-grammar larger than the whole bound still serves its requests but is not kept. The
+together compile once. The cache holds at most ``cache_size`` grammars and
+``structured_outputs_cache_bytes`` (``--structured-outputs-cache-bytes``) of compiled memory
+(``CompiledGrammar.memory_size_bytes``), least recently used dropped first. A
+grammar that alone compiles to more than that bound is refused (its future fails with a
+message naming ``--structured-outputs-cache-bytes``: INVALID_ARGUMENT for its request) and
+dropped at once; the failure stays cached, so the same schema is not compiled again. The
 tokenizer's vocabulary (xgrammar ``TokenizerInfo``) is built on the pool by the first compile,
 so an engine that never sees a constrained request never loads it.
 """
@@ -20,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from tokenwire.runtime.front.tokenizer import load_tokenizer
-from tokenwire.runtime.structured.config import StructuredOutputsConfig
+from tokenwire.runtime.structured.config import CACHE_BYTES_FLAG, MIB, StructuredOutputsConfig
 from tokenwire.runtime.structured.limits import limits_problem
 from tokenwire.runtime.structured.params import MAX_JSON_WHITESPACE, GrammarSpec
 from tokenwire.runtime.structured.structural_tag import canonical
@@ -74,7 +77,7 @@ class GrammarCompilerPool:
         return future
 
     def _account(self, spec: GrammarSpec, future: Future[Any]) -> None:
-        """Count a finished compile's memory against ``cache_bytes``, then trim."""
+        """Count a finished compile's memory against the byte bound, then trim."""
         if future.cancelled() or future.exception() is not None:
             return  # a failure holds no compiled memory
         size = int(future.result().memory_size_bytes)
@@ -86,9 +89,9 @@ class GrammarCompilerPool:
             self._trim()
 
     def _trim(self) -> None:
-        """Drop least recently used entries past ``cache_size`` or ``cache_bytes``."""
+        """Drop least recently used entries past ``cache_size`` or the byte bound."""
         while len(self._cache) > self.config.cache_size or (
-            self._cache_bytes > self.config.cache_bytes and self._sizes
+            self._cache_bytes > self.config.structured_outputs_cache_bytes and self._sizes
         ):
             if len(self._cache) > self.config.cache_size:
                 spec = next(iter(self._cache))
@@ -106,6 +109,19 @@ class GrammarCompilerPool:
         problem = limits_problem(spec, self.config.limits)
         if problem is not None:
             raise ValueError(f"the constraint {problem}")
+        compiled = self._compile_spec(spec)
+        size = int(compiled.memory_size_bytes)
+        bound = self.config.structured_outputs_cache_bytes
+        if size > bound:
+            del compiled  # the failure's traceback keeps this frame: free the grammar now
+            raise ValueError(
+                f"the constraint compiles to {size / MIB:.1f} MiB of grammar; the server "
+                f"allows at most {bound / MIB:.1f} MiB ({CACHE_BYTES_FLAG} {bound}); "
+                "simplify the constraint (fewer enum values or alternatives)"
+            )
+        return compiled
+
+    def _compile_spec(self, spec: GrammarSpec) -> Any:
         compiler = self._get_compiler()
         if spec.kind == "json":
             return compiler.compile_json_schema(

@@ -25,6 +25,7 @@ from tokenwire.runtime.config import (
 from tokenwire.runtime.engine_args import EngineArgs, engine_flags, flag_of, flag_spec
 from tokenwire.runtime.kv_events_config import KVEventsConfig
 from tokenwire.runtime.pooling_params import PoolerConfig
+from tokenwire.runtime.structured.config import StructuredOutputsConfig
 from tokenwire.server.cli import build_parser
 
 COMMANDS = {
@@ -84,6 +85,7 @@ VALUES: dict[str, Any] = {
     "kv_events_config": KVEventsConfig(enable_kv_cache_events=True, topic="kv"),
     "task": "embed",
     "pooler_config": PoolerConfig(pooling_type="MEAN", normalize=False),
+    "structured_outputs_cache_bytes": 64 << 20,
 }
 
 
@@ -166,6 +168,7 @@ def test_defaults_are_the_config_dataclasses() -> None:
         SchedulerConfig,
         ParallelConfig,
         LoRAConfig,
+        StructuredOutputsConfig,
         EngineConfig,
     }
 

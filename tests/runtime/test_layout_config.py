@@ -74,6 +74,7 @@ VALUES: dict[str, Any] = {
     "pooler_config": PoolerConfig(pooling_type="CLS", normalize=False),
     "kv_events_config": KVEventsConfig(enable_kv_cache_events=True, topic="kv"),
     "kv_offloading_size": 0.5,
+    "structured_outputs_cache_bytes": 64 << 20,
 }
 # What a field's value is only valid together with (set in both configs compared).
 COMPANIONS: dict[str, dict[str, Any]] = {
@@ -87,8 +88,13 @@ NOT_FLAGS = {
     (CacheConfig, "session_cache_fraction"),
     # Which data-parallel core a config is for: the front sets it for each core it starts.
     (ParallelConfig, "data_parallel_rank"),
-    # Grammar compile pool and cache sizes, and the constraint limits (no flag yet, as before).
-    *((StructuredOutputsConfig, f.name) for f in dataclasses.fields(StructuredOutputsConfig)),
+    # Grammar compile pool and cache count, and the constraint limits (the cache's byte bound,
+    # --structured-outputs-cache-bytes, is a flag).
+    *(
+        (StructuredOutputsConfig, f.name)
+        for f in dataclasses.fields(StructuredOutputsConfig)
+        if f.name != "structured_outputs_cache_bytes"
+    ),
 }
 
 

@@ -29,7 +29,7 @@ from tokenwire.runtime.front.structured_validate import StructuredValidator
 from tokenwire.runtime.outputs import FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.structured.compiler import GrammarCompilerPool
-from tokenwire.runtime.structured.config import StructuredOutputsConfig
+from tokenwire.runtime.structured.config import CACHE_BYTES_FLAG, StructuredOutputsConfig
 from tokenwire.runtime.structured.params import GrammarSpec, StructuredOutputsParams
 from tokenwire.v1 import common_pb2, generation_pb2_grpc
 from tokenwire.v1 import generation_pb2 as pb
@@ -51,7 +51,7 @@ def test_compile_cache_stays_under_its_byte_bound(
     tiny_model_with_tokenizer: Path, smollm_tokenizer: Any
 ) -> None:
     bound = 1 << 20
-    config = StructuredOutputsConfig(cache_bytes=bound)
+    config = StructuredOutputsConfig(structured_outputs_cache_bytes=bound)
     pool = GrammarCompilerPool(str(tiny_model_with_tokenizer), len(smollm_tokenizer), (0,), config)
     sizes = []
     try:
@@ -65,16 +65,17 @@ def test_compile_cache_stays_under_its_byte_bound(
         latest = GrammarSpec("json", enum_schema(9))
         assert pool.submit(latest).done()
         assert pool.cache_len < 10
-        # A grammar larger than the whole bound serves its request but is not kept.
+        # A grammar larger than the whole bound is refused (naming the flag), not kept.
         tiny = GrammarCompilerPool(
             str(tiny_model_with_tokenizer),
             len(smollm_tokenizer),
             (0,),
-            StructuredOutputsConfig(cache_bytes=1000),
+            StructuredOutputsConfig(structured_outputs_cache_bytes=1000),
         )
         big = tiny.submit(GrammarSpec("json", enum_schema(0)))
-        assert _finished(big).wait(120) and big.result().memory_size_bytes > 1000
-        assert tiny.cache_bytes == 0 and tiny.cache_len == 0
+        assert _finished(big).wait(120)
+        assert CACHE_BYTES_FLAG in str(big.exception())
+        assert tiny.cache_bytes == 0
         tiny.shutdown()
     finally:
         pool.shutdown()
@@ -185,4 +186,30 @@ def test_session_turn_bomb_is_an_in_band_error(inproc: ServerHarness) -> None:
     assert "deeper than" in end.turn_end.error.message
     probe.assert_free()
     assert small < SMALL_GENERATE_BOUND_S, small
+    inproc.assert_idle()
+
+
+def test_grammar_over_the_cache_bound_is_invalid_argument_then_serves_on(
+    inproc: ServerHarness,
+) -> None:
+    """Issue 41 item 2, served: with a 64 KiB ``--structured-outputs-cache-bytes`` a
+    3000-entry enum (~270 KB compiled) gets INVALID_ARGUMENT naming the flag; health and a
+    small Generate answer meanwhile, and the server answers afterwards."""
+    pool = inproc.core.structured.pool
+    saved = pool.config
+    pool.config = StructuredOutputsConfig(structured_outputs_cache_bytes=64 << 10)
+    try:
+        request = chat_request(common_pb2.StructuredOutput(json_schema=enum_schema(41)))
+        with inproc.channel() as ch, HealthProbe(inproc.target) as probe:
+            call = generation_pb2_grpc.GenerationServiceStub(ch).Generate.future(request)
+            small = small_generate(inproc.target)
+            err = call.exception(timeout=120)
+        assert isinstance(err, grpc.RpcError) and err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert CACHE_BYTES_FLAG in err.details(), err.details()
+        probe.assert_free()
+        assert small < SMALL_GENERATE_BOUND_S, small
+        assert pool.cache_bytes <= 64 << 10
+        assert small_generate(inproc.target) < SMALL_GENERATE_BOUND_S  # still answering
+    finally:
+        pool.config = saved
     inproc.assert_idle()
