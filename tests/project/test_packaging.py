@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -89,3 +90,14 @@ def test_top_level_kernels_never_resolves_into_repo(safe_path: bool) -> None:
     for name in ("runtime", "server", "clients", "bench"):
         spec = importlib.util.find_spec(name)
         assert spec is None or not _inside(str(spec.origin), ROOT / name), name
+
+
+def test_no_dependency_is_listed_twice() -> None:
+    """A requirement named twice in one list is a copy-paste slip that drifts apart later."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    lists = {"dependencies": project.get("dependencies", [])}
+    lists.update(project.get("optional-dependencies", {}))
+    for group, requirements in lists.items():
+        names = [re.split(r"[\s\[;=<>!~]", r.strip(), maxsplit=1)[0].lower() for r in requirements]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        assert not twice, f"{group} lists {twice} more than once"
