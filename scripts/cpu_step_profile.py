@@ -25,7 +25,10 @@ engine with extra ``LLM`` keywords (JSON), so two configurations can be profiled
 interleaved run: ``--variant '{}' --variant '{"dtype": "float32"}'``.
 
     .venv/bin/python scripts/cpu_step_profile.py [--streams 1,16] [--rounds 2]
-        [--threads 1] [--clock thread|wall] [--variant JSON ...]
+        [--threads 1] [--clock thread|wall] [--chat] [--variant JSON ...]
+
+``--chat``: chat prompts ("Tell me about <topic>.", 16 topics) instead of ``--prompt-len``
+synthetic token ids; the greedy agreement lines are then over real text.
 """
 
 from __future__ import annotations
@@ -152,8 +155,22 @@ def instrumented(llm: Any, timer: StepTimer) -> Iterator[None]:
                 setattr(owner, name, original)
 
 
-def _prompts(streams: int, prompt_len: int) -> list[list[int]]:
-    return [[100 + (7 * i + 13 * j) % 20000 for j in range(prompt_len)] for i in range(streams)]
+TOPICS = (
+    "copper", "dragons", "cats", "the sea", "the sky", "airplanes", "Paris", "volcanoes",
+    "bees", "chess", "rain", "trains", "bread", "the moon", "glass", "rivers",
+)  # fmt: skip
+
+
+def _prompts(llm: Any, streams: int, prompt_len: int, chat: bool) -> list[list[int]]:
+    """``streams`` synthetic prompts of ``prompt_len`` token ids, or with ``chat`` the chat
+    prompts "Tell me about <topic>." (cycling over 16 topics)."""
+    if not chat:
+        return [[100 + (7 * i + 13 * j) % 20000 for j in range(prompt_len)] for i in range(streams)]
+    from tokenwire.runtime.front.tokenizer import apply_chat_template
+
+    tok = llm.get_tokenizer()
+    say = [f"Tell me about {TOPICS[i % len(TOPICS)]}." for i in range(streams)]
+    return [apply_chat_template(tok, [{"role": "user", "content": s}]) for s in say]
 
 
 def _child(variant: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -168,7 +185,7 @@ def _child(variant: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     result: dict[str, Any] = {"variant": variant, "threads": args.threads, "clock": args.clock}
     for streams in args.streams:
-        prompts = _prompts(streams, args.prompt_len)
+        prompts = _prompts(llm, streams, args.prompt_len, args.chat)
         llm.generate(prompts, params, use_tqdm=False)  # warm-up
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
@@ -207,6 +224,7 @@ def main() -> None:
     parser.add_argument("--streams", default="1,16", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--chat", action="store_true", help="chat prompts, not token ids")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clock", choices=("thread", "wall"), default="thread")
