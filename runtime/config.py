@@ -18,6 +18,8 @@ from tokenwire.runtime.structured.config import StructuredOutputsConfig
 LoadFormat = Literal["auto", "safetensors", "gguf", "dummy"]
 SchedulingPolicy = Literal["fcfs", "priority"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]
+# The CPU LM head's weight copy: auto = bfloat16 for a GGUF kept quantized on CPU, else float32.
+LMHeadDType = Literal["auto", "float32", "bfloat16"]
 # Weight schemes (vLLM's names): gptq / awq checkpoints, int8 = online weight-only int8 of an
 # unquantized checkpoint, fp8 = compressed-tensors / HF fp8 checkpoints or online fp8 of an
 # unquantized checkpoint, gguf = a .gguf file's Q4/Q8 linears kept quantized. None (the
@@ -65,6 +67,7 @@ class ModelConfig:
     model: str | None = None
     tokenizer: str | None = None
     dtype: DType = "auto"
+    lm_head_dtype: LMHeadDType = "auto"
     max_model_len: int | None = None
     load_format: LoadFormat = "auto"
     seed: int = 0
@@ -99,6 +102,10 @@ class ModelConfig:
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ValueError(
                 f"dtype must be one of auto, float32, float16, bfloat16; got {self.dtype!r}"
+            )
+        if self.lm_head_dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(
+                f"lm_head_dtype must be one of auto, float32, bfloat16; got {self.lm_head_dtype!r}"
             )
 
 

@@ -35,6 +35,7 @@ from tokenwire.runtime.config import (
     DType,
     EngineConfig,
     KVCacheDType,
+    LMHeadDType,
     LoadFormat,
     LoRAConfig,
     ModelConfig,
@@ -195,6 +196,14 @@ class EngineArgs:
         "its Q4 linears kept quantized, bf16 matmuls; an explicit float32 loads it "
         "de-quantized, exact)",
         choices=get_args(DType),
+    )
+    lm_head_dtype: LMHeadDType = _arg(  # noqa: RUF009 (returns an immutable str)
+        ModelConfig,
+        "lm_head_dtype",
+        "CPU LM head weights: auto = bfloat16 for a .gguf kept quantized (--dtype auto), else "
+        "float32; bfloat16 streams a bf16 copy (half the bytes) and recomputes each row's top "
+        "16 logits in float32; float32 = exact",
+        choices=get_args(LMHeadDType),
     )
     device: str = _arg(EngineConfig, "device", "auto, cpu, cuda or cuda:N", type=str)
     max_model_len: int | str | None = _arg(

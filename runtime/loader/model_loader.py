@@ -144,7 +144,8 @@ def load_model(
         weights = iter_safetensors(folder)
         model.load_weights(weights if embed is None else with_model_prefix(weights))
     process_weights_after_loading(model)  # quantized layers: into the kernels' layouts
-    model.prepare_logits()  # the LM head: a row's logits do not depend on the batch
+    # The LM head: a row's logits do not depend on the batch (bf16 copy: --lm-head-dtype).
+    model.prepare_logits(bf16=_bf16_lm_head(model_config, quant, device))
     tokenizer = load_tokenizer(tokenizer_dir)
     return LoadedModel(
         model=model,
@@ -197,6 +198,18 @@ def _gguf_plan(
     if auto_cpu:  # float32 model, int4 linears on torch's bf16 int4 kernel
         return GGUFConfig(kind, compute_dtype=torch.bfloat16), dtype
     return GGUFConfig(kind), dtype
+
+
+def _bf16_lm_head(
+    model_config: ModelConfig, quant: QuantConfig | None, device: torch.device
+) -> bool:
+    """``--lm-head-dtype``: whether the CPU LM head streams a bf16 copy (``bf16_logits``);
+    auto: only for a GGUF kept quantized on bf16 kernels (the default model on CPU)."""
+    if device.type != "cpu" or model_config.lm_head_dtype == "float32":
+        return False
+    if model_config.lm_head_dtype == "bfloat16":
+        return True
+    return isinstance(quant, GGUFConfig) and quant.compute_dtype == torch.bfloat16
 
 
 def _read_json(path: Path) -> dict[str, Any]:

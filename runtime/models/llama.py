@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from tokenwire.kernels.attention_metadata import AttentionMetadata
+from tokenwire.kernels.bf16_logits import Bf16LogitsWeight, prepare_bf16_logits
 from tokenwire.kernels.invariant_linear import InvariantLinearWeight, prepare_invariant_linear
 from tokenwire.kernels.rotary import (
     build_cos_sin_cache,
@@ -140,20 +141,23 @@ class LlamaForCausalLM(nn.Module):
             return self.model.embed_tokens.weight
         return self.lm_head.weight
 
-    def prepare_logits(self) -> None:
-        """After loading: the LM head reordered for ``kernels.invariant_linear``, so a row's
-        logits do not depend on how many rows the step computes (the loader calls it)."""
-        object.__setattr__(self, "_logits_weight", prepare_invariant_linear(self.lm_head_weight))
+    def prepare_logits(self, bf16: bool = False) -> None:
+        """After loading: the LM head reordered for ``kernels.invariant_linear`` (or, with
+        ``bf16``, a bf16 copy for ``kernels.bf16_logits``), so a row's logits do not depend on
+        how many rows the step computes (the loader calls it)."""
+        weight = self.lm_head_weight
+        prepared = prepare_bf16_logits(weight) if bf16 else prepare_invariant_linear(weight)
+        object.__setattr__(self, "_logits_weight", prepared)
 
     @property
-    def logits_weight(self) -> InvariantLinearWeight:
+    def logits_weight(self) -> InvariantLinearWeight | Bf16LogitsWeight:
         """The LM head as ``compute_logits`` multiplies by it: plain until ``prepare_logits``,
-        reordered again if the weight was edited in place since (the tie holds)."""
+        prepared again if the weight was edited in place since (the tie holds)."""
         prepared = self.__dict__.get("_logits_weight")
-        if not isinstance(prepared, InvariantLinearWeight):
+        if not isinstance(prepared, InvariantLinearWeight | Bf16LogitsWeight):
             return InvariantLinearWeight(self.lm_head_weight, None)
         if not prepared.is_current(self.lm_head_weight):
-            self.prepare_logits()
+            self.prepare_logits(bf16=isinstance(prepared, Bf16LogitsWeight))
             prepared = self.__dict__["_logits_weight"]
         return prepared
 

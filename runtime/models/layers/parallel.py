@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenwire.kernels.bf16_logits import Bf16LogitsWeight, bf16_logits
 from tokenwire.kernels.invariant_linear import InvariantLinearWeight, invariant_linear
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.models.arch import TP_FLAG, split_heads
@@ -309,16 +310,23 @@ class ParallelLMHead(VocabParallelEmbedding):
 
 
 def vocab_parallel_logits(
-    hidden: torch.Tensor, weight: InvariantLinearWeight, vocab_size: int, tp: TPGroup
+    hidden: torch.Tensor,
+    weight: InvariantLinearWeight | Bf16LogitsWeight,
+    vocab_size: int,
+    tp: TPGroup,
 ) -> torch.Tensor:
     """[N, hidden] x this rank's vocab rows -> float32 logits [N, vocab_size] on every rank.
 
     The local shards are all-gathered (in the model dtype) and the padding trimmed; every
     rank receives the same bytes, so the result is bitwise identical across ranks. Every rank
     must make the same calls in the same order (it is a collective). A row's logits do not
-    depend on N where ``weight`` was prepared (``kernels.invariant_linear``).
+    depend on N where ``weight`` was prepared (``kernels.invariant_linear``,
+    ``kernels.bf16_logits``).
     """
-    logits = invariant_linear(hidden, weight)
+    if isinstance(weight, Bf16LogitsWeight):  # CPU: a bf16 head, top logits in float32
+        logits = bf16_logits(hidden, weight)
+    else:
+        logits = invariant_linear(hidden, weight)
     if tp.world_size == 1:
         return logits.float()
     gathered = tp.all_gather(logits, dim=-1)
