@@ -23,6 +23,7 @@ from tokenwire.server.grpc.errors import ServiceError, abort, to_service_error
 from tokenwire.server.grpc.tokenizer_pool import TokenizerPool
 from tokenwire.server.telemetry.core import Telemetry
 from tokenwire.server.tenants.registry import TenantRegistry
+from tokenwire.server.worker_protocol.embed import WorkerEmbed
 from tokenwire.server.worker_protocol.generate import WorkerGenerate
 from tokenwire.server.worker_protocol.info import model_info, server_info
 from tokenwire.server.worker_protocol.loads import loads
@@ -65,6 +66,7 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
         self.kv_events = kv_events
         self.started_at = time.monotonic()
         self.generate = WorkerGenerate(engine, model_name, limits, tokenizers, telemetry, tenants)
+        self.embed = WorkerEmbed(engine, model_name, telemetry, tenants)
         self._bundle: TokenizerBundle | None = None
 
     async def Generate(
@@ -151,8 +153,10 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
         async for batch in self.kv_events.subscribe(request, context):
             yield batch
 
-    async def Embed(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await abort(context, unimplemented("Embed is not implemented by tokenwire's worker"))
+    async def Embed(
+        self, request: vllm_engine_pb2.EmbedRequest, context: grpc.aio.ServicerContext
+    ) -> vllm_engine_pb2.EmbedResponse:
+        return await self.embed(request, context)
 
     async def StartProfile(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await abort(context, unimplemented("StartProfile is not implemented by tokenwire's worker"))

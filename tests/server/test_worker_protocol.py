@@ -237,7 +237,6 @@ def test_abort_rpc_ends_stream(engine_stub: Any, harness: ServerHarness) -> None
 
 def test_unimplemented_and_flush(engine_stub: Any) -> None:
     for call, request in (
-        (engine_stub.Embed, pb.EmbedRequest()),
         (engine_stub.StartProfile, common_pb2.StartProfileRequest()),
         (engine_stub.StopProfile, common_pb2.StopProfileRequest()),
     ):
