@@ -6,7 +6,9 @@ swiglu_limit low enough to clamp, YaRN rope and random attention sinks. Checked:
 keys as HF reads them; logits of a chunked paged prefill and a mixed decode + prefill batch
 within 1e-4 of HF's; each gpt-oss feature (sinks, window, clamp, routing, YaRN) shown to
 matter; greedy tokens equal to HF's ``generate()`` for one prompt, a batch of different
-lengths, a small chunked-prefill budget and prefix-cache hits; MXFP4 experts refused.
+lengths, a small chunked-prefill budget and prefix-cache hits; logprobs within 1e-3; MXFP4
+experts refused; the paged attention torch path with sinks against its dense oracle; YaRN's
+frequencies and attention factor bit-equal to HF's.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import pytest
 import torch
 from engine_checks import assert_llm_idle
 from forward_inputs import (
+    BLOCK_SIZE,
     Chunk,
     assert_logits_match,
     hf_logits,
+    make_meta,
     new_kv_caches,
     run_step,
     tokens_for,
@@ -30,6 +34,8 @@ from parity import NEW_TOKENS, distinct_prompts, hf_greedy, shared_prefix_prompt
 from tiny_models import build_tiny_model
 from transformers import AutoModelForCausalLM
 
+from tokenwire.kernels.paged_attention import paged_attention_dense_ref, paged_attention_ref
+from tokenwire.kernels.rotary import compute_inv_freq, rope_attention_scaling
 from tokenwire.runtime.config import ModelConfig
 from tokenwire.runtime.llm import LLM
 from tokenwire.runtime.loader.model_loader import LoadedModel, load_model
@@ -262,3 +268,37 @@ def test_mxfp4_experts_are_refused() -> None:
     blocks = [("model.layers.0.mlp.experts.gate_up_proj_blocks", torch.zeros(1, dtype=torch.uint8))]
     with pytest.raises(ValueError, match="MXFP4"):
         list(split_gpt_oss_experts(blocks))
+
+
+# ----------------------------------------------------------------------------- kernels
+@pytest.mark.parametrize("window", [None, 5])
+def test_paged_attention_sinks_match_the_dense_oracle(window: int | None) -> None:
+    """The batched torch path with sinks (GQA folded) equals the per-position oracle, for
+    decode rows and chunked prefill rows, with and without a window."""
+    gen = torch.Generator().manual_seed(0)
+    chunks = [Chunk([1], 20, [3, 5]), Chunk([1] * 7, 9, [4, 6]), Chunk([1] * 12, 0, [7])]
+    meta = make_meta(chunks)
+    k_cache = torch.randn(8, BLOCK_SIZE, 2, 16, generator=gen)
+    v_cache = torch.randn(8, BLOCK_SIZE, 2, 16, generator=gen)
+    query = torch.randn(meta.num_tokens, 6, 16, generator=gen)
+    sinks = torch.randn(6, generator=gen) * 2
+    args = (k_cache, v_cache, meta, 0.25)
+    got = paged_attention_ref(query, query, query, *args, sliding_window=window, sinks=sinks)
+    ref = paged_attention_dense_ref(query, *args, sliding_window=window, sinks=sinks)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    plain = paged_attention_dense_ref(query, *args, sliding_window=window)
+    assert (plain - ref).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+def test_yarn_matches_hf(truncate: bool) -> None:
+    from transformers import GptOssConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = {**YARN, "truncate": truncate}
+    config = GptOssConfig(
+        head_dim=16, hidden_size=64, num_attention_heads=4, rope_parameters=dict(params)
+    )
+    inv_freq, factor = ROPE_INIT_FUNCTIONS["yarn"](config)
+    assert torch.equal(compute_inv_freq(16, YARN["rope_theta"], params), inv_freq)
+    assert rope_attention_scaling(params) == factor
