@@ -8,7 +8,7 @@ within 1e-4 of HF's; each gpt-oss feature (sinks, window, clamp, routing, YaRN) 
 matter; greedy tokens equal to HF's ``generate()`` for one prompt, a batch of different
 lengths, a small chunked-prefill budget and prefix-cache hits; logprobs within 1e-3; MXFP4
 experts refused; the paged attention torch path with sinks against its dense oracle; YaRN's
-frequencies and attention factor bit-equal to HF's.
+frequencies and attention factor bit-equal to HF's; TP=2 on gloo ranks equal to TP=1.
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ from forward_inputs import (
 )
 from parity import NEW_TOKENS, distinct_prompts, hf_greedy, shared_prefix_prompts
 from tiny_models import build_tiny_model
+from tp_ranks import GlooRanks, assert_ranks_identical, assert_same_run, run_rank
 from transformers import AutoModelForCausalLM
 
 from tokenwire.kernels.paged_attention import paged_attention_dense_ref, paged_attention_ref
 from tokenwire.kernels.rotary import compute_inv_freq, rope_attention_scaling
 from tokenwire.runtime.config import ModelConfig
+from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.llm import LLM
 from tokenwire.runtime.loader.model_loader import LoadedModel, load_model
 from tokenwire.runtime.models.arch import ModelArch
@@ -302,3 +304,18 @@ def test_yarn_matches_hf(truncate: bool) -> None:
     inv_freq, factor = ROPE_INIT_FUNCTIONS["yarn"](config)
     assert torch.equal(compute_inv_freq(16, YARN["rope_theta"], params), inv_freq)
     assert rope_attention_scaling(params) == factor
+
+
+# ----------------------------------------------------------------------------- TP
+@pytest.mark.parametrize("load_format", ["auto", "dummy"])
+def test_tp2_gloo_ranks_match_tp1(load_format: str, path: Path) -> None:
+    """Heads (each rank reads its own sinks), expert widths and the gate/up biases split over
+    2 gloo ranks, the down bias added once; loaded and seeded dummy weights equal TP=1."""
+    ref = run_rank(TPGroup.single(), str(path), load_format)
+    pool = GlooRanks(2)
+    try:
+        results = pool.run(run_rank, str(path), load_format)
+    finally:
+        pool.close()
+    assert_ranks_identical(results)
+    assert_same_run(results[0], ref)
