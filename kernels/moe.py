@@ -7,6 +7,10 @@
   ``e = ids[t, j]``, the experts' weights stacked as ``w_gate_up [E, 2 * I, H]`` (gate rows,
   then up rows) and ``w_down [E, H, I]``. Triton (``moe_triton``) on CUDA and under
   ``TRITON_INTERPRET=1``, else the torch reference.
+- gpt-oss: routing by ``softmax_after_topk`` (the top-k logits, then a softmax over just
+  them), per-expert biases on both projections and the clamped SwiGLU ``swigluoai``
+  (``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)``, ``g = min(gate, limit)``);
+  torch reference only (the Triton path refuses biases and ``swigluoai``).
 
 The reference runs HF's loop (experts in ascending order, each over the rows routed to it,
 ``index_add_`` into the output), so on CPU float32 it adds the same products in the same order
@@ -17,6 +21,7 @@ partial sum (the caller all-reduces).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -30,10 +35,43 @@ _REFERENCE_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+def swiglu_oai_and_mul_ref(x: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU over ``[..., 2 * I]`` (gate half, then up half), as HF's
+    ``GptOssExperts._apply_gate`` computes it (HF interleaves gate/up; the loader splits)."""
+    gate, up = x.chunk(2, dim=-1)
+    gate = gate.clamp(min=None, max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+# (gate_up bias [E, 2I], down bias [E, H] or None) of experts with biases (gpt-oss).
+MoEBiases = tuple[torch.Tensor, torch.Tensor | None]
+
+
+def _activation(
+    activation: str, swiglu: tuple[float, float] | None
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    if activation == "swigluoai":
+        if swiglu is None:
+            raise ValueError("the swigluoai activation needs swiglu=(alpha, limit)")
+        return partial(swiglu_oai_and_mul_ref, alpha=swiglu[0], limit=swiglu[1])
+    if activation not in _REFERENCE_ACTIVATIONS:
+        raise ValueError(
+            f"unsupported MoE activation {activation!r}; supported: "
+            + ", ".join((*_REFERENCE_ACTIVATIONS, "swigluoai"))
+        )
+    return _REFERENCE_ACTIVATIONS[activation]
+
+
 def select_experts(
-    router_logits: torch.Tensor, top_k: int, renormalize: bool
+    router_logits: torch.Tensor, top_k: int, renormalize: bool, softmax_after_topk: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[T, E] router logits -> (float32 weights [T, k], int64 expert ids [T, k])."""
+    """[T, E] router logits -> (float32 weights [T, k], int64 expert ids [T, k]).
+
+    ``softmax_after_topk`` (gpt-oss): the top-k logits, then a softmax over those k."""
+    if softmax_after_topk:
+        top, ids = torch.topk(router_logits.float(), top_k, dim=-1)
+        return torch.softmax(top, dim=-1), ids
     probs = torch.softmax(router_logits.float(), dim=-1)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
@@ -72,8 +110,22 @@ def fused_moe(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     activation: str = "silu",
+    biases: MoEBiases | None = None,
+    swiglu: tuple[float, float] | None = None,
 ) -> torch.Tensor:
-    """The routed experts' weighted sum [T, H] in ``hidden``'s dtype (see the module doc)."""
+    """The routed experts' weighted sum [T, H] in ``hidden``'s dtype (see the module doc).
+
+    ``biases``: (gate_up [E, 2I], down [E, H]) per-expert biases (down may be None: a
+    tensor-parallel rank other than 0). ``swiglu``: (alpha, limit) of ``swigluoai``."""
+    if activation == "swigluoai" or biases is not None:
+        if use_triton(hidden):
+            raise NotImplementedError(
+                "expert biases and the swigluoai activation (gpt-oss) are not implemented in "
+                "the Triton MoE kernel yet; run the model on CPU"
+            )
+        return fused_moe_ref(
+            hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, biases, swiglu
+        )
     if activation not in _REFERENCE_ACTIVATIONS:
         raise ValueError(
             f"unsupported MoE activation {activation!r}; supported: "
@@ -93,10 +145,13 @@ def fused_moe_ref(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     activation: str = "silu",
+    biases: MoEBiases | None = None,
+    swiglu: tuple[float, float] | None = None,
 ) -> torch.Tensor:
     """Torch reference: per expert, a gathered matmul over the rows routed to it."""
     check_moe_shapes(hidden, w_gate_up, w_down, topk_weights, topk_ids)
-    act_and_mul = _REFERENCE_ACTIVATIONS[activation]
+    act_and_mul = _activation(activation, swiglu)
+    b13, b2 = biases if biases is not None else (None, None)
     out = torch.zeros_like(hidden)
     num_experts = w_gate_up.shape[0]
     # [E, k, T]: which (slot, token) pairs chose each expert (HF's expert mask).
@@ -105,7 +160,8 @@ def fused_moe_ref(
     for expert in hit:
         slot, token = torch.where(mask[expert])
         x = hidden[token]
-        y = F.linear(act_and_mul(F.linear(x, w_gate_up[expert])), w_down[expert])
+        gate_up = F.linear(x, w_gate_up[expert], None if b13 is None else b13[expert])
+        y = F.linear(act_and_mul(gate_up), w_down[expert], None if b2 is None else b2[expert])
         y = y * topk_weights[token, slot, None]
         out.index_add_(0, token, y.to(out.dtype))
     return out

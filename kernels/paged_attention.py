@@ -19,6 +19,9 @@ GQA convention (HF ``repeat_kv``): query head ``h`` reads KV head ``h // (Hq // 
 An fp8 cache (``kv_quant``) is read as ``stored * k_scale`` / ``stored * v_scale``; the
 reference de-quantizes what it gathers (every row reads the cache, so every path sees the same
 keys and values as a later decode).
+
+Attention sinks (gpt-oss, ``sinks``: float [Hq], a learned logit per query head added to the
+softmax denominator) are implemented in the torch paths only; the Triton kernels refuse them.
 """
 
 from __future__ import annotations
@@ -52,14 +55,21 @@ def paged_attention(
     v_scale: torch.Tensor | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention for every row of ``query`` [T, Hq, D] -> [T, Hq, D].
 
     ``k_scale``/``v_scale``: float32 [1] scales of an fp8 cache (``None`` = 1.0).
     ``logits_soft_cap``: Gemma 2's ``cap * tanh(scores / cap)`` on the scaled logits (None: off).
     ``sliding_window``: query ``q`` sees keys ``q - window < k <= q`` (None: full causal).
+    ``sinks``: float [Hq] per-head sink logits (None: no sinks; torch path only).
     """
     if use_triton(query):
+        if sinks is not None:
+            raise NotImplementedError(
+                "attention sinks (gpt-oss) are not implemented in the Triton paged attention "
+                "kernels yet; run the model on CPU"
+            )
         from tokenwire.kernels.paged_attention_triton import paged_attention_triton
 
         return paged_attention_triton(
@@ -68,7 +78,7 @@ def paged_attention(
         )  # fmt: skip
     return paged_attention_ref(
         query, key, value, k_cache, v_cache, meta, scale, k_scale, v_scale, logits_soft_cap,
-        sliding_window,
+        sliding_window, sinks,
     )  # fmt: skip
 
 
@@ -84,6 +94,7 @@ def paged_attention_ref(
     v_scale: torch.Tensor | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Batched torch path: every row a single-token query over its canonical key range.
 
@@ -109,7 +120,10 @@ def paged_attention_ref(
         assert plan is not None
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     kv_scales = (k_scale, v_scale) if is_fp8(k_cache) else None
-    sdpa = attention_fn(logits_soft_cap)
+    num_kv_heads = k_cache.shape[2]
+    # Sinks follow the folded GQA layout of ``_attend_rows``: [Hkv, Hq // Hkv, 1].
+    folded = None if sinks is None else sinks.view(num_kv_heads, -1, 1)
+    sdpa = attention_fn(logits_soft_cap, folded)
     for group in plan.decode_groups:
         _attend_decode_group(query, k_cache, v_cache, group, scale, kv_scales, out, sdpa)
     for prefill in plan.prefills:
@@ -200,6 +214,7 @@ def paged_attention_dense_ref(
     v_scale: torch.Tensor | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Oracle: per sequence, gather every context position from the cache one by one.
 
@@ -229,6 +244,11 @@ def paged_attention_dense_ref(
         allowed = key_pos[None, :] <= query_pos[:, None]
         if sliding_window is not None:
             allowed &= key_pos[None, :] > query_pos[:, None] - sliding_window
-        probs = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        if sinks is not None:  # one more softmax column per head, dropped after
+            sink = sinks.float().view(-1, 1, 1).expand(-1, scores.shape[1], 1)
+            probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
+        else:
+            probs = scores.softmax(dim=-1)
         out[start:end] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
     return out

@@ -16,7 +16,7 @@ import torch
 
 from tokenwire.kernels.dispatch import use_triton
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
 
 
 def compute_inv_freq(
@@ -47,16 +47,21 @@ def compute_inv_freq(
         return _llama3_inv_freq(inv_freq, params)
     if rope_type == "longrope":
         return _longrope_inv_freq(head_dim, rope_theta, params, max_position)
+    if rope_type == "yarn":
+        return _yarn_inv_freq(head_dim, rope_theta, params)
     return inv_freq
 
 
 def rope_attention_scaling(rope_scaling: Mapping[str, Any] | None) -> float:
-    """The factor HF multiplies cos and sin by (``attention_scaling``); 1.0 unless longrope.
+    """The factor HF multiplies cos and sin by (``attention_scaling``); 1.0 unless longrope
+    or YaRN (``_yarn_attention_factor``).
 
     LongRoPE (Phi-3): ``attention_factor`` when given, else ``sqrt(1 + ln(factor) /
     ln(original_max_position_embeddings))`` for ``factor > 1`` (``_compute_longrope_parameters``).
     """
     params: Mapping[str, Any] = rope_scaling or {}
+    if params.get("rope_type", params.get("type")) == "yarn":
+        return _yarn_attention_factor(params)
     if params.get("rope_type", params.get("type")) != "longrope":
         return 1.0
     if params.get("attention_factor") is not None:
@@ -92,6 +97,49 @@ def _longrope_inv_freq(
         )
     inv_freq_shape = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     return 1.0 / (ext_factors * rope_theta**inv_freq_shape)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_attention_factor(params: Mapping[str, Any]) -> float:
+    """YaRN's cos/sin factor: ``attention_factor`` when given, else HF's mscale rule."""
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+    factor = _required(params, "factor")
+    mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return float(_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim))
+    return _yarn_mscale(factor)
+
+
+def _yarn_inv_freq(head_dim: int, base: float, params: Mapping[str, Any]) -> torch.Tensor:
+    """YaRN (gpt-oss): same expressions as HF's ``_compute_yarn_parameters``: interpolated
+    and extrapolated frequencies blended by a linear ramp over the correction range."""
+    factor = _required(params, "factor")
+    original = _required(params, "original_max_position_embeddings")
+    beta_fast = float(params.get("beta_fast") or 32)
+    beta_slow = float(params.get("beta_slow") or 1)
+
+    def correction_dim(rotations: float) -> float:
+        return (head_dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # HF: prevent a singular ramp
+    ramp = (torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)
+    extrapolation_factor = 1 - torch.clamp(ramp, 0, 1)
+    pos_freqs = base ** (torch.arange(0, head_dim, 2).to(dtype=torch.float) / head_dim)
+    inv_freq_extrapolation = 1.0 / pos_freqs
+    inv_freq_interpolation = 1.0 / (factor * pos_freqs)
+    return (
+        inv_freq_interpolation * (1 - extrapolation_factor)
+        + inv_freq_extrapolation * extrapolation_factor
+    )
 
 
 def _required(params: Mapping[str, Any], name: str) -> float:

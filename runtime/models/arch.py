@@ -4,8 +4,9 @@
 (GQA, qkv bias, q/k norm, tied embeddings, rope scaling, Gemma's norms, soft-capping and
 per-layer windows, Phi-3's fused checkpoint tensors) is a field here, so the one Llama-style
 module in ``llama.py`` covers Llama 2/3, SmolLM, Mistral, Qwen2/2.5, Qwen3, Gemma 2, Gemma 3
-(text), Phi-3/3.5 and the mixture-of-experts Mixtral, Qwen2-MoE and Qwen3-MoE (``moe``: a
-``MoESpec``). ``hf_config`` and ``moe_config`` read each family's config keys.
+(text), Phi-3/3.5 and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE and gpt-oss
+(``moe``: a ``MoESpec``; gpt-oss adds attention sinks). ``hf_config`` and ``moe_config``
+read each family's config keys.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "MixtralForCausalLM",
     "Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM",
+    "GptOssForCausalLM",
 )
 
 # Fallback when a config has no ``architectures`` list (e.g. ``AutoConfig.for_model``).
@@ -43,6 +45,7 @@ _MODEL_TYPE_TO_ARCH: dict[str, str] = {
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 
 # The engine flag that sets the tensor-parallel size; split errors name it.
@@ -96,6 +99,8 @@ class ModelArch:
     # Mixtral / Qwen MoE: the sparse MLP and which layers use it (None: every MLP is dense,
     # ``intermediate_size`` wide).
     moe: MoESpec | None = None
+    # gpt-oss: a learned per-head logit joins every attention softmax (``self_attn.sinks``).
+    attention_sinks: bool = False
 
     @property
     def q_size(self) -> int:
@@ -136,7 +141,8 @@ class ModelArch:
         if self.moe is not None:
             if all(self.moe.sparse_layers):
                 sizes = {}
-            mixtral = self.architecture == "MixtralForCausalLM"  # its experts' width key
+            # Mixtral's and gpt-oss's experts' width key
+            mixtral = self.architecture in ("MixtralForCausalLM", "GptOssForCausalLM")
             key = "intermediate_size" if mixtral else "moe_intermediate_size"
             sizes[key] = self.moe.intermediate_size
             if self.moe.has_shared_expert:

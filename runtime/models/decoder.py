@@ -3,7 +3,8 @@
 Every family difference comes from ``ModelArch``: GQA, qkv/o biases, q/k norms (Qwen3,
 Gemma 3), the norm variant (Gemma's ``1 + w``), Gemma 2/3's sandwich norms (4 per layer),
 the attention scale (``query_pre_attn_scalar``), attention logit soft-capping (Gemma 2), the
-MLP activation (SwiGLU or GeGLU) and each layer's attention window.
+MLP activation (SwiGLU or GeGLU), each layer's attention window and gpt-oss's attention
+sinks (``self_attn.sinks``).
 
 Tokens are flattened (no batch dimension); projections are fused (``qkv_proj``,
 ``gate_up_proj``) and tensor-parallel (``layers.parallel``): ``o_proj`` and ``down_proj``
@@ -77,6 +78,11 @@ class Attention(nn.Module):
         self.o_proj = RowParallelLinear(
             arch.q_size, arch.hidden_size, arch.o_proj_bias, dtype, tp, "attention size", method
         )
+        # gpt-oss: every head's sink logit (all heads, replicated; this rank reads its own).
+        self.sinks: nn.Parameter | None = None
+        if arch.attention_sinks:
+            self.sinks = nn.Parameter(torch.empty(arch.num_attention_heads, dtype=dtype))
+        self.head_start = self.qkv_proj.heads.head_start
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if arch.qk_norm:
@@ -103,9 +109,13 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, k, positions, cos_sin_cache)
         k_cache, v_cache, k_scale, v_scale = kv_cache
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        sinks = None
+        if self.sinks is not None:
+            sinks = self.sinks[self.head_start : self.head_start + self.num_heads]
         out = paged_attention(
             q, k, v, k_cache, v_cache, meta, self.scale, k_scale, v_scale,
             logits_soft_cap=self.logits_soft_cap, sliding_window=self.sliding_window,
+            sinks=sinks,
         )  # fmt: skip
         result: torch.Tensor = self.o_proj(out.reshape(num_tokens, self.q_size))
         return result

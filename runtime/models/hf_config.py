@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tokenwire.runtime.models.moe_config import QWEN2_MOE, QWEN3_MOE, moe_spec
+from tokenwire.runtime.models.moe_config import GPT_OSS, QWEN2_MOE, QWEN3_MOE, moe_spec
 
 # HF activation names (``hidden_act`` / ``hidden_activation``) the gated MLP supports: the
 # kernels' ``GATED_ACTIVATIONS`` (``kernels/activation.py``;
@@ -42,6 +42,9 @@ def family_fields(cfg: Mapping[str, Any], architecture: str) -> dict[str, Any]:
     windows = layer_sliding_windows(cfg, architecture)
     bias = bool(cfg.get("attention_bias") or False)
     llama_bias = architecture in ("LlamaForCausalLM", "Qwen3ForCausalLM", QWEN3_MOE) or gemma
+    if architecture == GPT_OSS:  # HF's GptOssConfig defaults attention_bias to True
+        bias = bool(cfg.get("attention_bias", True))
+        llama_bias = True
     # Qwen2 always has q/k/v biases; Qwen2-MoE unless qkv_bias says otherwise (HF >= 5).
     qkv_bias = architecture == "Qwen2ForCausalLM" or (
         architecture == QWEN2_MOE and bool(cfg.get("qkv_bias", True))
@@ -58,6 +61,7 @@ def family_fields(cfg: Mapping[str, Any], architecture: str) -> dict[str, Any]:
         hidden_act=hidden_act(cfg, architecture),
         fused_checkpoint_projections=architecture == "Phi3ForCausalLM",
         moe=moe_spec(cfg, architecture),
+        attention_sinks=architecture == GPT_OSS,
     )
     if gemma:
         fields.update(
@@ -126,6 +130,12 @@ def rope(cfg: Mapping[str, Any], architecture: str) -> tuple[float, _RopeScaling
         scaling_dict["rope_type"] = "longrope"  # legacy names; HF's Phi3Config renames them
     if scaling_dict["rope_type"] == "longrope":
         return theta, _longrope(cfg, scaling_dict), None
+    if scaling_dict["rope_type"] == "yarn" and scaling_dict.get("factor") is None:
+        original = scaling_dict.get("original_max_position_embeddings")
+        if original is None:
+            raise ValueError("rope_type 'yarn' needs original_max_position_embeddings")
+        scaling_dict["factor"] = float(cfg["max_position_embeddings"]) / int(original)
+        return theta, tuple(sorted(scaling_dict.items())), None
     return theta, scaling, None
 
 
@@ -175,10 +185,10 @@ def _gemma3_rope(
 def layer_sliding_windows(cfg: Mapping[str, Any], architecture: str) -> tuple[int | None, ...]:
     """Each layer's attention window in tokens (None: full attention), as HF assigns them.
 
-    Mistral and Phi-3 window every layer; Qwen2/3 and Gemma 2/3 follow ``layer_types`` when the
-    config lists them, else HF's rule: Qwen layers from ``max_window_layers`` on (only with
-    ``use_sliding_window``), Gemma 2 every even layer, Gemma 3 all but every
-    ``sliding_window_pattern``-th layer.
+    Mistral and Phi-3 window every layer; Qwen2/3, Gemma 2/3 and gpt-oss follow
+    ``layer_types`` when the config lists them, else HF's rule: Qwen layers from
+    ``max_window_layers`` on (only with ``use_sliding_window``), Gemma 2 and gpt-oss every
+    even layer, Gemma 3 all but every ``sliding_window_pattern``-th layer.
     """
     n = int(cfg["num_hidden_layers"])
     window = cfg.get("sliding_window")
@@ -186,7 +196,7 @@ def layer_sliding_windows(cfg: Mapping[str, Any], architecture: str) -> tuple[in
         window = None  # Qwen configs carry a window that only use_sliding_window turns on
     if window is None:
         return (None,) * n
-    if architecture not in GEMMA and not architecture.startswith("Qwen"):
+    if architecture not in (*GEMMA, GPT_OSS) and not architecture.startswith("Qwen"):
         return (int(window),) * n
     types = cfg.get("layer_types")
     if types is None:
@@ -199,7 +209,7 @@ def layer_sliding_windows(cfg: Mapping[str, Any], architecture: str) -> tuple[in
 
 
 def _default_is_sliding(cfg: Mapping[str, Any], architecture: str, layer: int) -> bool:
-    if architecture == "Gemma2ForCausalLM":
+    if architecture in ("Gemma2ForCausalLM", GPT_OSS):
         return (layer + 1) % 2 != 0
     if architecture == "Gemma3ForCausalLM":
         pattern = cfg.get("sliding_window_pattern") or _GEMMA3_DEFAULT_PATTERN

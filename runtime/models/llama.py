@@ -1,6 +1,6 @@
 """One Llama-style causal LM covering Llama 2/3, SmolLM, Mistral, Qwen2/2.5, Qwen3, Gemma 2,
-Gemma 3 (text) and Phi-3/3.5; every family difference is a ``ModelArch`` field (the decoder
-layer itself is in ``decoder``).
+Gemma 3 (text), Phi-3/3.5 and the MoE families (Mixtral, Qwen MoE, gpt-oss); every family
+difference is a ``ModelArch`` field (the decoder layer itself is in ``decoder``).
 
 Tokens are flattened (no batch dimension): a step's sequences are concatenated into ``T``
 rows and ``AttentionMetadata`` says which rows belong to which sequence and where their K/V
@@ -37,6 +37,7 @@ from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.models.arch import ModelArch
 from tokenwire.runtime.models.decoder import DecoderLayer, KVCache, norm
 from tokenwire.runtime.models.fused_checkpoint import split_fused_projections
+from tokenwire.runtime.models.gpt_oss_checkpoint import split_gpt_oss_experts
 from tokenwire.runtime.models.layers import (
     LinearMethod,
     ParallelLMHead,
@@ -222,6 +223,8 @@ class LlamaForCausalLM(nn.Module):
         """
         if self.arch.fused_checkpoint_projections:
             weights = split_fused_projections(weights, self.arch)
+        if self.arch.architecture == "GptOssForCausalLM":
+            weights = split_gpt_oss_experts(weights)
         load_checkpoint(
             self,
             self.shard_loads(),

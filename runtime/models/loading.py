@@ -41,7 +41,9 @@ STACKED_PARAMS: tuple[tuple[str, str, str], ...] = (
 )
 
 # One routed expert's projection (unquantized): prefix, expert index, projection.
-_EXPERT = re.compile(r"^(.*)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT = re.compile(
+    r"^(.*)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.(weight|bias)$"
+)
 # Checkpoint projection -> (stacked experts parameter, part of the shard id).
 _EXPERT_PARTS: dict[str, tuple[str, str]] = {
     "w1": ("w13_weight", "gate"),
@@ -51,7 +53,7 @@ _EXPERT_PARTS: dict[str, tuple[str, str]] = {
     "w2": ("w2_weight", "down"),
     "down_proj": ("w2_weight", "down"),
 }
-_STACKED_EXPERTS = re.compile(r"^(.*)\.experts\.(w13_weight|w2_weight)$")
+_STACKED_EXPERTS = re.compile(r"^(.*)\.experts\.(w13|w2)_(weight|bias)$")
 
 
 def map_name(hf_name: str) -> tuple[str, str]:
@@ -59,8 +61,10 @@ def map_name(hf_name: str) -> tuple[str, str]:
     hf_name = hf_name.replace(".block_sparse_moe.", ".mlp.")  # Mixtral's MoE block
     expert = _EXPERT.match(hf_name)
     if expert is not None:
-        prefix, index, projection = expert.groups()
+        prefix, index, projection, kind = expert.groups()
         param, part = _EXPERT_PARTS[projection]
+        if kind == "bias":  # gpt-oss: w13_bias / w2_bias
+            param = param.replace("_weight", "_bias")
         return f"{prefix}.experts.{param}", f"{index}.{part}"
     for src, dst, shard in STACKED_PARAMS:
         if f".{src}." in hf_name:
@@ -75,7 +79,7 @@ def checkpoint_name(name: str, shard: str) -> str:
         index, part = shard.split(".")
         mixtral = {"gate": "w1", "up": "w3", "down": "w2"}[part]
         where = f"{experts.group(1)}.experts.{index}.{part}_proj (Mixtral: {mixtral})"
-        return f"{where}.weight ({name}[{shard}])"
+        return f"{where}.{experts.group(3)} ({name}[{shard}])"
     for src, dst, stacked in STACKED_PARAMS:
         if shard == stacked and f".{dst}." in name:
             return f"{name.replace(f'.{dst}.', f'.{src}.')} ({name}[{shard}])"

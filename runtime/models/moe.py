@@ -15,6 +15,11 @@ expert's) is split evenly over the ranks, so each rank holds ``I / tp`` rows of 
 gate and up and the matching columns of its down. The router is replicated, so every rank
 routes identically; the routed and shared partial sums are added and all-reduced once.
 
+gpt-oss: the router has a bias (``gate.bias``) and softmaxes the top-k logits only; the experts
+have biases (``experts.w13_bias`` [E, 2 * I], split with their rows, and ``experts.w2_bias``
+[E, H], replicated and added on rank 0 only, so the all-reduce counts it once) and run the
+clamped SwiGLU. ``gpt_oss_checkpoint`` maps HF's fused, transposed expert tensors.
+
 Quantized schemes and LoRA do not cover the experts: building a MoE layer with a quantized
 linear method is a ``ValueError`` (LoRA refuses MoE models in ``lora.manager``).
 """
@@ -67,14 +72,26 @@ class FusedMoE(ShardedModule):
         self.w2_weight = nn.Parameter(
             torch.empty(spec.num_experts, hidden_size, local, dtype=dtype)
         )
+        self.swiglu = spec.swiglu
+        self.add_down_bias = tp.rank == 0
+        self.w13_bias: nn.Parameter | None = None
+        self.w2_bias: nn.Parameter | None = None
+        if spec.expert_bias:
+            self.w13_bias = nn.Parameter(torch.empty(spec.num_experts, 2 * local, dtype=dtype))
+            self.w2_bias = nn.Parameter(torch.empty(spec.num_experts, hidden_size, dtype=dtype))
 
     def forward(
         self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
         """This rank's partial sum of the routed experts' outputs [T, H]."""
+        biases = None
+        if self.w13_bias is not None:
+            biases = (self.w13_bias, self.w2_bias if self.add_down_bias else None)
+        activation = self.activation if self.swiglu is None else "swigluoai"
         return fused_moe(
-            x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, self.activation
-        )
+            x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, activation,
+            biases, self.swiglu,
+        )  # fmt: skip
 
     def shard_loads(self) -> ShardLoads:
         """Expert ``e``'s gate/up rows and down columns of this rank (shard ids ``"e.gate"``,
@@ -83,11 +100,18 @@ class FusedMoE(ShardedModule):
         start, local = self.local_start, self.local_size
         w13: dict[str, ShardLoad] = {}
         w2: dict[str, ShardLoad] = {}
+        b13: dict[str, ShardLoad] = {}
+        b2: dict[str, ShardLoad] = {}
         for e in range(self.num_experts):
             for i, part in enumerate(("gate", "up")):
                 w13[f"{e}.{part}"] = split((full, h), 0, start, local, i * local, dst_index=e)
+                b13[f"{e}.{part}"] = split((full,), 0, start, local, i * local, dst_index=e)
             w2[f"{e}.down"] = split((h, full), 1, start, local, dst_index=e)
-        return {"w13_weight": w13, "w2_weight": w2}
+            b2[f"{e}.down"] = ShardLoad((h,), dst_index=e)
+        loads: ShardLoads = {"w13_weight": w13, "w2_weight": w2}
+        if self.w13_bias is not None:
+            loads.update(w13_bias=b13, w2_bias=b2)
+        return loads
 
 
 class SharedExpert(nn.Module):
@@ -132,7 +156,8 @@ class SparseMoeBlock(nn.Module):
         self.tp = tp
         self.top_k = spec.top_k
         self.renormalize = spec.renormalize
-        self.gate = Linear(arch.hidden_size, spec.num_experts, False, dtype)
+        self.softmax_after_topk = spec.softmax_after_topk
+        self.gate = Linear(arch.hidden_size, spec.num_experts, spec.router_bias, dtype)
         self.experts = FusedMoE(spec, arch.hidden_size, arch.hidden_act, dtype, tp)
         self.shared_expert: SharedExpert | None = None
         self.shared_expert_gate: Linear | None = None
@@ -142,7 +167,8 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert_gate = Linear(arch.hidden_size, 1, False, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = select_experts(self.gate(x), self.top_k, self.renormalize)
+        logits = self.gate(x)
+        weights, ids = select_experts(logits, self.top_k, self.renormalize, self.softmax_after_topk)
         out: torch.Tensor = self.experts(x, weights, ids)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             scale = F.sigmoid(self.shared_expert_gate(x))

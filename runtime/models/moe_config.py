@@ -13,6 +13,10 @@ The keys each family's HF implementation reads, with HF's defaults:
   ``mlp_only_layers`` and ``(i + 1) % decoder_sparse_step == 0``.
 - Qwen3-MoE: as Qwen2-MoE (defaults 128 experts, top 8, 768 wide) without a shared expert.
   transformers >= 5 writes ``num_local_experts`` for it; both names are read.
+- gpt-oss: ``num_local_experts`` (128), ``num_experts_per_tok`` (4); every layer is sparse,
+  each expert ``intermediate_size`` wide; the router has a bias and takes the softmax of the
+  top-k logits; the experts have biases and run the clamped SwiGLU (``swiglu_alpha`` 1.702,
+  ``swiglu_limit`` 7.0).
 
 Values outside what the maths here implements are ``ValueError``s naming the key.
 """
@@ -26,13 +30,15 @@ from typing import Any
 MIXTRAL = "MixtralForCausalLM"
 QWEN2_MOE = "Qwen2MoeForCausalLM"
 QWEN3_MOE = "Qwen3MoeForCausalLM"
-MOE_ARCHITECTURES = (MIXTRAL, QWEN2_MOE, QWEN3_MOE)
+GPT_OSS = "GptOssForCausalLM"
+MOE_ARCHITECTURES = (MIXTRAL, QWEN2_MOE, QWEN3_MOE, GPT_OSS)
 
 # architecture -> (experts, top-k, expert width, shared expert width) when the key is absent.
 _DEFAULTS: dict[str, tuple[int, int, int, int]] = {
     MIXTRAL: (8, 2, 14336, 0),
     QWEN2_MOE: (60, 4, 1408, 5632),
     QWEN3_MOE: (128, 8, 768, 0),
+    GPT_OSS: (128, 4, 2880, 0),
 }
 
 
@@ -48,6 +54,12 @@ class MoESpec:
     # scaled by sigmoid(shared_expert_gate(x)).
     shared_expert_intermediate_size: int
     sparse_layers: tuple[bool, ...]  # per layer: sparse MoE block (True) or dense MLP
+    # gpt-oss: a router bias, the softmax over the top-k logits only, expert biases and the
+    # clamped SwiGLU with (alpha, limit) (None: the model's plain gated activation).
+    router_bias: bool = False
+    softmax_after_topk: bool = False
+    expert_bias: bool = False
+    swiglu: tuple[float, float] | None = None
 
     @property
     def has_shared_expert(self) -> bool:
@@ -61,7 +73,7 @@ def moe_spec(cfg: Mapping[str, Any], architecture: str) -> MoESpec | None:
         return None
     d_experts, d_top_k, d_width, d_shared = _DEFAULTS[architecture]
     n_layers = int(cfg["num_hidden_layers"])
-    if architecture == MIXTRAL:
+    if architecture in (MIXTRAL, GPT_OSS):
         experts_key, width_key = "num_local_experts", "intermediate_size"
         renormalize = True
         sparse = [True] * n_layers
@@ -86,6 +98,10 @@ def moe_spec(cfg: Mapping[str, Any], architecture: str) -> MoESpec | None:
     shared = 0
     if architecture == QWEN2_MOE:
         shared = _int(cfg, "shared_expert_intermediate_size", d_shared, minimum=1)
+    gpt_oss = architecture == GPT_OSS
+    swiglu = None
+    if gpt_oss:
+        swiglu = (float(cfg.get("swiglu_alpha", 1.702)), float(cfg.get("swiglu_limit", 7.0)))
     return MoESpec(
         num_experts=num_experts,
         top_k=top_k,
@@ -93,6 +109,10 @@ def moe_spec(cfg: Mapping[str, Any], architecture: str) -> MoESpec | None:
         renormalize=renormalize,
         shared_expert_intermediate_size=shared,
         sparse_layers=tuple(sparse),
+        router_bias=gpt_oss,
+        softmax_after_topk=gpt_oss,
+        expert_bias=gpt_oss,
+        swiglu=swiglu,
     )
 
 

@@ -106,7 +106,9 @@ def test_apply_rotary_matches_hf_bitwise(
 
 
 def test_rotary_rejects_unsupported_rope_types_and_missing_parameters() -> None:
-    with pytest.raises(ValueError, match="yarn"):
+    with pytest.raises(ValueError, match="dynamic"):
+        compute_inv_freq(64, 10000.0, {"rope_type": "dynamic", "factor": 4.0})
+    with pytest.raises(ValueError, match="original_max_position_embeddings"):
         compute_inv_freq(64, 10000.0, {"rope_type": "yarn", "factor": 4.0})
     with pytest.raises(ValueError, match="low_freq_factor"):
         compute_inv_freq(64, 10000.0, {"rope_type": "llama3", "factor": 8.0})
