@@ -14,11 +14,11 @@ Bad input is a 400 naming the field, as on every route.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from tokenwire.server.rest.errors import invalid
 from tokenwire.server.rest.models import ChatCompletionRequest, ChatMessage, CompletionRequest
@@ -42,7 +42,7 @@ class _Body(BaseModel):
 class TokenizeRequest(_Body):
     model: str = ""
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
     add_special_tokens: bool | None = None  # prompt: True; messages: the template decides
     add_generation_prompt: bool = True
     return_token_strs: bool = False

@@ -83,6 +83,7 @@ def test_models_name_the_replica(http_client: httpx.Client, harness: ServerHarne
         ("/tokenize", {"prompt": "a", "messages": ASK}, "prompt"),
         ("/tokenize", {}, "prompt"),
         ("/tokenize", {"prompt": 5}, "prompt"),
+        ("/tokenize", {"messages": []}, "messages"),
         ("/tokenize", {"messages": ASK, "add_generation_prompt": False}, "add_generation_prompt"),
         ("/tokenize", {"prompt": "a", "model": "nope"}, "model"),
         ("/detokenize", {"tokens": [10**9]}, "tokens"),
