@@ -1,7 +1,8 @@
 """``/v1/responses`` accepts and applies the sampling extras vLLM takes there (issue 41, 4b),
 through the real ``openai`` SDK's ``extra_body``: guidellm's body (``stop``, ``ignore_eos``,
 ``max_output_tokens``) and SMG's (``top_k``, ``min_p``, ``repetition_penalty``,
-``priority``, ``temperature``); a truly unknown field is still a 400 naming it."""
+``priority``, ``temperature``); a truly unknown field is still a 400 naming it. An item cut
+by ``max_output_tokens`` is ``incomplete`` like its response (unary and streamed)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def test_guidellm_stop_and_ignore_eos(openai_client: openai.OpenAI) -> None:
     stop = next(p for p in pairs if p.strip() == p)  # a stop string inside the text
     cut = create(openai_client, extra_body={"stop": [stop], "ignore_eos": True})
     assert cut.output_text == full[: full.index(stop)]
-    assert cut.status == "completed"
+    assert cut.status == "completed" and cut.output[0].status == "completed"
     long = create(openai_client, max_output_tokens=24, extra_body={"ignore_eos": True})
     assert long.usage.output_tokens == 24 and long.status == "incomplete"
 
@@ -73,3 +74,16 @@ def test_unknown_field_is_still_400_naming_it(openai_client: openai.OpenAI) -> N
         create(openai_client, extra_body={"min_p": 0.1, "no_such_knob": 1})
     assert caught.value.body["param"] == "no_such_knob"  # type: ignore[index]
     assert "no_such_knob" in caught.value.message
+
+
+def test_a_cut_message_item_is_incomplete(openai_client: openai.OpenAI) -> None:
+    cut = {"max_output_tokens": 4, "extra_body": {"ignore_eos": True}}
+    unary = create(openai_client, **cut)
+    assert unary.status == "incomplete"
+    assert [(i.type, i.status) for i in unary.output] == [("message", "incomplete")]
+    events = list(create(openai_client, stream=True, **cut))
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [(i.type, i.status) for i in done] == [("message", "incomplete")]
+    final = events[-1]
+    assert final.type == "response.incomplete" and final.response.status == "incomplete"
+    assert [i.status for i in final.response.output] == ["incomplete"]
