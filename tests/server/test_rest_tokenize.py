@@ -88,6 +88,7 @@ def test_models_name_the_replica(http_client: httpx.Client, harness: ServerHarne
         ("/tokenize", {"prompt": "a", "model": "nope"}, "model"),
         ("/detokenize", {"tokens": [10**9]}, "tokens"),
         ("/detokenize", {"tokens": [-1]}, "tokens"),
+        ("/detokenize", {"tokens": [2**40]}, "tokens"),
         ("/detokenize", {}, "tokens"),
         ("/v1/chat/completions/render", {"model": MODEL_NAME, "messages": []}, "messages"),
         ("/v1/completions/render", {"model": MODEL_NAME}, "prompt"),
