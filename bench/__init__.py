@@ -1,4 +1,4 @@
-"""tokenwire benchmarks (DESIGN §9): workloads, the offline engine benchmark and its HF
+"""tokenwire benchmarks (docs/benchmarks.md): workloads, the offline engine benchmark and its HF
 baseline, the engine-overhead benchmark, the served benchmark against any gRPC or
 OpenAI-compatible endpoint, and the roofline floor.
 

@@ -1,11 +1,12 @@
 """``tokenwire bench serve``: online load against a gRPC or OpenAI-compatible HTTP endpoint.
 
-Fixed concurrency (``--concurrency``) or Poisson arrivals (``--request-rate``), the DESIGN §9
-workloads sent as token ids with ``ignore_eos`` so every request produces exactly its output
-length. Metrics and JSON keys follow ``vllm bench serve``; the same tool measures vLLM. The
-fleet workloads (``multiturn``, ``shared-prefix``: bench/fleet_workloads.py) send each
-conversation's turns in order with its ``x-session-id``, and with ``--replica-metrics`` report
-the prefix-cache hit rate read from every replica behind a gateway.
+Fixed concurrency (``--concurrency``) or Poisson arrivals (``--request-rate``), the
+``bench/workloads.py`` workloads sent as token ids with ``ignore_eos`` so every request
+produces exactly its output length. Metrics and JSON keys follow ``vllm bench serve``; the
+same tool measures vLLM. The fleet workloads (``multiturn``, ``shared-prefix``:
+bench/fleet_workloads.py) send each conversation's turns in order with its ``x-session-id``,
+and with ``--replica-metrics`` report the prefix-cache hit rate read from every replica
+behind a gateway.
 Everything here takes a frozen ``ServeBenchConfig``; ``bench/cli.py`` builds it from the flags.
 """
 

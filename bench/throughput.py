@@ -1,7 +1,7 @@
-"""``tokenwire bench throughput``: the offline engine on a DESIGN §9 workload, optionally
-against HF transformers (``--compare hf``) and next to the device's roofline floor.
+"""``tokenwire bench throughput``: the offline engine on a ``bench/workloads.py`` workload,
+optionally against HF transformers (``--compare hf``) and next to the device's roofline floor.
 
-Prints a human table, then ends with one JSON line (DESIGN §9 keys) that machines read.
+Prints a human table, then ends with one JSON line that machines read.
 Everything here takes a frozen ``ThroughputConfig``; ``bench/cli.py`` builds it from the flags.
 """
 
@@ -68,7 +68,7 @@ def measure_tpot_ms(llm: Any, recorder: StepRecorder, output_len: int) -> float:
 
 
 def throughput_result(config: ThroughputConfig) -> dict[str, Any]:
-    """Run the offline benchmark and return its JSON record (DESIGN §9 keys)."""
+    """Run the offline benchmark and return its JSON record."""
     recorder = StepRecorder()
     llm = build_llm(config.engine, recorder)
     engine = llm.engine

@@ -1,4 +1,4 @@
-"""Benchmark workloads (DESIGN §9), generated deterministically from Python's ``random``."""
+"""Benchmark workloads (``--workload``), generated deterministically from Python's ``random``."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ from tokenwire.server.telemetry.metrics import METRICS_COMPAT
 from tokenwire.server.telemetry.tracing import add_tracing_arguments
 from tokenwire.server.tenants.config import load_tenant_file
 from tokenwire.server.tls.settings import add_ssl_arguments
+from tokenwire.server.tool_parsers.names import reasoning_parser_help, tool_parser_help
 from tokenwire.server.tool_parsers.output import REASONING_PARSERS, TOOL_PARSERS
 
 
@@ -67,7 +68,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PATH",
         help="tenants (YAML or TOML): hashed keys, allowed models, max priority, rate limits "
-        "(README: Tenants and rate limits); reloaded on SIGHUP",
+        "(docs/tls-and-tenants.md#tenants-and-rate-limits); reloaded on SIGHUP",
     )
     p.add_argument(
         "--max-n",
@@ -106,16 +107,17 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--tool-call-parser",
         choices=sorted(TOOL_PARSERS),
         default=None,
-        help="read tool calls out of chat output when tool_choice is auto (hermes: "
-        "Qwen2.5/Qwen3/SmolLM2/Hermes <tool_call> JSON; llama3_json; mistral); default: the "
-        "one the model's chat template implies (hermes for a template without tools), or "
-        "none when its tool format is unknown (tool_choice auto is then refused)",
+        help="read tool calls out of chat output when tool_choice is auto; default: the one "
+        "the model's chat template implies (hermes for a template without tools), or none when "
+        "its tool format is unknown (tool_choice auto is then refused). Formats: "
+        + tool_parser_help(),
     )
     p.add_argument(
         "--reasoning-parser",
         choices=sorted(REASONING_PARSERS),
         default=None,
-        help="split <think>…</think> reasoning from chat answers (reasoning_content)",
+        help="split the model's reasoning from chat answers (reasoning_content): "
+        + reasoning_parser_help(),
     )
     p.add_argument(
         "--allow-runtime-lora-updating",

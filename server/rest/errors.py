@@ -1,9 +1,9 @@
 """REST errors: gRPC status / validation failures -> HTTP status + OpenAI error envelope.
 
 Envelope: ``{"error": {"message", "type", "param", "code"}}``. HTTP status follows the
-DESIGN §4 table from the gRPC code (and ``ErrorInfo.reason``); ``type`` follows the HTTP
-status (OpenAI's ``invalid_request_error``, ``authentication_error``, ...); ``code`` is the
-OpenAI code where one exists (``invalid_api_key``, ``model_not_found``,
+docs/api.md Errors table from the gRPC code (and ``ErrorInfo.reason``); ``type`` follows
+the HTTP status (OpenAI's ``invalid_request_error``, ``authentication_error``, ...); ``code``
+is the OpenAI code where one exists (``invalid_api_key``, ``model_not_found``,
 ``context_length_exceeded``, ``rate_limit_exceeded``), else the reason in lower case.
 ``param`` is the OpenAI field name (the proto name translated per request). Messages are
 passed through only from tokenwire's own statuses (ErrorInfo domain "tokenwire", which never

@@ -237,29 +237,17 @@ class StructuredOutputs(_Strict):
     disable_any_whitespace: bool | None = None
 
 
-class CommonFields(_Strict):
-    """Fields shared by chat and completions, including vLLM's sampling extras."""
+class SamplingFields(_Strict):
+    """The sampling and stopping fields shared by chat, completions and ``/v1/responses``
+    (OpenAI's and vLLM's extras; ``requests.sampling_options`` and ``stopping_options``
+    apply them)."""
 
-    model: str
-    n: U32 | None = None
     temperature: float | None = None
     top_p: float | None = None
     seed: U64 | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    logit_bias: LogitBias = None
-    max_tokens: U32 | None = None
     stop: str | list[str] | None = None
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
-    # accepted and ignored (they cannot change the answer; see the module docstring)
-    user: str | None = None
-    safety_identifier: str | None = None
-    metadata: dict[str, str] | None = None
-    store: bool | None = None
-    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = None
-    prompt_cache_key: str | None = None
-    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     # vLLM's request id and priority (lower runs first): as the x-request-id and x-priority
     # headers, which win when both are sent
     request_id: str | None = None
@@ -271,11 +259,30 @@ class CommonFields(_Strict):
     min_tokens: U32 | None = None
     ignore_eos: bool | None = None
     stop_token_ids: list[U32] | None = None
-    skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
     cache_salt: str | None = Field(
         default=None, description="requests with different salts never share prefix-cache blocks"
     )
+
+
+class CommonFields(SamplingFields):
+    """Fields shared by chat and completions, including vLLM's sampling extras."""
+
+    model: str
+    n: U32 | None = None
+    logit_bias: LogitBias = None
+    max_tokens: U32 | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    # accepted and ignored (they cannot change the answer; see the module docstring)
+    user: str | None = None
+    safety_identifier: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    skip_special_tokens: bool | None = None
     # vLLM's structured-output extras (one constraint per request, response_format included)
     structured_outputs: StructuredOutputs | None = None
     guided_json: dict[str, Any] | str | None = None

@@ -19,6 +19,7 @@ from tokenwire.server.rest.models import (
     ChatMessage,
     CommonFields,
     CompletionRequest,
+    SamplingFields,
     StreamOptions,
 )
 from tokenwire.server.rest.structured import chat_tools, structured_output
@@ -47,9 +48,9 @@ class Translated:
     echo: tuple[str | list[int], ...] | None = None  # completions echo: the prompts
 
 
-def _sampling(body: CommonFields) -> common_pb2.SamplingOptions:
-    options = common_pb2.SamplingOptions(
-        n=body.n,
+def sampling_options(body: SamplingFields) -> common_pb2.SamplingOptions:
+    """The sampling fields every generating endpoint shares (vLLM's extras included)."""
+    return common_pb2.SamplingOptions(
         temperature=body.temperature,
         top_p=body.top_p,
         top_k=body.top_k,
@@ -59,12 +60,19 @@ def _sampling(body: CommonFields) -> common_pb2.SamplingOptions:
         frequency_penalty=body.frequency_penalty,
         repetition_penalty=body.repetition_penalty,
     )
+
+
+def _sampling(body: CommonFields) -> common_pb2.SamplingOptions:
+    options = sampling_options(body)
+    if body.n is not None:
+        options.n = body.n
     for key, bias in (body.logit_bias or {}).items():
         options.logit_bias[int(key)] = bias
     return options
 
 
-def _stopping(body: CommonFields, max_tokens: int | None) -> common_pb2.StoppingOptions:
+def stopping_options(body: SamplingFields, max_tokens: int | None) -> common_pb2.StoppingOptions:
+    """``max_tokens`` (under the endpoint's name) with the shared stop fields."""
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
     return common_pb2.StoppingOptions(
         max_tokens=max_tokens,
@@ -136,7 +144,7 @@ def chat_request(body: ChatCompletionRequest) -> Translated:
         model=body.model,
         chat=chat,
         sampling=_sampling(body),
-        stopping=_stopping(body, max_tokens),
+        stopping=stopping_options(body, max_tokens),
         output=_output(body, (body.top_logprobs or 0) if body.logprobs else None, structured),
         cache_salt=body.cache_salt or "",
         priority=body.priority,
@@ -191,7 +199,7 @@ def completion_requests(body: CompletionRequest) -> Translated:
     if len(prompts) > MAX_PROMPTS:
         raise invalid("prompt", f"at most {MAX_PROMPTS} prompts per request")
     max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-    sampling, stopping = _sampling(body), _stopping(body, max_tokens)
+    sampling, stopping = _sampling(body), stopping_options(body, max_tokens)
     structured, structured_params = structured_output(body)
     output = _output(body, body.logprobs, structured)
     if body.echo and body.logprobs is not None:

@@ -14,14 +14,19 @@ Bad input is a 400 naming the field, as on every route.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from tokenwire.server.rest.errors import invalid
-from tokenwire.server.rest.models import ChatCompletionRequest, ChatMessage, CompletionRequest
+from tokenwire.server.rest.models import (
+    U32_MAX,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+)
 from tokenwire.server.rest.requests import chat_request, completion_requests
 from tokenwire.v1 import models_pb2
 
@@ -42,7 +47,7 @@ class _Body(BaseModel):
 class TokenizeRequest(_Body):
     model: str = ""
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
     add_special_tokens: bool | None = None  # prompt: True; messages: the template decides
     add_generation_prompt: bool = True
     return_token_strs: bool = False
@@ -87,8 +92,8 @@ class TokenizeRoutes:
         )
 
     async def detokenize(self, request: Request, body: DetokenizeRequest) -> JSONResponse:
-        if any(t < 0 for t in body.tokens):
-            raise invalid("tokens", "token ids must be >= 0")
+        if any(t < 0 or t > U32_MAX for t in body.tokens):  # the proto's uint32
+            raise invalid("tokens", f"token ids must be in [0, {U32_MAX}]")
         message = models_pb2.DetokenizeRequest(model=body.model, token_ids=body.tokens)
         reply = await self.call(request, "Detokenize", message, _DETOKENIZE_PARAMS)
         return JSONResponse({"prompt": reply.text})

@@ -1,4 +1,4 @@
-"""The import rules of DESIGN §2, checked on the source (every ``import``, including ones
+"""The import rules of docs/architecture.md, checked in the source (every ``import``, including ones
 inside functions): runtime and kernels import no server stack; kernels import no runtime; the
 server reaches the runtime only through the engine-client seam; the REST shim imports no
 runtime at all; ``runtime/core/`` and the plain records at the runtime root reach neither

@@ -1,4 +1,4 @@
-"""Every row of the DESIGN §4 error table: gRPC code + ``ErrorInfo.reason`` (and metadata),
+"""Every row of the docs/api.md error table: gRPC code + ``ErrorInfo.reason`` (and metadata),
 every parameter check naming its field, and API-key auth on every RPC."""
 
 from __future__ import annotations

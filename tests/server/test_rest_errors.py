@@ -1,4 +1,4 @@
-"""Every row of the DESIGN §4 error table through the REST shim (HTTP status, OpenAI envelope,
+"""Every row of the docs/api.md error table through the REST shim (HTTP status, OpenAI envelope,
 Retry-After), errors after the stream started (an SSE error event, then [DONE]), and client
 disconnects (stream and unary) cancelling the gRPC call so the engine ends idle with every KV
 block free. In-process: the engine can be parked at a chosen step (events, never sleeps)."""

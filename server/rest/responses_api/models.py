@@ -5,6 +5,7 @@ cannot change the answer is accepted (``metadata``, ``user``, ``safety_identifie
 ``service_tier``, ``prompt_cache_key``, ``prompt_cache_retention``, ``include_obfuscation``);
 one that would change it and is not implemented passes only as ``null`` or its no-op value
 (``background`` false, ``truncation`` "disabled", ``include`` empty, ``reasoning.summary``).
+The sampling and stopping fields, vLLM's extras included, are chat's (``SamplingFields``).
 
 ``input`` is a string (one user message) or a list of items: messages (``type`` "message" or
 no type; roles user, assistant, system, developer; content a string or ``input_text`` /
@@ -22,7 +23,7 @@ from pydantic_core import PydanticCustomError
 
 from tokenwire.server.rest.errors import NOT_UNICODE
 from tokenwire.server.rest.field_types import FalseOnly, Unsupported
-from tokenwire.server.rest.models import I32, U32, U64, _bad_text_path, _Strict
+from tokenwire.server.rest.models import U32, SamplingFields, _bad_text_path, _Strict
 
 
 class InputText(_Strict):
@@ -129,7 +130,10 @@ class ResponseStreamOptions(_Strict):
     include_obfuscation: bool | None = None  # accepted and ignored (no padding is added)
 
 
-class ResponsesRequest(_Strict):
+class ResponsesRequest(SamplingFields):
+    """The sampling fields (vLLM's extras included: ``stop``, ``ignore_eos``, ``top_k``,
+    ``min_p``, ``repetition_penalty``, ``priority``, ...) are chat's, applied the same way."""
+
     model: str
     input: str | Annotated[list[InputItem], Field(min_length=1)]
     instructions: str | None = None
@@ -138,8 +142,6 @@ class ResponsesRequest(_Strict):
     stream: bool | None = None
     stream_options: ResponseStreamOptions | None = None
     max_output_tokens: U32 | None = None
-    temperature: float | None = None
-    top_p: float | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -152,12 +154,6 @@ class ResponsesRequest(_Strict):
     service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
-    # vLLM-style extras of the shim
-    request_id: str | None = None
-    priority: I32 | None = None
-    cache_salt: str | None = None
-    seed: U64 | None = None
-    top_k: I32 | None = None
     # only their no-op values
     background: FalseOnly = None
     truncation: Literal["disabled"] | None = None

@@ -4,7 +4,8 @@ A choice becomes, in order: a ``reasoning`` item (with a reasoning parser, when 
 reasoned), a ``message`` item with one ``output_text`` part (when there is text, or nothing
 else), and one ``function_call`` item per tool call. Status: a choice cut by
 ``max_output_tokens`` or the context is ``incomplete`` (``incomplete_details.reason``
-"max_output_tokens"), a cancelled one ``cancelled``, else ``completed``.
+"max_output_tokens"), a cancelled one ``cancelled``, else ``completed``. The items still
+open when a choice is cut (its function calls, else its message) are ``incomplete`` too.
 """
 
 from __future__ import annotations
@@ -77,15 +78,18 @@ def function_call_item(
 
 
 def output_items(choice: generation_pb2.Choice) -> list[JSON]:
+    """The choice's items; in a choice cut short the items still open when it ended (the
+    function calls, else the message) are ``incomplete``, as the stream's are."""
+    last = "incomplete" if status_of(choice.finish_reason) == "incomplete" else "completed"
     items: list[JSON] = []
     if choice.reasoning_content:
         items.append(reasoning_item(new_id("rs"), choice.reasoning_content))
     if choice.text or not choice.tool_calls:
-        items.append(message_item(new_id("msg"), choice.text))
+        status = "completed" if choice.tool_calls else last
+        items.append(message_item(new_id("msg"), choice.text, status))
     for call in choice.tool_calls:
-        items.append(
-            function_call_item(new_id("fc"), call.id, call.function.name, call.function.arguments)
-        )
+        args = call.function.arguments
+        items.append(function_call_item(new_id("fc"), call.id, call.function.name, args, last))
     return items
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tokenwire.server.rest.errors import invalid
+from tokenwire.server.rest.requests import sampling_options, stopping_options
 from tokenwire.server.rest.responses_api.models import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -128,10 +129,8 @@ def translate(
     request = generation_pb2.GenerateRequest(
         model=body.model,
         chat=chat,
-        sampling=common_pb2.SamplingOptions(
-            temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed
-        ),
-        stopping=common_pb2.StoppingOptions(max_tokens=body.max_output_tokens),
+        sampling=sampling_options(body),
+        stopping=stopping_options(body, body.max_output_tokens),
         output=common_pb2.OutputOptions(structured_output=_structured(body)),
         cache_salt=body.cache_salt or "",
         priority=body.priority,
