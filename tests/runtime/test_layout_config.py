@@ -75,6 +75,7 @@ VALUES: dict[str, Any] = {
     "kv_events_config": KVEventsConfig(enable_kv_cache_events=True, topic="kv"),
     "kv_offloading_size": 0.5,
     "structured_outputs_cache_bytes": 64 << 20,
+    "lm_head_dtype": "bfloat16",
 }
 # What a field's value is only valid together with (set in both configs compared).
 COMPANIONS: dict[str, dict[str, Any]] = {
