@@ -70,7 +70,7 @@ class EmbeddingService(embeddings_pb2_grpc.EmbeddingServiceServicer):
             await self._submit(call, request, inputs, streams)
             self.telemetry.admit(record, len(streams))
             await context.send_initial_metadata((("x-request-id", call.request_id),))
-            outputs = [await _final_output(stream) for _, stream in streams]
+            outputs = [await final_output(stream) for _, stream in streams]
             response = _response(call.request_id, self.model_name, request, outputs)
             check_size(response, self.limits.max_response_bytes)
             status = "OK"
@@ -154,7 +154,7 @@ class EmbeddingService(embeddings_pb2_grpc.EmbeddingServiceServicer):
             streams.append((engine_id, stream))
 
 
-async def _final_output(stream: RequestStream) -> RequestOutput:
+async def final_output(stream: RequestStream) -> RequestOutput:
     async for item in stream:
         if isinstance(item, RequestFinished):
             return item.output

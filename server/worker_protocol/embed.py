@@ -14,10 +14,10 @@ from smg_grpc_proto.generated import vllm_engine_pb2
 
 from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.errors import ParameterError, WrongTaskError
-from tokenwire.runtime.front.request_stream import RequestFailed, RequestFinished, RequestStream
-from tokenwire.runtime.outputs import RequestOutput
+from tokenwire.runtime.front.request_stream import RequestStream
 from tokenwire.runtime.sampling_params import embedding_params
 from tokenwire.server.grpc.call_context import CallContext, call_context
+from tokenwire.server.grpc.embeddings import final_output
 from tokenwire.server.grpc.errors import abort, to_service_error
 from tokenwire.server.telemetry.core import Telemetry
 from tokenwire.server.telemetry.record import RequestRecord
@@ -62,7 +62,7 @@ class WorkerEmbed:
                 call.internal_id, None, token_ids, embedding_params(None), priority=call.priority
             )
             self.telemetry.admit(record, 1)
-            output = await _final_output(stream)
+            output = await final_output(stream)
             vector = output.embedding or []
             status = "OK"
             return vllm_engine_pb2.EmbedResponse(
@@ -95,12 +95,3 @@ class WorkerEmbed:
                 info.task,
                 f"model {self.model_name!r} serves task {info.task!r}: it computes no embeddings",
             )
-
-
-async def _final_output(stream: RequestStream) -> RequestOutput:
-    async for item in stream:
-        if isinstance(item, RequestFinished):
-            return item.output
-        if isinstance(item, RequestFailed):
-            raise item.error
-    raise RuntimeError("stream ended without a final output")
