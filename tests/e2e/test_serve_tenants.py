@@ -96,9 +96,11 @@ def test_sighup_reloads_the_key_file(tiny_model_with_tokenizer: Path, tmp_path: 
                 grpc.StatusCode.OK,
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
             ]
-        records = [json.loads(line) for line in out.lines if line.startswith("{")]
-        finished = [r for r in records if r.get("event") == "request_finished"]
-        assert {r["request_id"]: r["tenant"] for r in finished}["c0"] == "team"
+        # The canonical line is written after the reply is sent: wait for it, not for the RPC.
+        line = out.wait_for(
+            r'^\{(?=.*"event": ?"request_finished")(?=.*"request_id": ?"c0").*', after=mark
+        )
+        assert json.loads(line.group(0))["tenant"] == "team"
         metrics = httpx.get(
             f"{rest}/metrics", headers={"authorization": "Bearer admin-key"}, timeout=30
         ).text
