@@ -10,7 +10,11 @@ carried from one policy to the next); the prefix-cache hit rate is read from eve
 
 ``--workers grpc`` needs the replicas' vLLM engine protocol (``--worker-protocol vllm``): the
 gateway then tokenizes and routes by token prefixes. ``consistent_hashing`` routes on the
-``x-session-id`` header each conversation sends. Prints one JSON line per run and a table.
+``x-session-id`` header each conversation sends. With gRPC workers, ``cache_aware`` runs over
+replicas that record KV events (``--kv-events-config``, in-process hub): SMG subscribes to each
+one's ``SubscribeKvEvents`` stream and routes by the blocks it holds; the pseudo-policy
+``cache_aware-noevents`` runs the same policy over replicas without them (SMG's approximate
+prefix tree), for the figure with and without. Prints one JSON line per run and a table.
 """
 
 from __future__ import annotations
@@ -78,11 +82,19 @@ def _group(cmds: list[list[str]], logs: Path) -> Iterator[list[subprocess.Popen[
                 p.wait()
 
 
-def _replica_cmd(args: argparse.Namespace, grpc_port: int, rest_port: int) -> list[str]:
+NO_EVENTS = "-noevents"  # a policy name's suffix: the same policy, replicas without KV events
+KV_EVENTS = json.dumps({"enable_kv_cache_events": True, "publisher": "null"})
+
+
+def _replica_cmd(
+    args: argparse.Namespace, grpc_port: int, rest_port: int, policy: str | None
+) -> list[str]:
     cmd = [str(BIN / "tokenwire"), "serve", *([args.model] if args.model else [])]
     cmd += ["--grpc-port", str(grpc_port), "--port", str(rest_port), "--log-format", "json"]
     if args.workers == "grpc":
         cmd += ["--worker-protocol", "vllm"]
+        if policy == "cache_aware":  # what SMG's event-driven cache_aware reads
+            cmd += ["--kv-events-config", KV_EVENTS]
     return [*cmd, *args.serve_args]
 
 
@@ -90,7 +102,7 @@ def _run(args: argparse.Namespace, policy: str | None, logs: Path) -> dict[str, 
     """One run: ``policy`` None = one replica, direct; else N replicas behind SMG."""
     n = 1 if policy is None else args.replicas
     ports = [(_free_port(), _free_port()) for _ in range(n)]
-    cmds = [_replica_cmd(args, g, r) for g, r in ports]
+    cmds = [_replica_cmd(args, g, r, policy) for g, r in ports]
     with _group(cmds, logs) as replicas:
         for _, rest in ports:
             _wait(f"http://127.0.0.1:{rest}/health", 600, replicas)
@@ -115,7 +127,7 @@ def _run(args: argparse.Namespace, policy: str | None, logs: Path) -> dict[str, 
                     "--worker-urls",
                     *urls,
                     "--policy",
-                    policy,
+                    policy.removesuffix(NO_EVENTS),
                     "--routing-key-headers",
                     "x-session-id",
                 ]

@@ -49,6 +49,12 @@ def test_smg_discovers_the_replicas_over_the_vllm_engine_protocol() -> None:
     replica_args = _replica_args(docs)
     assert args.service_discovery_port == replica_args.grpc_port
     assert replica_args.worker_protocol == "vllm"  # the replicas speak what the gateway dials
+    # cache_aware over gRPC workers reads each replica's SubscribeKvEvents stream (in-process
+    # hub, no ZMQ port): the chart turns the events on, and off on request.
+    events = replica_args.kv_events_config
+    assert events.enable_kv_cache_events and events.publisher == "null"
+    off = _replica_args(render("-f", GATEWAY_VALUES, "--set", "gateway.smg.kvEvents=false"))
+    assert off.kv_events_config is None
     assert args.policy == "cache_aware" and args.routing_key_headers == ["x-session-id"]
     assert args.api_key is None and "env" not in c  # keyless gRPC workers
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
@@ -87,6 +93,7 @@ def test_smg_over_http_workers_targets_the_rest_shim_with_the_key() -> None:
     replica_args = _replica_args(docs)
     assert args.service_discovery_port == replica_args.port
     assert replica_args.worker_protocol != "vllm"  # nothing extra on the replicas
+    assert replica_args.kv_events_config is None  # SMG reads no KV events from HTTP workers
     # The replicas' key reaches the gateway as an env var the kubelet expands into --api-key.
     assert args.api_key == "$(TOKENWIRE_API_KEY)"
     (env,) = c["env"]

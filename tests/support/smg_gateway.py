@@ -34,6 +34,7 @@ class Gateway:
     url: str  # http://127.0.0.1:<port>
     log: Path
     command: list[str]
+    metrics_url: str  # the gateway's own Prometheus endpoint, http://127.0.0.1:<port>/metrics
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -91,7 +92,9 @@ def start_gateway(
     log = Path(tempfile.mkstemp(prefix="smg-", suffix=".log")[1])
     with log.open("wb") as sink:
         proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
-    gateway = Gateway(proc, f"http://127.0.0.1:{port}", log, command)
+    gateway = Gateway(
+        proc, f"http://127.0.0.1:{port}", log, command, f"http://127.0.0.1:{metrics}/metrics"
+    )
     try:
         wait_ready(gateway, len(worker_urls) if workers is None else workers, timeout, headers)
     except BaseException:

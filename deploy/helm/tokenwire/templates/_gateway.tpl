@@ -36,6 +36,10 @@ inference.networking.k8s.io/engine-type: vllm
 - --worker-protocol
 - vllm
 {{- end }}
+{{- if and .Values.gateway.smg.enabled (eq .Values.gateway.smg.workerProtocol "grpc") .Values.gateway.smg.kvEvents }}
+- --kv-events-config
+- {{ dict "enable_kv_cache_events" true "publisher" "null" | toJson | quote }}
+{{- end }}
 {{- if .Values.gateway.inferencePool.enabled }}
 - --metrics-compat
 - both
