@@ -37,10 +37,11 @@ dev: $(VENV)/.installed
 # than cores pays off here: most of the suite waits on servers, subprocesses and the network.
 # 2, not 3: with round 3's embedding, KV-tier and fleet tests a fresh-clone run on 3 workers
 # was OOM-killed on the 24 GiB box (a worker at 3.3 GiB beside two at 4 GiB and their engine
-# cores), and xdist then hung waiting for the dead worker.
+# cores), and xdist then hung waiting for the dead worker. The 30 slowest tests are listed at
+# the end of every run (CI's record of where the suite's time goes).
 TEST_WORKERS ?= 2
 test: lint typecheck
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 # The inner loop: unit tests only (no served processes, no slow tests), under 4 minutes.
 FAST_TESTS := tests/runtime tests/kernels tests/project tests/clients/test_client_unit.py \
