@@ -45,10 +45,12 @@ def offline(workload: str) -> float:
     return float(last_json(out)["tokenwire_output_tok_s"])
 
 
-def start_server(extra: list[str]) -> tuple[subprocess.Popen[str], str]:
+def start_server(
+    extra: list[str], env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [EXE, "serve", "--grpc-port", "0", "--disable-rest", "--log-format", "json", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env or ENV,
     )  # fmt: skip
     assert proc.stdout is not None
     for line in proc.stdout:

@@ -33,6 +33,7 @@ from tokenwire.runtime.engine.messages import (
     Shutdown,
 )
 from tokenwire.runtime.engine.protocol import EngineInfo
+from tokenwire.runtime.engine.spawn_env import core_env_overrides, spawn_environment
 from tokenwire.runtime.ipc.codec import InputCodec, OutputCodec
 from tokenwire.runtime.ipc.lifeline import watch_parent
 from tokenwire.runtime.ipc.sockets import send_or_drop
@@ -162,7 +163,8 @@ class MPCoreClient:
             args=(self.config, input_address, output_address, child_end, self.core_observer),
             name="tokenwire-core",
         )
-        self._process.start()
+        with spawn_environment(core_env_overrides(os.environ)):
+            self._process.start()
         child_end.close()
         self._exited = loop.create_future()
         loop.add_reader(self._process.sentinel, self._on_sentinel)
