@@ -1,10 +1,10 @@
-"""``tokenwire bench throughput|overhead|serve|lora|embed``: the benchmarks' command-line edge.
+"""``tokenwire bench throughput|overhead|serve|lora|embed|llamacpp``: the command-line edge.
 
-The only module of the package that sees ``argparse``: each command's flags become a frozen
-config (``ThroughputConfig``, ``OverheadConfig``, ``ServeBenchConfig``) and the benchmark runs
-on that. The offline benchmarks take every engine flag (``EngineArgs``), like ``serve``.
-Benchmark modules import torch, so they load only when their command runs; the flags'
-defaults are read from the (torch-free) configs in ``bench/configs.py``.
+With ``llamacpp_cli``, the only modules of the package that see ``argparse``: each command's
+flags become a frozen config (``ThroughputConfig``, ``OverheadConfig``, ``ServeBenchConfig``)
+and the benchmark runs on that. The offline benchmarks take every engine flag (``EngineArgs``),
+like ``serve``. Benchmark modules import torch, so they load only when their command runs;
+the flags' defaults are read from the (torch-free) configs in ``bench/configs.py``.
 """
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ def add_parsers(bench: argparse._SubParsersAction) -> None:  # type: ignore[type
     em = bench.add_parser("embed", help="embedding throughput vs sentence-transformers (CPU)")
     add_embed_arguments(em)
     em.set_defaults(func=_embed)
+    from tokenwire.bench.llamacpp_cli import add_llamacpp_arguments
+
+    ll = bench.add_parser("llamacpp", help="tokenwire vs llama.cpp's llama-server, same GGUF")
+    add_llamacpp_arguments(ll)
 
 
 def add_embed_arguments(p: argparse.ArgumentParser) -> None:

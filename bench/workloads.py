@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from tokenwire.bench.edit_texts import edit_messages
 from tokenwire.runtime.front.tokenizer import Tokenizer, apply_chat_template
 
-WORKLOADS = ("fixed", "mixed", "cpu", "repeat", "edit")
+WORKLOADS = ("fixed", "mixed", "cpu", "repeat", "edit", "short")
 # ``repeat``: answers that copy from their prompts (what prompt-lookup speculation is for):
 # a random passage given twice, then its first tokens again; a model continues the copy.
 REPEAT_PASSAGE = 96
@@ -17,6 +17,8 @@ REPEAT_OUTPUT = 64
 # ``edit``: chat requests to repeat or lightly rewrite a passage of prose or code
 # (``edit_texts``), rendered with the model's chat template; the answer copies the passage.
 EDIT_OUTPUT = 64
+# ``short``: 64 requests of 128 random prompt tokens and 64 output tokens each.
+SHORT_PROMPT, SHORT_OUTPUT = 128, 64
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ def make_workload(
     output tokens to 133,966 for the default 256 requests). ``repeat`` (16 requests): a random
     96-token passage twice, then its first 8 tokens; 64 output tokens. ``edit`` (16
     requests): chat prompts asking to repeat or lightly rewrite a passage; 64 output tokens.
+    ``short`` (64 requests): 128 prompt tokens, 64 output tokens (the llama.cpp comparison).
     """
     rng = random.Random(0)
     max_id = min(10000, vocab_size - 1)
@@ -72,6 +75,10 @@ def make_workload(
         n = num_requests or 16
         prompts = [apply_chat_template(tokenizer, edit_messages(i)) for i in range(n)]
         output_lens = [EDIT_OUTPUT] * n
+    elif name == "short":  # the llama.cpp comparison's shape (issue 42)
+        n = num_requests or 64
+        prompts = [[rng.randint(0, max_id) for _ in range(SHORT_PROMPT)] for _ in range(n)]
+        output_lens = [SHORT_OUTPUT] * n
     elif name == "cpu":
         n = num_requests or 64
         prompts = [[rng.randint(0, max_id) for _ in range(rng.randint(32, 256))] for _ in range(n)]
