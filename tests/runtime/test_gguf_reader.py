@@ -1,4 +1,5 @@
-"""The GGUF reader keeps Q4_0 / Q4_1 / Q8_0 tensors quantized in the canonical layouts.
+"""The GGUF reader keeps Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K tensors quantized in the canonical
+layouts (issue 32, item 4: K-quants).
 
 References are independent of the reader: transformers' de-quantized float32 weights of the
 default model (the cached conversion), and ``gguf.quants.dequantize`` on synthetic files
@@ -8,7 +9,9 @@ contract's formula, ``W = (code - zero) * scale``, written out again in numpy.
 Tolerance: F32/F16/BF16, Q8_0 and Q4_0 are bit-exact. Q4_1 stores zero = -m/d (a rounded
 float32 division), so ``(q - zero) * d`` may differ from GGUF's ``q * d + m``: measured on the
 default model, at most 1 ulp of the largest |w| in the block (4.8e-7 absolute); that bound
-is what the tests assert.
+is what the tests assert. Q4_K stores zero = dmin * m / (d * sc) the same way: the same
+1-ulp bound holds per 32-element sub-block. Q6_K (int8 codes q - 32, scale d * sc per 16) is
+bit-exact.
 """
 
 from __future__ import annotations
@@ -129,6 +132,17 @@ def _q6_k_bytes(rows: int, cols: int, rng: np.random.Generator) -> Array:
     return blocks.reshape(rows, -1)
 
 
+def _q4_k_bytes(rows: int, cols: int, rng: np.random.Generator) -> Array:
+    """Random Q4_K super-blocks with sane fp16 d and dmin (bytes 0-1 and 2-3 of each 144);
+    every 6-bit scale and min and every nibble random. Row 0's first sub-block gets scale 0
+    (its d zeroed), the d * sc == 0 case: a constant -dmin * m."""
+    blocks = rng.integers(0, 256, size=(rows, cols // 256, 144), dtype=np.uint8)
+    blocks[..., 0:2] = rng.uniform(-0.02, 0.02, (rows, cols // 256, 1)).astype("<f2").view(np.uint8)
+    blocks[..., 2:4] = rng.uniform(0, 0.02, (rows, cols // 256, 1)).astype("<f2").view(np.uint8)
+    blocks[0, 0, 0:2] = 0  # d = +0.0: every sub-block of this super-block is constant
+    return blocks.reshape(rows, -1)
+
+
 def _q4_1_with_flat_blocks(rng: np.random.Generator) -> Array:
     """[37, 160] Q4_1 weights where block (0, 0) is constant 0.75 (d = 0, m = 0.75) and
     block (1, 2) is all zero: the d == 0 cases of the zero = -m/d formula."""
@@ -186,6 +200,7 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
         for n, (a, t) in plain.items()
     }
     stored["blk.1.ffn_down.weight"] = (_q6_k_bytes(7, 256, rng), QT.Q6_K)
+    stored["blk.1.ffn_gate.weight"] = (_q4_k_bytes(9, 512, rng), QT.Q4_K)
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
     write_gguf(path, "llama", stored)
     expected: dict[str, Array] = {}
@@ -216,19 +231,28 @@ def test_synthetic_every_type(synthetic: tuple[Path, dict[str, Array]]) -> None:
         f"{layer0}mlp.down_proj.weight": GGUFInt4,  # Q4_1 [37, 160], flat blocks
         f"{layer0}mlp.gate_proj.weight": GGUFInt8,  # [3, 32]
         f"{layer0}mlp.up_proj.weight": GGUFInt4,  # Q4_0 [5, 32]
+        "model.layers.1.mlp.down_proj.weight": GGUFInt8,  # Q6_K, group 16
+        "model.layers.1.mlp.gate_proj.weight": GGUFInt4,  # Q4_K, group 32
     }
     for name, weight in got.items():
         assert isinstance(weight, kinds.get(name, torch.Tensor)), name
         value = as_float(weight)
         assert value.shape == expected[name].shape, name
-        if isinstance(weight, GGUFInt4) and not torch.all(weight.zeros == 8):  # Q4_1
+        if isinstance(weight, GGUFInt4) and not torch.all(weight.zeros == 8):  # Q4_1, Q4_K
             assert block_ulps(value, expected[name]) <= 1.0, name
+            assert weight.group_size == 32, name
         else:
             assert np.array_equal(value, expected[name]), name
     dtypes = {n: w.dtype for n, w in got.items() if isinstance(w, torch.Tensor)}
     assert dtypes["model.embed_tokens.weight"] == torch.float16
     assert dtypes[f"{layer0}input_layernorm.weight"] == torch.bfloat16
-    assert dtypes["model.layers.1.mlp.down_proj.weight"] == torch.float32  # Q6_K de-quantized
+    down = got["model.layers.1.mlp.down_proj.weight"]
+    assert isinstance(down, GGUFInt8) and down.group_size == 16  # Q6_K kept: 16 per scale
+    gate = got["model.layers.1.mlp.gate_proj.weight"]
+    assert isinstance(gate, GGUFInt4)
+    assert np.all(
+        as_float(gate)[0, :256] == expected["model.layers.1.mlp.gate_proj.weight"][0, :256]
+    )
     assert dtypes["model.layers.1.mlp.up_proj.weight"] == torch.float32  # 1-D Q8_0
 
 

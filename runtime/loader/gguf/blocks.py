@@ -49,16 +49,16 @@ def _blocks(raw: npt.NDArray[np.uint8], qtype: str) -> npt.NDArray[np.uint8]:
     return raw.reshape(raw.shape[0], raw.shape[1] // size, size)
 
 
-def _fp16(blocks: npt.NDArray[np.uint8], start: int, what: str) -> npt.NDArray[np.float32]:
+def fp16_field(blocks: npt.NDArray[np.uint8], start: int, what: str) -> npt.NDArray[np.float32]:
     """The little-endian fp16 at byte ``start`` of every block, as float32 [N, G]."""
     field = np.ascontiguousarray(blocks[..., start : start + 2]).view("<f2")[..., 0]
     out = field.astype(np.float32)
     bad = ~np.isfinite(out)
     if bad.any():
-        row, group = (int(i) for i in np.argwhere(bad)[0])
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
         raise ValueError(
-            f"non-finite block {what} {out[row, group]} in {int(bad.sum())} block(s), "
-            f"first at row {row}, block {group}"
+            f"non-finite block {what} {out[first]} in {int(bad.sum())} block(s), "
+            f"first at row {first[0]}, block {first[1]}"
         )
     return out
 
@@ -82,7 +82,7 @@ def _pack_int4(qs: npt.NDArray[np.uint8]) -> npt.NDArray[np.int32]:
 def decode_q4_0(raw: npt.NDArray[np.uint8]) -> Int4Arrays:
     """Q4_0 rows [N, K // 32 * 18] -> canonical int4 (zero point 8)."""
     blocks = _blocks(raw, "Q4_0")
-    d = _fp16(blocks, 0, "scale d")
+    d = fp16_field(blocks, 0, "scale d")
     scales = np.ascontiguousarray(d.T)
     return Int4Arrays(_pack_int4(blocks[..., 2:]), scales, np.full_like(scales, 8.0))
 
@@ -94,8 +94,8 @@ def decode_q4_1(raw: npt.NDArray[np.uint8]) -> Int4Arrays:
     zero -1, which the canonical formula ``(0 - (-1)) * m`` reproduces exactly.
     """
     blocks = _blocks(raw, "Q4_1")
-    d = _fp16(blocks, 0, "scale d")
-    m = _fp16(blocks, 2, "minimum m")
+    d = fp16_field(blocks, 0, "scale d")
+    m = fp16_field(blocks, 2, "minimum m")
     qs = blocks[..., 4:]
     flat = d == 0
     if flat.any():
@@ -110,6 +110,6 @@ def decode_q4_1(raw: npt.NDArray[np.uint8]) -> Int4Arrays:
 def decode_q8_0(raw: npt.NDArray[np.uint8]) -> Int8Arrays:
     """Q8_0 rows [N, K // 32 * 34] -> canonical int8 (signed codes, scales [N, G])."""
     blocks = _blocks(raw, "Q8_0")
-    d = _fp16(blocks, 0, "scale d")
+    d = fp16_field(blocks, 0, "scale d")
     codes = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(raw.shape[0], -1)
     return Int8Arrays(codes, d)

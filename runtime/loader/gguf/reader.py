@@ -1,11 +1,11 @@
-"""Read a GGUF file's tensors under HF names, keeping Q4_0 / Q4_1 / Q8_0 matrices quantized.
+"""Read a GGUF file's tensors under HF names, keeping Q4_0/Q4_1/Q8_0/Q4_K/Q6_K matrices quantized.
 
 ``iter_gguf_weights(path)`` yields ``(hf_name, weight)`` per tensor, in file order:
 
 - F32 / F16 / BF16 / F64 tensors: a plain float tensor in the file's dtype;
-- Q4_0 / Q4_1 matrices: ``GGUFInt4`` (canonical int4 layout, group 32);
-- Q8_0 matrices: ``GGUFInt8`` (canonical int8 layout, group 32);
-- any other quantized type that ``gguf.quants`` can de-quantize (Q4_K, Q5_K, Q6_K, IQ*, ...)
+- Q4_0 / Q4_1 / Q4_K matrices: ``GGUFInt4`` (canonical int4 layout, group 32);
+- Q8_0 matrices: ``GGUFInt8`` (canonical int8 layout, group 32); Q6_K: group 16;
+- any other quantized type that ``gguf.quants`` can de-quantize (Q5_K, Q2_K, Q3_K, IQ*, ...)
   and Q4/Q8 tensors that are not matrices: de-quantized to a float32 tensor, as today's
   conversion does; a type it cannot (Q8_1, Q8_K, integer tensors, ...) is a ``ValueError``
   naming the tensor and the type, as is a block with a non-finite scale.
@@ -29,10 +29,12 @@ from gguf import GGMLQuantizationType, quants
 from tokenwire.runtime.loader.gguf.blocks import (
     BLOCK,
     Int4Arrays,
+    Int8Arrays,
     decode_q4_0,
     decode_q4_1,
     decode_q8_0,
 )
+from tokenwire.runtime.loader.gguf.blocks_k import Q4_K_GROUP, Q6_K_GROUP, decode_q4_k, decode_q6_k
 from tokenwire.runtime.loader.gguf.container import open_gguf
 from tokenwire.runtime.loader.gguf.names import (
     IGNORED,
@@ -46,9 +48,14 @@ from tokenwire.runtime.loader.gguf.records import GGUFInt4, GGUFInt8
 GGUFWeight: TypeAlias = torch.Tensor | GGUFInt4 | GGUFInt8
 
 _FLOAT_TYPES = ("F32", "F16", "F64")
-_INT4: dict[str, Callable[[npt.NDArray[np.uint8]], Int4Arrays]] = {
-    "Q4_0": decode_q4_0,
-    "Q4_1": decode_q4_1,
+_INT4: dict[str, tuple[Callable[[npt.NDArray[np.uint8]], Int4Arrays], int]] = {
+    "Q4_0": (decode_q4_0, BLOCK),
+    "Q4_1": (decode_q4_1, BLOCK),
+    "Q4_K": (decode_q4_k, Q4_K_GROUP),
+}
+_INT8: dict[str, tuple[Callable[[npt.NDArray[np.uint8]], Int8Arrays], int]] = {
+    "Q8_0": (decode_q8_0, BLOCK),
+    "Q6_K": (decode_q6_k, Q6_K_GROUP),
 }
 
 
@@ -99,13 +106,15 @@ def _convert(data: npt.NDArray[Any], ggml_type: GGMLQuantizationType) -> GGUFWei
         bits = np.ascontiguousarray(data).view("<i2")
         return torch.from_numpy(bits.astype(np.int16)).view(torch.bfloat16)
     is_matrix = data.ndim == 2
+    t = torch.from_numpy
     if qtype in _INT4 and is_matrix:
-        a = _INT4[qtype](data)
-        t = torch.from_numpy
-        return GGUFInt4(t(a.qweight), t(a.scales), t(a.zeros), BLOCK)
-    if qtype == "Q8_0" and is_matrix:
-        b = decode_q8_0(data)
-        return GGUFInt8(torch.from_numpy(b.qweight), torch.from_numpy(b.scales), BLOCK)
+        decode4, group = _INT4[qtype]
+        a = decode4(data)
+        return GGUFInt4(t(a.qweight), t(a.scales), t(a.zeros), group)
+    if qtype in _INT8 and is_matrix:
+        decode8, group = _INT8[qtype]
+        b = decode8(data)
+        return GGUFInt8(t(b.qweight), t(b.scales), group)
     return torch.from_numpy(_dequantize(data, ggml_type))
 
 
