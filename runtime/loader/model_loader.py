@@ -61,8 +61,9 @@ from tokenwire.runtime.models.arch import ModelArch, token_id_tuple
 from tokenwire.runtime.models.layers import process_weights_after_loading
 from tokenwire.runtime.models.layers.quant.base import QuantConfig
 from tokenwire.runtime.models.layers.quant.gguf import (
+    GROUP,
     GGUFConfig,
-    gguf_linear_kind,
+    gguf_linear_plan,
     iter_gguf_checkpoint,
 )
 from tokenwire.runtime.models.layers.quant.registry import resolve_quant_config
@@ -139,7 +140,7 @@ def load_model(
         std = float(config.get("initializer_range") or _DEFAULT_INIT_STD)
         init_dummy_weights(model, model_config.seed, std)
     elif isinstance(quant, GGUFConfig) and source.gguf is not None:
-        model.load_weights(iter_gguf_checkpoint(source.gguf))
+        model.load_weights(iter_gguf_checkpoint(source.gguf, quant.plan))
     else:
         weights = iter_safetensors(folder)
         model.load_weights(weights if embed is None else with_model_prefix(weights))
@@ -181,23 +182,28 @@ def _gguf_plan(
     """(scheme, model dtype) for a GGUF source; None: not a GGUF question (resolve as usual).
 
     Kept quantized: ``--quantization gguf`` (the linears compute in the model dtype; float32
-    runs an exact dequantized copy), or by default on CPU with ``--dtype auto`` for an
-    all-int4 file: a float32 model whose linears run torch's bf16 int4 kernel (activations
-    cast per call). A file with no kept-quantized plan loads de-quantized."""
+    runs an exact dequantized copy; layers the plan cannot keep run float), or by default on
+    CPU with ``--dtype auto`` for a file whose every linear is int4: a float32 model whose
+    linears run torch's bf16 int4 kernel (activations cast per call). A file with no
+    kept-quantized layer loads de-quantized."""
     flag = model_config.quantization
     if source.gguf is None or flag not in (None, "gguf") or model_config.load_format == "dummy":
         return None
     auto_cpu = model_config.dtype == "auto" and device.type == "cpu"
     if flag is None and not auto_cpu:
         return None
-    kind, why = gguf_linear_kind(source.gguf)
-    if kind is None or (flag is None and kind != "int4"):
+    plan, why = gguf_linear_plan(source.gguf)
+    schemes = {scheme for _, scheme in plan}
+    all_int4 = schemes == {("int4", GROUP)}
+    if not any(schemes) or (flag is None and not all_int4):
         if flag == "gguf":
             _log.warning("%s: linear weights de-quantized to float: %s", source.gguf.name, why)
         return (None, dtype) if flag == "gguf" else None
+    if why:
+        _log.warning("%s: %s", source.gguf.name, why)
     if auto_cpu:  # float32 model, int4 linears on torch's bf16 int4 kernel
-        return GGUFConfig(kind, compute_dtype=torch.bfloat16), dtype
-    return GGUFConfig(kind), dtype
+        return GGUFConfig("int4", compute_dtype=torch.bfloat16, plan=plan), dtype
+    return GGUFConfig(plan=plan), dtype
 
 
 def _bf16_lm_head(

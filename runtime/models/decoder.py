@@ -26,13 +26,13 @@ from tokenwire.kernels.store_kv import store_kv
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.models.arch import ModelArch
 from tokenwire.runtime.models.layers import (
-    LinearMethod,
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RMSNorm,
     RowParallelLinear,
 )
 from tokenwire.runtime.models.layers.basic import make_rms_norm
+from tokenwire.runtime.models.layers.quant.base import MethodFor
 from tokenwire.runtime.models.moe import SparseMoeBlock
 
 # One layer's paged KV cache: (k_cache, v_cache), each [num_blocks, block_size, Hkv, D], and
@@ -54,9 +54,10 @@ class Attention(nn.Module):
         layer: int,
         dtype: torch.dtype,
         tp: TPGroup,
-        method: LinearMethod | None,
+        methods: MethodFor,
     ) -> None:
         super().__init__()
+        prefix = f"model.layers.{layer}.self_attn"
         self.qkv_proj = QKVParallelLinear(
             arch.hidden_size,
             arch.head_dim,
@@ -65,7 +66,7 @@ class Attention(nn.Module):
             arch.attention_bias,
             dtype,
             tp,
-            method,
+            methods(f"{prefix}.qkv_proj"),
         )
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
@@ -76,8 +77,9 @@ class Attention(nn.Module):
         self.logits_soft_cap = arch.attn_logit_softcap
         self.sliding_window = arch.layer_window(layer)
         self.o_proj = RowParallelLinear(
-            arch.q_size, arch.hidden_size, arch.o_proj_bias, dtype, tp, "attention size", method
-        )
+            arch.q_size, arch.hidden_size, arch.o_proj_bias, dtype, tp, "attention size",
+            methods(f"{prefix}.o_proj"),
+        )  # fmt: skip
         # gpt-oss: every head's sink logit (all heads, replicated; this rank reads its own).
         self.sinks: nn.Parameter | None = None
         if arch.attention_sinks:
@@ -126,17 +128,20 @@ class MLP(nn.Module):
     ``down_proj`` all-reduces."""
 
     def __init__(
-        self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup, method: LinearMethod | None
+        self, arch: ModelArch, layer: int, dtype: torch.dtype, tp: TPGroup, methods: MethodFor
     ) -> None:
         super().__init__()
         inter = arch.intermediate_size
         sizes = {"gate": inter, "up": inter}
+        prefix = f"model.layers.{layer}.mlp"
         self.gate_up_proj = MergedColumnParallelLinear(
-            arch.hidden_size, sizes, False, dtype, tp, "intermediate_size", method
-        )
+            arch.hidden_size, sizes, False, dtype, tp, "intermediate_size",
+            methods(f"{prefix}.gate_up_proj"),
+        )  # fmt: skip
         self.down_proj = RowParallelLinear(
-            inter, arch.hidden_size, False, dtype, tp, "intermediate_size", method
-        )
+            inter, arch.hidden_size, False, dtype, tp, "intermediate_size",
+            methods(f"{prefix}.down_proj"),
+        )  # fmt: skip
         self.act_and_mul = gated_activation(arch.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -154,14 +159,14 @@ class DecoderLayer(nn.Module):
         layer: int,
         dtype: torch.dtype,
         tp: TPGroup,
-        method: LinearMethod | None,
+        methods: MethodFor,
     ) -> None:
         super().__init__()
-        self.self_attn = Attention(arch, layer, dtype, tp, method)
+        self.self_attn = Attention(arch, layer, dtype, tp, methods)
         self.mlp: MLP | SparseMoeBlock = (
-            SparseMoeBlock(arch, dtype, tp, method)
+            SparseMoeBlock(arch, dtype, tp, methods(f"model.layers.{layer}.mlp"))
             if arch.layer_is_sparse(layer)
-            else MLP(arch, dtype, tp, method)
+            else MLP(arch, layer, dtype, tp, methods)
         )
         self.input_layernorm = norm(arch, arch.hidden_size, dtype)
         # Llama: the norm before the MLP. Gemma: the norm of the attention output.

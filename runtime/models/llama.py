@@ -39,7 +39,6 @@ from tokenwire.runtime.models.decoder import DecoderLayer, KVCache, norm
 from tokenwire.runtime.models.fused_checkpoint import split_fused_projections
 from tokenwire.runtime.models.gpt_oss_checkpoint import split_gpt_oss_experts
 from tokenwire.runtime.models.layers import (
-    LinearMethod,
     ParallelLMHead,
     QuantConfig,
     ShardedModule,
@@ -48,6 +47,7 @@ from tokenwire.runtime.models.layers import (
     vocab_parallel_logits,
 )
 from tokenwire.runtime.models.layers.basic import GemmaRMSNorm
+from tokenwire.runtime.models.layers.quant.base import MethodFor, no_quantization
 from tokenwire.runtime.models.loading import init_random, load_checkpoint
 from tokenwire.runtime.models.weights import ShardLoad, WeightSource, replicated
 
@@ -60,12 +60,12 @@ class LlamaModel(nn.Module):
     """Embedding, decoder stack and final norm (HF's ``model.*`` parameter prefix)."""
 
     def __init__(
-        self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup, method: LinearMethod | None
+        self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup, methods: MethodFor
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, dtype, tp)
         self.layers = nn.ModuleList(
-            DecoderLayer(arch, i, dtype, tp, method) for i in range(arch.num_hidden_layers)
+            DecoderLayer(arch, i, dtype, tp, methods) for i in range(arch.num_hidden_layers)
         )
         self.norm = norm(arch, arch.hidden_size, dtype)
         # Gemma: HF multiplies by sqrt(hidden) rounded to the model dtype.
@@ -109,8 +109,8 @@ class LlamaForCausalLM(nn.Module):
         # The decoder's linear layers take the scheme's method; embeddings, the LM head and
         # norms stay unquantized (as in vLLM).
         self.quant_config = quant
-        method = None if quant is None else quant.linear_method()
-        self.model = LlamaModel(arch, dtype, tp, method)
+        methods = no_quantization if quant is None else quant.method_for()
+        self.model = LlamaModel(arch, dtype, tp, methods)
         # Tied models have no lm_head parameter: logits use the embedding matrix itself (under
         # TP, this rank's rows of it), so the tie cannot be broken by device moves or loading.
         self.lm_head: ParallelLMHead | None = None

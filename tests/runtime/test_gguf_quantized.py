@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
-from gguf_layout import llama_cpp_permute, unpermute
+from gguf_layout import llama_cpp_permute, random_k_quant, unpermute
 from parity import NEW_TOKENS, distinct_prompts, hf_greedy
 from safetensors.torch import load_file
 from tiny_models import default_gguf_path
@@ -70,8 +70,10 @@ def gguf_name(hf: str) -> str:
 def write_synthetic(
     src: Path, out: Path, types: Callable[[str], QT]
 ) -> tuple[Path, dict[str, torch.Tensor]]:
-    """GGUF of the tiny HF model at ``src`` (linear ``hf`` stored as ``types(hf)``), and the
-    HF-named float32 weights it de-quantizes to (the reference)."""
+    """GGUF of the tiny HF model at ``src`` (linear ``hf`` stored as ``types(hf)``; K-quants as
+    random super-blocks, gguf-py cannot write them), and the HF-named float32 weights it
+    de-quantizes to (the reference)."""
+    rng = np.random.default_rng(0)
     writer = gguf.GGUFWriter(out, "llama")
     writer.add_block_count(2)
     writer.add_head_count(HEADS)
@@ -86,7 +88,9 @@ def write_synthetic(
             writer.add_tensor(gguf_name(hf), stored)
             back = stored
         else:
-            raw = gguf.quants.quantize(stored, qtype)
+            k_quant = qtype in (QT.Q4_K, QT.Q6_K)
+            raw = (random_k_quant(stored.shape, qtype, rng) if k_quant
+                   else gguf.quants.quantize(stored, qtype))  # fmt: skip
             writer.add_tensor(gguf_name(hf), raw, raw_dtype=qtype)
             back = gguf.quants.dequantize(raw, qtype).astype(np.float32)
         reference[hf] = torch.from_numpy(unpermute(back, heads) if heads else back.copy())
@@ -131,9 +135,46 @@ def _mixed(hf: str) -> QT:
     return QT.Q4_0 if ".self_attn." in hf else QT.Q8_0
 
 
+def _q4_k_m(hf: str) -> QT:
+    """llama.cpp's Q4_K_M recipe in miniature: v and down projections Q6_K, the rest Q4_K."""
+    return QT.Q6_K if (".v_proj." in hf or ".down_proj." in hf) else QT.Q4_K
+
+
+# Per fused layer: the layer's prepared weights (int4 / int8 group) or None (float).
+_LAYERS = {
+    "int4": {"qkv_proj": "w4a16", "o_proj": "w4a16", "gate_up_proj": "w4a16", "down_proj": "w4a16"},
+    "int8": {"qkv_proj": "w8a16", "o_proj": "w8a16", "gate_up_proj": "w8a16", "down_proj": "w8a16"},
+    "mixed": {
+        "qkv_proj": "w4a16",
+        "o_proj": "w4a16",
+        "gate_up_proj": "w8a16",
+        "down_proj": "w8a16",
+    },
+    "q4_k_m": {"qkv_proj": None, "o_proj": "w4a16", "gate_up_proj": "w4a16", "down_proj": "w8a16"},
+}
+K_QUANT_LLAMA = {"hidden_size": 256, "intermediate_size": 512}  # K-quants: 256 per block
+
+
+def layer_kinds(llm: LLM) -> dict[str, str | None]:
+    """Layer 0's fused linears: what each holds prepared (None: an unquantized weight)."""
+    kinds: dict[str, str | None] = {}
+    model = llm.engine.executor.worker.runner.model  # type: ignore[attr-defined]
+    for name, module in model.named_modules():
+        short = name.rsplit(".", 1)[-1]
+        if ".layers.0." in f".{name}." and short in _LAYERS["int4"]:
+            held = [k for k in ("w4a16", "w8a16") if k in module.__dict__]
+            kinds[short] = held[0] if held else None
+    return kinds
+
+
 @pytest.mark.parametrize(
     ("case", "types", "quantization"),
-    [("int4", _int4, "gguf"), ("int8", lambda _: QT.Q8_0, "gguf"), ("mixed", _mixed, None)],
+    [
+        ("int4", _int4, "gguf"),
+        ("int8", lambda _: QT.Q8_0, "gguf"),
+        ("mixed", _mixed, "gguf"),
+        ("q4_k_m", _q4_k_m, "gguf"),
+    ],
 )
 def test_synthetic_gguf_greedy_equals_hf(
     case: str,
@@ -144,7 +185,7 @@ def test_synthetic_gguf_greedy_equals_hf(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("TOKENWIRE_CACHE_DIR", str(tmp_path / "cache"))
-    src = tiny_model_factory("llama", **LLAMA)
+    src = tiny_model_factory("llama", **(K_QUANT_LLAMA if case == "q4_k_m" else LLAMA))
     path, reference = write_synthetic(src, tmp_path / f"{case}.gguf", types)
     seed_cache(path, src, None if quantization else reference)
     llm = LLM(
@@ -152,6 +193,10 @@ def test_synthetic_gguf_greedy_equals_hf(
     )
     facts = llm.engine.facts
     assert facts.quantization == quantization
+    assert layer_kinds(llm) == _LAYERS[case]
+    if case == "q4_k_m":  # Q6_K down projection: int8 with one scale per 16 inputs
+        model = llm.engine.executor.worker.runner.model  # type: ignore[attr-defined]
+        assert model.model.layers[0].mlp.down_proj.prepared("w8a16").group_size == 16
     float_bytes = 4 * sum(t.numel() for t in reference.values())
     if quantization is not None:  # float32 runs a dense copy beside nothing else: same bytes
         assert facts.weight_bytes <= float_bytes

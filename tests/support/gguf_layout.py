@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import numpy.typing as npt
 
 Array = npt.NDArray[Any]
@@ -21,3 +22,20 @@ def unpermute(w: Array, heads: int) -> Array:
     return (
         w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
     )
+
+
+def random_k_quant(shape: tuple[int, ...], qtype: Any, rng: np.random.Generator) -> Array:
+    """Random Q4_K / Q6_K super-blocks for a [rows, cols] matrix (cols a multiple of 256),
+    every code and 6-bit / int8 sub-scale random, the fp16 super-block scales small and fixed
+    so the weights stay in a small model's range (|w| < 0.2). gguf-py cannot quantize K-quants;
+    a reference is ``gguf.quants.dequantize`` of these bytes."""
+    from gguf import GGMLQuantizationType as QT
+
+    rows, cols = shape
+    size = {QT.Q4_K: 144, QT.Q6_K: 210}[qtype]
+    blocks = rng.integers(0, 256, size=(rows, cols // 256, size), dtype=np.uint8)
+    if qtype == QT.Q4_K:  # fp16 d, fp16 dmin first
+        blocks[..., 0:4] = np.array([0.0003, 0.0003], "<f2").view(np.uint8)
+    else:  # fp16 d last
+        blocks[..., 208:] = np.array([0.0001], "<f2").view(np.uint8)
+    return blocks.reshape(rows, -1)

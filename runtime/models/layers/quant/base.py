@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -160,6 +160,16 @@ def _tensor_fields(obj: Any) -> list[tuple[str, torch.Tensor]]:
     return [(name, value) for name, value in items if isinstance(value, torch.Tensor)]
 
 
+# A decoder linear layer's method by its HF module prefix (``model.layers.3.self_attn.qkv_proj``);
+# None: unquantized.
+MethodFor = Callable[[str], "LinearMethod | None"]
+
+
+def no_quantization(prefix: str) -> LinearMethod | None:
+    """The ``MethodFor`` of an unquantized model."""
+    return None
+
+
 class QuantConfig(ABC):
     """A parsed weight scheme; hands out the linear method of the model's linear layers."""
 
@@ -167,6 +177,12 @@ class QuantConfig(ABC):
 
     @abstractmethod
     def linear_method(self) -> LinearMethod: ...
+
+    def method_for(self) -> MethodFor:
+        """Each decoder linear's method by its prefix: one shared method unless the scheme
+        differs per layer (a GGUF file mixing types)."""
+        method = self.linear_method()
+        return lambda prefix: method
 
 
 @torch.no_grad()

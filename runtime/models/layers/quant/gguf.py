@@ -1,4 +1,4 @@
-"""GGUF checkpoints kept quantized: Q4_0 / Q4_1 linears as int4 (w4a16), Q8_0 as int8 (w8a16).
+"""GGUF checkpoints kept quantized: Q4_0/Q4_1/Q4_K linears as int4 (w4a16), Q8_0/Q6_K as int8.
 
 ``runtime.loader.gguf.iter_gguf_weights`` reads a GGUF file into the canonical layouts; here each
 decoder linear's record becomes per-parameter tensors (``<layer>.qweight``, ``.scales``,
@@ -7,11 +7,11 @@ decoder linear's record becomes per-parameter tensors (``<layer>.qweight``, ``.s
 K and the groups). Scales and zeros stay float32 (GGUF's fp16 block scales, exact); the
 kernels cast them once at ``process_weights_after_loading``.
 
-One scheme per model (``gguf_linear_kind``): every decoder linear Q4_0/Q4_1 -> ``int4``,
-every one Q8_0 -> ``int8``. A file whose linears mix those (a fused q/k/v or gate/up would
-mix types) or use any other type (Q4_K, Q6_K, F16, ...) has no kept-quantized plan; the
-loader then de-quantizes the whole model to float, as before, and logs why. Embeddings and
-the LM head are always de-quantized to float (a Q8_0 tied embedding included).
+The scheme is per fused layer (``gguf_linear_plan``): Q4_0 / Q4_1 / Q4_K -> ``int4`` (group
+32), Q8_0 -> ``int8`` (group 32), Q6_K -> ``int8`` (group 16). A fused q/k/v or gate/up layer
+whose parts differ (Q4_K_M's Q4_K q/k beside a Q6_K v), or a layer of any other type (Q5_K,
+F16, ...), runs float: its weights are de-quantized (``iter_gguf_checkpoint``) into an
+unquantized layer. Embeddings and the LM head are always de-quantized to float.
 
 On CPU int4 runs torch's bf16 int4 kernel for every call, whatever its number of rows, so a
 row's bits do not depend on the batch (``w4a16``; a bf16 de-quantized copy for calls of more
@@ -41,15 +41,28 @@ from tokenwire.runtime.loader.gguf.names import IGNORED, hf_name
 from tokenwire.runtime.models.layers.quant.base import (
     LinearLayer,
     LinearMethod,
+    MethodFor,
     ParamLayout,
     QuantConfig,
     local_features,
 )
 
 GGUFKind = Literal["int4", "int8"]
-GROUP = 32  # GGUF Q4_0 / Q4_1 / Q8_0 block size
+GROUP = 32  # GGUF Q4_0 / Q4_1 / Q8_0 block size, and Q4_K's sub-block
 _LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-_KIND_OF_TYPE: dict[str, GGUFKind] = {"Q4_0": "int4", "Q4_1": "int4", "Q8_0": "int8"}
+_FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+          "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}  # fmt: skip
+# GGUF type -> (kept layout, group size); any other type is de-quantized to float.
+KEPT_TYPES: dict[str, tuple[GGUFKind, int]] = {
+    "Q4_0": ("int4", GROUP),
+    "Q4_1": ("int4", GROUP),
+    "Q4_K": ("int4", GROUP),
+    "Q8_0": ("int8", GROUP),
+    "Q6_K": ("int8", 16),
+}
+# One fused layer's scheme: (kind, group), or None when it runs float (de-quantized).
+LayerScheme = tuple[GGUFKind, int] | None
+GGUFPlan = tuple[tuple[str, LayerScheme], ...]  # (fused layer prefix, scheme), file order
 
 
 def is_linear_weight(name: str) -> bool:
@@ -58,41 +71,59 @@ def is_linear_weight(name: str) -> bool:
     return len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in _LINEARS
 
 
-def gguf_linear_kind(path: Path) -> tuple[GGUFKind | None, str]:
-    """(the kept-quantized scheme of the file's decoder linears or None, why not)."""
+def fused_prefix(name: str) -> str:
+    """The model's layer holding HF linear weight ``name`` (q/k/v -> qkv_proj, gate/up ->
+    gate_up_proj): ``model.layers.0.self_attn.k_proj.weight`` -> ``...self_attn.qkv_proj``."""
+    stem, _, part = name.removesuffix(".weight").rpartition(".")
+    return f"{stem}.{_FUSED.get(part, part)}"
+
+
+def gguf_linear_plan(path: Path) -> tuple[GGUFPlan, str]:
+    """Each decoder layer's kept scheme, and why some run float ("" when none does).
+
+    A fused layer (q/k/v, gate/up) is kept only when all its parts share a type's layout and
+    group: Q4_K_M stores v (and some down) projections Q6_K beside Q4_K q/k, so its q/k/v
+    layers run float while o / gate-up / down stay quantized."""
+    parts: dict[str, set[LayerScheme]] = {}
     types: dict[str, set[str]] = {}
     for info in open_gguf(path).tensors:
-        if info.name in IGNORED:
+        name = hf_name(info.name) if info.name not in IGNORED else ""
+        if not is_linear_weight(name) or len(info.shape) != 2:
             continue
-        name = hf_name(info.name)
-        if is_linear_weight(name) and len(info.shape) == 2:
-            types.setdefault(info.ggml_type.name, set()).add(name)
-    kinds = {_KIND_OF_TYPE.get(t) for t in types}
-    if len(kinds) == 1 and None not in kinds:
-        kind = kinds.pop()
-        assert kind is not None
-        return kind, ""
-    if not types:
-        return None, "it has no decoder linear weights"
-    return None, (
-        f"its decoder linear weights are {', '.join(sorted(types))}; kept quantized are only "
-        "all Q4_0/Q4_1 (int4) or all Q8_0 (int8)"
+        qtype = info.ggml_type.name
+        parts.setdefault(fused_prefix(name), set()).add(KEPT_TYPES.get(qtype))
+        types.setdefault(qtype, set()).add(name)
+    plan = tuple((prefix, s.pop() if len(s) == 1 else None) for prefix, s in parts.items())
+    floats = sum(scheme is None for _, scheme in plan)
+    if not floats:
+        return plan, ""
+    kept = ", ".join(sorted(KEPT_TYPES))
+    why = (
+        f"{floats} of {len(plan)} decoder linear layers run float: the file's linear weights "
+        f"are {', '.join(sorted(types))}; kept quantized are {kept}, a fused q/k/v or gate/up "
+        "layer only when its parts share one layout"
     )
+    return plan, why
 
 
-def iter_gguf_checkpoint(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_gguf_checkpoint(
+    path: Path, plan: GGUFPlan | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """HF-named tensors of a GGUF file for a model built with ``GGUFConfig``: each decoder
-    linear record as its canonical per-parameter tensors, everything else as float."""
+    linear record as its canonical per-parameter tensors (float when ``plan`` runs its layer
+    float), everything else as float."""
+    floats = {prefix for prefix, scheme in plan or () if scheme is None}
     for name, weight in iter_gguf_weights(path):
         prefix = name.removesuffix(".weight")
-        if isinstance(weight, GGUFInt4) and is_linear_weight(name):
+        linear = is_linear_weight(name) and fused_prefix(name) not in floats
+        if isinstance(weight, GGUFInt4) and linear:
             yield f"{prefix}.qweight", weight.qweight
             yield f"{prefix}.scales", weight.scales
             yield f"{prefix}.zeros", weight.zeros
-        elif isinstance(weight, GGUFInt8) and is_linear_weight(name):
+        elif isinstance(weight, GGUFInt8) and linear:
             yield f"{prefix}.qweight", weight.qweight
             yield f"{prefix}.scales", weight.scales
-        elif isinstance(weight, GGUFInt4 | GGUFInt8):  # embedding / LM head: float
+        elif isinstance(weight, GGUFInt4 | GGUFInt8):  # embedding, LM head, float layers
             yield name, weight.dequantize()
         else:
             yield name, weight
@@ -105,17 +136,33 @@ class GGUFConfig(QuantConfig):
     # The matmuls' dtype when it differs from the model's: bfloat16 lets a float32 model run
     # torch's int4 CPU kernel (activations cast per call; not exact). None: the model dtype.
     compute_dtype: torch.dtype | None = None
+    # Per fused layer (``gguf_linear_plan``); empty: every layer ``kind`` with group 32.
+    plan: GGUFPlan = ()
 
     def linear_method(self) -> LinearMethod:
         return GGUFLinearMethod(self.kind, self.compute_dtype)
+
+    def method_for(self) -> MethodFor:
+        if not self.plan:
+            return super().method_for()
+        methods = {
+            scheme: GGUFLinearMethod(scheme[0], self.compute_dtype, scheme[1])
+            for _, scheme in self.plan
+            if scheme is not None
+        }
+        schemes = dict(self.plan)
+        return lambda prefix: methods.get(schemes.get(prefix))  # type: ignore[arg-type]
 
 
 class GGUFLinearMethod:
     """Canonical int4 (``qweight/scales/zeros``) or int8 (``qweight/scales``) parameters."""
 
-    def __init__(self, kind: GGUFKind, compute_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self, kind: GGUFKind, compute_dtype: torch.dtype | None = None, group: int = GROUP
+    ) -> None:
         self.kind = kind
         self.compute_dtype = compute_dtype
+        self.group = group
         self.dtype = torch.float32  # the model dtype, set by create_weights
 
     @property
@@ -133,7 +180,7 @@ class GGUFLinearMethod:
     ) -> None:
         self.dtype = dtype
         split = input_size != full_input_size
-        groups = local_features(input_size, GROUP, layer.what, "scales", split)
+        groups = local_features(input_size, self.group, layer.what, "scales", split)
         f32 = torch.float32
         if self.kind == "int4":
             rows = local_features(input_size, 8, layer.what, "qweight", split)
@@ -143,7 +190,7 @@ class GGUFLinearMethod:
                 torch.empty(rows, output_size, dtype=i32),
                 ParamLayout(output_dim=1, input_dim=0, input_pack=8, dtype=i32, dummy="bits"),
             )
-            grouped = ParamLayout(1, 0, 1, GROUP, dtype=f32, dummy="scale")
+            grouped = ParamLayout(1, 0, 1, self.group, dtype=f32, dummy="scale")
             layer.register("scales", torch.empty(groups, output_size, dtype=f32), grouped)
             layer.register("zeros", torch.empty(groups, output_size, dtype=f32), grouped)
             return
@@ -156,7 +203,7 @@ class GGUFLinearMethod:
         layer.register(
             "scales",
             torch.empty(output_size, groups, dtype=f32),
-            ParamLayout(0, 1, 1, GROUP, dtype=f32, dummy="scale"),
+            ParamLayout(0, 1, 1, self.group, dtype=f32, dummy="scale"),
         )
 
     def apply(self, layer: LinearLayer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -170,14 +217,14 @@ class GGUFLinearMethod:
         if self.kind == "int4":
             zeros = layer.param("zeros")
             prepared = prepare_w4a16(
-                qweight, scales, zeros, None, GROUP, device, dtype,
+                qweight, scales, zeros, None, self.group, device, dtype,
                 compute_dtype=self.compute_dtype,
             )  # fmt: skip
             layer.drop("qweight", "scales", "zeros")
             layer.hold("w4a16", prepared)
             return
         prepared8 = prepare_w8a16(
-            qweight, scales, GROUP, device, dtype, compute_dtype=self.compute_dtype
+            qweight, scales, self.group, device, dtype, compute_dtype=self.compute_dtype
         )
         layer.drop("qweight", "scales")
         layer.hold("w8a16", prepared8)
