@@ -108,7 +108,7 @@ def _load(config: LlamaCppBenchConfig, url: str, model: str, concurrency: int) -
         )
     )
     keys = ("completed", "failed", "output_throughput", "median_ttft_ms", "median_tpot_ms")
-    return {k: summary[k] for k in keys}
+    return {**{k: summary[k] for k in keys}, "errors": summary.get("errors", [])}
 
 
 def resolve_binary(config: LlamaCppBenchConfig) -> Path:

@@ -49,13 +49,16 @@ def _stats(name: str, seconds: list[float]) -> dict[str, float]:
 
 
 def summarize(results: list[RequestResult], duration: float) -> dict[str, Any]:
-    done = [r for r in results if r.error is None and r.chunks]
-    ttft = [r.chunks[0][0] - r.start for r in done]
+    # Done: no error and tokens seen, as text chunks or in the usage report (a server may hold
+    # back text that is not yet valid UTF-8 and stream empty chunks: llama-server does).
+    done = [r for r in results if r.error is None and (r.chunks or r.reported_output_tokens)]
+    timed = [r for r in done if r.chunks]  # the latency figures need an arrival time
+    ttft = [r.chunks[0][0] - r.start for r in timed]
     e2el = [r.end - r.start for r in done]
-    itl = [b[0] - a[0] for r in done for a, b in zip(r.chunks, r.chunks[1:], strict=False)]
+    itl = [b[0] - a[0] for r in timed for a, b in zip(r.chunks, r.chunks[1:], strict=False)]
     tpot = [
         (r.end - r.start - (r.chunks[0][0] - r.start)) / (r.output_tokens - 1)
-        for r in done
+        for r in timed
         if r.output_tokens > 1
     ]
     output_tokens = sum(r.output_tokens for r in done)

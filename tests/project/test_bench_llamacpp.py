@@ -64,3 +64,19 @@ def test_summary_takes_medians_per_side_and_the_ratio() -> None:
     assert row["ratio"] == round(330 / 210, 3)
     assert row["tokenwire_ttft_p50_ms"] == 60 and row["llama.cpp_ttft_p50_ms"] == 35
     assert row["tokenwire_failed"] == 1 and row["llama.cpp_failed"] == 0
+
+
+def test_a_request_reported_in_usage_only_counts_as_completed() -> None:
+    """llama-server streams empty-text chunks while a token's bytes are not yet valid UTF-8:
+    a request with no text chunk but a usage report of its tokens completed; one with neither
+    (or an error) failed."""
+    from tokenwire.bench.serve_metrics import RequestResult, summarize
+
+    texted = RequestResult(0.0, 1.0, 8, [(0.2, 1), (0.6, 1)], reported_output_tokens=4)
+    usage_only = RequestResult(0.0, 1.0, 8, [], reported_output_tokens=4)
+    nothing = RequestResult(0.0, 1.0, 8, [])
+    broken = RequestResult(0.0, 1.0, 8, [(0.2, 1)], error="HTTP 500")
+    summary = summarize([texted, usage_only, nothing, broken], duration=2.0)
+    assert (summary["completed"], summary["failed"]) == (2, 2)
+    assert summary["total_output_tokens"] == 8 and summary["output_throughput"] == 4.0
+    assert summary["median_ttft_ms"] == 200.0  # from the request that has arrival times
