@@ -1,6 +1,6 @@
-"""The spawned engine core's OpenMP threads sleep when idle (``OMP_WAIT_POLICY=PASSIVE``, issue
-42): read from the real core process's ``/proc/PID/environ``; a user's own setting wins, and the
-front's environment is left as it was."""
+"""The spawned engine core's OpenMP threads spin briefly, then sleep (``GOMP_SPINCOUNT=10000``,
+issue 42): read from the real core process's ``/proc/PID/environ``; a user's own setting wins,
+and the front's environment is left as it was."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tokenwire.runtime.engine.spawn_env import core_env_overrides, spawn_environ
 
 
 def test_overrides_leave_a_users_setting_alone() -> None:
-    assert core_env_overrides({}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert core_env_overrides({}) == {"GOMP_SPINCOUNT": "10000"}
     assert core_env_overrides({"OMP_WAIT_POLICY": "ACTIVE"}) == {}
     assert core_env_overrides({"GOMP_SPINCOUNT": "300000"}) == {}
 
@@ -52,7 +52,7 @@ def _core_environ(model: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("user", [None, "ACTIVE"])
-def test_the_real_core_process_starts_passive_unless_the_user_chose(
+def test_the_real_core_process_spins_briefly_unless_the_user_chose(
     tiny_model_factory: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, user: str | None
 ) -> None:
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
@@ -61,5 +61,6 @@ def test_the_real_core_process_starts_passive_unless_the_user_chose(
     else:
         monkeypatch.setenv("OMP_WAIT_POLICY", user)
     environ = _core_environ(tiny_model_factory("llama"))
-    assert environ["OMP_WAIT_POLICY"] == (user or "PASSIVE")
-    assert os.environ.get("OMP_WAIT_POLICY") == user  # the front's own is unchanged
+    assert environ.get("GOMP_SPINCOUNT") == (None if user else "10000")
+    assert environ.get("OMP_WAIT_POLICY") == user
+    assert "GOMP_SPINCOUNT" not in os.environ  # the front's own is unchanged
