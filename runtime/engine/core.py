@@ -200,10 +200,11 @@ class EngineCore:
         self, request_ids: list[str], reason: FinishReason = FinishReason.CANCELLED
     ) -> list[EngineCoreOutput]:
         aborted = self.scheduler.abort_requests(request_ids, reason)
+        drained: list[EngineCoreOutput] = []
         if self._stepper is not None and not self.scheduler.has_unfinished_requests():
-            self._stepper.collect()  # nothing live: the step in flight only has dropped tokens
+            drained = self._stepper.collect()  # nothing live: reconcile the step in flight
         self._report_finished()
-        return [
+        return drained + [
             EngineCoreOutput(
                 r.request_id,
                 [],
