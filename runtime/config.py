@@ -166,6 +166,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     scheduling_policy: SchedulingPolicy = "fcfs"
     enable_chunked_prefill: bool = True
+    # Plan step k+1 while step k runs (``engine/async_steps.py``); off by default for now.
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         _positive("max_num_seqs", self.max_num_seqs)

@@ -269,6 +269,13 @@ class EngineArgs:
         "split long prompts over several steps' token budgets",
         action=argparse.BooleanOptionalAction,
     )
+    async_scheduling: bool = _arg(
+        SchedulerConfig,
+        "async_scheduling",
+        "plan step k+1 while step k runs (one step in flight); features it does not cover "
+        "yet run synchronous steps (docs/serving.md#async-scheduling)",
+        action=argparse.BooleanOptionalAction,
+    )
     scheduling_policy: SchedulingPolicy = _arg(  # noqa: RUF009 (returns an immutable str)
         SchedulerConfig,
         "scheduling_policy",

@@ -1,8 +1,9 @@
 """Scheduler-side state of one engine request (one choice; ``n > 1`` fans out to children).
 
 A ``Request`` is owned by the scheduler thread. Its progress (``num_computed_tokens``, output
-tokens, status) advances only in ``Scheduler.update``; the block manager keeps the request's
-block ids and block hashes, keyed by ``request_id``.
+tokens, status) advances only in ``Scheduler.update`` (under async scheduling
+``num_computed_tokens`` advances when the step is scheduled: ``core.placeholders``); the
+block manager keeps the request's block ids and block hashes, keyed by ``request_id``.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Request:
         "num_cached_tokens",
         "num_computed_tokens",
         "num_draft_tokens",
+        "num_output_placeholders",
         "num_preemptions",
         "num_prompt_tokens",
         "priority",
@@ -91,6 +93,9 @@ class Request:
         self.lora_request = lora_request  # the adapter it runs with; None: the base model
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
+        # Async scheduling: tokens steps in flight will sample for it, not back yet
+        # (``core.placeholders``); always 0 under synchronous steps.
+        self.num_output_placeholders = 0
         self.num_cached_tokens = -1  # prefix-hit tokens at first scheduling; -1 = not yet
         self.num_preemptions = 0
         self.num_draft_tokens = 0  # speculative decoding: drafts verified, and accepted

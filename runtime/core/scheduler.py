@@ -19,6 +19,7 @@ import time
 from tokenwire.runtime.config import SchedulerConfig
 from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
 from tokenwire.runtime.core.kv_connector import KVConnector
+from tokenwire.runtime.core.placeholders import advance, finishes_by_length, settle
 from tokenwire.runtime.core.request import Request, RequestStatus
 from tokenwire.runtime.core.request_queue import make_queue
 from tokenwire.runtime.core.spec.accept import accept_drafts
@@ -219,7 +220,11 @@ class Scheduler:
         while i < len(running) and budget > 0:
             request = running[i]
             num_computed = request.num_computed_tokens
-            num_new = min(len(request.token_ids) - num_computed, budget)
+            placeholders = request.num_output_placeholders  # async scheduling; else 0
+            if placeholders and finishes_by_length(request):
+                i += 1
+                continue  # its pending update finishes it
+            num_new = min(len(request.token_ids) + placeholders - num_computed, budget)
             if proposer is not None and num_new == 1 and num_computed >= request.num_prompt_tokens:
                 draft = proposer.propose(request, budget)
                 if draft:
@@ -271,6 +276,7 @@ class Scheduler:
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.num_output_placeholders = 0  # a token in flight still arrives: update appends it
         request.num_preemptions += 1
         self.num_preemptions_total += 1
         self.waiting.prepend(request)
@@ -370,16 +376,22 @@ class Scheduler:
             )
 
     # ------------------------------------------------------------------ update
+    def advance(self, scheduler_output: SchedulerOutput) -> None:
+        """Async scheduling: progress as if ``scheduler_output`` had run, before it runs
+        (``core.placeholders``); its ``update`` then takes ``advanced=True``."""
+        advance(self.requests, scheduler_output.num_scheduled_tokens)
+
     def update(
-        self, scheduler_output: SchedulerOutput, model_output: ModelOutput
+        self, scheduler_output: SchedulerOutput, model_output: ModelOutput, advanced: bool = False
     ) -> list[EngineCoreOutput]:
         requests = self.requests
         if self.connector is not None and model_output.kv_loads_done:  # KV tiers
             self.connector.loads_done(model_output.kv_loads_done)
-        for request_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
-            request = requests.get(request_id)
-            if request is not None:
-                request.num_computed_tokens += num_tokens
+        if not advanced:
+            for request_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
+                request = requests.get(request_id)
+                if request is not None:
+                    request.num_computed_tokens += num_tokens
         outputs, self._grammar_failures = self._grammar_failures, []
         any_finished = False
         logprobs = model_output.logprobs
@@ -391,6 +403,8 @@ class Scheduler:
             request = requests.get(request_id)
             if request is None:
                 continue  # aborted while the step ran
+            if advanced:
+                settle(request)
             request.token_ids.append(token)
             if request.first_token_time is None:
                 request.first_token_time = now
@@ -480,5 +494,7 @@ class Scheduler:
         stop = token_stop(request, token, self.max_model_len)
         if stop is None:
             return False
+        if request.status == RequestStatus.PREEMPTED:  # async: preempted while its step ran
+            self.waiting.remove(request)
         self._finish(request, *stop)
         return True

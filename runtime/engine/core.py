@@ -21,6 +21,7 @@ from tokenwire.runtime.core.request import Request
 from tokenwire.runtime.core.scheduler import Scheduler
 from tokenwire.runtime.core.spec.accept import spec_step_stats
 from tokenwire.runtime.core.spec.draft_slots import make_proposer
+from tokenwire.runtime.engine.async_steps import carries_work, make_stepper
 from tokenwire.runtime.engine.fault import step_fault_from_env
 from tokenwire.runtime.errors import DuplicateRequestError
 from tokenwire.runtime.executor.base import Executor
@@ -98,6 +99,17 @@ class EngineCore:
             self._make_connector(),
             encoder_only=self.facts.encoder,
         )
+        # --async-scheduling: keeps one step in flight (engine.async_steps); None: sync steps.
+        self._stepper = make_stepper(
+            config,
+            self.facts,
+            self.executor,
+            self.scheduler,
+            self.structured,
+            None if observer is None else self._report_step,
+            self._fault,
+            GRAMMAR_WAIT_S,
+        )
 
     def _make_connector(self) -> KVConnector | None:
         """KV tiers (docs/kv-tiers.md): the host tier when the worker sized one."""
@@ -139,6 +151,8 @@ class EngineCore:
         """Stop the executor (its worker processes, under tensor parallelism): ``graceful``
         after a clean stop, at once after a failure."""
         self.structured.shutdown()
+        if self._stepper is not None:
+            self._stepper.discard()
         self.executor.shutdown(graceful)
 
     # ------------------------------------------------------------------ requests
@@ -186,8 +200,11 @@ class EngineCore:
         self, request_ids: list[str], reason: FinishReason = FinishReason.CANCELLED
     ) -> list[EngineCoreOutput]:
         aborted = self.scheduler.abort_requests(request_ids, reason)
+        drained: list[EngineCoreOutput] = []
+        if self._stepper is not None and not self.scheduler.has_unfinished_requests():
+            drained = self._stepper.collect()  # nothing live: reconcile the step in flight
         self._report_finished()
-        return [
+        return drained + [
             EngineCoreOutput(
                 r.request_id,
                 [],
@@ -213,7 +230,9 @@ class EngineCore:
         return next((r for r in self.loras.adapters() if r.lora_name == name), None)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or (
+            self._stepper is not None and self._stepper.in_flight
+        )
 
     def release_holder(self, holder_id: str) -> bool:
         """Free the KV blocks a finished request left under ``holder_id``."""
@@ -234,6 +253,10 @@ class EngineCore:
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[EngineCoreOutput]:
+        if self._stepper is not None:  # async scheduling: one step in flight
+            outputs = self._stepper.step()
+            self._report_finished()
+            return outputs
         started_ns = time.time_ns()
         t0 = time.perf_counter()
         so = self.scheduler.schedule()
@@ -241,12 +264,7 @@ class EngineCore:
         # An empty step still goes out when it finishes or preempts requests: the workers
         # must release their rows (a request that preempted itself used to leak one).
         # So does one with KV-tier copies to make or loads to wait for.
-        if (
-            so.is_empty
-            and not so.finished_req_ids
-            and not so.preempted_req_ids
-            and so.kv_transfers is None
-        ):
+        if not carries_work(so):
             if self.structured.num_pending:
                 self.structured.wait(GRAMMAR_WAIT_S)
             return []

@@ -8,7 +8,8 @@ the model (vocabulary, context length, EOS ids, KV blocks, names) arrives once a
 
 from __future__ import annotations
 
-from typing import Protocol
+from concurrent.futures import Future
+from typing import Protocol, runtime_checkable
 
 from tokenwire.runtime.model_facts import ModelFacts
 from tokenwire.runtime.model_output import ModelOutput
@@ -29,3 +30,12 @@ class Executor(Protocol):
         """Stop the workers: ``graceful`` lets them finish and exit on their own; otherwise
         they are killed at once (the engine is dead; a hung worker would never exit)."""
         ...
+
+
+@runtime_checkable
+class AsyncExecutor(Executor, Protocol):
+    """An executor that can take step k+1 while step k runs (async scheduling): it runs the
+    submitted steps one at a time, in order, so a step sees every earlier step's effects (its
+    sampled tokens, its KV writes)."""
+
+    def submit_model(self, scheduler_output: SchedulerOutput) -> Future[ModelOutput]: ...

@@ -1,6 +1,12 @@
-"""``UniprocExecutor``: the model on one device, in the engine core's own process."""
+"""``UniprocExecutor``: the model on one device, in the engine core's own process.
+
+Async scheduling (``submit_model``): steps run on one forward thread of this process, in
+submission order, while the core's thread plans the next step (torch releases the GIL).
+"""
 
 from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -23,6 +29,7 @@ class UniprocExecutor:
             device = torch.device(device.type, parallel.data_parallel_rank)  # a GPU per core
         self.worker = Worker(config, device, TPGroup.single())
         self._facts = self.worker.facts(self.worker.num_blocks)
+        self._forward: ThreadPoolExecutor | None = None  # async scheduling: made on first use
 
     @property
     def facts(self) -> ModelFacts:
@@ -31,8 +38,14 @@ class UniprocExecutor:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelOutput:
         return self.worker.execute_model(scheduler_output)
 
+    def submit_model(self, scheduler_output: SchedulerOutput) -> Future[ModelOutput]:
+        if self._forward is None:  # one thread: steps run one at a time, in order
+            self._forward = ThreadPoolExecutor(1, thread_name_prefix="tokenwire-forward")
+        return self._forward.submit(self.worker.execute_model, scheduler_output)
+
     def check_health(self) -> None:
         pass
 
     def shutdown(self, graceful: bool = True) -> None:
-        pass
+        if self._forward is not None:
+            self._forward.shutdown(wait=graceful, cancel_futures=not graceful)

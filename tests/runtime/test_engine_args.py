@@ -57,6 +57,7 @@ VALUES: dict[str, Any] = {
     "kv_offloading_size": 1.5,
     "enable_prefix_caching": False,
     "enable_chunked_prefill": False,
+    "async_scheduling": True,
     "scheduling_policy": "priority",
     "tensor_parallel_size": 2,
     "data_parallel_size": 2,
@@ -199,7 +200,7 @@ def test_create_engine_config_carries_every_field() -> None:
     )  # fmt: skip
     assert config.scheduler == SchedulerConfig(
         max_num_seqs=8, max_num_batched_tokens=1024, scheduling_policy="priority",
-        enable_chunked_prefill=False,
+        enable_chunked_prefill=False, async_scheduling=True,
     )  # fmt: skip
     assert config.parallel == ParallelConfig(
         tensor_parallel_size=2, data_parallel_size=2, nnodes=2,

@@ -50,6 +50,7 @@ VALUES: dict[str, Any] = {
     "num_gpu_blocks_override": 64,
     "enable_prefix_caching": False,
     "enable_chunked_prefill": False,
+    "async_scheduling": True,
     "scheduling_policy": "priority",
     "tensor_parallel_size": 2,
     "data_parallel_size": 2,

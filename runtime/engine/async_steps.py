@@ -1,0 +1,193 @@
+"""Async scheduling (``--async-scheduling``): the core plans step k+1 while step k runs.
+
+``AsyncStepper.step()`` schedules step k+1 with one placeholder per row that step k samples
+(``core.placeholders``), submits it to the executor, and only then waits for step k and
+reconciles it (``Scheduler.update(..., advanced=True)``). The executor runs steps in order,
+and its runner appends each sampled token to the request's row, so step k+1's input ids
+come from the worker's own step-k samples; the scheduler never needs them to plan. A request
+that step k finishes (stop token, max_tokens, abort) is already in step k+1: its token there
+is dropped by ``update`` (the request is gone) and its blocks were freed when it finished;
+the worker drops its row on the next step. So one step is in flight between calls, and the
+step's bookkeeping (update, the front's detokenization, the next schedule) overlaps the
+forward.
+
+What async steps do not cover falls back to synchronous steps (schedule, run, update, with
+nothing in flight), never to different output:
+
+* engine-wide (``sync_reason``): an executor that cannot take a step while one runs
+  (tensor parallelism's worker processes), speculative decoding (drafts need the last
+  token), embedding models, LoRA, the host KV tier;
+* per step (``step_needs_sync``), while any request has structured outputs (the grammar must
+  take step k's token before step k+1's mask), prompt logprobs, or a Session hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from tokenwire.runtime.config import EngineConfig
+from tokenwire.runtime.core.scheduler import Scheduler
+from tokenwire.runtime.engine.fault import StepFault
+from tokenwire.runtime.executor.base import AsyncExecutor, Executor
+from tokenwire.runtime.model_facts import ModelFacts
+from tokenwire.runtime.model_output import ModelOutput
+from tokenwire.runtime.outputs import EngineCoreOutput
+from tokenwire.runtime.scheduler_output import SchedulerOutput
+from tokenwire.runtime.structured.manager import StructuredOutputManager
+
+logger = logging.getLogger("tokenwire.engine")
+# (step, its model output, schedule s, update s, started_at_ns, duration s) -> the observer.
+ReportStep = Callable[[SchedulerOutput, ModelOutput, float, float, int, float], None]
+
+
+def carries_work(so: SchedulerOutput) -> bool:
+    """Whether a scheduled step must reach the executor: it runs tokens, or the workers must
+    release rows (finished, preempted), or it has KV-tier copies to make or loads to wait for."""
+    return not (
+        so.is_empty
+        and not so.finished_req_ids
+        and not so.preempted_req_ids
+        and so.kv_transfers is None
+    )
+
+
+def sync_reason(config: EngineConfig, facts: ModelFacts, executor: Executor) -> str | None:
+    """Why this engine runs synchronous steps even with ``--async-scheduling``; None: it can
+    run async steps."""
+    if not isinstance(executor, AsyncExecutor):
+        return "its executor runs one step at a time (tensor parallelism)"
+    if config.speculative_config is not None:
+        return "speculative decoding"
+    if facts.embed is not None:
+        return "an embedding model"
+    if config.lora.enable_lora:
+        return "LoRA"
+    if facts.num_offload_blocks and config.cache.enable_prefix_caching:
+        return "the host KV tier"
+    return None
+
+
+def step_needs_sync(scheduler: Scheduler) -> bool:
+    """A request whose next step needs step k's tokens first (or is not covered yet)."""
+    for request in scheduler.requests.values():
+        params = request.sampling_params
+        if (
+            params.structured_outputs is not None
+            or params.prompt_logprobs is not None
+            or request.hold_as is not None
+        ):
+            return True
+    return False
+
+
+def make_stepper(
+    config: EngineConfig,
+    facts: ModelFacts,
+    executor: Executor,
+    scheduler: Scheduler,
+    structured: StructuredOutputManager,
+    report_step: ReportStep | None,
+    fault: StepFault | None,
+    grammar_wait_s: float,
+) -> AsyncStepper | None:
+    """The engine's stepper under ``--async-scheduling``; None: synchronous steps (the flag
+    is off, or ``sync_reason`` names what the engine runs that async steps do not cover)."""
+    if not config.scheduler.async_scheduling:
+        return None
+    reason = sync_reason(config, facts, executor)
+    if reason is not None:
+        logger.info("async scheduling is off for %s: steps run synchronously", reason)
+        return None
+    assert isinstance(executor, AsyncExecutor)
+    return AsyncStepper(scheduler, executor, structured, report_step, fault, grammar_wait_s)
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """A submitted step whose model output is not reconciled yet."""
+
+    so: SchedulerOutput
+    future: Future[ModelOutput]
+    schedule_time: float
+    started_ns: int
+    started: float  # perf_counter when its schedule began
+
+
+class AsyncStepper:
+    """Drives ``scheduler`` and ``executor`` with at most one step in flight between calls.
+    Not thread-safe: the core's one thread calls it."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        executor: AsyncExecutor,
+        structured: StructuredOutputManager,
+        report_step: ReportStep | None,
+        fault: StepFault | None,
+        grammar_wait_s: float,
+    ) -> None:
+        self.scheduler = scheduler
+        self.executor = executor
+        self.structured = structured
+        self.report_step = report_step
+        self.fault = fault
+        self.grammar_wait_s = grammar_wait_s
+        self._flight: InFlight | None = None
+
+    @property
+    def in_flight(self) -> bool:
+        return self._flight is not None
+
+    def step(self) -> list[EngineCoreOutput]:
+        """Schedule and submit one step, then reconcile the one before it; outputs are that
+        earlier step's. A step that must run synchronously drains the pipeline first and is
+        reconciled at once; so is the last step once no request is left unfinished."""
+        sync = step_needs_sync(self.scheduler)
+        outputs = self.collect() if sync else []
+        started_ns, t0 = time.time_ns(), time.perf_counter()
+        so = self.scheduler.schedule()
+        schedule_time = time.perf_counter() - t0
+        if not carries_work(so):
+            if self._flight is None and self.structured.num_pending:
+                self.structured.wait(self.grammar_wait_s)
+            outputs.extend(self.collect())
+            return outputs
+        if self.fault is not None:
+            self.fault.before_execute()
+        self.scheduler.advance(so)
+        flight = InFlight(so, self.executor.submit_model(so), schedule_time, started_ns, t0)
+        outputs.extend(self.collect())
+        self._flight = flight
+        if sync or not self.scheduler.has_unfinished_requests():
+            outputs.extend(self.collect())
+        return outputs
+
+    def collect(self) -> list[EngineCoreOutput]:
+        """Wait for the step in flight (if any) and reconcile it; its outputs."""
+        flight, self._flight = self._flight, None
+        if flight is None:
+            return []
+        mo = flight.future.result()
+        t2 = time.perf_counter()
+        outputs = self.scheduler.update(flight.so, mo, advanced=True)
+        t3 = time.perf_counter()
+        if self.report_step is not None and not flight.so.is_empty:
+            update_time = t3 - t2
+            duration = t3 - flight.started
+            self.report_step(
+                flight.so, mo, flight.schedule_time, update_time, flight.started_ns, duration
+            )
+        return outputs
+
+    def discard(self) -> None:
+        """Shutdown: wait for the step in flight, if any, and forget it (errors included:
+        the engine is stopping)."""
+        flight, self._flight = self._flight, None
+        if flight is not None:
+            with contextlib.suppress(Exception):  # stopping: its failure no longer matters
+                flight.future.result()
