@@ -54,6 +54,19 @@ class _Timer:
         )
 
 
+def _read_line(line: str, timer: _Timer, reported: list[int]) -> None:
+    """One SSE line of a streamed completion: a text chunk is a token arrival (exact counts
+    come from the usage chunk, appended to ``reported``)."""
+    if not line.startswith("data: ") or line == "data: [DONE]":
+        return
+    chunk = json.loads(line[6:])
+    choices = chunk.get("choices") or []
+    if choices and choices[0].get("text"):
+        timer.tokens(1)
+    if chunk.get("usage"):
+        reported.append(chunk["usage"]["completion_tokens"])
+
+
 def grpc_sender(
     target: str, api_key: str | None, cache_salt: str, tls: TlsOptions | None = None
 ) -> tuple[Sender, Callable[[], Awaitable[None]]]:
@@ -121,25 +134,25 @@ def openai_sender(
             "stream_options": {"include_usage": True},
             "cache_salt": cache_salt,  # vLLM's extension field; tokenwire's shim accepts it
         }
-        reported = None
-        try:
-            async with client.stream(
-                "POST", "/v1/completions", json=body, headers=session_headers
-            ) as response:
-                if response.status_code != 200:
-                    return timer.result(len(prompt), f"HTTP {response.status_code}")
-                async for line in response.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    chunk = json.loads(line[6:])
-                    choices = chunk.get("choices") or []
-                    if choices and choices[0].get("text"):
-                        timer.tokens(1)  # a chunk; exact counts come from the usage chunk
-                    if chunk.get("usage"):
-                        reported = chunk["usage"]["completion_tokens"]
-        except httpx.HTTPError as err:
-            return timer.result(len(prompt), type(err).__name__)
-        return timer.result(len(prompt), reported=reported)
+        reported: list[int] = []
+        for attempt in (1, 2):
+            try:
+                async with client.stream(
+                    "POST", "/v1/completions", json=body, headers=session_headers
+                ) as response:
+                    if response.status_code != 200:
+                        return timer.result(len(prompt), f"HTTP {response.status_code}")
+                    async for line in response.aiter_lines():
+                        _read_line(line, timer, reported)
+                break
+            except httpx.RemoteProtocolError as err:
+                # A pooled keep-alive connection the server had closed (llama-server does):
+                # nothing was answered yet, so send once more on a fresh one.
+                if attempt == 2 or timer.chunks or reported:
+                    return timer.result(len(prompt), type(err).__name__)
+            except httpx.HTTPError as err:
+                return timer.result(len(prompt), type(err).__name__)
+        return timer.result(len(prompt), reported=reported[-1] if reported else None)
 
     return send, client.aclose
 
