@@ -260,6 +260,10 @@ def test_logs_are_json_with_canonical_line(served: Served) -> None:
         md = (AUTH, ("traceparent", tp), ("x-request-id", "log-check"))
         list(stub.GenerateStream(stream_request(4, [3, 1, 4, 1, 5]), metadata=md))
     _, req, _, _ = request_tree(served.receiver, trace_id)
+    for _ in range(200):  # the canonical line follows the reply: bounded REST round trips
+        if any("request_finished" in line and "log-check" in line for line in served.lines):
+            break
+        httpx.get(f"{served.rest_url}/health", timeout=10)
     lines = list(served.lines)
     records = [json.loads(line) for line in lines]  # every line is a JSON object
     assert all({"timestamp", "level", "logger", "event"} <= r.keys() for r in records)
