@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,15 +27,10 @@ import httpx
 from tokenwire.bench.configs import LlamaCppBenchConfig, ServeBenchConfig
 from tokenwire.bench.llamacpp_build import build_server, built_server
 from tokenwire.bench.serve import serve_bench_summary
+from tokenwire.runtime.distributed.init import free_loopback_port
 
 _SERVING = re.compile(r"serving model=(\S+) .*rest=(http://\S+:\d+)")
 SIDES = ("tokenwire", "llama.cpp")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _stop(proc: subprocess.Popen[Any]) -> None:
@@ -72,7 +66,7 @@ def _llama_server(
     binary: Path, gguf: str, parallel: int, config: LlamaCppBenchConfig
 ) -> Iterator[str]:
     """``llama-server --parallel N`` on a free port, once ``/health`` answers: its base URL."""
-    port, threads = _free_port(), config.threads or os.cpu_count() or 1
+    port, threads = free_loopback_port(), config.threads or os.cpu_count() or 1
     cmd = [str(binary), "-m", gguf, "--host", "127.0.0.1", "--port", str(port),
            "--parallel", str(parallel), "-c", str(parallel * config.ctx_per_slot),
            "-t", str(threads), "-tb", str(threads), "--no-webui"]  # fmt: skip
