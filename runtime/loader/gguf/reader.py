@@ -6,13 +6,17 @@
 - Q4_0 / Q4_1 / Q4_K matrices: ``GGUFInt4`` (canonical int4 layout, group 32);
 - Q8_0 matrices: ``GGUFInt8`` (canonical int8 layout, group 32); Q6_K: group 16;
 - any other quantized type that ``gguf.quants`` can de-quantize (Q5_K, Q2_K, Q3_K, IQ*, ...)
-  and Q4/Q8 tensors that are not matrices: de-quantized to a float32 tensor, as today's
+  and Q4/Q8 tensors that are not matrices (stacked experts included: each expert's matrix
+  is de-quantized, as tokenwire's experts run float): a float32 tensor, as today's
   conversion does; a type it cannot (Q8_1, Q8_K, integer tensors, ...) is a ``ValueError``
   naming the tensor and the type, as is a block with a non-finite scale.
 
 Llama q/k projections come out in HF's row order (llama.cpp's permutation undone on the raw
-rows, before decoding, so every canonical tensor follows it). The file is memory-mapped; each
-yielded tensor owns its memory.
+rows, before decoding, so every canonical tensor follows it); Phi-3's fused q/k/v and gate/up
+tensors and Qwen3-MoE's stacked experts are split on the raw rows too (``parts``), and Gemma's
+norm weights have the converter's ``+ 1`` taken off (float32). The GGUF architectures read
+are ``families.FAMILIES``; another is a ``ValueError`` naming it. The file is memory-mapped;
+each yielded tensor owns its memory.
 """
 
 from __future__ import annotations
@@ -38,11 +42,13 @@ from tokenwire.runtime.loader.gguf.blocks_k import Q4_K_GROUP, Q6_K_GROUP, decod
 from tokenwire.runtime.loader.gguf.container import open_gguf
 from tokenwire.runtime.loader.gguf.names import (
     IGNORED,
-    PERMUTED_QK,
-    hf_name,
+    family,
+    hf_parts,
     hf_row_order,
+    is_norm,
     qk_heads,
 )
+from tokenwire.runtime.loader.gguf.parts import EXPERT, split_parts
 from tokenwire.runtime.loader.gguf.records import GGUFInt4, GGUFInt8
 
 GGUFWeight: TypeAlias = torch.Tensor | GGUFInt4 | GGUFInt8
@@ -63,33 +69,35 @@ def iter_gguf_weights(path: Path) -> Iterator[tuple[str, GGUFWeight]]:
     """Yield ``(hf_name, weight)`` for every tensor of the GGUF file at ``path``."""
     gguf = open_gguf(path)
     arch = gguf.metadata.get("general.architecture")
-    if arch not in PERMUTED_QK:
-        raise ValueError(
-            f"{path.name}: GGUF architecture {arch!r} is not supported "
-            f"(supported: {', '.join(sorted(PERMUTED_QK))})"
-        )
-    counts = _permuted_head_counts(gguf.metadata, arch, path)
+    try:
+        fam = family(arch)
+    except ValueError as e:
+        raise ValueError(f"{path.name}: {e}") from None
+    assert isinstance(arch, str)
+    counts = _head_counts(gguf.metadata, arch, path) if fam.permuted_qk or fam.fused else None
     for info in gguf.tensors:
         if info.name in IGNORED:
             continue
-        name = hf_name(info.name)
+        names = hf_parts(info.name, arch)
         qtype = info.ggml_type.name
         try:
             data = gguf.tensor_data(info)
-            permuted = qk_heads(info.name, *counts) if counts is not None else None
+            permuted = qk_heads(info.name, *counts) if fam.permuted_qk and counts else None
             if permuted is not None:
                 data = data[hf_row_order(data.shape[0], permuted)]
-            yield name, _convert(data, info.ggml_type)
+            # Stacked experts are not matrices: de-quantized (tokenwire's experts run float).
+            keep = EXPERT not in names[0]
+            for name, part in split_parts(names, data, counts):
+                weight = _convert(part, info.ggml_type, keep)
+                if fam.norm_offset and is_norm(info.name):
+                    weight = _unshift(weight, fam.norm_offset)
+                yield name, weight
         except ValueError as e:
             raise ValueError(f"GGUF tensor {info.name!r} ({qtype}): {e}") from e
 
 
-def _permuted_head_counts(
-    metadata: Mapping[str, Any], arch: str, path: Path
-) -> tuple[int, int] | None:
-    """(attention heads, KV heads) when ``arch``'s q/k rows were permuted, else None."""
-    if not PERMUTED_QK[arch]:
-        return None
+def _head_counts(metadata: Mapping[str, Any], arch: str, path: Path) -> tuple[int, int]:
+    """(attention heads, KV heads): to undo a q/k permutation or split a fused q/k/v."""
     heads = metadata.get(f"{arch}.attention.head_count")
     kv_heads = metadata.get(f"{arch}.attention.head_count_kv", heads)
     if not (isinstance(heads, int) and isinstance(kv_heads, int)):
@@ -97,15 +105,25 @@ def _permuted_head_counts(
     return heads, kv_heads
 
 
-def _convert(data: npt.NDArray[Any], ggml_type: GGMLQuantizationType) -> GGUFWeight:
-    """One tensor's data (numpy order, raw block bytes for quantized types) -> a weight."""
+def _unshift(weight: GGUFWeight, offset: float) -> torch.Tensor:
+    """A norm weight the converter stored as ``offset + w`` (Gemma): ``w`` in float32."""
+    if not isinstance(weight, torch.Tensor):
+        weight = weight.dequantize()
+    return weight.to(torch.float32) - offset
+
+
+def _convert(
+    data: npt.NDArray[Any], ggml_type: GGMLQuantizationType, keep: bool = True
+) -> GGUFWeight:
+    """One tensor's data (numpy order, raw block bytes for quantized types) -> a weight
+    (``keep`` False: never a quantized record)."""
     qtype = ggml_type.name
     if qtype in _FLOAT_TYPES:
         return torch.from_numpy(np.array(data))
     if qtype == "BF16":
         bits = np.ascontiguousarray(data).view("<i2")
         return torch.from_numpy(bits.astype(np.int16)).view(torch.bfloat16)
-    is_matrix = data.ndim == 2
+    is_matrix = data.ndim == 2 and keep
     t = torch.from_numpy
     if qtype in _INT4 and is_matrix:
         decode4, group = _INT4[qtype]
