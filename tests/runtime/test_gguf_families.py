@@ -10,7 +10,12 @@ fused q/k/v and gate/up), in F32 and in Q8_0 (linear weights). Then:
   the Q8_0 files load kept quantized (``--quantization gguf``: int8 linears read by the
   reader straight from the file; Qwen3-MoE's experts de-quantized, they run float); the F32
   files (no kept-quantized layer: the loader reads the converted checkpoint) load the
-  reader's output as that checkpoint.
+  reader's output as that checkpoint;
+- transformers' config of the file (what ``gguf_convert`` writes) merged with
+  ``gguf.config.hf_config_keys`` equals the source config as tokenwire reads it
+  (``ModelArch``); transformers' alone misses Qwen3-MoE's expert width, Gemma's soft-caps and
+  query scale, Gemma 3's rope scaling and Phi-3's LongRoPE;
+- an architecture the reader does not know is a ValueError naming it.
 
 The converted-directory cache is pre-seeded with config.json (no tokenizer: prompts are
 token ids), so transformers never converts these files.
@@ -22,6 +27,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -33,7 +39,9 @@ from tiny_models import build_tiny_model
 
 from tokenwire.runtime.llm import LLM
 from tokenwire.runtime.loader.gguf import GGUFInt4, GGUFInt8, iter_gguf_weights
+from tokenwire.runtime.loader.gguf.config import hf_config_keys
 from tokenwire.runtime.loader.gguf_convert import converted_dir
+from tokenwire.runtime.models.arch import ModelArch
 from tokenwire.runtime.sampling_params import SamplingParams
 
 ARCHS = sorted(TINY)
@@ -160,6 +168,46 @@ def test_greedy_equals_hf(
     shutil.copy(src / "config.json", hf_dir / "config.json")
     assert _greedy(llm) == hf_greedy(hf_dir, PROMPTS)
     llm.shutdown()
+
+
+# Tiny configs that follow llama.cpp's rules where GGUF has no key: Gemma's query scale
+# (query_pre_attn_scalar = head_dim below 27B) and Gemma 3's pattern (every 6th layer global).
+_LLAMA_CPP_RULES: dict[str, dict[str, Any]] = {
+    "gemma2": {"query_pre_attn_scalar": 16},
+    "gemma3": {"query_pre_attn_scalar": 16, "sliding_window_pattern": 6},
+}
+# What a tokenizer-less tiny GGUF cannot carry (vocabulary and special tokens come with the
+# tokenizer metadata), and rms_norm_eps, which GGUF stores as float32.
+_NOT_COMPARED = ("vocab_size", "bos_token_id", "eos_token_ids", "rms_norm_eps")
+
+
+def _arch_diff(cfg: dict[str, Any], want: ModelArch) -> dict[str, Any]:
+    from transformers import AutoConfig
+
+    full = AutoConfig.for_model(**cfg).to_dict()
+    full["architectures"] = [want.architecture]
+    got = ModelArch.from_hf_config(full)
+    return {
+        k: (getattr(got, k), getattr(want, k))
+        for k in want.__dataclass_fields__
+        if k not in _NOT_COMPARED and getattr(got, k) != getattr(want, k)
+    }
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_config_keys_complete_transformers_config(arch: str, tmp_path: Path) -> None:
+    """transformers' GGUF config + ``hf_config_keys`` = the source model's config (as
+    tokenwire reads it); transformers' alone is not."""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    family, overrides = TINY[arch]
+    src = build_tiny_model(family, tmp_path / "src", **overrides, **_LLAMA_CPP_RULES.get(arch, {}))
+    path = tmp_path / f"{arch}.gguf"
+    write_family_gguf(src, path, arch, QT.F32)
+    want = ModelArch.from_hf_config(json.loads((src / "config.json").read_text()))
+    base = load_gguf_checkpoint(str(path))["config"]
+    assert _arch_diff({**base, **hf_config_keys(path)}, want) == {}
+    assert _arch_diff(base, want) != {}
 
 
 def test_unknown_architecture_is_named(tmp_path: Path) -> None:

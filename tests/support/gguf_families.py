@@ -65,7 +65,14 @@ def unstack_experts(name: str, value: np.ndarray) -> dict[str, np.ndarray]:
     return {f"{stem}.{e}.{proj}.weight": value[e].copy() for e in range(value.shape[0])}
 
 
+def _rope(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The (global layers') rope parameters of a transformers 5 config."""
+    params = dict(cfg.get("rope_parameters") or {})
+    return dict(params.get("full_attention", params))
+
+
 def _metadata(writer: gguf.GGUFWriter, arch: str, cfg: dict[str, Any]) -> None:
+    """The keys llama.cpp's converter writes for ``arch`` (tokenizer aside)."""
     writer.add_block_count(cfg["num_hidden_layers"])
     writer.add_context_length(cfg["max_position_embeddings"])
     writer.add_embedding_length(cfg["hidden_size"])
@@ -73,6 +80,8 @@ def _metadata(writer: gguf.GGUFWriter, arch: str, cfg: dict[str, Any]) -> None:
     writer.add_head_count(cfg["num_attention_heads"])
     writer.add_head_count_kv(cfg["num_key_value_heads"])
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    rope = _rope(cfg)
+    writer.add_rope_freq_base(rope["rope_theta"])
     if cfg.get("head_dim"):
         writer.add_key_length(cfg["head_dim"])
         writer.add_value_length(cfg["head_dim"])
@@ -85,6 +94,16 @@ def _metadata(writer: gguf.GGUFWriter, arch: str, cfg: dict[str, Any]) -> None:
         writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     if arch in ("gemma2", "gemma3"):
         writer.add_sliding_window(cfg["sliding_window"])
+    if arch == "gemma3" and rope.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
+    if arch == "phi3":
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        writer.add_sliding_window(cfg.get("sliding_window") or 0)
+        writer.add_rope_scaling_attn_factors(1.0)  # max_position == original: no scaling
+        for kind in ("long", "short"):
+            factors = np.array(rope[f"{kind}_factor"], dtype=np.float32)
+            writer.add_tensor(f"rope_factors_{kind}.weight", factors)
 
 
 def write_family_gguf(src: Path, out: Path, arch: str, qtype: QT) -> dict[str, torch.Tensor]:

@@ -18,7 +18,8 @@ import numpy.typing as npt
 
 from tokenwire.runtime.loader.gguf.families import FAMILIES, GLOBAL, Family
 
-# Tensors with no HF parameter: rope frequency factors are recomputed from the config.
+# Tensors with no HF parameter: rope frequency factors come from the config (Phi-3's LongRoPE
+# factors: ``config.hf_config_keys``).
 IGNORED: frozenset[str] = frozenset(
     {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 )
