@@ -27,8 +27,10 @@ from pathlib import Path
 
 import torch
 
+from tokenwire.runtime.loader.gguf.config import hf_config_keys
+
 # Bump when the layout written by ``_convert_into`` changes, to invalidate old caches.
-CONVERSION_FORMAT = 1
+CONVERSION_FORMAT = 2  # 2: the config keys of ``gguf.config.hf_config_keys``
 
 
 def cache_root() -> Path:
@@ -76,7 +78,12 @@ def _convert_into(gguf_path: Path, out: Path) -> None:
 
     folder, name = gguf_path.parent, gguf_path.name
     # float32 keeps the dequantised values exact (Q4/Q8 scales are fp16 products).
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    # The config keys transformers' GGUF conversion misses (expert width, soft-caps, LongRoPE,
+    # ...: ``gguf.config``) apply before it builds the model.
+    extra = hf_config_keys(gguf_path)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name, dtype=torch.float32, **extra
+    )
     config = model.config.to_dict()
     # The model is plain float32 now; a leftover quantization_config would make loaders
     # (and transformers' save_pretrained) treat it as still quantised.
