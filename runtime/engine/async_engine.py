@@ -22,6 +22,7 @@ from typing import Any
 from tokenwire.runtime.config import DEFAULT_MAX_REQUESTS, EngineConfig
 from tokenwire.runtime.engine.client_factory import make_core_client
 from tokenwire.runtime.engine.core_client import CoreClient
+from tokenwire.runtime.engine.dp_merge import idle_snapshot
 from tokenwire.runtime.engine.messages import (
     AbortRequests,
     AddRequest,
@@ -145,8 +146,7 @@ class AsyncEngine:
         self._info = info
         self._loras.seed(info.lora_adapters, info.max_lora_rank)
         self._frontend = await asyncio.to_thread(Frontend.from_info, info)
-        total = info.num_kv_blocks
-        self._snapshot = EngineStatsSnapshot(kv_blocks_free=total, kv_blocks_total=total)
+        self._snapshot = idle_snapshot(info)  # every core's blocks, not only the first's
         self._output_task = asyncio.create_task(self._output_loop(), name="tokenwire-outputs")
 
     async def warmup(self) -> None:

@@ -88,7 +88,8 @@ class DPCoreClient:
         for rank, core in enumerate(self.cores):
             self._pumps.append(asyncio.create_task(self._pump(rank, core)))
         # One core's capacity bounds what one request may use; the gauges sum the cores.
-        return dataclasses.replace(infos[0], num_kv_blocks=blocks)
+        rank_blocks = tuple(i.num_kv_blocks for i in infos)
+        return dataclasses.replace(infos[0], num_kv_blocks=blocks, rank_kv_blocks=rank_blocks)
 
     # ------------------------------------------------------------------ front -> cores
     def send(self, message: CoreInput) -> None:
