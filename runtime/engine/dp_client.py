@@ -111,7 +111,9 @@ class DPCoreClient:
         holder = next((c.hold_as for c in message.children if c.hold_as is not None), None)
         lora = message.lora_request.lora_name if message.lora_request is not None else None
         key = {"cache_salt": message.cache_salt, "lora_name": lora, "holder": holder}
-        rank = self.balancer.choose(message.prompt_token_ids, **key)
+        rank = message.data_parallel_rank  # named by the caller (checked by the front)
+        if rank is None:
+            rank = self.balancer.choose(message.prompt_token_ids, **key)
         ids = [child.request_id for child in message.children]
         self.balancer.assign(rank, message.request_id, ids, message.prompt_token_ids, **key)
         self.cores[rank].send(message)

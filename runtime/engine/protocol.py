@@ -163,7 +163,11 @@ class EngineClient(Protocol):
         cache_salt: str | None = None,
         hold_as: str | None = None,
         lora_request: LoRARequest | None = None,
-    ) -> RequestStream: ...
+        data_parallel_rank: int | None = None,
+    ) -> RequestStream:
+        """``data_parallel_rank``: run on that engine core (``ParameterError`` naming
+        ``data_parallel_rank`` outside ``[0, info.data_parallel_size)``); None: balanced."""
+        ...
 
     async def check_constraint(self, params: SamplingParams) -> None:
         """The costly checks of ``params`` (parsing a structured-output constraint), off
