@@ -261,6 +261,7 @@ class Telemetry:
             if summary is not None:
                 self.spans.request_children(record)
                 record.span.set_attributes(summary_attributes(summary))
+                record.span.set_attribute("tokenwire.dp_rank", record.stats[0].dp_rank)
             steps = sorted({s.step_id for refs in record.steps.values() for s in refs})
             record.span.set_attribute("tokenwire.step_ids", steps)
             record.span.set_attribute("rpc.grpc.status", record.status or "")
