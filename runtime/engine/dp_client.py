@@ -6,8 +6,9 @@ one ``CoreClient`` (the front cannot tell; vLLM's DP coordinator, in the front p
 - Questions every core must answer (``CheckIdle``, ``ResetPrefixCache``, LoRA changes) go to
   all of them; the front sees one answer, merged once every core has replied.
 - Each core's ``StepResult`` reaches the front as it comes, with the snapshot replaced by the
-  sum over the cores' latest snapshots (the gauges and ``GetLoads`` then read the whole
-  server); its finished requests leave the balancer.
+  sum over the cores' latest snapshots, each core's own in its ``ranks`` (the per-core gauges
+  and ``GetLoads`` entries read those); its finished requests leave the balancer.
+- An ``AddRequest`` that names its ``data_parallel_rank`` goes to that core.
 - One core dying ends the server, as with one core: the front sees ``CoreFailed`` and drains.
   (Failing only that core's requests would leave Sessions and stored chains pinned to a dead
   core, and an operator's restart policy already handles a dead server.)
