@@ -45,6 +45,7 @@ class StepStats:
     num_accepted_tokens: int = 0
     drafted_per_pos: tuple[int, ...] = ()
     accepted_per_pos: tuple[int, ...] = ()
+    dp_rank: int = 0  # --data-parallel-size: the engine core that ran the step
 
     @property
     def overhead_time(self) -> float:
@@ -66,6 +67,7 @@ class RequestStats:
     finish_reason: FinishReason
     num_draft_tokens: int = 0  # speculative decoding: drafts verified for it
     num_accepted_tokens: int = 0  # and accepted
+    dp_rank: int = 0  # --data-parallel-size: the engine core that served it
 
 
 class EngineObserver(Protocol):

@@ -22,6 +22,7 @@ from typing import Any
 from tokenwire.runtime.config import DEFAULT_MAX_REQUESTS, EngineConfig
 from tokenwire.runtime.engine.client_factory import make_core_client
 from tokenwire.runtime.engine.core_client import CoreClient
+from tokenwire.runtime.engine.dp_merge import idle_snapshot
 from tokenwire.runtime.engine.messages import (
     AbortRequests,
     AddRequest,
@@ -52,7 +53,7 @@ from tokenwire.runtime.front.lora_front import LoRAFront
 from tokenwire.runtime.front.output_processor import ProcessedStep
 from tokenwire.runtime.front.request_stream import RequestFailed, RequestFinished, RequestStream
 from tokenwire.runtime.front.tokenizer import Tokenizer
-from tokenwire.runtime.front.validation import check_task, validate_priority
+from tokenwire.runtime.front.validation import check_task, validate_priority, validate_rank
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.sampling_params import SamplingParams, embedding_params
@@ -145,8 +146,7 @@ class AsyncEngine:
         self._info = info
         self._loras.seed(info.lora_adapters, info.max_lora_rank)
         self._frontend = await asyncio.to_thread(Frontend.from_info, info)
-        total = info.num_kv_blocks
-        self._snapshot = EngineStatsSnapshot(kv_blocks_free=total, kv_blocks_total=total)
+        self._snapshot = idle_snapshot(info)  # every core's blocks, not only the first's
         self._output_task = asyncio.create_task(self._output_loop(), name="tokenwire-outputs")
 
     async def warmup(self) -> None:
@@ -233,6 +233,7 @@ class AsyncEngine:
         cache_salt: str | None = None,
         hold_as: str | None = None,
         lora_request: LoRARequest | None = None,
+        data_parallel_rank: int | None = None,
         before_ready: bool = False,
     ) -> RequestStream:
         """Validate and send to the core; raises before anything is sent."""
@@ -252,6 +253,7 @@ class AsyncEngine:
         if lora_request is not None and self._loras.get(lora_request.lora_name) != lora_request:
             raise AdapterNotFoundError(lora_request.lora_name)
         validate_priority(priority)  # what the wire to the core carries
+        validate_rank(data_parallel_rank, self.info.data_parallel_size)
         check_task(self.info.served_model_name, self.info.embed, params)
         # No grammar work here, on the loop: a constraint not known to parse is left to the
         # core's compile pool (``check_constraint`` parses it off the loop beforehand).
@@ -272,6 +274,7 @@ class AsyncEngine:
             priority,
             cache_salt,
             lora_request,
+            data_parallel_rank,
         )
         try:
             self.client.send(message)

@@ -319,6 +319,7 @@ class EngineCore:
                 duration=duration,
                 num_waiting=self.scheduler.num_waiting,
                 collective_time=mo.collective_time,
+                dp_rank=self.config.parallel.data_parallel_rank,
                 **spec_step_stats(so.spec_token_ids, mo.extra_token_ids),
             )
         )
@@ -345,5 +346,6 @@ class EngineCore:
                 finish_reason=request.finish_reason,
                 num_draft_tokens=request.num_draft_tokens,
                 num_accepted_tokens=request.num_accepted_tokens,
+                dp_rank=self.config.parallel.data_parallel_rank,
             )
         )

@@ -243,6 +243,7 @@ class CoreLoop:
         pending = self._outputs or steps or finished or evicted or self._faults or self._released
         if not (pending or events):
             return
+        rank = self.core.config.parallel.data_parallel_rank  # KV events name their core
         result = StepResult(
             outputs=self._outputs,
             steps=steps,
@@ -250,7 +251,7 @@ class CoreLoop:
             evicted_holders=evicted,
             faults=self._faults,
             snapshot=snapshot(self.core, self._step_id),
-            kv_events=KVEventBatch(ts=time.time(), events=events) if events else None,
+            kv_events=KVEventBatch(time.time(), events, rank) if events else None,
         )
         self._outputs, self._faults, self._released = [], [], False
         self.send(result)

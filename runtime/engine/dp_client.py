@@ -6,8 +6,9 @@ one ``CoreClient`` (the front cannot tell; vLLM's DP coordinator, in the front p
 - Questions every core must answer (``CheckIdle``, ``ResetPrefixCache``, LoRA changes) go to
   all of them; the front sees one answer, merged once every core has replied.
 - Each core's ``StepResult`` reaches the front as it comes, with the snapshot replaced by the
-  sum over the cores' latest snapshots (the gauges and ``GetLoads`` then read the whole
-  server); its finished requests leave the balancer.
+  sum over the cores' latest snapshots, each core's own in its ``ranks`` (the per-core gauges
+  and ``GetLoads`` entries read those); its finished requests leave the balancer.
+- An ``AddRequest`` that names its ``data_parallel_rank`` goes to that core.
 - One core dying ends the server, as with one core: the front sees ``CoreFailed`` and drains.
   (Failing only that core's requests would leave Sessions and stored chains pinned to a dead
   core, and an operator's restart policy already handles a dead server.)
@@ -88,7 +89,8 @@ class DPCoreClient:
         for rank, core in enumerate(self.cores):
             self._pumps.append(asyncio.create_task(self._pump(rank, core)))
         # One core's capacity bounds what one request may use; the gauges sum the cores.
-        return dataclasses.replace(infos[0], num_kv_blocks=blocks)
+        rank_blocks = tuple(i.num_kv_blocks for i in infos)
+        return dataclasses.replace(infos[0], num_kv_blocks=blocks, rank_kv_blocks=rank_blocks)
 
     # ------------------------------------------------------------------ front -> cores
     def send(self, message: CoreInput) -> None:
@@ -110,7 +112,9 @@ class DPCoreClient:
         holder = next((c.hold_as for c in message.children if c.hold_as is not None), None)
         lora = message.lora_request.lora_name if message.lora_request is not None else None
         key = {"cache_salt": message.cache_salt, "lora_name": lora, "holder": holder}
-        rank = self.balancer.choose(message.prompt_token_ids, **key)
+        rank = message.data_parallel_rank  # named by the caller (checked by the front)
+        if rank is None:
+            rank = self.balancer.choose(message.prompt_token_ids, **key)
         ids = [child.request_id for child in message.children]
         self.balancer.assign(rank, message.request_id, ids, message.prompt_token_ids, **key)
         self.cores[rank].send(message)

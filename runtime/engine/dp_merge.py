@@ -1,6 +1,7 @@
 """How ``DPCoreClient`` turns several engine cores' answers into one: the stats snapshot the
-gauges read (sums; usage over all blocks), the idle report (every core idle and free), and a
-LoRA change (the first core's error, else its adapter)."""
+gauges read (sums; usage over all blocks; each core's own kept in ``ranks``), the idle report
+(every core idle and free), the snapshot before the first step (every core's blocks free) and
+a LoRA change (the first core's error, else its adapter)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 
 from tokenwire.runtime.engine.messages import LoRAReply
-from tokenwire.runtime.engine.protocol import EngineStatsSnapshot, IdleReport
+from tokenwire.runtime.engine.protocol import EngineInfo, EngineStatsSnapshot, IdleReport
 from tokenwire.runtime.stats import KVOffloadStats
 
 _SUMMED = (
@@ -33,8 +34,19 @@ def merge_snapshots(snapshots: Sequence[EngineStatsSnapshot]) -> EngineStatsSnap
         running_lora_adapters=_union(s.running_lora_adapters for s in snapshots),
         waiting_lora_adapters=_union(s.waiting_lora_adapters for s in snapshots),
         kv_offload=_merge_offload([s.kv_offload for s in snapshots]),
+        ranks=tuple(snapshots),
         **summed,
     )
+
+
+def idle_snapshot(info: EngineInfo) -> EngineStatsSnapshot:
+    """The state before the first step: every block of every core free (with several cores,
+    the sum over them, each core's own in ``ranks``)."""
+    ranks = [
+        EngineStatsSnapshot(kv_blocks_free=n, kv_blocks_total=n)
+        for n in info.rank_kv_blocks or (info.num_kv_blocks,)
+    ]
+    return ranks[0] if len(ranks) == 1 else merge_snapshots(ranks)
 
 
 def _union(names: Iterable[tuple[str, ...]]) -> tuple[str, ...]:

@@ -38,6 +38,9 @@ class AddRequest:
     priority: int = 0
     cache_salt: str | None = None
     lora_request: LoRARequest | None = None
+    # --data-parallel-size: the core to run on (the vLLM worker protocol's field); None: the
+    # front's balancer chooses.
+    data_parallel_rank: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,13 @@ class EngineInfo:
     default_sampling: dict[str, float | int] = field(default_factory=dict)
     # Set: an embedding model (``task == "embed"``): its pooler and Matryoshka sizes.
     embed: EmbedSpec | None = None
+    # --data-parallel-size > 1: each core's KV blocks, by rank (``num_kv_blocks`` is one
+    # core's: what one request may use); empty with one core.
+    rank_kv_blocks: tuple[int, ...] = ()
+
+    @property
+    def data_parallel_size(self) -> int:
+        return max(1, len(self.rank_kv_blocks))
 
     @property
     def task(self) -> str:
@@ -92,6 +99,9 @@ class EngineStatsSnapshot:
     waiting_lora_adapters: tuple[str, ...] = ()
     # KV tiers: the host tier's state and counters; None when --kv-offloading-size is off.
     kv_offload: KVOffloadStats | None = None
+    # --data-parallel-size > 1: each core's own snapshot, by rank (this one is their sum);
+    # empty with one core.
+    ranks: tuple[EngineStatsSnapshot, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +163,11 @@ class EngineClient(Protocol):
         cache_salt: str | None = None,
         hold_as: str | None = None,
         lora_request: LoRARequest | None = None,
-    ) -> RequestStream: ...
+        data_parallel_rank: int | None = None,
+    ) -> RequestStream:
+        """``data_parallel_rank``: run on that engine core (``ParameterError`` naming
+        ``data_parallel_rank`` outside ``[0, info.data_parallel_size)``); None: balanced."""
+        ...
 
     async def check_constraint(self, params: SamplingParams) -> None:
         """The costly checks of ``params`` (parsing a structured-output constraint), off

@@ -20,6 +20,15 @@ def validate_priority(priority: int) -> None:
         raise ParameterError("priority", "must be an integer in [-2**63, 2**63 - 1]")
 
 
+def validate_rank(data_parallel_rank: int | None, data_parallel_size: int) -> None:
+    """A request that names its engine core (``--data-parallel-size``) names one there is."""
+    if data_parallel_rank is not None and not 0 <= data_parallel_rank < data_parallel_size:
+        ranks = "one rank (0)" if data_parallel_size == 1 else f"ranks 0..{data_parallel_size - 1}"
+        raise ParameterError(
+            "data_parallel_rank", f"this worker has {ranks}, got {data_parallel_rank}"
+        )
+
+
 def validate_request(
     prompt_token_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int
 ) -> None:

@@ -19,7 +19,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from tokenwire.runtime.engine.protocol import EngineClient
+from tokenwire.runtime.engine.protocol import EngineClient, EngineStatsSnapshot
 from tokenwire.runtime.outputs import FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.stats import RequestStats, StepStats
@@ -86,21 +86,7 @@ class Telemetry:
         max_loras = int(getattr(engine.info, "max_loras", 0))
 
         def gauges() -> EngineGauges:
-            snap = engine.stats_snapshot()
-            return EngineGauges(
-                snap.num_running,
-                snap.num_waiting,
-                snap.kv_cache_usage,
-                max_loras,
-                snap.running_lora_adapters,
-                snap.waiting_lora_adapters,
-                kv_num_blocks=snap.kv_blocks_total,
-                kv_free_blocks=snap.kv_blocks_free,
-                prefix_cache_queries=snap.prefix_cache_queries,
-                prefix_cache_hits=snap.prefix_cache_hits,
-                cache_config=cache_config,
-                kv_offload=snap.kv_offload,
-            )
+            return engine_gauges(engine.stats_snapshot(), max_loras, cache_config)
 
         cache_config = cache_config_labels(engine.info)
         self.metrics = EngineMetrics(self.model_name, gauges, self.metrics_compat)
@@ -261,6 +247,7 @@ class Telemetry:
             if summary is not None:
                 self.spans.request_children(record)
                 record.span.set_attributes(summary_attributes(summary))
+                record.span.set_attribute("tokenwire.dp_rank", record.stats[0].dp_rank)
             steps = sorted({s.step_id for refs in record.steps.values() for s in refs})
             record.span.set_attribute("tokenwire.step_ids", steps)
             record.span.set_attribute("rpc.grpc.status", record.status or "")
@@ -314,3 +301,25 @@ def _summary_fields(summary: Any) -> dict[str, Any]:
             else {"spec_acceptance_rate": round(summary.acceptance_rate, 4)}
         ),
     }
+
+
+def engine_gauges(
+    snap: EngineStatsSnapshot, max_loras: int, cache_config: tuple[tuple[str, str], ...]
+) -> EngineGauges:
+    """What ``/metrics`` reads at scrape time; with several engine cores each core's own
+    (``ranks``: the per-rank series, ``engine="0"``, ``"1"``, ...) beside the sum."""
+    return EngineGauges(
+        snap.num_running,
+        snap.num_waiting,
+        snap.kv_cache_usage,
+        max_loras,
+        snap.running_lora_adapters,
+        snap.waiting_lora_adapters,
+        kv_num_blocks=snap.kv_blocks_total,
+        kv_free_blocks=snap.kv_blocks_free,
+        prefix_cache_queries=snap.prefix_cache_queries,
+        prefix_cache_hits=snap.prefix_cache_hits,
+        cache_config=cache_config,
+        kv_offload=snap.kv_offload,
+        ranks=tuple(engine_gauges(r, max_loras, cache_config) for r in snap.ranks),
+    )

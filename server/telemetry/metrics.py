@@ -12,7 +12,10 @@ Counters and histograms are fed from the engine's plain records (``StepStats`` p
 ``RequestStats`` per finished request) on the engine thread — a handful of locked adds per
 step. Gauges (running / waiting requests, KV cache usage, and with LoRA enabled vLLM's
 ``lora_requests_info``) are read from the engine when Prometheus scrapes, so they are exact at
-idle. Every series carries ``model_name``.
+idle. Every series carries ``model_name``. With ``--data-parallel-size N > 1`` the running,
+waiting and KV-cache gauges are one series per engine core with vLLM's ``engine`` label
+(``engine="0"`` .. ``"N-1"``) instead of one server-wide series; with one core they carry no
+``engine`` label (the exposition is unchanged). Counters and histograms are server-wide.
 """
 
 from __future__ import annotations
@@ -64,12 +67,23 @@ class EngineGauges:
     # vLLM's cache_config_info labels (block_size, num_gpu_blocks, ...), all strings.
     cache_config: tuple[tuple[str, str], ...] = ()
     kv_offload: KVOffloadStats | None = None  # the host KV tier; None: off
+    # --data-parallel-size > 1: each engine core's gauges, by rank (this record is the sum).
+    ranks: tuple[EngineGauges, ...] = ()
 
 
 def compat_prefixes(compat: str) -> tuple[str, ...]:
     if compat not in METRICS_COMPAT:
         raise ValueError(f"--metrics-compat must be one of {', '.join(METRICS_COMPAT)}")
     return ("tokenwire", "vllm") if compat == "both" else (compat,)
+
+
+_PER_ENGINE_GAUGES: tuple[tuple[str, str, Callable[[EngineGauges], float]], ...] = (
+    ("num_requests_running", "Requests in model execution batches.", lambda g: g.num_running),
+    ("num_requests_waiting", "Requests waiting to be processed.", lambda g: g.num_waiting),
+    ("kv_cache_usage_perc", "KV cache usage; 1 means 100 percent.", lambda g: g.kv_cache_usage),
+    ("kv_cache_num_blocks", "KV cache blocks requests can use.", lambda g: g.kv_num_blocks),
+    ("kv_cache_free_blocks", "KV cache blocks no request holds.", lambda g: g.kv_free_blocks),
+)
 
 
 class _EngineStateCollector(Collector):
@@ -101,15 +115,14 @@ class _EngineStateCollector(Collector):
                 yield counter
 
     def _families(self, prefix: str, state: EngineGauges) -> Iterator[Metric]:
-        for name, doc, value in (
-            ("num_requests_running", "Requests in model execution batches.", state.num_running),
-            ("num_requests_waiting", "Requests waiting to be processed.", state.num_waiting),
-            ("kv_cache_usage_perc", "KV cache usage; 1 means 100 percent.", state.kv_cache_usage),
-            ("kv_cache_num_blocks", "KV cache blocks requests can use.", state.kv_num_blocks),
-            ("kv_cache_free_blocks", "KV cache blocks no request holds.", state.kv_free_blocks),
-        ):
-            family = GaugeMetricFamily(f"{prefix}:{name}", doc, labels=["model_name"])
-            family.add_metric([self.model_name], float(value))
+        # Several engine cores: one series per core, labelled engine="0", "1", ... as vLLM
+        # does (no unlabelled sum beside them: sum by model_name gives the server's).
+        labels = ["model_name", "engine"] if state.ranks else ["model_name"]
+        per_rank = [([self.model_name, str(i)], g) for i, g in enumerate(state.ranks)]
+        for name, doc, read in _PER_ENGINE_GAUGES:
+            family = GaugeMetricFamily(f"{prefix}:{name}", doc, labels=labels)
+            for values, gauges in per_rank or [([self.model_name], state)]:
+                family.add_metric(values, float(read(gauges)))
             yield family
         if state.max_loras > 0:
             yield self._lora_info(prefix, state)

@@ -10,7 +10,9 @@ Span tree of one request (all in the caller's trace)::
 
 Every engine step is a ``tokenwire.step`` span in the engine's own trace (a short
 ``tokenwire.engine`` root span, renewed every ``STEPS_PER_ENGINE_TRACE`` steps), linked to
-the request span of every request it served; prefill spans link to their step span.
+the request span of every request it served; prefill spans link to their step span. Request,
+queue, prefill, decode and step spans carry ``tokenwire.dp_rank``: the engine core that served
+the request or ran the step (0 with one core).
 """
 
 from __future__ import annotations
@@ -101,7 +103,10 @@ class SpanFactory:
 
     def _children(self, parent: Context, stats: RequestStats, steps: list[StepRef]) -> None:
         tracer, ctx = self.tracer, parent
-        choice = {"tokenwire.engine_request_id": stats.request_id}
+        choice: dict[str, str | int] = {
+            "tokenwire.engine_request_id": stats.request_id,
+            "tokenwire.dp_rank": stats.dp_rank,  # the engine core that served it
+        }
         if stats.first_scheduled_time is not None:
             queue = tracer.start_span(
                 "tokenwire.queue",
@@ -148,6 +153,7 @@ class SpanFactory:
 def step_attributes(stats: StepStats) -> dict[str, int | float | str]:
     return {
         "tokenwire.step.id": stats.step_id,
+        "tokenwire.dp_rank": stats.dp_rank,  # the engine core (--data-parallel-size)
         "tokenwire.step.phase": stats.phase,
         "tokenwire.step.num_seqs": stats.num_seqs,
         "tokenwire.step.prefill_tokens": stats.num_prefill_tokens,

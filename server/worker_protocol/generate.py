@@ -122,6 +122,9 @@ class WorkerGenerate:
             params,
             priority=call.priority,
             cache_salt=call.who.cache_salt(None),
+            data_parallel_rank=(
+                request.data_parallel_rank if request.HasField("data_parallel_rank") else None
+            ),
         )
         self.telemetry.admit(record, params.n)
         return stream, params

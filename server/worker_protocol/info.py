@@ -61,7 +61,7 @@ def server_info(
         is_paused=not serving,
         uptime_seconds=uptime_seconds,
         server_type=SERVER_TYPE,
-        data_parallel_size=1,
+        data_parallel_size=info.data_parallel_size,
         kv_cache_dtype=info.kv_cache_dtype,
         block_size=info.block_size,
         model_dtype=info.dtype,

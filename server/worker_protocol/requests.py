@@ -4,8 +4,9 @@ The gateway tokenizes and renders chat templates itself; it sends token ids and 
 ``SamplingParams`` message shaped like vLLM's. Fields follow vLLM's servicer where proto3
 leaves "unset" and zero alike: ``top_p`` or ``repetition_penalty`` of 0 is unset (the model's
 ``--generation-config`` default, else 1), ``n`` of 0 is 1, ``top_k`` of 0 disables top-k.
-What tokenwire does not serve (multimodal inputs, PD KV transfer, data-parallel ranks, a
-whole-vocabulary logprobs request) is refused with INVALID_ARGUMENT naming the field.
+What tokenwire does not serve (multimodal inputs, PD KV transfer, a whole-vocabulary logprobs
+request) is refused with INVALID_ARGUMENT naming the field; ``data_parallel_rank`` routes to
+that engine core (the engine refuses a rank it lacks, naming the field).
 Every error names the proto field (``sampling_params.temperature``, ``tokenized.input_ids``).
 """
 
@@ -70,10 +71,6 @@ def check_unsupported(request: vllm_engine_pb2.GenerateRequest) -> None:
         if request.HasField("kv_transfer_params"):
             field = "kv_transfer_params"
         raise ParameterError(field, "KV transfer (PD disaggregation) is not supported")
-    if request.HasField("data_parallel_rank") and request.data_parallel_rank != 0:
-        raise ParameterError(
-            "data_parallel_rank", f"this worker has one rank (0), got {request.data_parallel_rank}"
-        )
 
 
 def truncated(

@@ -114,17 +114,23 @@ def test_a_session_stays_on_its_core_under_load(harness: ServerHarness) -> None:
     assert dp.balancer.tracked() == 0
 
 
-def test_a_killed_core_ends_the_server(model: Path) -> None:
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_killed_core_ends_the_server(model: Path, victim: int) -> None:
+    """Either core dying ends the server non-zero, and no process of it is left: not the
+    other core, not a resource tracker (all taken before the kill, not only the group's)."""
     served = serve(model, "--data-parallel-size", "2", "--served-model-name", "tiny")
     try:
         front = psutil.Process(served.proc.pid)
         cores = [p for p in front.children() if "resource_tracker" not in " ".join(p.cmdline())]
         assert len(cores) == 2, cores
+        everything = [p.pid for p in served.tree()]
+        assert len(everything) >= 3, everything
         with grpc.insecure_channel(served.target) as ch:
             stub = generation_pb2_grpc.GenerationServiceStub(ch)
             assert len(stub.Generate(greedy_request(PROMPTS[0], 4)).choices[0].token_ids) == 4
-        cores[1].kill()
+        cores[victim].kill()
         assert served.proc.wait(timeout=60) != 0
+        assert wait_gone(everything, 10.0) == []
         assert wait_gone(served.group(), 10.0) == []
     finally:
         if served.proc.poll() is None:

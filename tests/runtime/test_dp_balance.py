@@ -1,14 +1,20 @@
 """``DPBalancer``: Session holders stay on their core, prompts sharing a prefix follow it while
 that core is not overloaded, new work goes to the least loaded core, and its maps forget every
-request that ends (finished, aborted or failed to add)."""
+request that ends (finished, aborted or failed to add). The merged stats snapshot sums the
+cores and keeps each core's own; before the first step every core's blocks count."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
 from tokenwire.runtime.config import ParallelConfig
 from tokenwire.runtime.engine.dp_balance import DPBalancer
 from tokenwire.runtime.engine.dp_client import check_data_parallel
+from tokenwire.runtime.engine.dp_merge import idle_snapshot, merge_snapshots
+from tokenwire.runtime.engine.protocol import EngineInfo, EngineStatsSnapshot
 from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.runtime.kv_events_config import KVEventsConfig
 
@@ -97,3 +103,23 @@ def test_parallel_config_checks_the_data_parallel_size() -> None:
         config = EngineArgs(data_parallel_size=2, **refused).create_engine_config()
         with pytest.raises(ValueError, match=flag):
             check_data_parallel(config)
+
+
+def test_merged_snapshots_sum_the_cores_and_keep_each() -> None:
+    a = EngineStatsSnapshot(num_running=2, kv_cache_usage=0.5, kv_blocks_free=5, kv_blocks_total=10)
+    b = EngineStatsSnapshot(num_waiting=1, kv_blocks_free=30, kv_blocks_total=30)
+    merged = merge_snapshots([a, b])
+    assert (merged.num_running, merged.num_waiting) == (2, 1)
+    assert (merged.kv_blocks_free, merged.kv_blocks_total) == (35, 40)
+    assert merged.kv_cache_usage == pytest.approx(5 / 40) and merged.ranks == (a, b)
+
+
+def test_the_idle_snapshot_counts_every_cores_blocks() -> None:
+    """Before any step the front's snapshot is every core's KV, not rank 0's alone."""
+    two = idle_snapshot(
+        cast(EngineInfo, SimpleNamespace(num_kv_blocks=10, rank_kv_blocks=(10, 12)))
+    )
+    assert (two.kv_blocks_free, two.kv_blocks_total) == (22, 22)
+    assert [r.kv_blocks_total for r in two.ranks] == [10, 12]
+    one = idle_snapshot(cast(EngineInfo, SimpleNamespace(num_kv_blocks=10, rank_kv_blocks=())))
+    assert (one.kv_blocks_free, one.kv_blocks_total, one.ranks) == (10, 10, ())

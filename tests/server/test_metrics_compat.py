@@ -1,7 +1,11 @@
 """``--metrics-compat``: which prefixes the scrape-time series carry, and a bad value's
-message (the full served check with real scrapes is tests/e2e/test_fleet_serve.py)."""
+message (the full served check with real scrapes is tests/e2e/test_fleet_serve.py); with
+several engine cores the gauges carry vLLM's ``engine`` label, with one they carry none (a
+DP=2 server's scrape: tests/e2e/test_data_parallel_ranks.py)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -38,3 +42,17 @@ def test_tokenwire_only_and_both() -> None:
 def test_bad_value_names_the_flag() -> None:
     with pytest.raises(ValueError, match="--metrics-compat"):
         EngineMetrics("m", lambda: STATE, "prometheus")
+
+
+def test_one_core_has_no_engine_label_and_several_have_one_series_each() -> None:
+    one = EngineMetrics("m", lambda: STATE, "both").exposition().decode()
+    assert "engine=" not in one
+    ranks = (dataclasses.replace(STATE, num_running=1), dataclasses.replace(STATE, num_running=2))
+    state = dataclasses.replace(STATE, ranks=ranks)
+    text = EngineMetrics("m", lambda: state, "both").exposition().decode()
+    for family in text_string_to_metric_families(text):
+        if family.name in ("vllm:num_requests_running", "tokenwire:num_requests_running"):
+            samples = {s.labels["engine"]: s.value for s in family.samples}
+            assert samples == {"0": 1.0, "1": 2.0}
+        if family.name == "vllm:prefix_cache_queries":  # counters stay server-wide
+            assert [s.labels for s in family.samples] == [{"model_name": "m"}]
