@@ -329,6 +329,8 @@ class EngineConfig:
     device: str = "auto"
     # CUDA only: run every step eagerly instead of replaying decode CUDA graphs.
     enforce_eager: bool = False
+    # CPU only: compile the model's forward with inductor at startup (worker.cpu_compile).
+    cpu_compile: bool = False
 
     def __post_init__(self) -> None:
         if not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):

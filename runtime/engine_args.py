@@ -335,6 +335,13 @@ class EngineArgs:
         "CUDA: run every step eagerly (no decode CUDA graphs)",
         action="store_true",
     )
+    cpu_compile: bool = _arg(
+        EngineConfig,
+        "cpu_compile",
+        "CPU: compile the model's forward with torch.compile (inductor) at startup; attention "
+        "stays eager (docs/benchmarks.md#compiled-cpu-forward---cpu-compile)",
+        action=argparse.BooleanOptionalAction,
+    )
     load_format: LoadFormat = _arg(  # noqa: RUF009 (returns an immutable str)
         ModelConfig,
         "load_format",

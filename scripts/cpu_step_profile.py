@@ -27,6 +27,9 @@ interleaved run: ``--variant '{}' --variant '{"dtype": "float32"}'``.
     .venv/bin/python scripts/cpu_step_profile.py [--streams 1,16] [--rounds 2]
         [--threads 1] [--clock thread|wall] [--chat] [--variant JSON ...]
 
+``--no-parts``: no timers inside the step (a ``cpu_compile`` forward must stay one graph):
+``step_ms`` is the whole generate's clock time divided by ``--max-tokens``, prefill included.
+
 ``--chat``: chat prompts ("Tell me about <topic>.", 16 topics) instead of ``--prompt-len``
 synthetic token ids; the greedy agreement lines are then over real text.
 """
@@ -191,9 +194,15 @@ def _child(variant: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         outs = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - start
         timer = StepTimer(clock)
-        with instrumented(llm, timer):
+        if args.no_parts:  # the whole generate on the clock, per step (prefill included)
+            begin = clock()
             llm.generate(prompts, params, use_tqdm=False)
-        ms = {p: sum(s.get(p, 0) for s in timer.steps) / len(timer.steps) / 1e6 for p in PARTS}
+            timer.steps = [{"step": clock() - begin}]
+            ms = {"step": timer.steps[0]["step"] / args.max_tokens / 1e6}
+        else:
+            with instrumented(llm, timer):
+                llm.generate(prompts, params, use_tqdm=False)
+            ms = {p: sum(s.get(p, 0) for s in timer.steps) / len(timer.steps) / 1e6 for p in PARTS}
         result[str(streams)] = {
             "tok_s": round(sum(len(o.outputs[0].token_ids) for o in outs) / wall, 2),
             "decode_steps": len(timer.steps),
@@ -211,7 +220,9 @@ def _table(runs: list[dict[str, Any]], streams: int) -> str:
     head = f"| part ({streams} stream{'s' if streams > 1 else ''}), ms / decode step | "
     lines = [head + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for part in PARTS:
-        cells = [statistics.median(x["parts_ms"][part] for x in per[n]) for n in names]
+        cells = [statistics.median(x["parts_ms"].get(part, 0.0) for x in per[n]) for n in names]
+        if not any(cells):  # --no-parts: no per-part timers ran
+            continue
         lines.append(f"| {part} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
     for key in ("step_ms", "tok_s"):
         cells = [statistics.median(x[key] for x in per[n]) for n in names]
@@ -228,6 +239,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clock", choices=("thread", "wall"), default="thread")
+    parser.add_argument(
+        "--no-parts",
+        action="store_true",
+        help="no per-part timers (they would split a compiled forward): the whole generate's "
+        "clock time per output token, prefill included",
+    )
     parser.add_argument("--variant", action="append", type=json.loads, help="LLM kwargs, JSON")
     parser.add_argument("--child", type=json.loads, help=argparse.SUPPRESS)
     args = parser.parse_args()

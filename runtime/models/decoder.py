@@ -14,6 +14,8 @@ all-reduce under TP. The LoRA manager wraps ``qkv_proj``, ``o_proj``, ``gate_up_
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -34,6 +36,11 @@ from tokenwire.runtime.models.layers import (
 from tokenwire.runtime.models.layers.basic import make_rms_norm
 from tokenwire.runtime.models.layers.quant.base import MethodFor
 from tokenwire.runtime.models.moe import SparseMoeBlock
+
+# A layer's attention as one opaque call, ``(q, k, v, layer index) -> out``: store K/V and
+# attend with the step's metadata held by whoever installed it (``worker.cpu_compile``), so a
+# compiled forward sees no cache tensors and no Python metadata.
+ExternalAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 # One layer's paged KV cache: (k_cache, v_cache), each [num_blocks, block_size, Hkv, D], and
 # the (k_scale, v_scale) of an fp8 cache (None otherwise).
@@ -85,6 +92,10 @@ class Attention(nn.Module):
         if arch.attention_sinks:
             self.sinks = nn.Parameter(torch.empty(arch.num_attention_heads, dtype=dtype))
         self.head_start = self.qkv_proj.heads.head_start
+        self.layer_index = layer
+        # Set by a compiled forward (``worker.cpu_compile``): used when the forward gets no
+        # metadata. Not a submodule, not a parameter.
+        self.external_attention: ExternalAttention | None = None
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if arch.qk_norm:
@@ -95,10 +106,11 @@ class Attention(nn.Module):
         self,
         positions: torch.Tensor,
         hidden: torch.Tensor,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
+        kv_cache: KVCache | None,
+        meta: AttentionMetadata | None,
         cos_sin_cache: torch.Tensor,
     ) -> torch.Tensor:
+        """``meta`` None: the step's attention is ``external_attention`` (no cache here)."""
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -109,18 +121,35 @@ class Attention(nn.Module):
             q = self.q_norm(q)
             k = self.k_norm(k)
         q, k = apply_rotary(q, k, positions, cos_sin_cache)
+        if meta is None or kv_cache is None:
+            if self.external_attention is None:
+                raise ValueError("attention needs metadata and a KV cache")
+            out = self.external_attention(q, k, v, self.layer_index)
+        else:
+            out = self.attend(q, k, v, kv_cache, meta)
+        result: torch.Tensor = self.o_proj(out.reshape(num_tokens, self.q_size))
+        return result
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Store this step's K/V in the paged cache, then attend every row of ``q``."""
         k_cache, v_cache, k_scale, v_scale = kv_cache
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
         sinks = None
         if self.sinks is not None:
             sinks = self.sinks[self.head_start : self.head_start + self.num_heads]
-        out = paged_attention(
+        out: torch.Tensor = paged_attention(
             q, k, v, k_cache, v_cache, meta, self.scale, k_scale, v_scale,
             logits_soft_cap=self.logits_soft_cap, sliding_window=self.sliding_window,
             sinks=sinks,
         )  # fmt: skip
-        result: torch.Tensor = self.o_proj(out.reshape(num_tokens, self.q_size))
-        return result
+        return out
 
 
 class MLP(nn.Module):
@@ -182,8 +211,8 @@ class DecoderLayer(nn.Module):
         positions: torch.Tensor,
         hidden: torch.Tensor,
         residual: torch.Tensor | None,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
+        kv_cache: KVCache | None,
+        meta: AttentionMetadata | None,
         cos_sin_cache: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (mlp output, residual stream); their sum is the layer's output."""

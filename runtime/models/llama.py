@@ -19,7 +19,7 @@ exactly the single-device one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -166,10 +166,13 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        kv_caches: list[KVCache],
-        meta: AttentionMetadata,
+        kv_caches: Sequence[KVCache | None],
+        meta: AttentionMetadata | None,
     ) -> torch.Tensor:
-        """input_ids/positions [T] -> final-normed hidden states [T, hidden]."""
+        """input_ids/positions [T] -> final-normed hidden states [T, hidden].
+
+        ``meta`` None (with ``None`` caches): every layer attends through its
+        ``external_attention`` (a compiled forward, ``worker.cpu_compile``)."""
         if len(kv_caches) != len(self.model.layers):
             raise ValueError(f"expected {len(self.model.layers)} KV caches, got {len(kv_caches)}")
         hidden = self.model.embed(input_ids)

@@ -39,6 +39,7 @@ from tokenwire.runtime.sample.sampling_metadata import RowSamplingState
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.scheduler_output import SchedulerOutput
 from tokenwire.runtime.worker.attention_inputs import AttentionInputs
+from tokenwire.runtime.worker.cpu_compile import CompiledCpuForward, compile_cpu_forward
 from tokenwire.runtime.worker.input_batch import InputBatch, StepArrays
 from tokenwire.runtime.worker.pooler import Pooler, pool_rows
 from tokenwire.runtime.worker.prompt_logprobs import prompt_logprobs_for_step
@@ -86,6 +87,11 @@ class ModelRunner:
         self._cuda = caches.cuda
         self.drafter = caches.drafter
         self.batch = InputBatch(settings.max_num_seqs, loaded.max_model_len, self.block_size)
+        self._compiled: CompiledCpuForward | None = None
+        if settings.cpu_compile:  # --cpu-compile: compiled and warmed up here
+            self._compiled = compile_cpu_forward(
+                self.model, self.kv_cache.layers, self.inputs, device, settings.lora.enable_lora
+            )
         self.requests: dict[str, CachedRequestState] = {}
         self._num_prompt_logprob_reqs = 0  # live requests that asked for prompt logprobs
         # Embedding models: pools the hidden states of embedding requests (prefill only).
@@ -248,6 +254,8 @@ class ModelRunner:
         input_ids = inputs.to_device(arrays.input_ids)
         positions = inputs.to_device(arrays.positions)
         t1 = time.perf_counter()
+        if self._compiled is not None:
+            return t1, self._compiled.forward(input_ids, positions, meta)
         return t1, self.model(input_ids, positions, self.kv_cache.layers, meta)
 
     def _sample(

@@ -23,6 +23,7 @@ class RunnerSettings:
     max_num_batched_tokens: int  # tokens in one step: staging size, the profiling batch
     # --enforce-eager, or forced by LoRA: the per-step adapter runs are not captured in graphs.
     enforce_eager: bool
+    cpu_compile: bool  # --cpu-compile: the CPU forward as one inductor graph (worker.cpu_compile)
     seed: int  # the engine generator's seed (unseeded random rows)
 
     @classmethod
@@ -34,5 +35,6 @@ class RunnerSettings:
             max_num_seqs=sched.max_num_seqs,
             max_num_batched_tokens=sched.max_num_batched_tokens,
             enforce_eager=config.enforce_eager or config.lora.enable_lora,
+            cpu_compile=config.cpu_compile,
             seed=config.model.seed,
         )

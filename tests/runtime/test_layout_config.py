@@ -62,6 +62,7 @@ VALUES: dict[str, Any] = {
     "distributed_timeout": 20.0,
     "distributed_startup_timeout": 120.0,
     "enforce_eager": True,
+    "cpu_compile": True,
     "load_format": "dummy",
     "seed": 7,
     "quantization": "int8",
