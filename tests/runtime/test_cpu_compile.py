@@ -34,11 +34,12 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-def test_compiled_forward_equals_hf_generate(tiny_llama: Path) -> None:
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_compiled_forward_equals_hf_generate(tiny_llama: Path, async_scheduling: bool) -> None:
     """Chunked prefill (16-token budget) and a batch of 8 make every step shape: one-row
-    decodes, many-row decodes, prefill chunks, mixed steps."""
+    decodes, many-row decodes, prefill chunks, mixed steps; with async scheduling too."""
     llm = LLM(
-        str(tiny_llama), cpu_compile=True, device="cpu",
+        str(tiny_llama), cpu_compile=True, device="cpu", async_scheduling=async_scheduling,
         max_num_batched_tokens=16, max_model_len=128,
     )  # fmt: skip
     compiled = _runner(llm)._compiled
