@@ -6,7 +6,8 @@ them into a few C++ loops. The paged attention stays eager: every layer calls it
 opaque custom op, ``(q, k, v, layer) -> out``, that stores K/V and attends with the step's
 metadata held here, so the graph sees neither the cache tensors nor the Python plans (and
 dynamo never specialises on them). The op is registered in a namespace of this instance's
-own (``torch.library.Library``), dropped with it: no process-wide registry.
+own (``torch.library.Library``, ``_own_library``), dropped with it: no process-wide registry
+of ours.
 
 Two graphs serve every step size: ``dynamic=True`` over the row count, which dynamo
 specialises for a single row (one-stream decode) and keeps symbolic above. A row's arithmetic
@@ -20,6 +21,7 @@ for good, with one log line, never a crash.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -64,8 +66,7 @@ class CompiledCpuForward:
         self.kv_layers = kv_layers
         self._meta: AttentionMetadata | None = None
         self.failed = False
-        self.namespace = f"tokenwire_cpu_{id(self):x}"
-        lib = torch.library.Library(self.namespace, "DEF")  # type: ignore[no-untyped-call]
+        self.namespace, lib = _own_library()
         lib.define("attn(Tensor q, Tensor k, Tensor v, int layer) -> Tensor")  # type: ignore[no-untyped-call]
         lib.impl("attn", self._attention, "CPU")  # type: ignore[no-untyped-call]
         torch.library.register_fake(f"{self.namespace}::attn", _fake_attention, lib=lib)
@@ -136,6 +137,20 @@ class CompiledCpuForward:
         else:
             logger.info("cpu compile: forward compiled in %.1f s", seconds)
         return seconds
+
+
+def _own_library() -> tuple[str, torch.library.Library]:
+    """The lowest free ``tokenwire_cpu_<n>`` namespace, claimed: torch allows one defining
+    library per namespace, so a live compiled forward's name is never reused, and the first
+    one of a process is always ``tokenwire_cpu_0`` (the graph, hence inductor's on-disk cache
+    key, is the same in every process: a restart reuses the compiled code)."""
+    for n in itertools.count():
+        namespace = f"tokenwire_cpu_{n}"
+        try:
+            return namespace, torch.library.Library(namespace, "DEF")  # type: ignore[no-untyped-call]
+        except RuntimeError:
+            continue
+    raise AssertionError("unreachable")
 
 
 def compile_cpu_forward(
