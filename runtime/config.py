@@ -42,6 +42,20 @@ def _positive(name: str, value: int | None) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value}")
 
 
+def _check_kv_tiers(cache: CacheConfig) -> None:
+    for name in ("kv_offloading_size", "kv_offloading_disk_size"):
+        size = getattr(cache, name)
+        if size is not None and (isinstance(size, bool) or not 0 <= size < float("inf")):
+            raise ValueError(f"{name} must be a GiB count >= 0, got {size!r}")
+    if cache.kv_offloading_disk_path and not (
+        cache.kv_offloading_size and cache.kv_offloading_disk_size
+    ):
+        raise ValueError(
+            "--kv-offloading-disk-path needs --kv-offloading-size (the host tier above it) and "
+            "--kv-offloading-disk-size (its GiB)"
+        )
+
+
 def _whole_count(name: str, value: object) -> None:
     """A positive ``int`` (not a bool, a float or a numeric string)."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -130,12 +144,13 @@ class CacheConfig:
     kv_cache_dtype: KVCacheDType = "auto"
     # KV tiers (docs/kv-tiers.md): GiB of host memory for evicted prefix blocks; None/0: off.
     kv_offloading_size: float | None = None
+    # The disk tier under it: a directory and its GiB; blocks the host tier evicts go there.
+    kv_offloading_disk_path: str | None = None
+    kv_offloading_disk_size: float | None = None
 
     def __post_init__(self) -> None:
         _positive("block_size", self.block_size)
-        size = self.kv_offloading_size
-        if size is not None and (isinstance(size, bool) or not 0 <= size < float("inf")):
-            raise ValueError(f"kv_offloading_size must be a GiB count >= 0, got {size!r}")
+        _check_kv_tiers(self)
         if self.block_size > 1024 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two <= 1024, got {self.block_size}")
         _positive("kv_cache_memory", self.kv_cache_memory)
