@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from tokenwire.runtime.kv_events_config import KVEventsConfig
+from tokenwire.runtime.kv_tier_flags import check_tier_flags
 from tokenwire.runtime.pooling_params import TASKS, PoolerConfig, Task
 from tokenwire.runtime.structured.config import StructuredOutputsConfig
 
@@ -40,20 +41,6 @@ DEFAULT_MAX_REQUESTS = 4096
 def _positive(name: str, value: int | None) -> None:
     if value is not None and value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value}")
-
-
-def _check_kv_tiers(cache: CacheConfig) -> None:
-    for name in ("kv_offloading_size", "kv_offloading_disk_size"):
-        size = getattr(cache, name)
-        if size is not None and (isinstance(size, bool) or not 0 <= size < float("inf")):
-            raise ValueError(f"{name} must be a GiB count >= 0, got {size!r}")
-    if cache.kv_offloading_disk_path and not (
-        cache.kv_offloading_size and cache.kv_offloading_disk_size
-    ):
-        raise ValueError(
-            "--kv-offloading-disk-path needs --kv-offloading-size (the host tier above it) and "
-            "--kv-offloading-disk-size (its GiB)"
-        )
 
 
 def _whole_count(name: str, value: object) -> None:
@@ -150,7 +137,9 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         _positive("block_size", self.block_size)
-        _check_kv_tiers(self)
+        check_tier_flags(
+            self.kv_offloading_size, self.kv_offloading_disk_path, self.kv_offloading_disk_size
+        )
         if self.block_size > 1024 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two <= 1024, got {self.block_size}")
         _positive("kv_cache_memory", self.kv_cache_memory)
