@@ -201,6 +201,10 @@ def main() -> None:
                 best = results.get(f"no_reuse_{name}")
                 if best is None or run["output_tok_per_s"] > best["output_tok_per_s"]:
                     results[f"no_reuse_{name}"] = run
+    report(results, args)
+
+
+def add_ratios(results: dict[str, Any]) -> None:
     off, on = results["multi_turn_off"], results["multi_turn_on"]
     results["prefill_ratio_off_over_on"] = off["prefill_tokens"] / max(1, on["prefill_tokens"])
     results["ttft_p50_on_over_off"] = on["ttft_p50_ms"] / off["ttft_p50_ms"]
@@ -211,10 +215,10 @@ def main() -> None:
             1, disk["prefill_tokens"]
         )
         results["disk_ttft_p50_disk_over_off"] = disk["ttft_p50_ms"] / off["ttft_p50_ms"]
-    report(results, args)
 
 
 def report(results: dict[str, Any], args: argparse.Namespace) -> None:
+    add_ratios(results)
     modes = ["multi_turn_off", "multi_turn_on", "multi_turn_disk", "no_reuse_off", "no_reuse_on"]
     for key in [m for m in modes if m in results]:
         r = results[key]
