@@ -22,6 +22,7 @@ with them. The file is locked (``flock``) so two servers never share it.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import logging
@@ -74,9 +75,16 @@ class DiskStore:
         size = num_slots * self.record_bytes
         if os.fstat(self._fd).st_size != size:
             os.ftruncate(self._fd, size)
+        fallocate = getattr(os, "posix_fallocate", None)  # not on macOS
         try:  # reserve the blocks now: a full disk fails the start, not a save
-            os.posix_fallocate(self._fd, 0, size)
+            if fallocate is not None:
+                fallocate(self._fd, 0, size)
         except OSError as err:
+            if err.errno == errno.ENOSPC:
+                self.close()
+                raise ValueError(
+                    f"--kv-offloading-disk-size: no room for {size} bytes in {path.parent}"
+                ) from err
             log.warning("kv disk tier: could not preallocate %s (%s); sparse file", path, err)
         self._seq = 0
 
