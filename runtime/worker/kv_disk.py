@@ -38,7 +38,7 @@ MAGIC = b"TWKV"
 _HEAD = struct.Struct("<4sHH16s32sIIQ")  # magic, version, hash len, fingerprint, hash,
 _HEADER = struct.Struct(f"<{_HEAD.size}sI")  # payload len, payload crc32, seq; header crc32
 HEADER_BYTES = _HEADER.size
-_ALIGN = 4096
+_ALIGN = 1 << 12  # records start on 4 KiB pages
 
 
 def layout_fingerprint(*parts: object) -> bytes:
