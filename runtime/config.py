@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from tokenwire.runtime.kv_events_config import KVEventsConfig
+from tokenwire.runtime.kv_tier_flags import check_tier_flags
 from tokenwire.runtime.pooling_params import TASKS, PoolerConfig, Task
 from tokenwire.runtime.structured.config import StructuredOutputsConfig
 
@@ -130,12 +131,15 @@ class CacheConfig:
     kv_cache_dtype: KVCacheDType = "auto"
     # KV tiers (docs/kv-tiers.md): GiB of host memory for evicted prefix blocks; None/0: off.
     kv_offloading_size: float | None = None
+    # The disk tier under it: a directory and its GiB; blocks the host tier evicts go there.
+    kv_offloading_disk_path: str | None = None
+    kv_offloading_disk_size: float | None = None
 
     def __post_init__(self) -> None:
         _positive("block_size", self.block_size)
-        size = self.kv_offloading_size
-        if size is not None and (isinstance(size, bool) or not 0 <= size < float("inf")):
-            raise ValueError(f"kv_offloading_size must be a GiB count >= 0, got {size!r}")
+        check_tier_flags(
+            self.kv_offloading_size, self.kv_offloading_disk_path, self.kv_offloading_disk_size
+        )
         if self.block_size > 1024 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two <= 1024, got {self.block_size}")
         _positive("kv_cache_memory", self.kv_cache_memory)

@@ -257,6 +257,21 @@ class EngineArgs:
         type=float,
         metavar="GiB",
     )
+    kv_offloading_disk_path: str | None = _arg(
+        CacheConfig,
+        "kv_offloading_disk_path",
+        "directory of a disk KV tier under the host tier: blocks the host tier evicts are "
+        "written there (one preallocated file, checksummed records) and loaded back on a prefix "
+        "hit; a restarted server reuses the records that match its model (docs/kv-tiers.md)",
+        metavar="DIR",
+    )
+    kv_offloading_disk_size: float | None = _arg(
+        CacheConfig,
+        "kv_offloading_disk_size",
+        "GiB of disk for --kv-offloading-disk-path (preallocated at startup)",
+        type=float,
+        metavar="GiB",
+    )
     enable_prefix_caching: bool = _arg(
         CacheConfig,
         "enable_prefix_caching",

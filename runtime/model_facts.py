@@ -33,6 +33,10 @@ class ModelFacts:
     # KV tiers: host-tier blocks (from --kv-offloading-size; 0: off) and bytes per KV block.
     num_offload_blocks: int = 0
     kv_block_bytes: int = 0
+    # The disk tier: its records (0: off) and those a warm restart found, (hash, slot) oldest
+    # first.
+    num_disk_blocks: int = 0
+    disk_entries: tuple[tuple[bytes, int], ...] = ()
     embed: EmbedSpec | None = None  # set: an embedding model (its pooler, Matryoshka sizes)
     encoder: bool = False  # a BERT-family encoder (bidirectional; prompts never chunked)
 

@@ -49,3 +49,6 @@ class ModelOutput:
     pooled: dict[str, list[float]] = field(default_factory=dict)
     # KV tiers: ids of the host-tier loads (``KVLoad.load_id``) finished by now.
     kv_loads_done: list[int] = field(default_factory=list)
+    # ... and the device blocks of those loads whose disk record was corrupt, truncated or not
+    # this model's (ignored, never served: the connector does not cache them).
+    kv_load_failed: list[int] = field(default_factory=list)

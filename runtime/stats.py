@@ -123,3 +123,11 @@ class KVOffloadStats:
     bytes_loaded: int = 0
     loads_in_flight: int = 0
     load_time: float = 0.0  # seconds from scheduling a load to its acknowledgement, summed
+    # The disk tier under it (``--kv-offloading-disk-path``); all zero when it is off.
+    disk_capacity_blocks: int = 0
+    disk_used_blocks: int = 0
+    disk_blocks_saved: int = 0  # host-tier evictions (or device blocks) written to disk
+    disk_blocks_loaded: int = 0  # disk hits copied to the device (also in blocks_loaded)
+    disk_bytes_saved: int = 0
+    disk_bytes_loaded: int = 0
+    disk_load_failures: int = 0  # records that failed their checks at load: ignored, a miss

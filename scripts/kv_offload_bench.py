@@ -9,8 +9,11 @@ the previous prompt + its answer + ``--user-tokens`` new tokens, so with the tie
 finds its transcript evicted by the other conversations and recomputes it. Reported per mode:
 prompt tokens computed (prefill), TTFT p50/p99 (arrival to first token), wall time and the
 host tier's counters. The no-reuse workload (every prompt unique) reports output throughput.
+``--disk-gib``: a third multi-turn mode, the disk tier (``--kv-offloading-disk-path`` in a
+temporary directory) under a host tier of only ``--disk-host-gib``, so most hits come from disk.
 
     .venv/bin/python scripts/kv_offload_bench.py            # prints a table and one JSON line
+    .venv/bin/python scripts/kv_offload_bench.py --disk-gib 0.25 --reps 0   # + disk, no no-reuse
 """
 
 from __future__ import annotations
@@ -51,7 +54,9 @@ MODEL_CONFIG: dict[str, Any] = {
 }
 
 
-def make_engine(args: argparse.Namespace, model: str, offload: float | None) -> EngineCore:
+def make_engine(
+    args: argparse.Namespace, model: str, offload: float | None, disk: str | None = None
+) -> EngineCore:
     config = EngineArgs(
         model=model,
         device="cpu",
@@ -60,6 +65,8 @@ def make_engine(args: argparse.Namespace, model: str, offload: float | None) -> 
         num_gpu_blocks_override=args.device_blocks + 1,
         max_num_seqs=args.concurrency,
         kv_offloading_size=offload,
+        kv_offloading_disk_path=disk,
+        kv_offloading_disk_size=None if disk is None else args.disk_gib,
         seed=0,
     ).create_engine_config()
     return EngineCore(config, StepRecorder())
@@ -137,6 +144,8 @@ def summarize(core: EngineCore, wall: float, skip_turn0: bool) -> dict[str, Any]
         "wall_s": wall,
         "blocks_saved": 0 if stats is None else stats.blocks_saved,
         "blocks_loaded": 0 if stats is None else stats.blocks_loaded,
+        "disk_blocks_saved": 0 if stats is None else stats.disk_blocks_saved,
+        "disk_blocks_loaded": 0 if stats is None else stats.disk_blocks_loaded,
     }
 
 
@@ -151,6 +160,8 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--device-blocks", type=int, default=0, help="0: ~1/4 of the transcripts")
     p.add_argument("--offload-gib", type=float, default=0.25)
+    p.add_argument("--disk-gib", type=float, default=0.0, help="> 0: also the disk tier")
+    p.add_argument("--disk-host-gib", type=float, default=1 / 1024, help="host tier above it")
     p.add_argument("--max-model-len", type=int, default=512)
     p.add_argument("--unique-requests", type=int, default=24)
     p.add_argument("--reps", type=int, default=3, help="no-reuse runs per mode (best kept)")
@@ -173,6 +184,11 @@ def main() -> None:
         }
         for name, offload in (("off", None), ("on", args.offload_gib)):
             results[f"multi_turn_{name}"] = multi_turn(make_engine(args, model, offload), args)
+        if args.disk_gib > 0:
+            (Path(tmp) / "kv").mkdir()
+            core = make_engine(args, model, args.disk_host_gib, str(Path(tmp) / "kv"))
+            results["multi_turn_disk"] = multi_turn(core, args)
+            core.shutdown()
         # Alternating repetitions, the best of each kept: this shared box's load swings more
         # than the difference being measured.
         for _ in range(args.reps):
@@ -185,37 +201,60 @@ def main() -> None:
                 best = results.get(f"no_reuse_{name}")
                 if best is None or run["output_tok_per_s"] > best["output_tok_per_s"]:
                     results[f"no_reuse_{name}"] = run
+    report(results, args)
+
+
+def add_ratios(results: dict[str, Any]) -> None:
     off, on = results["multi_turn_off"], results["multi_turn_on"]
     results["prefill_ratio_off_over_on"] = off["prefill_tokens"] / max(1, on["prefill_tokens"])
     results["ttft_p50_on_over_off"] = on["ttft_p50_ms"] / off["ttft_p50_ms"]
     results["ttft_p99_on_over_off"] = on["ttft_p99_ms"] / off["ttft_p99_ms"]
+    if "multi_turn_disk" in results:
+        disk = results["multi_turn_disk"]
+        results["disk_prefill_ratio_off_over_disk"] = off["prefill_tokens"] / max(
+            1, disk["prefill_tokens"]
+        )
+        results["disk_ttft_p50_disk_over_off"] = disk["ttft_p50_ms"] / off["ttft_p50_ms"]
+
+
+def report(results: dict[str, Any], args: argparse.Namespace) -> None:
+    add_ratios(results)
+    modes = ["multi_turn_off", "multi_turn_on", "multi_turn_disk", "no_reuse_off", "no_reuse_on"]
+    for key in [m for m in modes if m in results]:
+        r = results[key]
+        print(
+            f"{key:16s} prefill={r['prefill_tokens']:7d} cached={r['cached_prompt_tokens']:7d} "
+            f"ttft p50={r['ttft_p50_ms']:7.1f}ms p99={r['ttft_p99_ms']:7.1f}ms "
+            f"wall={r['wall_s']:6.2f}s saved={r['blocks_saved']} loaded={r['blocks_loaded']} "
+            f"disk saved={r['disk_blocks_saved']} loaded={r['disk_blocks_loaded']}"
+        )
+    print(
+        f"prefill off/on = {results['prefill_ratio_off_over_on']:.2f}x, "
+        f"TTFT p50 on/off = {results['ttft_p50_on_over_off']:.2f}, "
+        f"p99 on/off = {results['ttft_p99_on_over_off']:.2f}"
+    )
+    if "multi_turn_disk" in results:
+        print(
+            f"disk: prefill off/disk = {results['disk_prefill_ratio_off_over_disk']:.2f}x, "
+            f"TTFT p50 disk/off = {results['disk_ttft_p50_disk_over_off']:.2f}"
+        )
+    if args.reps:
+        print_no_reuse(results, args)
+    print(json.dumps(results))
+
+
+def print_no_reuse(results: dict[str, Any], args: argparse.Namespace) -> None:
     tput_off = results["no_reuse_off"]["output_tok_per_s"]
     tput_on = results["no_reuse_on"]["output_tok_per_s"]
     results["no_reuse_throughput_on_over_off"] = tput_on / tput_off
     cpu_off = statistics.median(results["no_reuse_off_tok_per_cpu_s"])
     cpu_on = statistics.median(results["no_reuse_on_tok_per_cpu_s"])
     results["no_reuse_cpu_throughput_on_over_off"] = cpu_on / cpu_off
-    for key in (
-        "multi_turn_off",
-        "multi_turn_on",
-        "no_reuse_off",
-        "no_reuse_on",
-    ):
-        r = results[key]
-        print(
-            f"{key:16s} prefill={r['prefill_tokens']:7d} cached={r['cached_prompt_tokens']:7d} "
-            f"ttft p50={r['ttft_p50_ms']:7.1f}ms p99={r['ttft_p99_ms']:7.1f}ms "
-            f"wall={r['wall_s']:6.2f}s saved={r['blocks_saved']} loaded={r['blocks_loaded']}"
-        )
     print(
-        f"prefill off/on = {results['prefill_ratio_off_over_on']:.2f}x, "
-        f"TTFT p50 on/off = {results['ttft_p50_on_over_off']:.2f}, "
-        f"p99 on/off = {results['ttft_p99_on_over_off']:.2f}, "
         f"no-reuse throughput on/off = {results['no_reuse_throughput_on_over_off']:.3f} (wall, "
         f"best of {args.reps}), {results['no_reuse_cpu_throughput_on_over_off']:.3f} (per "
         "CPU-second, median)"
     )
-    print(json.dumps(results))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,12 @@ below and nothing else (docs/kv-tiers.md), so another store can implement ``KVCo
 - **Abort / finish during a load** (``request_finished``): a load in flight keeps its blocks
   until the worker acknowledges it (they are being written), then frees them; a finished load
   frees at once. Nothing half-loaded is ever cached or read.
+- **The disk tier** (``--kv-offloading-disk-path``, ``core/disk_tier.py``): the host tier's
+  LRU victim goes to disk instead of being dropped (read from its slot before this step's save
+  overwrites it: a slot saved this step is pinned until the plan is built, so it is never a
+  victim in the same step); a device block with no free host slot goes to disk directly. A
+  load takes each block from the host tier, else from the disk (disk -> device); a disk record
+  that fails its checks is reported by the worker and its block is not cached (a miss).
 """
 
 from __future__ import annotations
@@ -31,9 +37,11 @@ from typing import Protocol
 
 from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.core.block_pool import BlockPool, KVBlock
+from tokenwire.runtime.core.disk_tier import DiskTier
 from tokenwire.runtime.core.host_tier import HostTier
 from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
-from tokenwire.runtime.kv_transfer import KVLoad, KVTransferPlan
+from tokenwire.runtime.core.pending_load import PendingLoad
+from tokenwire.runtime.kv_transfer import DiskRead, KVLoad, KVTransferPlan
 from tokenwire.runtime.stats import KVOffloadStats
 
 
@@ -63,7 +71,7 @@ class KVConnector(Protocol):
 
     def build_plan(self) -> KVTransferPlan | None: ...
 
-    def loads_done(self, load_ids: Sequence[int]) -> None: ...
+    def loads_done(self, load_ids: Sequence[int], failed: Sequence[int] = ()) -> None: ...
 
     def block_refs(self) -> dict[int, int]: ...
 
@@ -88,48 +96,20 @@ def check_offloading_supported(config: EngineConfig) -> None:
         )
 
 
-def attach_offloading(kv: KVCacheManager, num_slots: int, block_bytes: int) -> OffloadingConnector:
-    """The host tier over ``kv``'s pool, its two hooks set (evictions, invariant refs)."""
-    connector = OffloadingConnector(kv.block_pool, num_slots, block_bytes)
+def attach_offloading(
+    kv: KVCacheManager,
+    num_slots: int,
+    block_bytes: int,
+    disk_slots: int = 0,
+    disk_entries: Sequence[tuple[bytes, int]] = (),
+) -> OffloadingConnector:
+    """The host tier (and the disk tier under it, seeded with the records a warm restart
+    found) over ``kv``'s pool, its two hooks set (evictions, invariant refs)."""
+    disk = DiskTier(disk_slots, disk_entries) if disk_slots else None
+    connector = OffloadingConnector(kv.block_pool, num_slots, block_bytes, disk=disk)
     kv.block_pool.on_evict = connector.on_evict
     kv.external_refs = connector.block_refs
     return connector
-
-
-class _Load:
-    __slots__ = (
-        "block_hashes",
-        "cancelled",
-        "done",
-        "hit_blocks",
-        "load_id",
-        "new_blocks",
-        "request_id",
-        "slots",
-        "started",
-    )
-
-    def __init__(
-        self,
-        load_id: int,
-        request_id: str,
-        hit_blocks: list[KVBlock],
-        new_blocks: list[KVBlock],
-        block_hashes: list[bytes],
-        slots: list[int],
-    ) -> None:
-        self.load_id = load_id
-        self.request_id = request_id
-        self.hit_blocks = hit_blocks  # the device hit, referenced so it is not evicted
-        self.new_blocks = new_blocks  # written by the load
-        self.block_hashes = block_hashes  # of new_blocks
-        self.slots = slots
-        self.started = time.monotonic()
-        self.done = False
-        self.cancelled = False
-
-    def blocks(self) -> list[KVBlock]:
-        return [*self.hit_blocks, *self.new_blocks]
 
 
 class OffloadingConnector:
@@ -142,13 +122,15 @@ class OffloadingConnector:
         num_slots: int,
         block_bytes: int,
         max_held_fraction: float = 0.9,
+        disk: DiskTier | None = None,
     ) -> None:
         self.pool = pool
         self.tier = HostTier(num_slots)
+        self.disk = disk
         self.block_bytes = block_bytes
         self.max_held = max(1, int(pool.num_usable_blocks * max_held_fraction))
-        self._loads: dict[str, _Load] = {}  # by request id: the request's load
-        self._in_flight: dict[int, _Load] = {}  # by load id, until acknowledged
+        self._loads: dict[str, PendingLoad] = {}  # by request id: the request's load
+        self._in_flight: dict[int, PendingLoad] = {}  # by load id, until acknowledged
         self._num_held = 0
         self._save_block_ids: list[int] = []
         self._save_slots: list[int] = []
@@ -164,12 +146,22 @@ class OffloadingConnector:
     # ------------------------------------------------------------------ save
     def on_evict(self, block: KVBlock) -> None:
         """``block`` (cached, free) is being reused: queue its KV for the host tier."""
-        assert block.block_hash is not None
-        slot = self.tier.put(block.block_hash)
-        if slot is not None:
-            self._save_block_ids.append(block.block_id)
-            self._save_slots.append(slot)
-            self._blocks_saved += 1
+        block_hash = block.block_hash
+        assert block_hash is not None
+        if block_hash in self.tier:
+            self.tier.put(block_hash)  # touched: most recently used
+            return
+        slot, victim = self.tier.put_evicting(block_hash)
+        if slot is None:  # every host slot is read by a load or saved this step
+            if self.disk is not None:
+                self.disk.save(block_hash, block_id=block.block_id)
+            return
+        if victim is not None and self.disk is not None:
+            self.disk.save(victim, host_slot=slot)  # read before this step's save
+        self.tier.pin([slot])  # saved this step: no victim until the plan is built
+        self._save_block_ids.append(block.block_id)
+        self._save_slots.append(slot)
+        self._blocks_saved += 1
 
     # ------------------------------------------------------------------ load
     def waiting_for_load(self, request_id: str) -> bool:
@@ -181,8 +173,8 @@ class OffloadingConnector:
     ) -> bool:
         if request_id in self._loads:  # loaded already: admit with what is on the device
             return False
-        slots = self.tier.lookup_run(block_hashes[len(hit_ids) :])
-        if not slots:
+        sources = self._lookup(block_hashes[len(hit_ids) :])
+        if not sources:
             return False
         pool = self.pool
         hit_blocks = [pool.blocks[i] for i in hit_ids]
@@ -191,38 +183,70 @@ class OffloadingConnector:
             pool.num_free_blocks - evictable_hits,
             self.max_held - self._num_held - len(hit_blocks),
         )
-        slots = slots[: max(0, room)]
-        if not slots:
+        sources = sources[: max(0, room)]
+        if not sources:
             return False
+        slots = [s for s, on_disk in sources if not on_disk]
+        disk_slots = [s for s, on_disk in sources if on_disk]
         # Pin first: the allocation below may evict device blocks, whose saves take slots.
         self.tier.pin(slots)
+        if self.disk is not None:
+            self.disk.pin(disk_slots)
         pool.touch(hit_blocks)
-        new_blocks = pool.get_new_blocks(len(slots))
+        new_blocks = pool.get_new_blocks(len(sources))
         start = len(hit_ids)
-        load = _Load(
-            self._next_load_id,
-            request_id,
-            hit_blocks,
-            new_blocks,
-            list(block_hashes[start : start + len(slots)]),
-            slots,
+        hashes = list(block_hashes[start : start + len(sources)])
+        load = PendingLoad(
+            self._next_load_id, request_id, hit_blocks, new_blocks, hashes, slots, disk_slots
         )
         self._next_load_id += 1
         self._loads[request_id] = self._in_flight[load.load_id] = load
         self._num_held += len(hit_blocks) + len(new_blocks)
-        self._new_loads.append(KVLoad(load.load_id, slots, [b.block_id for b in new_blocks]))
+        host_ids = [b.block_id for b, (_, d) in zip(new_blocks, sources, strict=True) if not d]
+        reads = [
+            DiskRead(slot, block.block_id, block_hash)
+            for block, block_hash, (slot, on_disk) in zip(new_blocks, hashes, sources, strict=True)
+            if on_disk
+        ]
+        self._new_loads.append(KVLoad(load.load_id, slots, host_ids, reads))
         return True
 
-    def loads_done(self, load_ids: Sequence[int]) -> None:
-        """The worker finished these loads: their blocks hold the host tier's KV now."""
+    def _lookup(self, block_hashes: Sequence[bytes]) -> list[tuple[int, bool]]:
+        """(slot, on disk) of the longest leading run of ``block_hashes`` held by a tier,
+        each from the host tier when it is there (every hit touched: most recently used)."""
+        sources: list[tuple[int, bool]] = []
+        for block_hash in block_hashes:
+            slot = self.tier.get(block_hash)
+            if slot is None and self.disk is not None:
+                disk_slot = self.disk.get(block_hash)
+                if disk_slot is None:
+                    break
+                sources.append((disk_slot, True))
+            elif slot is None:
+                break
+            else:
+                sources.append((slot, False))
+        return sources
+
+    def loads_done(self, load_ids: Sequence[int], failed: Sequence[int] = ()) -> None:
+        """The worker finished these loads: their blocks hold the tiers' KV now, except the
+        ``failed`` device blocks (a disk record that failed its checks: not cached, a miss)."""
         now = time.monotonic()
+        bad_ids = set(failed)
         for load_id in load_ids:
             load = self._in_flight.pop(load_id)
             self.tier.unpin(load.slots)
+            bad: list[bytes] = []
             for block, block_hash in zip(load.new_blocks, load.block_hashes, strict=True):
-                self.pool.cache_full_block(block, block_hash)
+                if block.block_id in bad_ids:
+                    bad.append(block_hash)
+                else:
+                    self.pool.cache_full_block(block, block_hash)
+            if self.disk is not None:
+                self.disk.unpin(load.disk_slots)
+                self.disk.loaded(len(load.disk_slots), bad)
             load.done = True
-            self._blocks_loaded += len(load.new_blocks)
+            self._blocks_loaded += len(load.new_blocks) - len(bad)
             self._load_time += now - load.started
             if load.cancelled:
                 self._release(load)
@@ -254,7 +278,7 @@ class OffloadingConnector:
         else:
             load.cancelled = True  # freed by ``loads_done``: the worker is writing the blocks
 
-    def _release(self, load: _Load) -> None:
+    def _release(self, load: PendingLoad) -> None:
         blocks = load.blocks()
         self.pool.free_blocks(reversed(blocks))
         self._num_held -= len(blocks)
@@ -262,13 +286,16 @@ class OffloadingConnector:
     # ------------------------------------------------------------------ the step's plan
     def build_plan(self) -> KVTransferPlan | None:
         """This step's copies; None when there is nothing to copy or to wait for."""
-        if not (self._save_block_ids or self._new_loads or self._in_flight):
+        has_writes = self.disk is not None and self.disk.has_writes
+        if not (self._save_block_ids or self._new_loads or self._in_flight or has_writes):
             return None
+        self.tier.unpin(self._save_slots)  # saved this step: evictable from the next step on
         plan = KVTransferPlan(
             self._save_block_ids,
             self._save_slots,
             self._new_loads,
             len(self._in_flight) - len(self._new_loads),
+            [] if self.disk is None else self.disk.take_writes(),
         )
         self._save_block_ids, self._save_slots, self._new_loads = [], [], []
         return plan
@@ -283,7 +310,9 @@ class OffloadingConnector:
         return refs
 
     def stats(self) -> KVOffloadStats:
+        disk = {} if self.disk is None else self.disk.stats(self.block_bytes)
         return KVOffloadStats(
+            **disk,
             capacity_blocks=self.tier.num_slots,
             used_blocks=len(self.tier),
             blocks_saved=self._blocks_saved,
@@ -296,10 +325,14 @@ class OffloadingConnector:
 
     def reset(self) -> bool:
         """Forget the host tier's hashes (``reset_prefix_cache``); refused during loads."""
-        return not self._loads and not self._in_flight and self.tier.clear()
+        if self._loads or self._in_flight:
+            return False
+        return self.tier.clear() and (self.disk is None or self.disk.clear())
 
     def check_invariants(self, idle: bool = False) -> None:
         self.tier.check_invariants(idle)
+        if self.disk is not None:
+            self.disk.check_invariants(idle)
         held = sum(len(x.blocks()) for x in {id(x): x for x in self._loads.values()}.values())
         held += sum(len(x.blocks()) for x in self._in_flight.values() if x.cancelled)
         _check(held == self._num_held, f"connector holds {held} blocks, counted {self._num_held}")

@@ -386,7 +386,7 @@ class Scheduler:
     ) -> list[EngineCoreOutput]:
         requests = self.requests
         if self.connector is not None and model_output.kv_loads_done:  # KV tiers
-            self.connector.loads_done(model_output.kv_loads_done)
+            self.connector.loads_done(model_output.kv_loads_done, model_output.kv_load_failed)
         if not advanced:
             for request_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
                 request = requests.get(request_id)

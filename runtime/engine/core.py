@@ -115,9 +115,11 @@ class EngineCore:
         """KV tiers (docs/kv-tiers.md): the host tier when the worker sized one."""
         if not self.facts.num_offload_blocks or not self.config.cache.enable_prefix_caching:
             return None
+        f = self.facts  # the disk tier (0: off) is seeded with what a warm restart found
         return attach_offloading(
-            self.kv_cache_manager, self.facts.num_offload_blocks, self.facts.kv_block_bytes
-        )
+            self.kv_cache_manager, f.num_offload_blocks, f.kv_block_bytes, f.num_disk_blocks,
+            f.disk_entries,
+        )  # fmt: skip
 
     def _check_capacity(self, num_blocks: int) -> None:
         """One request of ``max_model_len`` tokens must fit alone. With a window on every

@@ -49,3 +49,4 @@ class UniprocExecutor:
     def shutdown(self, graceful: bool = True) -> None:
         if self._forward is not None:
             self._forward.shutdown(wait=graceful, cancel_futures=not graceful)
+        self.worker.shutdown()

@@ -15,6 +15,11 @@ per-layer scales are constants and do not move), pinned on CUDA. Per step
 3. After the forward, finished loads are reported (``ModelOutput.kv_loads_done``); a step
    with nothing to compute waits briefly for one instead of spinning.
 
+The disk tier (``worker/kv_disk.py``): a step's ``disk_writes`` read their sources (host
+slots, device blocks) before its saves and forward, then write on the I/O thread; a load with
+disk reads runs whole on that thread (one thread: writes and reads stay in order), and reports
+the device blocks whose record failed its checks.
+
 The CUDA path is written but only the CPU path runs in this project's tests.
 """
 
@@ -26,9 +31,10 @@ from collections.abc import Sequence
 import torch
 
 from tokenwire.kernels.kv_quant import FP8_KV_DTYPE
-from tokenwire.runtime.config import CacheConfig
-from tokenwire.runtime.kv_transfer import KVTransferPlan
+from tokenwire.runtime.config import EngineConfig
+from tokenwire.runtime.kv_transfer import DiskWrite, KVLoad, KVTransferPlan
 from tokenwire.runtime.worker.kv_cache import KVCache
+from tokenwire.runtime.worker.kv_disk import DiskStore, disk_file, layout_fingerprint, record_bytes
 
 # A step with nothing to compute waits at most this long for a load to finish.
 IDLE_WAIT_S = 0.01
@@ -47,9 +53,11 @@ def kv_block_bytes(kv_cache: KVCache) -> int:
 
 
 def make_offloader(
-    cache: CacheConfig, kv_cache: KVCache, device: torch.device
+    config: EngineConfig, kv_cache: KVCache, device: torch.device, model_path: str
 ) -> KVOffloader | None:
-    """The host tier's copy engine for ``--kv-offloading-size`` GiB; None when it is off."""
+    """The host tier's copy engine for ``--kv-offloading-size`` GiB (and the disk tier's file
+    for ``--kv-offloading-disk-path``); None when it is off."""
+    cache = config.cache
     if not cache.kv_offloading_size or not cache.enable_prefix_caching:
         return None
     per_block = kv_block_bytes(kv_cache)
@@ -59,11 +67,34 @@ def make_offloader(
             f"--kv-offloading-size {cache.kv_offloading_size} GiB holds no KV block "
             f"({per_block} bytes each): raise it or set 0 to turn the tier off"
         )
-    return KVOffloader(kv_cache, num_slots, device)
+    disk = None
+    if cache.kv_offloading_disk_path and cache.kv_offloading_disk_size:
+        num_records = int(cache.kv_offloading_disk_size * (1 << 30)) // record_bytes(per_block)
+        if num_records < 1:
+            raise ValueError(
+                f"--kv-offloading-disk-size {cache.kv_offloading_disk_size} GiB holds no KV "
+                f"block ({record_bytes(per_block)} bytes each)"
+            )
+        k = kv_cache.layers[0].k_cache
+        model = config.model
+        fingerprint = layout_fingerprint(
+            model_path, model.revision, model.load_format, model.seed, model.quantization,
+            cache.block_size, cache.kv_cache_dtype, str(k.dtype), len(kv_cache.layers),
+            tuple(k.shape[1:]),
+        )  # fmt: skip
+        path = disk_file(cache.kv_offloading_disk_path, config.parallel.data_parallel_rank)
+        disk = DiskStore(path, num_records, per_block, fingerprint)
+    return KVOffloader(kv_cache, num_slots, device, disk)
 
 
 class KVOffloader:
-    def __init__(self, kv_cache: KVCache, num_slots: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        kv_cache: KVCache,
+        num_slots: int,
+        device: torch.device,
+        disk: DiskStore | None = None,
+    ) -> None:
         self.kv_cache = kv_cache
         self.num_slots = num_slots
         self.device = device
@@ -74,39 +105,63 @@ class KVOffloader:
         # Never read before a save writes it: no need to zero (or touch) the pages.
         self.host = torch.empty(shape, dtype=_raw(k).dtype, pin_memory=cuda)
         self._stream = torch.cuda.Stream(device) if cuda else None  # type: ignore[no-untyped-call]
-        self._thread = None if cuda else cf.ThreadPoolExecutor(1, "kv-offload")
-        self._futures: dict[int, cf.Future[None]] = {}
+        self.disk = disk
+        # Warm restart: the records this model can use, for the scheduler side's index.
+        self.disk_entries = [] if disk is None else disk.scan()
+        # The I/O thread: CPU loads, and every disk write and disk load (in order).
+        self._thread = None if cuda and disk is None else cf.ThreadPoolExecutor(1, "kv-offload")
+        self._futures: dict[int, cf.Future[list[int]]] = {}
+        self._writes: list[cf.Future[None]] = []
         self._events: dict[int, tuple[torch.cuda.Event, torch.Tensor]] = {}
+
+    @property
+    def num_disk_slots(self) -> int:
+        return 0 if self.disk is None else self.disk.num_slots
 
     # ------------------------------------------------------------------ per step
     def start(self, plan: KVTransferPlan) -> None:
-        """Run the saves (done before the forward) and start the loads."""
+        """Read the disk writes' sources, run the saves (done before the forward), then
+        queue the disk writes and start the loads."""
+        captured = self._capture(plan.disk_writes) if plan.disk_writes else None
+        loads = plan.loads
         if self._stream is not None:
-            self._start_cuda(plan)
-            return
-        if plan.save_block_ids:
+            self._start_cuda(plan, [x for x in loads if not x.disk])
+            loads = [x for x in loads if x.disk]
+        elif plan.save_block_ids:
             self._save(plan.save_block_ids, plan.save_slots)
+        if not loads and captured is None:
+            return
         assert self._thread is not None
-        for load in plan.loads:
-            self._futures[load.load_id] = self._thread.submit(
-                self._load, load.slots, load.block_ids
-            )
+        if captured is not None:
+            self._writes.append(self._thread.submit(self._write, plan.disk_writes, captured))
+        ready = None
+        if self._stream is not None:  # the host slots' earlier saves, before the thread reads
+            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            ready.record(self._stream)
+        for load in loads:
+            self._futures[load.load_id] = self._thread.submit(self._load, load, ready)
 
-    def finished(self, wait: bool) -> list[int]:
-        """Ids of the loads finished since the last call (``wait``: block briefly for one)."""
-        if self._stream is not None:
-            return self._finished_cuda(wait)
+    def finished(self, wait: bool) -> tuple[list[int], list[int]]:
+        """Ids of the loads finished since the last call (``wait``: block briefly for one),
+        and the device blocks among them whose disk record failed its checks."""
+        for write in [w for w in self._writes if w.done()]:
+            self._writes.remove(write)
+            write.result()  # a bug in a write fails the step (I/O errors are only logged)
+        done = self._finished_cuda(wait) if self._stream is not None else []
         futures = self._futures
-        if wait and futures:
+        if wait and futures and not done:
             cf.wait(futures.values(), timeout=IDLE_WAIT_S, return_when=cf.FIRST_COMPLETED)
-        done = [load_id for load_id, f in futures.items() if f.done()]
-        for load_id in done:
-            futures.pop(load_id).result()  # a failed copy fails the step
-        return done
+        failed: list[int] = []
+        for load_id in [load_id for load_id, f in futures.items() if f.done()]:
+            failed += futures.pop(load_id).result()  # a failed copy fails the step
+            done.append(load_id)
+        return done, failed
 
     def shutdown(self) -> None:
         if self._thread is not None:
             self._thread.shutdown(wait=True)
+        if self.disk is not None:
+            self.disk.close()
 
     # ------------------------------------------------------------------ CPU copies
     @torch.inference_mode()
@@ -118,16 +173,80 @@ class KVOffloader:
             self.host[:, i, 1].index_copy_(0, dst, _raw(layer.v_cache).index_select(0, ids))
 
     @torch.inference_mode()
-    def _load(self, slots: Sequence[int], block_ids: Sequence[int]) -> None:
-        ids = torch.tensor(block_ids, dtype=torch.int64)
-        src = self.host.index_select(0, torch.tensor(slots, dtype=torch.int64))
+    def _load(self, load: KVLoad, ready: torch.cuda.Event | None) -> list[int]:
+        """On the I/O thread: host slots, then disk records, into their device blocks; the
+        blocks whose record failed its checks (left unwritten)."""
+        if ready is not None:
+            ready.synchronize()  # type: ignore[no-untyped-call]
+        if load.slots:
+            src = self.host.index_select(0, torch.tensor(load.slots, dtype=torch.int64))
+            self._write_blocks(load.block_ids, src)
+        failed: list[int] = []
+        ids: list[int] = []
+        rows: list[bytes] = []
+        assert self.disk is not None or not load.disk
+        for read in load.disk:
+            payload = self.disk.read(read.slot, read.block_hash) if self.disk else None
+            if payload is None:
+                failed.append(read.block_id)
+            else:
+                ids.append(read.block_id)
+                rows.append(payload)
+        if rows:
+            flat = torch.frombuffer(bytearray(b"".join(rows)), dtype=torch.uint8)
+            self._write_blocks(
+                ids, flat.view(self.host.dtype).view(len(rows), *self.host.shape[1:])
+            )
+        return failed
+
+    def _write_blocks(self, block_ids: Sequence[int], src: torch.Tensor) -> None:
+        """Copy ``src`` (``[n, layers, 2, ...]`` on the host) into device blocks."""
+        stream = self._stream
+        if stream is not None:  # on the I/O thread: the side stream, then wait for it
+            with torch.cuda.stream(stream):
+                self._write_blocks_now(block_ids, src.to(self.device))
+            stream.synchronize()  # type: ignore[no-untyped-call]
+            return
+        self._write_blocks_now(block_ids, src)
+
+    def _write_blocks_now(self, block_ids: Sequence[int], src: torch.Tensor) -> None:
+        ids = torch.tensor(block_ids, dtype=torch.int64, device=src.device)
         for i, layer in enumerate(self.kv_cache.layers):
             _raw(layer.k_cache).index_copy_(0, ids, src[:, i, 0])
             _raw(layer.v_cache).index_copy_(0, ids, src[:, i, 1])
 
+    # ------------------------------------------------------------------ disk writes
+    @torch.inference_mode()
+    def _capture(self, writes: Sequence[DiskWrite]) -> torch.Tensor:
+        """The writes' bytes, ``[n, layers, 2, ...]`` on the host, read before this step's
+        saves (a host source is the victim slot a save is about to overwrite) and forward."""
+        if self._stream is not None:
+            self._stream.synchronize()  # type: ignore[no-untyped-call]  # earlier saves landed
+        rows = torch.empty((len(writes), *self.host.shape[1:]), dtype=self.host.dtype)
+        from_host = [j for j, w in enumerate(writes) if w.host_slot >= 0]
+        if from_host:
+            slots = torch.tensor([writes[j].host_slot for j in from_host], dtype=torch.int64)
+            rows[from_host] = self.host.index_select(0, slots)
+        from_device = [j for j, w in enumerate(writes) if w.host_slot < 0]
+        if from_device:
+            ids = [writes[j].block_id for j in from_device]
+            index = torch.tensor(ids, dtype=torch.int64, device=self.device)
+            layers = [
+                torch.stack([_raw(x.k_cache)[index], _raw(x.v_cache)[index]], 1)
+                for x in self.kv_cache.layers
+            ]
+            rows[from_device] = torch.stack(layers, 1).cpu()
+        return rows
+
+    def _write(self, writes: Sequence[DiskWrite], rows: torch.Tensor) -> None:
+        assert self.disk is not None
+        raw = rows.view(torch.uint8).reshape(len(writes), -1).numpy()
+        for write, row in zip(writes, raw, strict=True):
+            self.disk.write(write.slot, write.block_hash, row.data)
+
     # ------------------------------------------------------------------ CUDA copies
     @torch.inference_mode()
-    def _start_cuda(self, plan: KVTransferPlan) -> None:
+    def _start_cuda(self, plan: KVTransferPlan, loads: Sequence[KVLoad]) -> None:
         stream = self._stream
         assert stream is not None
         compute = torch.cuda.current_stream(self.device)
@@ -147,7 +266,7 @@ class KVOffloader:
                 saved = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 saved.record(stream)
                 compute.wait_event(saved)  # the forward may overwrite the saved blocks
-            for load in plan.loads:
+            for load in loads:
                 staging = torch.empty(
                     (len(load.slots), *self.host.shape[1:]),
                     dtype=self.host.dtype,

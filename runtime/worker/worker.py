@@ -85,7 +85,7 @@ class Worker:
             draft = load_draft_model(config.model, spec, loaded, tp)
         self.runner = ModelRunner(loaded, settings, device, tp=tp, draft=draft)
         # KV tiers: the host tier's copy engine (None: --kv-offloading-size is off).
-        self.offload = make_offloader(config.cache, self.runner.kv_cache, device)
+        self.offload = make_offloader(config, self.runner.kv_cache, device, str(loaded.model_path))
 
     @property
     def num_blocks(self) -> int:
@@ -97,8 +97,15 @@ class Worker:
             return self.runner.execute_model(scheduler_output)
         self.offload.start(plan)  # KV tiers: saves before the forward, loads start
         output = self.runner.execute_model(scheduler_output)
-        done = self.offload.finished(wait=scheduler_output.is_empty)
-        return dataclasses.replace(output, kv_loads_done=done) if done else output
+        done, failed = self.offload.finished(wait=scheduler_output.is_empty)
+        if not done:
+            return output
+        return dataclasses.replace(output, kv_loads_done=done, kv_load_failed=failed)
+
+    def shutdown(self) -> None:
+        """Stop the KV tiers' I/O thread and release the disk tier's file (its lock)."""
+        if self.offload is not None:
+            self.offload.shutdown()
 
     @property
     def weight_bytes(self) -> int:
@@ -128,4 +135,6 @@ class Worker:
             encoder=isinstance(loaded, LoadedEncoder),
             num_offload_blocks=0 if self.offload is None else self.offload.num_slots,
             kv_block_bytes=0 if self.offload is None else self.offload.block_bytes,
+            num_disk_blocks=0 if self.offload is None else self.offload.num_disk_slots,
+            disk_entries=() if self.offload is None else tuple(self.offload.disk_entries),
         )

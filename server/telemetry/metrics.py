@@ -139,6 +139,8 @@ class _EngineStateCollector(Collector):
         for name, doc, value in (
             ("kv_offload_capacity_blocks", "Host KV tier size in blocks.", tier.capacity_blocks),
             ("kv_offload_used_blocks", "Host KV tier blocks holding KV.", tier.used_blocks),
+            ("kv_offload_disk_capacity_blocks", "Disk KV tier size.", tier.disk_capacity_blocks),
+            ("kv_offload_disk_used_blocks", "Disk KV tier blocks used.", tier.disk_used_blocks),
         ):
             gauge = GaugeMetricFamily(f"tokenwire:{name}", doc, labels=["model_name"])
             gauge.add_metric([self.model_name], float(value))
@@ -147,6 +149,14 @@ class _EngineStateCollector(Collector):
             ("kv_offload_hit_blocks", "Blocks loaded back from the host tier.", tier.blocks_loaded),
             ("kv_offload_saved_bytes", "Bytes copied to the host tier.", tier.bytes_saved),
             ("kv_offload_loaded_bytes", "Bytes copied from the host tier.", tier.bytes_loaded),
+            ("kv_offload_disk_hit_blocks", "Blocks loaded from disk.", tier.disk_blocks_loaded),
+            ("kv_offload_disk_saved_bytes", "Bytes written to disk.", tier.disk_bytes_saved),
+            ("kv_offload_disk_loaded_bytes", "Bytes read from disk.", tier.disk_bytes_loaded),
+            (
+                "kv_offload_disk_load_failures",
+                "Disk records that failed their checks at load (ignored).",
+                tier.disk_load_failures,
+            ),
             (
                 "kv_offload_load_seconds",
                 "Seconds from scheduling loads to their end, summed.",

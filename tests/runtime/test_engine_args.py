@@ -55,6 +55,8 @@ VALUES: dict[str, Any] = {
     "lm_head_dtype": "bfloat16",
     "num_gpu_blocks_override": 64,
     "kv_offloading_size": 1.5,
+    "kv_offloading_disk_path": "/var/cache/kv",
+    "kv_offloading_disk_size": 8.0,
     "enable_prefix_caching": False,
     "enable_chunked_prefill": False,
     "async_scheduling": True,
@@ -197,7 +199,8 @@ def test_create_engine_config_carries_every_field() -> None:
     assert config.cache == CacheConfig(
         block_size=32, enable_prefix_caching=False, kv_cache_memory=1 << 20,
         gpu_memory_utilization=0.5, num_gpu_blocks_override=64, kv_cache_dtype="fp8",
-        kv_offloading_size=1.5,
+        kv_offloading_size=1.5, kv_offloading_disk_path="/var/cache/kv",
+        kv_offloading_disk_size=8.0,
     )  # fmt: skip
     assert config.scheduler == SchedulerConfig(
         max_num_seqs=8, max_num_batched_tokens=1024, scheduling_policy="priority",
@@ -227,6 +230,8 @@ def test_create_engine_config_carries_every_field() -> None:
         ("gpu_memory_utilization", 1.5, "--gpu-memory-utilization"),
         ("kv_cache_memory", 0, "--kv-cache-memory"),
         ("num_gpu_blocks_override", 1, "--num-gpu-blocks-override"),
+        ("kv_offloading_disk_size", -1.0, "--kv-offloading-disk-size"),
+        ("kv_offloading_disk_path", "/x", "--kv-offloading-disk-path"),
         ("scheduling_policy", "lifo", "--scheduling-policy"),
         ("tensor_parallel_size", 0, "--tensor-parallel-size"),
         ("nnodes", 0, "--nnodes"),

@@ -76,12 +76,15 @@ VALUES: dict[str, Any] = {
     "pooler_config": PoolerConfig(pooling_type="CLS", normalize=False),
     "kv_events_config": KVEventsConfig(enable_kv_cache_events=True, topic="kv"),
     "kv_offloading_size": 0.5,
+    "kv_offloading_disk_path": "/var/cache/kv",
+    "kv_offloading_disk_size": 4.0,
     "structured_outputs_cache_bytes": 64 << 20,
     "lm_head_dtype": "bfloat16",
 }
 # What a field's value is only valid together with (set in both configs compared).
 COMPANIONS: dict[str, dict[str, Any]] = {
     "lora_modules": {"enable_lora": True},
+    "kv_offloading_disk_path": {"kv_offloading_size": 0.5, "kv_offloading_disk_size": 4.0},
     "nnodes": {"tensor_parallel_size": 2},
     "node_rank": {"nnodes": 2, "tensor_parallel_size": 2},
 }
