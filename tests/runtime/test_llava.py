@@ -30,6 +30,7 @@ from tokenwire.runtime.sampling_params import SamplingParams
 IMAGE_TOKEN = 100
 PATCHES = 16  # (32 // 8) ** 2, the CLS feature dropped ("default" strategy)
 NEW_TOKENS = 8
+BLOCK = 16
 # 20 text tokens (one whole block before any image), an image, more text.
 TEXT = [1, *range(3, 22)]
 ONE_IMAGE = [*TEXT, IMAGE_TOKEN, 30, 31, 32]
@@ -132,6 +133,21 @@ def test_greedy_matches_hf_batched_with_text(
     outputs = _generate(llm, CASES)
     assert [o.outputs[0].token_ids for o in outputs] == expected
     assert outputs[0].prompt_token_ids == _expand(ONE_IMAGE)
+    assert_llm_idle(llm)
+
+
+def test_prompts_differing_only_in_the_image(llava_dir: Path) -> None:
+    llm = LLM(str(llava_dir), device="cpu")
+    first = _generate(llm, [(ONE_IMAGE, [_image(1)])])[0]
+    other = _generate(llm, [(ONE_IMAGE, [_image(7)])])[0]
+    again = _generate(llm, [(ONE_IMAGE, [_image(1)])])[0]
+    assert other.outputs[0].token_ids != first.outputs[0].token_ids
+    assert other.outputs[0].token_ids == _hf_greedy(llava_dir, ONE_IMAGE, [_image(7)])
+    # Only the text block before the image is shared; the same image hits every full block.
+    assert other.num_cached_tokens == BLOCK
+    full_blocks = len(_expand(ONE_IMAGE)) // BLOCK * BLOCK
+    assert again.num_cached_tokens == full_blocks > BLOCK
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids
     assert_llm_idle(llm)
 
 
