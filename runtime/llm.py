@@ -24,9 +24,11 @@ from tokenwire.runtime.engine.core_loop import engine_info
 from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.front.frontend import Frontend
+from tokenwire.runtime.front.images import ImagePrompter
 from tokenwire.runtime.front.output_processor import ProcessedStep
 from tokenwire.runtime.front.tokenizer import Tokenizer
 from tokenwire.runtime.lora.request import LoRARequest
+from tokenwire.runtime.multimodal import ImageInput
 from tokenwire.runtime.outputs import (
     ChoiceDelta,
     EmbeddingOutput,
@@ -36,7 +38,9 @@ from tokenwire.runtime.outputs import (
 from tokenwire.runtime.sampling_params import SamplingParams, embedding_params, normalize_params
 from tokenwire.runtime.stats import EngineObserver
 
-Prompt = str | list[int]
+# vLLM's prompt shapes: text, token ids, or a dict with "prompt" (text) or "prompt_token_ids"
+# and optionally "multi_modal_data": {"image": one PIL image or a list of them}.
+Prompt = str | list[int] | dict[str, Any]
 Messages = list[dict[str, str]]
 
 
@@ -59,6 +63,8 @@ class LLM:
         info = engine_info(self.engine)  # what the core publishes to a served front
         self.frontend = Frontend.from_info(info)
         self.default_sampling = info.default_sampling
+        # A vision-language model: its image processor and placeholder expansion.
+        self.images = ImagePrompter.from_model_dir(self.engine.facts.model_path)
         self._counter = itertools.count()
         # With --kv-events-config: each step's KV-cache events, the last buffer_steps kept.
         events = config.kv_events_config
@@ -100,7 +106,7 @@ class LLM:
     # ------------------------------------------------------------------ public API
     def generate(
         self,
-        prompts: str | Sequence[str] | Sequence[list[int]],
+        prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool = True,
@@ -111,8 +117,11 @@ class LLM:
 
         ``lora_request``: the adapter for every prompt, or one per prompt (None: the base
         model), as in vLLM. An adapter the engine does not know yet is loaded by name and
-        path first (its ``lora_int_id`` is then the engine's own)."""
-        prompt_list: list[Prompt] = [prompts] if isinstance(prompts, str) else list(prompts)
+        path first (its ``lora_int_id`` is then the engine's own). A dict prompt may carry
+        images (``multi_modal_data``; a vision-language model): each image placeholder token
+        of the prompt stands for one image, in order, and is expanded as HF's processor does."""
+        single = isinstance(prompts, str | dict)
+        prompt_list = [cast(Prompt, prompts)] if single else list(cast(Sequence[Prompt], prompts))
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         params = normalize_params(sampling_params, len(prompt_list))
@@ -122,9 +131,9 @@ class LLM:
         request_ids: list[str] = []
         try:
             for i, (prompt, sp) in enumerate(zip(prompt_list, params, strict=True)):
-                text, token_ids = self._tokenize(prompt)
+                text, token_ids, images = self._inputs(prompt)
                 prio = 0 if priority is None else priority[i]
-                request_ids.append(self._add(text, token_ids, sp, prio, loras[i]))
+                request_ids.append(self._add(text, token_ids, sp, prio, loras[i], images))
         except Exception:
             for request_id in request_ids:  # all or nothing: drop what this call queued
                 self._abort(request_id)
@@ -216,7 +225,25 @@ class LLM:
             resolved.append(known)
         return resolved
 
-    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+    def _inputs(self, prompt: Prompt) -> tuple[str | None, list[int], tuple[ImageInput, ...]]:
+        """(text, token ids with image placeholders expanded, the images)."""
+        images: Any = []
+        if isinstance(prompt, dict):
+            images = (prompt.get("multi_modal_data") or {}).get("image", [])
+            text, token_ids = self._tokenize(prompt.get("prompt", prompt.get("prompt_token_ids")))
+        else:
+            text, token_ids = self._tokenize(prompt)
+        images = images if isinstance(images, list | tuple) else [images]
+        if self.images is None:
+            if images:
+                raise ParameterError("multi_modal_data", "this model takes no image inputs")
+            return text, token_ids, ()
+        expanded, inputs = self.images.expand(token_ids, images)
+        return text, expanded, inputs
+
+    def _tokenize(self, prompt: Prompt | None) -> tuple[str | None, list[int]]:
+        if prompt is None or isinstance(prompt, dict):
+            raise ParameterError("prompt", "a dict prompt needs 'prompt' or 'prompt_token_ids'")
         if isinstance(prompt, str):
             return prompt, self.frontend.encode(prompt)
         return None, list(prompt)
@@ -228,6 +255,7 @@ class LLM:
         params: SamplingParams,
         priority: int,
         lora: LoRARequest | None = None,
+        images: tuple[ImageInput, ...] = (),
     ) -> str:
         # The constraint parses (limits first, on a worker under a time limit); the engine
         # compiles it.
@@ -237,7 +265,12 @@ class LLM:
         try:
             for child_id, child_params in children:
                 self.engine.add_request(
-                    child_id, token_ids, child_params, priority=priority, lora_request=lora
+                    child_id,
+                    token_ids,
+                    child_params,
+                    priority=priority,
+                    lora_request=lora,
+                    images=images,
                 )
         except Exception:
             self._abort(request_id)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from tokenwire.runtime.kv_transfer import KVTransferPlan
 from tokenwire.runtime.lora.request import LoRARequest
+from tokenwire.runtime.multimodal import ImageInput
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.structured.bitmask import GrammarBitmask
 
@@ -30,6 +31,7 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int  # prefix-hit tokens already in the cache
     lora_request: LoRARequest | None = None  # the adapter it runs with; None: the base
+    images: tuple[ImageInput, ...] = ()  # its images (a vision-language model), by position
 
 
 @dataclass(frozen=True, slots=True)

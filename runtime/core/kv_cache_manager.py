@@ -8,7 +8,10 @@ ones; each later step ``allocate_slots`` grows the table for the next chunk or d
 
 Block hashes are chained: ``h_i = sha256(h_{i-1} + tokens_i + extra_i)`` with ``h_{-1} = b""``,
 tokens encoded as little-endian uint32 and ``extra_0`` carrying the ``cache_salt`` (the chain
-carries it on), so requests with different salts never share blocks. Only full blocks are
+carries it on), so requests with different salts never share blocks; ``extra_i`` of a block
+that an image's placeholder run overlaps also carries the image's content hash
+(``multimodal.image_extra_keys``), so prompts that differ only in an image never share the
+blocks from the image on. Only full blocks are
 hashed, incrementally as tokens arrive. Full blocks are cached when *allocated*, before the
 forward runs (as vLLM v1): a request scheduled later in the same step may hit them, which is
 correct because every layer writes its K/V before attention reads it.
@@ -29,6 +32,7 @@ from collections.abc import Callable, Sequence
 from tokenwire.runtime.core.block_pool import BlockPool, KVBlock
 from tokenwire.runtime.core.kv_events import KVEventRecorder
 from tokenwire.runtime.core.request import Request
+from tokenwire.runtime.multimodal import image_extra_keys
 
 
 def hash_block_tokens(parent_hash: bytes, token_bytes: bytes, extra_keys: bytes) -> bytes:
@@ -317,6 +321,8 @@ class KVCacheManager:
         parent = hashes[-1] if hashes else b""
         for i in range(len(hashes), num_full):
             extra = request_extra_keys(request) if i == 0 else b""
+            if request.images:  # blocks overlapping an image carry its content hash
+                extra += image_extra_keys(request.images, i * bs, i * bs + bs)
             parent = hash_block_tokens(
                 parent, self._pack_block(*tokens[i * bs : i * bs + bs]), extra
             )

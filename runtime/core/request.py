@@ -17,6 +17,7 @@ from tokenwire.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from tokenwire.runtime.lora.request import LoRARequest
+    from tokenwire.runtime.multimodal import ImageInput
     from tokenwire.runtime.structured.request_grammar import RequestGrammar
 
 
@@ -40,6 +41,7 @@ class Request:
         "first_token_time",
         "grammar",
         "hold_as",
+        "images",
         "lora_request",
         "max_tokens",
         "num_accepted_tokens",
@@ -71,6 +73,7 @@ class Request:
         cache_salt: str | None = None,
         hold_as: str | None = None,
         lora_request: LoRARequest | None = None,
+        images: tuple[ImageInput, ...] = (),
     ) -> None:
         self.request_id = request_id
         # Prompt followed by output tokens; never shrinks.
@@ -91,6 +94,9 @@ class Request:
         # (a session) instead of being freed, so the holder's next request hits them.
         self.hold_as = hold_as
         self.lora_request = lora_request  # the adapter it runs with; None: the base model
+        # Its images' placeholder runs in the prompt (a vision-language model); their content
+        # hashes key the prefix cache of the blocks they overlap.
+        self.images = images
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         # Async scheduling: tokens steps in flight will sample for it, not back yet

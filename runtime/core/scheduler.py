@@ -372,6 +372,7 @@ class Scheduler:
                     block_ids=list(block_ids),
                     num_computed_tokens=request.num_computed_tokens,
                     lora_request=request.lora_request,
+                    images=request.images,
                 )
             )
 

@@ -32,6 +32,7 @@ from tokenwire.runtime.lora.registry import LoRARegistry
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.models.windows import every_layer_window
+from tokenwire.runtime.multimodal import ImageInput, check_images
 from tokenwire.runtime.outputs import EngineCoreOutput, FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.scheduler_output import SchedulerOutput
@@ -169,8 +170,10 @@ class EngineCore:
         arrival_time: float | None = None,
         hold_as: str | None = None,
         lora_request: LoRARequest | None = None,
+        images: tuple[ImageInput, ...] = (),
     ) -> None:
         """Validate against the model and queue. ``params.n`` must be 1 (the front fans out).
+        ``images``: the prompt's images, placeholders already expanded (``front.images``).
 
         ``hold_as``: keep the request's KV blocks referenced under this holder id after it
         finishes (sessions); ``release_holder`` drops them.
@@ -180,6 +183,7 @@ class EngineCore:
         self.validate(prompt_token_ids, params)
         if lora_request is not None:
             self.loras.check(lora_request)
+        check_images(images, len(prompt_token_ids))
         request = Request(
             request_id,
             prompt_token_ids,
@@ -191,6 +195,7 @@ class EngineCore:
             cache_salt=cache_salt,
             hold_as=hold_as,
             lora_request=lora_request,
+            images=images,
         )
         self.scheduler.add_request(request)
 

@@ -68,6 +68,8 @@ from tokenwire.runtime.models.layers.quant.gguf import (
 )
 from tokenwire.runtime.models.layers.quant.registry import resolve_quant_config
 from tokenwire.runtime.models.llama import LlamaForCausalLM, build_model
+from tokenwire.runtime.models.llava import build_llava
+from tokenwire.runtime.models.llava_config import is_llava, llava_text_config
 from tokenwire.runtime.models.weights import SafetensorsWeight, WeightSource
 from tokenwire.runtime.pooling_params import EmbedSpec
 
@@ -123,7 +125,11 @@ def load_model(
     config = _read_json(source.config_file)
     task = resolve_task(model_config.task, folder, config)
     embed = None
-    arch = ModelArch.from_hf_config(config if task != "embed" else base_decoder_config(config))
+    llava = is_llava(config)  # a vision-language model: its language model is the decoder
+    decoder_config = llava_text_config(config) if llava else config
+    arch = ModelArch.from_hf_config(
+        decoder_config if task != "embed" else base_decoder_config(config)
+    )
     if task == "embed":  # the LM head is never used: a checkpoint without one loads
         arch = dataclasses.replace(arch, tie_word_embeddings=True)
         embed = embed_spec(folder, config, model_config.pooler_config, arch.hidden_size)
@@ -135,7 +141,11 @@ def load_model(
     else:
         quant, dtype = plan
     max_model_len = resolve_max_model_len(model_config.max_model_len, arch)
-    model = build_model(arch, device, dtype, max_position=max_model_len, tp=tp, quant=quant)
+    model: LlamaForCausalLM
+    if llava:
+        model = build_llava(config, arch, device, dtype, max_model_len, tp, quant)
+    else:
+        model = build_model(arch, device, dtype, max_position=max_model_len, tp=tp, quant=quant)
     if dummy:
         std = float(config.get("initializer_range") or _DEFAULT_INIT_STD)
         init_dummy_weights(model, model_config.seed, std)

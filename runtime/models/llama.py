@@ -168,14 +168,17 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         kv_caches: Sequence[KVCache | None],
         meta: AttentionMetadata | None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """input_ids/positions [T] -> final-normed hidden states [T, hidden].
 
         ``meta`` None (with ``None`` caches): every layer attends through its
-        ``external_attention`` (a compiled forward, ``worker.cpu_compile``)."""
+        ``external_attention`` (a compiled forward, ``worker.cpu_compile``).
+        ``inputs_embeds`` [T, hidden]: the step's input embeddings, already made (image
+        features over placeholder rows, ``models.llava``); None: ``embed(input_ids)``."""
         if len(kv_caches) != len(self.model.layers):
             raise ValueError(f"expected {len(self.model.layers)} KV caches, got {len(kv_caches)}")
-        hidden = self.model.embed(input_ids)
+        hidden = self.model.embed(input_ids) if inputs_embeds is None else inputs_embeds
         residual: torch.Tensor | None = None
         for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
             rope = self.cos_sin_cache

@@ -33,6 +33,7 @@ import torch
 from tokenwire.kernels.attention_metadata import AttentionMetadata
 from tokenwire.runtime.models.decoder import DecoderLayer, KVCache
 from tokenwire.runtime.models.llama import LlamaForCausalLM
+from tokenwire.runtime.models.llava import LlavaForConditionalGeneration
 from tokenwire.runtime.worker.attention_inputs import AttentionInputs
 from tokenwire.runtime.worker.input_batch import StepArrays
 
@@ -45,6 +46,8 @@ def cpu_compile_blocker(model: torch.nn.Module, device: torch.device, lora: bool
     """Why ``--cpu-compile`` cannot apply to this model (None: it can)."""
     if device.type != "cpu":
         return "the device is not the CPU (CUDA steps replay CUDA graphs)"
+    if isinstance(model, LlavaForConditionalGeneration):
+        return "image embeddings are placed eagerly (a vision-language model)"
     if not isinstance(model, LlamaForCausalLM):
         return f"{type(model).__name__} has no compiled forward"
     if model.tp.world_size > 1:

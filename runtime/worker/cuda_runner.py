@@ -88,16 +88,17 @@ class CudaGraphRunner:
             )
             self.graphs.capture()
 
-    def forward(self, arrays: StepArrays) -> torch.Tensor:
-        """Hidden states [num_tokens, hidden] of one step (graph replay or eager)."""
+    def forward(self, arrays: StepArrays, embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states [num_tokens, hidden] of one step (graph replay or eager);
+        ``embeds``: the step's input embeddings (image features placed), run eagerly."""
         graphs = self.graphs
-        if graphs is not None:
+        if graphs is not None and embeds is None:
             bucket = decode_bucket(arrays, graphs.buckets)
             if bucket is not None:
                 return graphs.replay(self.staging, arrays, bucket)
-        return self._eager(arrays)
+        return self._eager(arrays, embeds)
 
-    def _eager(self, arrays: StepArrays) -> torch.Tensor:
+    def _eager(self, arrays: StepArrays, embeds: torch.Tensor | None = None) -> torch.Tensor:
         inputs = self.staging.upload(arrays)
         meta = AttentionMetadata(
             num_tokens=len(arrays.input_ids),
@@ -113,5 +114,7 @@ class CudaGraphRunner:
             query_start_loc_np=arrays.query_start_loc,
             seq_lens_np=arrays.seq_lens,
         )
-        hidden: torch.Tensor = self.model(inputs.input_ids, inputs.positions, self.kv_layers, meta)
+        hidden: torch.Tensor = self.model(
+            inputs.input_ids, inputs.positions, self.kv_layers, meta, embeds
+        )
         return hidden

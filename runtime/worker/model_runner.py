@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.loader.model_loader import LoadedModel
@@ -40,6 +41,7 @@ from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.scheduler_output import SchedulerOutput
 from tokenwire.runtime.worker.attention_inputs import AttentionInputs
 from tokenwire.runtime.worker.cpu_compile import CompiledCpuForward, compile_cpu_forward
+from tokenwire.runtime.worker.image_embeds import ImageEmbeds, add_images
 from tokenwire.runtime.worker.input_batch import InputBatch, StepArrays
 from tokenwire.runtime.worker.pooler import Pooler, pool_rows
 from tokenwire.runtime.worker.prompt_logprobs import prompt_logprobs_for_step
@@ -93,6 +95,8 @@ class ModelRunner:
                 self.model, self.kv_cache.layers, self.inputs, device, settings.lora.enable_lora
             )
         self.requests: dict[str, CachedRequestState] = {}
+        # A vision-language model: each request's images, encoded when a step reaches them.
+        self.images = ImageEmbeds.for_model(self.model, device)  # None: a text model
         self._num_prompt_logprob_reqs = 0  # live requests that asked for prompt logprobs
         # Embedding models: pools the hidden states of embedding requests (prefill only).
         self.pooler = None if loaded.embed is None else Pooler(loaded.embed.pooler)
@@ -119,6 +123,8 @@ class ModelRunner:
                 continue
             if state.row is not None:
                 self.batch.release_row(state.row)
+            if self.images is not None:
+                self.images.forget(request_id)
             if state.params.prompt_logprobs is not None:
                 self._num_prompt_logprob_reqs -= 1
             if state.params.pooling is not None:
@@ -139,6 +145,7 @@ class ModelRunner:
                 new.num_computed_tokens,
                 new.lora_request,
             )
+            add_images(self.images, new.request_id, new.images)
         cached = so.cached_reqs
         requests, batch = self.requests, self.batch
         for request_id, resumed, new_block_ids, num_computed in zip(
@@ -220,7 +227,8 @@ class ModelRunner:
             write_drafts(self.batch, states, drafts)
         arrays = self.batch.build(rows, query_lens, num_decodes)
         self.batch.num_computed[rows] += query_lens  # after this step's forward
-        t1, hidden = self._forward(arrays)
+        embeds = self.images.step_embeds(states, arrays) if self.images else None
+        t1, hidden = self._forward(arrays, embeds)
         if drafts:
             t2, prompt_lps, out = self._verify(so, drafts, states, rows, arrays, hidden)
             pooled: dict[str, list[float]] = {}
@@ -244,19 +252,20 @@ class ModelRunner:
             pooled=pooled,
         )
 
-    def _forward(self, arrays: StepArrays) -> tuple[float, torch.Tensor]:
-        """(forward start time, hidden states): graph replay or eager on CUDA, else eager."""
+    def _forward(self, arrays: StepArrays, embeds: Tensor | None) -> tuple[float, Tensor]:
+        """(forward start time, hidden states): graph replay or eager on CUDA, else eager;
+        ``embeds`` (image features placed, ``image_embeds``) always run eagerly."""
         if self._cuda is not None:
             t1 = time.perf_counter()
-            return t1, self._cuda.forward(arrays)  # graph replay or eager; enqueues only
+            return t1, self._cuda.forward(arrays, embeds)  # graph replay or eager
         inputs = self.inputs
         meta = inputs.metadata(arrays)
         input_ids = inputs.to_device(arrays.input_ids)
         positions = inputs.to_device(arrays.positions)
         t1 = time.perf_counter()
-        if self._compiled is not None:
+        if self._compiled is not None and embeds is None:
             return t1, self._compiled.forward(input_ids, positions, meta)
-        return t1, self.model(input_ids, positions, self.kv_cache.layers, meta)
+        return t1, self.model(input_ids, positions, self.kv_cache.layers, meta, embeds)
 
     def _sample(
         self,

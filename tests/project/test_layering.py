@@ -164,6 +164,7 @@ PLAIN_RECORDS = (
     "errors",
     "model_facts",
     "model_output",
+    "multimodal",
     "outputs",
     "sampling_params",
     "scheduler_output",

@@ -1,0 +1,63 @@
+"""``ImageInput``: one image of a request, as it crosses from the front to the executor.
+
+The front runs the model's image processor (transformers') and expands the image's one
+placeholder token into the run of placeholder tokens the model's features fill; what travels
+with the request is this plain record: where the run sits in the prompt, how long it is, the
+processed pixels (numpy, so the torch-free core can carry them) and a content hash of those
+pixels. The scheduler hashes the image into the prefix-cache keys of every block the run
+overlaps (``image_extra_keys``), so two prompts that differ only in an image never share KV.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tokenwire.runtime.errors import ParameterError
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ImageInput:
+    """One image's placeholder run ``[offset, offset + length)`` in the prompt, and pixels."""
+
+    offset: int  # prompt position of the run's first placeholder token
+    length: int  # placeholder tokens: the image's feature vectors
+    content_hash: str  # sha256 hex of the processed pixels (``pixel_hash``)
+    pixel_values: np.ndarray  # [channels, height, width] as the image processor made them
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+def pixel_hash(pixel_values: np.ndarray) -> str:
+    """Content hash of processed pixels: dtype, shape and bytes."""
+    digest = hashlib.sha256(f"{pixel_values.dtype}:{pixel_values.shape}".encode())
+    digest.update(np.ascontiguousarray(pixel_values).tobytes())
+    return digest.hexdigest()
+
+
+def image_extra_keys(images: Sequence[ImageInput], start: int, end: int) -> bytes:
+    """Prefix-cache extra keys of the block of prompt positions ``[start, end)``: the hash of
+    every image whose placeholder run overlaps it (b"" when none does)."""
+    return b"".join(
+        b"image:" + image.content_hash.encode()
+        for image in images
+        if image.offset < end and start < image.end
+    )
+
+
+def check_images(images: Sequence[ImageInput], num_prompt_tokens: int) -> None:
+    """Placeholder runs lie inside the prompt, in order, without overlapping."""
+    previous_end = 0
+    for image in images:
+        if image.length <= 0 or image.offset < previous_end or image.end > num_prompt_tokens:
+            raise ParameterError(
+                "multi_modal_data",
+                f"image placeholder run [{image.offset}, {image.end}) is empty, overlaps "
+                f"another or leaves the prompt of {num_prompt_tokens} tokens",
+            )
+        previous_end = image.end
