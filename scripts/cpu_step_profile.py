@@ -205,7 +205,7 @@ def _child(variant: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
             ms = {p: sum(s.get(p, 0) for s in timer.steps) / len(timer.steps) / 1e6 for p in PARTS}
         result[str(streams)] = {
             "tok_s": round(sum(len(o.outputs[0].token_ids) for o in outs) / wall, 2),
-            "decode_steps": len(timer.steps),
+            "decode_steps": None if args.no_parts else len(timer.steps),
             "step_ms": round(sum(ms.values()), 3),
             "parts_ms": {p: round(v, 3) for p, v in ms.items()},
             "tokens": [list(o.outputs[0].token_ids) for o in outs],

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_checks import assert_llm_idle
 from test_kv_offload import GREEDY, A, B, C, assert_same_choice, connector_hashes, one
 
 from tokenwire.runtime.core.kv_connector import OffloadingConnector
@@ -73,11 +74,7 @@ def connector_of(llm: LLM) -> OffloadingConnector:
 
 
 def assert_tiers_idle(llm: LLM) -> None:
-    engine = llm.engine
-    kv = engine.kv_cache_manager
-    assert not engine.has_unfinished_requests()
-    kv.check_invariants(idle=True)
-    assert kv.num_free_blocks == kv.num_blocks
+    assert_llm_idle(llm)
     connector_of(llm).check_invariants(idle=True)  # host and disk: nothing pinned or queued
 
 
