@@ -88,7 +88,14 @@ def bf16_logits(x: torch.Tensor, w: Bf16LogitsWeight) -> torch.Tensor:
 def _refined(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor, k: int) -> torch.Tensor:
     xb = x.to(torch.bfloat16)
     out = torch.ops.mkldnn._linear_pointwise(xb, packed, None, "none", [], "")
-    logits: torch.Tensor = out.float()
+    return refine_top_logits(out.float(), x, weight, k)
+
+
+def refine_top_logits(
+    logits: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, k: int
+) -> torch.Tensor:
+    """``logits`` [M, N] float32 (approximate) with each row's ``k`` highest recomputed in
+    float32 from ``weight`` [N, K] and ``x`` [M, K], row by row (in place; returned)."""
     if k > 0:
         top = logits.topk(k, dim=-1, sorted=False).indices  # [M, k]
         rows = weight.index_select(0, top.reshape(-1)).view(x.shape[0], k, x.shape[1])

@@ -12,6 +12,12 @@ per row and the torch paths dequantize with it.
 Backends (``choose_backend`` says which runs where, and why; ``w8a16`` shares it):
 
 - ``triton``: ``quant_matmul_triton`` on the canonical (K-sorted) layout.
+- ``vnni``: ``kernels.vnni_matmul`` (int8 activations per 32-block against the int4 codes in
+  integer dot products, AVX-512 VNNI): 1.6x faster than ``int4pack`` at 1 row, 2.7x at 16,
+  3.7x at 128 (SmolLM2-135M's linears, 1 thread). Batch invariant; not exact (the
+  activations' int8 rounding). Runs where ``int4pack`` would when the caller asks
+  (``vnni=True``: a GGUF kept quantized with ``--cpu-quant-kernel`` auto / vnni) and the CPU
+  and a C compiler allow it.
 - ``int4pack``: torch's CPU int4 kernel (``_weight_int4pack_mm_for_cpu``), which computes
   ``(q - 8) * scale + zero``; so its zero is ``(8 - zeros) * scales``. Needs N % 16 == 0
   (rows are padded) and a group size of 32/64/128/256 (larger groups repeat their scales).
@@ -33,8 +39,9 @@ import torch
 import torch.nn.functional as F
 
 from tokenwire.kernels.dispatch import use_triton
+from tokenwire.kernels.vnni_matmul import VnniWeights, pack_int4_vnni, vnni_matmul, vnni_supported
 
-Backend = Literal["triton", "int4pack", "int8pack", "dequant", "dense"]
+Backend = Literal["triton", "vnni", "int4pack", "int8pack", "dequant", "dense"]
 _INT4PACK_GROUP_SIZES = (256, 128, 64, 32)
 
 
@@ -66,6 +73,20 @@ def choose_backend(
     return "dense"
 
 
+def _choose(
+    device: torch.device,
+    compute: torch.dtype,
+    cpu_packable: bool,
+    vnni: bool,
+    shape: tuple[int, int],
+) -> Backend:
+    """``choose_backend``, with ``vnni`` in place of ``int4pack`` where asked and possible."""
+    chosen = choose_backend(device, compute, cpu_packable=cpu_packable)
+    if chosen == "int4pack" and vnni and vnni_supported(*shape):
+        return "vnni"
+    return chosen
+
+
 @dataclass(frozen=True)
 class W4A16Weights:
     """An int4 linear's weights as its backend reads them (built by ``prepare_w4a16``).
@@ -87,6 +108,7 @@ class W4A16Weights:
     zeros: torch.Tensor | None = None
     g_idx: torch.Tensor | None = None
     perm: torch.Tensor | None = None
+    vnni: VnniWeights | None = None
 
 
 # --- layout helpers ------------------------------------------------------------------------
@@ -151,6 +173,17 @@ def _pack_for_cpu(
     scales_zeros = F.pad(torch.stack([scale, zero], -1), (0, 0, 0, pad))  # ... scale 0, zero 0
     packed = torch._convert_weight_to_int4pack_for_cpu(codes.cpu(), 2)
     return packed, scales_zeros[: codes.shape[1] // packed_gs].contiguous()
+
+
+def _pack_vnni(
+    qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int
+) -> VnniWeights:
+    """Canonical int4 -> ``kernels.vnni_matmul``'s layout: ``W = scale * code + min`` per
+    32-block, ``min = -zero * scale`` (scales repeated over a larger group)."""
+    repeat = group_size // 32
+    scale = scales.float().repeat_interleave(repeat, 0)
+    mins = -zeros.float().repeat_interleave(repeat, 0) * scale
+    return pack_int4_vnni(unpack_int4(qweight).t(), scale.t(), mins.t())
 
 
 def validate_w4a16(
@@ -218,12 +251,15 @@ def prepare_w4a16(
     *,
     compute_dtype: torch.dtype | None = None,
     backend: Backend | None = None,
+    vnni: bool = False,
 ) -> W4A16Weights:
     """Repack the canonical int4 weights once, for the backend that will run them.
 
     ``dtype``: the activations' dtype. ``compute_dtype``: the matmul's (default ``dtype``);
     ``torch.bfloat16`` with float32 activations opts a float32 model into bf16 matmuls
     (activations cast per call; not exact). ``backend``: force one (tests, measurements).
+    ``vnni``: where ``int4pack`` would run, run ``vnni`` if this machine can
+    (``--cpu-quant-kernel``).
     """
     device = torch.device(device)
     k, n = validate_w4a16(qweight, scales, zeros, g_idx, group_size)
@@ -231,13 +267,20 @@ def prepare_w4a16(
     perm, g_idx_left = act_order(g_idx, group_size, k)
     packed_gs = int4pack_group_size(group_size, k)
     cpu_packable = packed_gs is not None and g_idx_left is None
-    chosen = backend or choose_backend(device, compute, cpu_packable=cpu_packable)
+    chosen = backend or _choose(device, compute, cpu_packable, vnni, (k, group_size))
     if chosen == "dense":  # the dequantized copy needs no permutation
         weight = dequantize_w4a16(qweight, scales, zeros, g_idx, group_size).to(device, compute)
         return W4A16Weights("dense", n, k, group_size, compute, weight)
     if perm is not None:
         qweight = pack_int4(unpack_int4(qweight).index_select(0, perm))
         perm = perm.to(device)
+    if chosen == "vnni":
+        if g_idx_left is not None or not vnni_supported(k, group_size):
+            raise ValueError(f"vnni: unsupported group_size {group_size}, g_idx or machine")
+        packed4 = _pack_vnni(qweight, scales, zeros, group_size)
+        return W4A16Weights(
+            "vnni", n, k, group_size, compute, packed4.weight, perm=perm, vnni=packed4
+        )
     if chosen == "int4pack":
         if packed_gs is None or g_idx_left is not None:
             raise ValueError(f"int4pack: unsupported group_size {group_size} or g_idx")
@@ -269,6 +312,10 @@ def w4a16_matmul(
         y = w4a16_matmul_triton(
             x2, w.qweight, w.scales, w.zeros, w.g_idx, w.group_size, bias, compute_dtype=compute
         )
+    elif w.backend == "vnni":
+        assert w.vnni is not None
+        y = vnni_matmul(x2, w.vnni).to(x.dtype)
+        y = y if bias is None else y + bias
     elif w.backend == "int4pack":
         assert w.scales is not None
         xc = x2.to(w.compute_dtype).contiguous()

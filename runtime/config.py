@@ -9,7 +9,7 @@ them and passed forward; they are never written back into these objects.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from tokenwire.runtime.kv_events_config import KVEventsConfig
 from tokenwire.runtime.kv_tier_flags import check_tier_flags
@@ -19,8 +19,12 @@ from tokenwire.runtime.structured.config import StructuredOutputsConfig
 LoadFormat = Literal["auto", "safetensors", "gguf", "dummy"]
 SchedulingPolicy = Literal["fcfs", "priority"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]
-# The CPU LM head's weight copy: auto = bfloat16 for a GGUF kept quantized on CPU, else float32.
-LMHeadDType = Literal["auto", "float32", "bfloat16"]
+# The CPU LM head's weight copy: auto = int8 (VNNI kernel) or bfloat16 for a GGUF kept
+# quantized on CPU, else float32.
+LMHeadDType = Literal["auto", "float32", "bfloat16", "int8"]
+# The CPU kernel of a GGUF kept quantized: auto = vnni where the CPU and a C compiler allow it
+# (kernels.vnni_matmul), else torch's int4 kernel; vnni = that kernel or a startup error.
+CpuQuantKernel = Literal["auto", "vnni", "torch"]
 # Weight schemes (vLLM's names): gptq / awq checkpoints, int8 = online weight-only int8 of an
 # unquantized checkpoint, fp8 = compressed-tensors / HF fp8 checkpoints or online fp8 of an
 # unquantized checkpoint, gguf = a .gguf file's Q4/Q8 linears kept quantized. None (the
@@ -69,6 +73,7 @@ class ModelConfig:
     tokenizer: str | None = None
     dtype: DType = "auto"
     lm_head_dtype: LMHeadDType = "auto"
+    cpu_quant_kernel: CpuQuantKernel = "auto"
     max_model_len: int | None = None
     load_format: LoadFormat = "auto"
     seed: int = 0
@@ -104,9 +109,14 @@ class ModelConfig:
             raise ValueError(
                 f"dtype must be one of auto, float32, float16, bfloat16; got {self.dtype!r}"
             )
-        if self.lm_head_dtype not in ("auto", "float32", "bfloat16"):
+        if self.lm_head_dtype not in get_args(LMHeadDType):
             raise ValueError(
-                f"lm_head_dtype must be one of auto, float32, bfloat16; got {self.lm_head_dtype!r}"
+                "lm_head_dtype must be one of auto, float32, bfloat16, int8; "
+                f"got {self.lm_head_dtype!r}"
+            )
+        if self.cpu_quant_kernel not in get_args(CpuQuantKernel):
+            raise ValueError(
+                f"cpu_quant_kernel must be one of auto, vnni, torch; got {self.cpu_quant_kernel!r}"
             )
 
 

@@ -32,6 +32,7 @@ from typing import Any, get_args
 
 from tokenwire.runtime.config import (
     CacheConfig,
+    CpuQuantKernel,
     DType,
     EngineConfig,
     KVCacheDType,
@@ -200,10 +201,20 @@ class EngineArgs:
     lm_head_dtype: LMHeadDType = _arg(  # noqa: RUF009 (returns an immutable str)
         ModelConfig,
         "lm_head_dtype",
-        "CPU LM head weights: auto = bfloat16 for a .gguf kept quantized (--dtype auto), else "
-        "float32; bfloat16 streams a bf16 copy (half the bytes) and recomputes each row's top "
-        "16 logits in float32; float32 = exact",
+        "CPU LM head weights: auto = int8 (with --cpu-quant-kernel vnni in effect) or bfloat16 "
+        "for a .gguf kept quantized (--dtype auto), else float32; bfloat16 / int8 stream a "
+        "bf16 copy (half the bytes) / int8 codes per 32-block (a quarter, AVX-512 VNNI) and "
+        "recompute each row's top 16 logits in float32; float32 = exact",
         choices=get_args(LMHeadDType),
+    )
+    cpu_quant_kernel: CpuQuantKernel = _arg(  # noqa: RUF009 (returns an immutable str)
+        ModelConfig,
+        "cpu_quant_kernel",
+        "CPU kernel for a .gguf kept quantized: auto = vnni where the CPU has AVX-512 VNNI "
+        "and a C compiler builds it, else torch; vnni = int8 activations x int4 codes in "
+        "integer dot products (as llama.cpp; not exact), an error where unavailable; torch = "
+        "torch's int4 kernel (bf16 activations)",
+        choices=get_args(CpuQuantKernel),
     )
     device: str = _arg(EngineConfig, "device", "auto, cpu, cuda or cuda:N", type=str)
     max_model_len: int | str | None = _arg(

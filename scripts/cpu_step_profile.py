@@ -140,9 +140,9 @@ def instrumented(llm: Any, timer: StepTimer) -> Iterator[None]:
         setattr(owner, name, timer.wrap(part, getattr(owner, name)))
     forward = llama.LlamaForCausalLM.forward
 
-    def mark(self: Any, input_ids: Any, positions: Any, kv: Any, meta: Any) -> Any:
+    def mark(self: Any, input_ids: Any, positions: Any, kv: Any, meta: Any, *rest: Any) -> Any:
         timer.decode = meta.num_decodes == len(meta.query_start_loc_np) - 1
-        return forward(self, input_ids, positions, kv, meta)
+        return forward(self, input_ids, positions, kv, meta, *rest)
 
     llama.LlamaForCausalLM.forward = mark  # type: ignore[method-assign]
     step = llm._step

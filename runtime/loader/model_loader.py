@@ -46,7 +46,8 @@ from typing import Any
 
 import torch
 
-from tokenwire.runtime.config import ModelConfig
+from tokenwire.kernels.vnni_matmul import vnni_status
+from tokenwire.runtime.config import CpuQuantKernel, ModelConfig
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.front.tokenizer import Tokenizer, load_chat_template, load_tokenizer
 from tokenwire.runtime.loader.generation_config import default_sampling
@@ -67,7 +68,7 @@ from tokenwire.runtime.models.layers.quant.gguf import (
     iter_gguf_checkpoint,
 )
 from tokenwire.runtime.models.layers.quant.registry import resolve_quant_config
-from tokenwire.runtime.models.llama import LlamaForCausalLM, build_model
+from tokenwire.runtime.models.llama import LlamaForCausalLM, LogitsKind, build_model
 from tokenwire.runtime.models.llava import build_llava
 from tokenwire.runtime.models.llava_config import is_llava, llava_text_config
 from tokenwire.runtime.models.weights import SafetensorsWeight, WeightSource
@@ -156,7 +157,7 @@ def load_model(
         model.load_weights(weights if embed is None else with_model_prefix(weights))
     process_weights_after_loading(model)  # quantized layers: into the kernels' layouts
     # The LM head: a row's logits do not depend on the batch (bf16 copy: --lm-head-dtype).
-    model.prepare_logits(bf16=_bf16_lm_head(model_config, quant, device))
+    model.prepare_logits(_lm_head_kind(model_config, quant, device))
     tokenizer = load_tokenizer(tokenizer_dir)
     return LoadedModel(
         model=model,
@@ -211,21 +212,42 @@ def _gguf_plan(
         return (None, dtype) if flag == "gguf" else None
     if why:
         _log.warning("%s: %s", source.gguf.name, why)
-    if auto_cpu:  # float32 model, int4 linears on torch's bf16 int4 kernel
-        return GGUFConfig("int4", compute_dtype=torch.bfloat16, plan=plan), dtype
+    if auto_cpu:  # float32 model, int4 linears on the VNNI or torch's bf16 int4 kernel
+        vnni = _use_vnni(model_config.cpu_quant_kernel)
+        return GGUFConfig("int4", compute_dtype=torch.bfloat16, plan=plan, vnni=vnni), dtype
     return GGUFConfig(plan=plan), dtype
 
 
-def _bf16_lm_head(
-    model_config: ModelConfig, quant: QuantConfig | None, device: torch.device
-) -> bool:
-    """``--lm-head-dtype``: whether the CPU LM head streams a bf16 copy (``bf16_logits``);
-    auto: only for a GGUF kept quantized on bf16 kernels (the default model on CPU)."""
-    if device.type != "cpu" or model_config.lm_head_dtype == "float32":
+def _use_vnni(kernel: CpuQuantKernel) -> bool:
+    """``--cpu-quant-kernel``: whether the GGUF's int4 linears run ``kernels.vnni_matmul``."""
+    if kernel == "torch":
         return False
-    if model_config.lm_head_dtype == "bfloat16":
-        return True
-    return isinstance(quant, GGUFConfig) and quant.compute_dtype == torch.bfloat16
+    status = vnni_status()
+    if status.lib is None:
+        if kernel == "vnni":
+            raise ValueError(f"cpu_quant_kernel vnni: unavailable: {status.reason}")
+        _log.info("CPU int4 linears run torch's int4 kernel: the VNNI kernel is unavailable: %s",
+                  status.reason)  # fmt: skip
+    return status.lib is not None
+
+
+def _lm_head_kind(
+    model_config: ModelConfig, quant: QuantConfig | None, device: torch.device
+) -> LogitsKind:
+    """``--lm-head-dtype``: the CPU LM head's copy (``bf16_logits`` / ``int8_logits``);
+    auto: int8 or bf16 only for a GGUF kept quantized on the fast kernels (the default model
+    on CPU): int8 where its linears run the VNNI kernel."""
+    chosen = model_config.lm_head_dtype
+    if device.type != "cpu":
+        return "float32"
+    if chosen == "int8" and vnni_status().lib is None:
+        raise ValueError(f"lm_head_dtype int8: unavailable: {vnni_status().reason}")
+    if chosen != "auto":
+        return chosen
+    fast = isinstance(quant, GGUFConfig) and quant.compute_dtype == torch.bfloat16
+    if not fast:
+        return "float32"
+    return "int8" if isinstance(quant, GGUFConfig) and quant.vnni else "bfloat16"
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -20,13 +20,14 @@ exactly the single-device one.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from tokenwire.kernels.attention_metadata import AttentionMetadata
 from tokenwire.kernels.bf16_logits import Bf16LogitsWeight, prepare_bf16_logits
+from tokenwire.kernels.int8_logits import Int8LogitsWeight, prepare_int8_logits
 from tokenwire.kernels.invariant_linear import InvariantLinearWeight, prepare_invariant_linear
 from tokenwire.kernels.rotary import (
     build_cos_sin_cache,
@@ -51,7 +52,13 @@ from tokenwire.runtime.models.layers.quant.base import MethodFor, no_quantizatio
 from tokenwire.runtime.models.loading import init_random, load_checkpoint
 from tokenwire.runtime.models.weights import ShardLoad, WeightSource, replicated
 
-__all__ = ["DecoderLayer", "KVCache", "LlamaForCausalLM", "LlamaModel", "build_model"]
+__all__ = [
+    "DecoderLayer", "KVCache", "LlamaForCausalLM", "LlamaModel", "LogitsKind", "build_model",
+]  # fmt: skip
+
+# The LM head's prepared copy (``--lm-head-dtype`` resolved by the loader).
+LogitsKind = Literal["float32", "bfloat16", "int8"]
+LogitsWeight = InvariantLinearWeight | Bf16LogitsWeight | Int8LogitsWeight
 
 _SINGLE = TPGroup.single()  # immutable: the default group of one
 
@@ -142,23 +149,28 @@ class LlamaForCausalLM(nn.Module):
             return self.model.embed_tokens.weight
         return self.lm_head.weight
 
-    def prepare_logits(self, bf16: bool = False) -> None:
-        """After loading: the LM head reordered for ``kernels.invariant_linear`` (or, with
-        ``bf16``, a bf16 copy for ``kernels.bf16_logits``), so a row's logits do not depend on
-        how many rows the step computes (the loader calls it)."""
+    def prepare_logits(self, kind: LogitsKind = "float32") -> None:
+        """After loading: the LM head reordered for ``kernels.invariant_linear`` (or a bf16
+        copy for ``kernels.bf16_logits``, or int8 codes for ``kernels.int8_logits``), so a
+        row's logits do not depend on how many rows the step computes (the loader calls it)."""
         weight = self.lm_head_weight
-        prepared = prepare_bf16_logits(weight) if bf16 else prepare_invariant_linear(weight)
+        prepared: LogitsWeight = prepare_invariant_linear(weight)
+        if kind == "bfloat16":
+            prepared = prepare_bf16_logits(weight)
+        elif kind == "int8":
+            prepared = prepare_int8_logits(weight)
         object.__setattr__(self, "_logits_weight", prepared)
 
     @property
-    def logits_weight(self) -> InvariantLinearWeight | Bf16LogitsWeight:
+    def logits_weight(self) -> LogitsWeight:
         """The LM head as ``compute_logits`` multiplies by it: plain until ``prepare_logits``,
         prepared again if the weight was edited in place since (the tie holds)."""
         prepared = self.__dict__.get("_logits_weight")
-        if not isinstance(prepared, InvariantLinearWeight | Bf16LogitsWeight):
+        if not isinstance(prepared, InvariantLinearWeight | Bf16LogitsWeight | Int8LogitsWeight):
             return InvariantLinearWeight(self.lm_head_weight, None)
         if not prepared.is_current(self.lm_head_weight):
-            self.prepare_logits(bf16=isinstance(prepared, Bf16LogitsWeight))
+            kinds: dict[type, LogitsKind] = {Bf16LogitsWeight: "bfloat16", Int8LogitsWeight: "int8"}
+            self.prepare_logits(kinds.get(type(prepared), "float32"))
             prepared = self.__dict__["_logits_weight"]
         return prepared
 

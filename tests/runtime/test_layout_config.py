@@ -80,6 +80,7 @@ VALUES: dict[str, Any] = {
     "kv_offloading_disk_size": 4.0,
     "structured_outputs_cache_bytes": 64 << 20,
     "lm_head_dtype": "bfloat16",
+    "cpu_quant_kernel": "torch",
 }
 # What a field's value is only valid together with (set in both configs compared).
 COMPANIONS: dict[str, dict[str, Any]] = {

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenwire.kernels.bf16_logits import Bf16LogitsWeight, bf16_logits
+from tokenwire.kernels.int8_logits import Int8LogitsWeight, int8_logits
 from tokenwire.kernels.invariant_linear import InvariantLinearWeight, invariant_linear
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.models.arch import TP_FLAG, split_heads
@@ -311,7 +312,7 @@ class ParallelLMHead(VocabParallelEmbedding):
 
 def vocab_parallel_logits(
     hidden: torch.Tensor,
-    weight: InvariantLinearWeight | Bf16LogitsWeight,
+    weight: InvariantLinearWeight | Bf16LogitsWeight | Int8LogitsWeight,
     vocab_size: int,
     tp: TPGroup,
 ) -> torch.Tensor:
@@ -325,6 +326,8 @@ def vocab_parallel_logits(
     """
     if isinstance(weight, Bf16LogitsWeight):  # CPU: a bf16 head, top logits in float32
         logits = bf16_logits(hidden, weight)
+    elif isinstance(weight, Int8LogitsWeight):  # CPU: an int8 head (VNNI), likewise refined
+        logits = int8_logits(hidden, weight)
     else:
         logits = invariant_linear(hidden, weight)
     if tp.world_size == 1:

@@ -136,17 +136,20 @@ class GGUFConfig(QuantConfig):
     # The matmuls' dtype when it differs from the model's: bfloat16 lets a float32 model run
     # torch's int4 CPU kernel (activations cast per call; not exact). None: the model dtype.
     compute_dtype: torch.dtype | None = None
+    # With bfloat16 compute on CPU: the int4 linears run ``kernels.vnni_matmul`` (int8
+    # activations) instead of torch's int4 kernel (``--cpu-quant-kernel``, resolved at load).
+    vnni: bool = False
     # Per fused layer (``gguf_linear_plan``); empty: every layer ``kind`` with group 32.
     plan: GGUFPlan = ()
 
     def linear_method(self) -> LinearMethod:
-        return GGUFLinearMethod(self.kind, self.compute_dtype)
+        return GGUFLinearMethod(self.kind, self.compute_dtype, vnni=self.vnni)
 
     def method_for(self) -> MethodFor:
         if not self.plan:
             return super().method_for()
         methods = {
-            scheme: GGUFLinearMethod(scheme[0], self.compute_dtype, scheme[1])
+            scheme: GGUFLinearMethod(scheme[0], self.compute_dtype, scheme[1], vnni=self.vnni)
             for _, scheme in self.plan
             if scheme is not None
         }
@@ -158,10 +161,16 @@ class GGUFLinearMethod:
     """Canonical int4 (``qweight/scales/zeros``) or int8 (``qweight/scales``) parameters."""
 
     def __init__(
-        self, kind: GGUFKind, compute_dtype: torch.dtype | None = None, group: int = GROUP
+        self,
+        kind: GGUFKind,
+        compute_dtype: torch.dtype | None = None,
+        group: int = GROUP,
+        *,
+        vnni: bool = False,
     ) -> None:
         self.kind = kind
         self.compute_dtype = compute_dtype
+        self.vnni = vnni
         self.group = group
         self.dtype = torch.float32  # the model dtype, set by create_weights
 
@@ -218,7 +227,7 @@ class GGUFLinearMethod:
             zeros = layer.param("zeros")
             prepared = prepare_w4a16(
                 qweight, scales, zeros, None, self.group, device, dtype,
-                compute_dtype=self.compute_dtype,
+                compute_dtype=self.compute_dtype, vnni=self.vnni,
             )  # fmt: skip
             layer.drop("qweight", "scales", "zeros")
             layer.hold("w4a16", prepared)

@@ -1,8 +1,9 @@
-"""``--lm-head-dtype``: the default model on CPU streams a bf16 LM head (``kernels.bf16_logits``).
+"""``--lm-head-dtype``: the default model on CPU streams an int8 LM head (``kernels.int8_logits``,
+where the VNNI kernel runs) or a bf16 one (``kernels.bf16_logits``).
 
-Which models get it (auto: a GGUF kept quantized on bf16 kernels, never ``--dtype float32``,
-the HF-exact path), and, end to end, that greedy output stays batch-invariant with it: a
-prompt alone gives the tokens it gives inside a batch of 16.
+Which models get which (auto: a GGUF kept quantized on the fast kernels, never ``--dtype
+float32``, the HF-exact path), and, end to end, that greedy output stays batch-invariant with
+it: a prompt alone gives the tokens it gives inside a batch of 16.
 """
 
 from __future__ import annotations
@@ -13,16 +14,20 @@ import pytest
 import torch
 
 from tokenwire.kernels.bf16_logits import Bf16LogitsWeight
+from tokenwire.kernels.int8_logits import Int8LogitsWeight
 from tokenwire.kernels.invariant_linear import InvariantLinearWeight
+from tokenwire.kernels.vnni_matmul import vnni_status
 from tokenwire.runtime.config import ModelConfig
 from tokenwire.runtime.front.tokenizer import apply_chat_template
 from tokenwire.runtime.llm import LLM
-from tokenwire.runtime.loader.model_loader import _bf16_lm_head
+from tokenwire.runtime.loader.model_loader import _lm_head_kind
 from tokenwire.runtime.models.layers.quant.gguf import GGUFConfig
 from tokenwire.runtime.sampling_params import SamplingParams
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
-KEPT = GGUFConfig("int4", compute_dtype=torch.bfloat16)  # the default model on CPU
+KEPT = GGUFConfig("int4", compute_dtype=torch.bfloat16)  # the default model, torch's kernel
+KEPT_VNNI = GGUFConfig("int4", compute_dtype=torch.bfloat16, vnni=True)  # ... VNNI kernel
+VNNI = vnni_status().lib is not None
 TOPICS = [
     "copper", "dragons", "cats", "the sea", "the sky", "airplanes", "Paris", "volcanoes",
     "bees", "chess", "rain", "trains", "bread", "the moon", "glass", "rivers",
@@ -38,21 +43,29 @@ def one_thread() -> Iterator[None]:
 
 
 @pytest.mark.parametrize(
-    ("flag", "quant", "device", "bf16"),
+    ("flag", "quant", "device", "kind"),
     [
-        ("auto", KEPT, CPU, True),
-        ("auto", GGUFConfig("int4"), CPU, False),  # --quantization gguf: matmuls in --dtype
-        ("auto", None, CPU, False),  # --dtype float32 (de-quantized) or any other model
-        ("float32", KEPT, CPU, False),
-        ("bfloat16", None, CPU, True),
-        ("bfloat16", KEPT, CUDA, False),
+        ("auto", KEPT, CPU, "bfloat16"),
+        ("auto", KEPT_VNNI, CPU, "int8"),
+        ("auto", GGUFConfig("int4"), CPU, "float32"),  # --quantization gguf: in --dtype
+        ("auto", None, CPU, "float32"),  # --dtype float32 (de-quantized) or any other model
+        ("float32", KEPT_VNNI, CPU, "float32"),
+        ("bfloat16", None, CPU, "bfloat16"),
+        ("bfloat16", KEPT_VNNI, CPU, "bfloat16"),
+        ("bfloat16", KEPT, CUDA, "float32"),
+        ("int8", KEPT_VNNI, CUDA, "float32"),
     ],
 )
-def test_which_models_get_the_bf16_head(
-    flag: str, quant: GGUFConfig | None, device: torch.device, bf16: bool
+def test_which_models_get_which_head(
+    flag: str, quant: GGUFConfig | None, device: torch.device, kind: str
 ) -> None:
     config = ModelConfig(lm_head_dtype=flag)  # type: ignore[arg-type]
-    assert _bf16_lm_head(config, quant, device) is bf16
+    assert _lm_head_kind(config, quant, device) == kind
+
+
+@pytest.mark.skipif(not VNNI, reason=f"no VNNI kernel here: {vnni_status().reason}")
+def test_int8_head_on_request_for_any_cpu_model() -> None:
+    assert _lm_head_kind(ModelConfig(lm_head_dtype="int8"), None, CPU) == "int8"
 
 
 def test_a_bad_value_is_refused() -> None:
@@ -68,7 +81,7 @@ def test_default_model_alone_equals_inside_a_batch_of_16(one_thread: None) -> No
     7 of 16 differed at token 7, measured)."""
     llm = LLM(None, device="cpu", max_model_len=512)
     model = llm.engine.executor.worker.runner.model  # type: ignore[attr-defined]
-    assert isinstance(model.logits_weight, Bf16LogitsWeight)
+    assert isinstance(model.logits_weight, Int8LogitsWeight if VNNI else Bf16LogitsWeight)
     tokenizer = llm.get_tokenizer()
     prompts = [
         apply_chat_template(tokenizer, [{"role": "user", "content": f"Tell me about {t}."}])
