@@ -19,11 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 import zmq
+from kv_subscriber import Subscriber, apply
 from tiny_models import TEST_KV_CACHE_BYTES
-from vllm_kv_schema import BlockStored, KVEventBatch
+from vllm_kv_schema import BlockStored
 
 from tokenwire.runtime.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from tokenwire.runtime.core.kv_events import external_block_hash
@@ -34,17 +34,6 @@ from tokenwire.runtime.kv_events_config import KVEventsConfig
 from tokenwire.runtime.sampling_params import SamplingParams
 
 BLOCK_SIZE = 4
-TOPIC = b"kv"
-
-
-def apply(blocks: set[int], batch: Any) -> None:
-    for event in batch.events:
-        if type(event).__name__ == "BlockStored":
-            blocks.update(event.block_hashes)
-        elif type(event).__name__ == "BlockRemoved":
-            blocks.difference_update(event.block_hashes)
-        else:
-            blocks.clear()
 
 
 def recompute_hashes(tokens: list[int], cache_salt: str | None = None) -> list[int]:
@@ -56,45 +45,6 @@ def recompute_hashes(tokens: list[int], cache_salt: str | None = None) -> list[i
         parent = hashlib.sha256(parent + struct.pack(f"<{BLOCK_SIZE}I", *block) + extra).digest()
         out.append(int.from_bytes(parent, "big") & (2**64 - 1))
     return out
-
-
-class Subscriber:
-    """A vLLM-style SUB + replay client: batches by sequence number, gaps filled by replay."""
-
-    def __init__(self, ctx: zmq.Context[Any], endpoint: str, replay: str) -> None:
-        self.sub = ctx.socket(zmq.SUB)
-        self.sub.setsockopt(zmq.SUBSCRIBE, TOPIC)
-        self.sub.connect(endpoint)
-        self.replay = ctx.socket(zmq.DEALER)  # one request, many replies (REQ allows one)
-        self.replay.connect(replay)
-        self.decoder = msgspec.msgpack.Decoder(KVEventBatch)
-        self.batches: dict[int, KVEventBatch] = {}
-
-    def drain(self) -> None:
-        while self.sub.poll(50):
-            topic, seq, payload = self.sub.recv_multipart()
-            assert topic == TOPIC
-            self.batches[int.from_bytes(seq, "big")] = self.decoder.decode(payload)
-
-    def replay_from(self, start: int) -> list[int]:
-        self.replay.send_multipart((b"", start.to_bytes(8, "big")))
-        seqs = []
-        while True:
-            empty, seq_bytes, payload = self.replay.recv_multipart()
-            assert empty == b""
-            seq = int.from_bytes(seq_bytes, "big", signed=True)
-            if seq == -1:
-                return seqs
-            seqs.append(seq)
-            self.batches[seq] = self.decoder.decode(payload)
-
-    def blocks(self) -> set[int]:
-        blocks: set[int] = set()
-        seqs = sorted(self.batches)
-        assert seqs == list(range(1, len(seqs) + 1)), "a gap the replay did not fill"
-        for seq in seqs:
-            apply(blocks, self.batches[seq])
-        return blocks
 
 
 def engine_config(model: Path) -> EngineConfig:
