@@ -58,14 +58,15 @@ class KVEventsFront:
             return
         for hub in self.hubs:
             rank = hub.data_parallel_rank
+            ranked = self.config.for_rank(rank)
             try:
-                self.publishers.append(ZmqKVEventPublisher(self.config.for_rank(rank)))
+                self.publishers.append(ZmqKVEventPublisher(ranked))
             except Exception as exc:  # zmq.ZMQError: address in use, bad endpoint
                 self._close_publishers()
                 where = f" (data-parallel rank {rank})" if len(self.hubs) > 1 else ""
                 raise ValueError(
-                    f"--kv-events-config endpoint {self.config.endpoint!r} / replay_endpoint "
-                    f"{self.config.replay_endpoint!r}{where}: {exc}"
+                    f"--kv-events-config endpoint {ranked.endpoint!r} / replay_endpoint "
+                    f"{ranked.replay_endpoint!r}{where}: {exc}"
                 ) from None
         for hub, publisher in zip(self.hubs, self.publishers, strict=True):
             hub.add_sink(publisher.put)
