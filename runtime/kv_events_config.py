@@ -6,6 +6,11 @@ The core records events only with ``enable_kv_cache_events``; ``publisher`` "zmq
 the ZMQ PUB (+ ROUTER replay) publisher in the front, "null" feeds only the in-process hub
 (the gRPC ``SubscribeKvEvents`` stream). As in vLLM, an endpoint with ``*``, ``::``,
 ``ipc://`` or ``inproc://`` is bound, any other is connected to.
+
+With ``--data-parallel-size N`` each engine core (rank ``r``) publishes on endpoints of its
+own, vLLM's ``offset_endpoint_port``: a TCP port plus ``r`` (``tcp://*:5557`` -> rank 1 on
+``tcp://*:5558``; an ephemeral ``*`` / ``0`` port stays as it is), an ``ipc://`` or
+``inproc://`` name with ``_dp{r}`` appended; the replay endpoint likewise (``for_rank``).
 """
 
 from __future__ import annotations
@@ -51,6 +56,51 @@ class KVEventsConfig:
     @property
     def publishes_zmq(self) -> bool:
         return self.enable_kv_cache_events and self.publisher == "zmq"
+
+    def for_rank(self, rank: int) -> KVEventsConfig:
+        """This config with rank ``rank``'s endpoints (rank 0: unchanged)."""
+        replay = self.replay_endpoint
+        return dataclasses.replace(
+            self,
+            endpoint=rank_endpoint(self.endpoint, rank),
+            replay_endpoint=None if replay is None else rank_endpoint(replay, rank),
+        )
+
+
+def check_rank_endpoints(config: KVEventsConfig, size: int) -> None:
+    """``size`` ranks' endpoints: each with a port of its own and no two the same
+    (``ValueError`` naming the clash: space the PUB and replay ports ``size`` apart)."""
+    seen: dict[str, str] = {}
+    for rank in range(size):
+        ranked = config.for_rank(rank)
+        for name, endpoint in (("endpoint", ranked.endpoint), ("replay", ranked.replay_endpoint)):
+            if endpoint is None or endpoint.endswith((":*", ":0")):
+                continue  # ephemeral: every socket gets its own port
+            if endpoint in seen:
+                raise ValueError(
+                    f"kv_events_config: rank {rank}'s {name} {endpoint!r} is also "
+                    f"{seen[endpoint]} (rank r publishes on the ports plus r: space the "
+                    f"endpoint and replay_endpoint ports at least {size} apart)"
+                )
+            seen[endpoint] = f"rank {rank}'s {name}"
+
+
+def rank_endpoint(endpoint: str, rank: int) -> str:
+    """A data-parallel rank's endpoint: the port plus ``rank`` (``ValueError`` when that is
+    not a port), ``_dp{rank}`` after an ipc/inproc name; rank 0 and ephemeral ports as given."""
+    if rank == 0:
+        return endpoint
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return f"{endpoint}_dp{rank}"
+    base, colon, port = endpoint.rpartition(":")
+    if not colon or port in ("*", "0"):
+        return endpoint  # each rank's socket picks its own port (read it back from the socket)
+    if not port.isdigit() or not 0 < int(port) + rank < 65536:
+        raise ValueError(
+            f"kv_events_config endpoint {endpoint!r}: rank {rank} publishes on the port plus "
+            "its rank, which needs a port number"
+        )
+    return f"{base}:{int(port) + rank}"
 
 
 def kv_events_config(data: Any) -> KVEventsConfig:

@@ -133,7 +133,8 @@ class AsyncEngine:
 
     @property
     def kv_events(self) -> KVEventHub | None:
-        """The KV-cache event stream (None unless ``--kv-events-config`` enables it)."""
+        """The KV-cache event stream (None unless ``--kv-events-config`` enables it; None with
+        several cores too: each rank then publishes on its own ZMQ endpoints only)."""
         return None if self._kv_events is None else self._kv_events.hub
 
     # ------------------------------------------------------------------ lifecycle
@@ -367,7 +368,7 @@ class AsyncEngine:
         if result.snapshot is not None:
             self._snapshot = result.snapshot
         if result.kv_events is not None and self._kv_events is not None:
-            self._kv_events.hub.publish(result.kv_events)
+            self._kv_events.publish(result.kv_events)  # to its core's hub
         outputs = result.outputs
         if any(o.error_param is not None for o in outputs):
             outputs = self._fail_bad_parameters(outputs)

@@ -41,6 +41,7 @@ from tokenwire.runtime.engine.messages import (
     StepResult,
 )
 from tokenwire.runtime.engine.protocol import EngineInfo, EngineStatsSnapshot
+from tokenwire.runtime.kv_events_config import check_rank_endpoints
 from tokenwire.runtime.stats import EngineObserver
 
 
@@ -205,11 +206,17 @@ def check_data_parallel(config: EngineConfig) -> None:
             "--data-parallel-size > 1 runs whole-model engine cores on one node: it cannot be "
             "combined with --tensor-parallel-size > 1 or --nnodes > 1 yet"
         )
-    if events is not None and events.enable_kv_cache_events:
+    if events is not None and events.enable_kv_cache_events and not events.publishes_zmq:
         raise ValueError(
-            "--kv-events-config with --data-parallel-size > 1: one event stream cannot tell "
-            "the cores' blocks apart yet; publish events with one engine core"
+            '--kv-events-config "publisher": "null" with --data-parallel-size > 1: the one '
+            "gRPC SubscribeKvEvents stream cannot carry several cores' block sets yet; use "
+            '"publisher": "zmq" (each rank publishes on the endpoint\'s port plus its rank)'
         )
+    if events is not None and events.publishes_zmq:
+        try:
+            check_rank_endpoints(events, parallel.data_parallel_size)
+        except ValueError as exc:
+            raise ValueError(f"--kv-events-config: {exc}") from None
 
 
 def make_dp_client(

@@ -209,7 +209,8 @@ class EngineClient(Protocol):
 
     @property
     def kv_events(self) -> KVEventHub | None:
-        """The KV-cache event stream (None unless ``--kv-events-config`` enables it)."""
+        """The KV-cache event stream (None unless ``--kv-events-config`` enables it; None with
+        several engine cores, whose events go out on per-rank ZMQ endpoints only)."""
         ...
 
     async def reset_prefix_cache(self, timeout: float = 30.0) -> bool:

@@ -1,11 +1,21 @@
-"""The front's KV-event side: the ``KVEventHub`` and, with ``"publisher": "zmq"``, the ZMQ
-publisher it feeds. Built by the ``AsyncEngine`` when ``--kv-events-config`` enables events."""
+"""The front's KV-event side: one ``KVEventHub`` per engine core (data-parallel rank) and, with
+``"publisher": "zmq"``, one ZMQ publisher per hub. Built by the ``AsyncEngine`` when
+``--kv-events-config`` enables events.
+
+With ``--data-parallel-size N`` the ranks are kept apart the way vLLM keeps them: rank ``r``'s
+batches get its own sequence numbers (1, 2, ...), its own block set and replay buffer, and go
+out on its own endpoints (``KVEventsConfig.for_rank``: the port plus ``r``), each batch stamped
+with ``data_parallel_rank``. A replay request for N on rank ``r``'s replay endpoint therefore
+names exactly one batch. The in-process ``hub`` (the gRPC ``SubscribeKvEvents`` stream) exists
+only with one core: one stream with one sequence numbering cannot carry several ranks' block
+sets yet."""
 
 from __future__ import annotations
 
 import asyncio
 
 from tokenwire.runtime.config import EngineConfig
+from tokenwire.runtime.core.kv_events import KVEventBatch
 from tokenwire.runtime.front.kv_event_hub import KVEventHub
 from tokenwire.runtime.front.kv_event_publisher import ZmqKVEventPublisher
 
@@ -15,8 +25,9 @@ class KVEventsFront:
         events = config.kv_events_config
         assert events is not None and events.enable_kv_cache_events
         self.config = events
-        self.hub = KVEventHub(config.cache.block_size, events.buffer_steps)
-        self.publisher: ZmqKVEventPublisher | None = None
+        ranks = range(config.parallel.data_parallel_size)
+        self.hubs = [KVEventHub(config.cache.block_size, events.buffer_steps, r) for r in ranks]
+        self.publishers: list[ZmqKVEventPublisher] = []
 
     @staticmethod
     def make(config: EngineConfig) -> KVEventsFront | None:
@@ -25,21 +36,45 @@ class KVEventsFront:
             return None
         return KVEventsFront(config)
 
+    @property
+    def hub(self) -> KVEventHub | None:
+        """The one core's hub (None with several cores: their events are per-rank ZMQ only)."""
+        return self.hubs[0] if len(self.hubs) == 1 else None
+
+    @property
+    def publisher(self) -> ZmqKVEventPublisher | None:
+        """Rank 0's publisher (the only one with one core); None before ``start``."""
+        return self.publishers[0] if self.publishers else None
+
+    def publish(self, batch: KVEventBatch) -> None:
+        """Hand one core batch to its rank's hub (a batch without a rank is rank 0's)."""
+        rank = batch.data_parallel_rank
+        self.hubs[0 if rank is None else rank].publish(batch)
+
     def start(self) -> None:
-        """Bind / connect the ZMQ sockets (a bad endpoint raises ``ValueError`` naming the
-        flag)."""
+        """Bind / connect each rank's ZMQ sockets (a bad endpoint raises ``ValueError`` naming
+        the flag, after closing the ranks already started)."""
         if not self.config.publishes_zmq:
             return
-        try:
-            self.publisher = ZmqKVEventPublisher(self.config)
-        except Exception as exc:  # zmq.ZMQError: address in use, bad endpoint
-            raise ValueError(
-                f"--kv-events-config endpoint {self.config.endpoint!r} / replay_endpoint "
-                f"{self.config.replay_endpoint!r}: {exc}"
-            ) from None
-        self.hub.add_sink(self.publisher.put)
+        for hub in self.hubs:
+            rank = hub.data_parallel_rank
+            ranked = self.config.for_rank(rank)
+            try:
+                self.publishers.append(ZmqKVEventPublisher(ranked))
+            except Exception as exc:  # zmq.ZMQError: address in use, bad endpoint
+                self._close_publishers()
+                where = f" (data-parallel rank {rank})" if len(self.hubs) > 1 else ""
+                raise ValueError(
+                    f"--kv-events-config endpoint {ranked.endpoint!r} / replay_endpoint "
+                    f"{ranked.replay_endpoint!r}{where}: {exc}"
+                ) from None
+        for hub, publisher in zip(self.hubs, self.publishers, strict=True):
+            hub.add_sink(publisher.put)
 
     async def close(self) -> None:
-        if self.publisher is not None:
-            await asyncio.to_thread(self.publisher.close)
-            self.publisher = None
+        await asyncio.to_thread(self._close_publishers)
+
+    def _close_publishers(self) -> None:
+        for publisher in self.publishers:
+            publisher.close()
+        self.publishers = []

@@ -16,7 +16,7 @@ from tokenwire.runtime.engine.dp_client import check_data_parallel
 from tokenwire.runtime.engine.dp_merge import idle_snapshot, merge_snapshots
 from tokenwire.runtime.engine.protocol import EngineInfo, EngineStatsSnapshot
 from tokenwire.runtime.engine_args import EngineArgs
-from tokenwire.runtime.kv_events_config import KVEventsConfig
+from tokenwire.runtime.kv_events_config import KVEventsConfig, rank_endpoint
 
 BLOCK = 4
 
@@ -96,13 +96,39 @@ def test_parallel_config_checks_the_data_parallel_size() -> None:
         ParallelConfig(data_parallel_size=0)
     with pytest.raises(ValueError, match="data_parallel_rank"):
         ParallelConfig(data_parallel_size=2, data_parallel_rank=2)
+    null_events = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+    no_port = KVEventsConfig(enable_kv_cache_events=True, endpoint="tcp://host")
+    vllm_ports = KVEventsConfig(  # vLLM's documented pair: rank 1's PUB lands on rank 0's replay
+        enable_kv_cache_events=True, endpoint="tcp://*:5557", replay_endpoint="tcp://*:5558"
+    )
     for refused, flag in (
         ({"tensor_parallel_size": 2}, "--tensor-parallel-size"),
-        ({"kv_events_config": KVEventsConfig(enable_kv_cache_events=True)}, "--kv-events-config"),
+        ({"kv_events_config": null_events}, "--kv-events-config"),
+        ({"kv_events_config": no_port}, "port"),
+        ({"kv_events_config": vllm_ports}, "rank 1's endpoint 'tcp://\\*:5558' is also rank 0's"),
     ):
         config = EngineArgs(data_parallel_size=2, **refused).create_engine_config()
         with pytest.raises(ValueError, match=flag):
             check_data_parallel(config)
+    zmq_events = KVEventsConfig(enable_kv_cache_events=True)  # per-rank ZMQ endpoints: served
+    check_data_parallel(
+        EngineArgs(data_parallel_size=2, kv_events_config=zmq_events).create_engine_config()
+    )
+
+
+def test_each_rank_publishes_kv_events_on_its_own_endpoints() -> None:
+    """vLLM's offset_endpoint_port: the port plus the rank, ipc/inproc names with _dp{rank}."""
+    events = KVEventsConfig(
+        enable_kv_cache_events=True, endpoint="tcp://*:5557", replay_endpoint="tcp://[::1]:6000"
+    )
+    assert events.for_rank(0) == events
+    rank2 = events.for_rank(2)
+    assert (rank2.endpoint, rank2.replay_endpoint) == ("tcp://*:5559", "tcp://[::1]:6002")
+    assert rank_endpoint("ipc:///tmp/kv", 1) == "ipc:///tmp/kv_dp1"
+    assert rank_endpoint("inproc://kv", 3) == "inproc://kv_dp3"
+    assert rank_endpoint("tcp://127.0.0.1:*", 1) == "tcp://127.0.0.1:*"  # ephemeral: its own
+    with pytest.raises(ValueError, match="port"):
+        rank_endpoint("tcp://127.0.0.1:65535", 1)
 
 
 def test_merged_snapshots_sum_the_cores_and_keep_each() -> None:

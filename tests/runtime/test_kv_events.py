@@ -14,37 +14,34 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+import socket
 import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 import zmq
+from kv_subscriber import Subscriber, apply
 from tiny_models import TEST_KV_CACHE_BYTES
-from vllm_kv_schema import BlockStored, KVEventBatch
+from vllm_kv_schema import BlockStored
 
-from tokenwire.runtime.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from tokenwire.runtime.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+)
 from tokenwire.runtime.core.kv_events import external_block_hash
 from tokenwire.runtime.engine.async_engine import AsyncEngine
 from tokenwire.runtime.engine.inproc_client import InprocCoreClient
+from tokenwire.runtime.front.kv_events_front import KVEventsFront
 from tokenwire.runtime.front.request_stream import RequestFailed, RequestFinished
 from tokenwire.runtime.kv_events_config import KVEventsConfig
 from tokenwire.runtime.sampling_params import SamplingParams
 
 BLOCK_SIZE = 4
-TOPIC = b"kv"
-
-
-def apply(blocks: set[int], batch: Any) -> None:
-    for event in batch.events:
-        if type(event).__name__ == "BlockStored":
-            blocks.update(event.block_hashes)
-        elif type(event).__name__ == "BlockRemoved":
-            blocks.difference_update(event.block_hashes)
-        else:
-            blocks.clear()
 
 
 def recompute_hashes(tokens: list[int], cache_salt: str | None = None) -> list[int]:
@@ -56,45 +53,6 @@ def recompute_hashes(tokens: list[int], cache_salt: str | None = None) -> list[i
         parent = hashlib.sha256(parent + struct.pack(f"<{BLOCK_SIZE}I", *block) + extra).digest()
         out.append(int.from_bytes(parent, "big") & (2**64 - 1))
     return out
-
-
-class Subscriber:
-    """A vLLM-style SUB + replay client: batches by sequence number, gaps filled by replay."""
-
-    def __init__(self, ctx: zmq.Context[Any], endpoint: str, replay: str) -> None:
-        self.sub = ctx.socket(zmq.SUB)
-        self.sub.setsockopt(zmq.SUBSCRIBE, TOPIC)
-        self.sub.connect(endpoint)
-        self.replay = ctx.socket(zmq.DEALER)  # one request, many replies (REQ allows one)
-        self.replay.connect(replay)
-        self.decoder = msgspec.msgpack.Decoder(KVEventBatch)
-        self.batches: dict[int, KVEventBatch] = {}
-
-    def drain(self) -> None:
-        while self.sub.poll(50):
-            topic, seq, payload = self.sub.recv_multipart()
-            assert topic == TOPIC
-            self.batches[int.from_bytes(seq, "big")] = self.decoder.decode(payload)
-
-    def replay_from(self, start: int) -> list[int]:
-        self.replay.send_multipart((b"", start.to_bytes(8, "big")))
-        seqs = []
-        while True:
-            empty, seq_bytes, payload = self.replay.recv_multipart()
-            assert empty == b""
-            seq = int.from_bytes(seq_bytes, "big", signed=True)
-            if seq == -1:
-                return seqs
-            seqs.append(seq)
-            self.batches[seq] = self.decoder.decode(payload)
-
-    def blocks(self) -> set[int]:
-        blocks: set[int] = set()
-        seqs = sorted(self.batches)
-        assert seqs == list(range(1, len(seqs) + 1)), "a gap the replay did not fill"
-        for seq in seqs:
-            apply(blocks, self.batches[seq])
-        return blocks
 
 
 def engine_config(model: Path) -> EngineConfig:
@@ -270,3 +228,39 @@ def test_events_cross_the_process_codec() -> None:
     codec = OutputCodec()
     decoded = codec.decode_output(codec.encode(StepResult(kv_events=batch)))
     assert isinstance(decoded, StepResult) and decoded.kv_events == batch
+
+
+def test_a_rank_whose_port_is_taken_fails_startup_and_closes_the_others() -> None:
+    """Rank 1 publishes on the port plus 1: taken, startup fails naming rank 1's endpoint, and
+    rank 0's sockets (already bound) are closed again."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    try:
+        blocker, taken = _taken_port_after_a_free_one(ctx)
+        events = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://*:{taken - 1}")
+        config = EngineConfig(
+            parallel=ParallelConfig(data_parallel_size=2), kv_events_config=events, device="cpu"
+        )
+        front = KVEventsFront(config)
+        with pytest.raises(ValueError, match=f"'tcp://\\*:{taken}'.*data-parallel rank 1"):
+            front.start()
+        assert front.publishers == []
+        again = ctx.socket(zmq.PUB)
+        again.bind(f"tcp://*:{taken - 1}")  # rank 0's port is free again
+        assert not blocker.closed
+    finally:
+        ctx.destroy(linger=0)
+
+
+def _taken_port_after_a_free_one(ctx: zmq.Context[Any]) -> tuple[zmq.Socket[Any], int]:
+    """A socket of ``ctx`` and the port it holds, whose predecessor is free."""
+    for _ in range(20):
+        blocker = ctx.socket(zmq.PUB)
+        taken = blocker.bind_to_random_port("tcp://127.0.0.1")
+        with socket.socket() as probe:
+            try:
+                probe.bind(("0.0.0.0", taken - 1))
+            except OSError:
+                blocker.close(linger=0)
+                continue
+        return blocker, taken
+    raise RuntimeError("no bound port with a free one before it")
