@@ -58,7 +58,7 @@ _ARRAY_KINDS = frozenset("biuf")  # bool, signed, unsigned, float: never objects
 def _encode_array(obj: Any) -> Any:
     if isinstance(obj, np.ndarray) and obj.dtype.kind in _ARRAY_KINDS:
         return (obj.dtype.str, list(obj.shape), np.ascontiguousarray(obj).tobytes())
-    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+    raise TypeError(f"cannot encode {type(obj).__name__} (numeric numpy arrays only)")
 
 
 def _decode_array(kind: type[Any], obj: Any) -> Any:

@@ -47,6 +47,10 @@ class ImageUrlPart(_Part):
 ContentPart = Annotated[TextPart | ImageUrlPart, Field(discriminator="type")]
 
 
+def has_images(parts: list[TextPart | ImageUrlPart]) -> bool:
+    return any(isinstance(part, ImageUrlPart) for part in parts)
+
+
 def image_part(url: str, param: str) -> common_pb2.ImagePart:
     """A ``data:`` URL's image; 400 naming ``param`` for any other URL or bad base64."""
     found = _DATA_URL.match(url)
@@ -84,4 +88,4 @@ def message_parts(
     return out, names
 
 
-__all__ = ["ContentPart", "ImageUrlPart", "TextPart", "image_part", "message_parts"]
+__all__ = ["ContentPart", "ImageUrlPart", "TextPart", "has_images", "image_part", "message_parts"]

@@ -33,7 +33,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from tokenwire.server.rest.content_parts import ContentPart, ImageUrlPart, TextPart
+from tokenwire.server.rest.content_parts import ContentPart, TextPart
 from tokenwire.server.rest.errors import NOT_UNICODE, clip
 from tokenwire.server.rest.field_types import (
     EmptyOnly,
@@ -152,11 +152,6 @@ class ChatMessage(_Strict):
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content if isinstance(part, TextPart))
-
-    def has_images(self) -> bool:
-        return isinstance(self.content, list) and any(
-            isinstance(part, ImageUrlPart) for part in self.content
-        )
 
 
 class FunctionDefinition(_Strict):

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from tokenwire.server.rest.content_parts import message_parts
+from tokenwire.server.rest.content_parts import has_images, message_parts
 from tokenwire.server.rest.errors import invalid
 from tokenwire.server.rest.models import (
     ChatCompletionRequest,
@@ -127,8 +127,7 @@ def _chat_input(body: ChatCompletionRequest) -> tuple[common_pb2.ChatInput, dict
     names: dict[str, str] = {}
     for i, m in enumerate(body.messages):
         message = _chat_message(m)
-        if m.has_images():
-            assert isinstance(m.content, list)
+        if isinstance(m.content, list) and has_images(m.content):
             parts, part_names = message_parts(m.content, i)
             message.content = ""
             message.parts.extend(parts)

@@ -9,9 +9,11 @@ model refuses image parts."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +33,15 @@ from transformers import (
     LlavaForConditionalGeneration,
 )
 
+from tokenwire.runtime.front.frontend import Frontend
+from tokenwire.runtime.front.images import ImagePrompter
+from tokenwire.runtime.front.tokenizer import load_tokenizer
 from tokenwire.runtime.llm import LLM
+from tokenwire.runtime.multimodal import ImageInput
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.server.grpc.convert import Limits
 from tokenwire.server.grpc.images import ImageLimits
+from tokenwire.server.grpc.tokenizer_pool import TokenizerPool
 from tokenwire.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 
 IMAGE_TOKEN = 4  # one of SmolLM2's special tokens: no template or user text produces it
@@ -113,9 +120,10 @@ def _expected_ids(tokenizer: Any) -> list[int]:
     messages = [{"role": "user", "content": BEFORE + marker + AFTER}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     head, tail = text.split(marker)
-    encode: Callable[[str], list[int]] = lambda s: list(  # noqa: E731
-        tokenizer(s, add_special_tokens=False)["input_ids"]
-    )
+
+    def encode(piece: str) -> list[int]:
+        return list(tokenizer(piece, add_special_tokens=False)["input_ids"])
+
     return [*encode(head), IMAGE_TOKEN, *encode(tail)]
 
 
@@ -277,3 +285,46 @@ def test_a_text_only_model_refuses_image_parts(text_only: RestHarness) -> None:
     error = r.json()["error"]
     assert r.status_code == 400 and error["param"] == "messages.0.content.1"
     assert "takes no image inputs" in error["message"]
+
+
+class _ThreadRecordingFrontend(Frontend):
+    threads: list[int]
+
+    def render_chat_images(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        max_pixels: int,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> tuple[list[int], tuple[ImageInput, ...]]:
+        self.threads.append(threading.get_ident())
+        return super().render_chat_images(
+            messages, tools, max_pixels=max_pixels, template_kwargs=template_kwargs
+        )
+
+
+def test_images_are_decoded_off_the_event_loop(harness_model: Path, offline: LLM) -> None:
+    front = _ThreadRecordingFrontend(
+        load_tokenizer(harness_model),
+        vocab_size=1 << 20,
+        max_model_len=512,
+        images=ImagePrompter.from_model_dir(harness_model),
+    )
+    front.threads = []
+    png = _image(5)
+    content = [{"type": "text", "text": BEFORE}, {"type": "image", "data": png, "part": "p"}]
+    messages = [{"role": "user", "content": [*content, {"type": "text", "text": AFTER}]}]
+
+    async def served() -> tuple[int, list[int], tuple[ImageInput, ...]]:
+        pool = TokenizerPool(front, max_prompt_bytes=1 << 20, images=LIMITS)
+        try:
+            ids, images = await pool.render_chat_images("chat", messages)
+        finally:
+            pool.shutdown()
+        return threading.get_ident(), ids, images
+
+    loop_thread, ids, images = asyncio.run(served())
+    assert len(front.threads) == 1 and loop_thread not in front.threads
+    assert ids.count(IMAGE_TOKEN) == PATCHES and len(images) == 1
+    assert (images[0].offset, images[0].length) == (ids.index(IMAGE_TOKEN), PATCHES)
