@@ -4,8 +4,10 @@ Pillow's ``Image.open`` reads only the header: the declared width and height are
 against the limit (``--max-image-pixels``) before ``load()`` decompresses anything, so a small
 file declaring a huge canvas (a decompression bomb) costs nothing. Pillow's own bomb guard
 (``Image.MAX_IMAGE_PIXELS``, process-wide and left as it is) raises ``DecompressionBombError``
-past twice its limit; that is refused the same way. Anything else Pillow cannot read is a
-``ParameterError`` naming the part that carried it. Blocking work: callers run it on a thread.
+past twice its limit; that is refused the same way. Only the common web formats are opened
+(``FORMATS``: Pillow's own decoders; never EPS, whose plugin runs Ghostscript). Anything else
+is a ``ParameterError`` naming the part that carried it. Blocking work: callers run it on a
+thread.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 
 from tokenwire.runtime.errors import ParameterError
 
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
+
 
 def decode_image(data: bytes, part: str, max_pixels: int) -> Any:
     """The RGB image in ``data`` (the request field ``part``); ``ParameterError`` naming
@@ -22,7 +26,7 @@ def decode_image(data: bytes, part: str, max_pixels: int) -> Any:
     from PIL import Image
 
     try:
-        image = Image.open(io.BytesIO(data))
+        image = Image.open(io.BytesIO(data), formats=FORMATS)
         width, height = image.size
         if width * height > max_pixels:
             raise ParameterError(

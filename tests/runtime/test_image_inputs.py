@@ -41,10 +41,24 @@ def test_decode_checks_the_declared_size_first() -> None:
         decode_image(bomb, "part", max_pixels=10**12)
 
 
-@pytest.mark.parametrize("data", [b"", b"garbage", _png(Image.new("RGB", (8, 8)))[:40]])
+def _saved(fmt: str) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(out, format=fmt)
+    return out.getvalue()
+
+
+TRUNCATED = _png(Image.new("RGB", (8, 8)))[:40]
+
+
+@pytest.mark.parametrize("data", [b"", b"garbage", TRUNCATED, _saved("PPM"), _saved("ICO")])
 def test_undecodable_bytes_name_the_part(data: bytes) -> None:
     with pytest.raises(ParameterError, match=r"parts\.3: not a decodable image"):
         decode_image(data, "parts.3", max_pixels=10**6)
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "WEBP", "GIF", "BMP", "TIFF"])
+def test_the_common_formats_decode(fmt: str) -> None:
+    assert decode_image(_saved(fmt), "part", max_pixels=64).size == (8, 8)
 
 
 def _add(images: tuple[ImageInput, ...]) -> AddRequest:
