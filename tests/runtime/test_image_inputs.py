@@ -50,7 +50,11 @@ def _saved(fmt: str) -> bytes:
 TRUNCATED = _png(Image.new("RGB", (8, 8)))[:40]
 
 
-@pytest.mark.parametrize("data", [b"", b"garbage", TRUNCATED, _saved("PPM"), _saved("ICO")])
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"garbage", TRUNCATED, _saved("PPM"), _saved("ICO")],
+    ids=["empty", "garbage", "truncated", "ppm", "ico"],
+)
 def test_undecodable_bytes_name_the_part(data: bytes) -> None:
     with pytest.raises(ParameterError, match=r"parts\.3: not a decodable image"):
         decode_image(data, "parts.3", max_pixels=10**6)
