@@ -190,6 +190,26 @@ def test_openai_image_part_matches_the_offline_engine(
     harness.assert_idle()
 
 
+def test_a_streamed_image_chat_says_the_same(openai_client: openai.OpenAI) -> None:
+    url = _data_url(_image(11))
+    messages = _chat_parts({"type": "text", "text": BEFORE}, _image_part(url))
+    whole = openai_client.chat.completions.create(
+        model="tiny",
+        messages=messages,  # type: ignore[arg-type]
+        temperature=0.0,
+        max_tokens=NEW_TOKENS,
+    )
+    stream = openai_client.chat.completions.create(
+        model="tiny",
+        messages=messages,  # type: ignore[arg-type]
+        temperature=0.0,
+        max_tokens=NEW_TOKENS,
+        stream=True,
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == whole.choices[0].message.content
+
+
 def _grpc_request(*parts: common_pb2.ContentPart) -> generation_pb2.GenerateRequest:
     message = common_pb2.ChatMessage(role="user", parts=list(parts))
     return generation_pb2.GenerateRequest(
