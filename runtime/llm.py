@@ -24,7 +24,6 @@ from tokenwire.runtime.engine.core_loop import engine_info
 from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.front.frontend import Frontend
-from tokenwire.runtime.front.images import ImagePrompter
 from tokenwire.runtime.front.output_processor import ProcessedStep
 from tokenwire.runtime.front.tokenizer import Tokenizer
 from tokenwire.runtime.lora.request import LoRARequest
@@ -63,8 +62,8 @@ class LLM:
         info = engine_info(self.engine)  # what the core publishes to a served front
         self.frontend = Frontend.from_info(info)
         self.default_sampling = info.default_sampling
-        # A vision-language model: its image processor and placeholder expansion.
-        self.images = ImagePrompter.from_model_dir(self.engine.facts.model_path)
+        # A vision-language model: its image processor and placeholder expansion (the front's).
+        self.images = self.frontend.images
         self._counter = itertools.count()
         # With --kv-events-config: each step's KV-cache events, the last buffer_steps kept.
         events = config.kv_events_config

@@ -13,6 +13,7 @@ from tokenwire.runtime.config import DEFAULT_MAX_REQUESTS
 from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.server.grpc.connection import add_connection_arguments, connection_settings
 from tokenwire.server.grpc.convert import Limits
+from tokenwire.server.grpc.images import ImageLimits
 from tokenwire.server.grpc.server import WORKER_PROTOCOLS, GrpcSettings
 from tokenwire.server.rest.app import RestSettings
 from tokenwire.server.rest.connection import HttpConnectionSettings, http_connection_settings
@@ -87,6 +88,25 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="prompt text (UTF-8 bytes) refused before tokenizing; default 32 per context token",
+    )
+    p.add_argument(
+        "--max-images-per-request",
+        type=int,
+        default=ImageLimits.max_images,
+        help="most image parts one chat request may carry (vision models; default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-image-bytes",
+        type=int,
+        default=ImageLimits.max_bytes,
+        help="largest encoded image accepted, in bytes (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=ImageLimits.max_pixels,
+        help="most pixels (width x height, read from the image's header before decoding) "
+        "of one image (default: %(default)s)",
     )
     p.add_argument(
         "--max-message-bytes",
@@ -233,6 +253,9 @@ def grpc_settings(args: argparse.Namespace) -> GrpcSettings:
             max_n=args.max_n,
             max_stop_sequences=args.max_stop_sequences,
             max_prompt_bytes=args.max_prompt_bytes,
+            images=ImageLimits(
+                args.max_images_per_request, args.max_image_bytes, args.max_image_pixels
+            ),
         ),
         max_message_bytes=args.max_message_bytes,
         max_sessions=args.max_sessions,

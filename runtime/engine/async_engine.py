@@ -55,6 +55,7 @@ from tokenwire.runtime.front.request_stream import RequestFailed, RequestFinishe
 from tokenwire.runtime.front.tokenizer import Tokenizer
 from tokenwire.runtime.front.validation import check_task, validate_priority, validate_rank
 from tokenwire.runtime.lora.request import LoRARequest
+from tokenwire.runtime.multimodal import ImageInput, check_images
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.sampling_params import SamplingParams, embedding_params
 from tokenwire.runtime.stats import EngineObserver
@@ -236,6 +237,7 @@ class AsyncEngine:
         lora_request: LoRARequest | None = None,
         data_parallel_rank: int | None = None,
         before_ready: bool = False,
+        images: tuple[ImageInput, ...] = (),
     ) -> RequestStream:
         """Validate and send to the core; raises before anything is sent."""
         if self._dead is not None:
@@ -256,6 +258,7 @@ class AsyncEngine:
         validate_priority(priority)  # what the wire to the core carries
         validate_rank(data_parallel_rank, self.info.data_parallel_size)
         check_task(self.info.served_model_name, self.info.embed, params)
+        check_images(images, len(prompt_token_ids))
         # No grammar work here, on the loop: a constraint not known to parse is left to the
         # core's compile pool (``check_constraint`` parses it off the loop beforehand).
         frontend = self.frontend
@@ -276,6 +279,7 @@ class AsyncEngine:
             cache_salt,
             lora_request,
             data_parallel_rank,
+            images,
         )
         try:
             self.client.send(message)

@@ -100,6 +100,7 @@ def engine_info(core: EngineCore) -> EngineInfo:
         allow_content_special_tokens=config.model.allow_content_special_tokens,
         default_sampling=loaded_model_defaults(config.model, facts.model_path),
         embed=facts.embed,
+        model_path=facts.model_path,
     )
 
 
@@ -230,6 +231,7 @@ class CoreLoop:
                     cache_salt=message.cache_salt,
                     hold_as=child.hold_as,
                     lora_request=message.lora_request,
+                    images=message.images,
                 )
                 added.append(child.request_id)
         except Exception as exc:  # validated by the front already: an engine fault

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from tokenwire.runtime.core.kv_events import KVEventBatch
 from tokenwire.runtime.engine.protocol import EngineInfo, EngineStatsSnapshot, IdleReport
 from tokenwire.runtime.lora.request import LoRARequest
+from tokenwire.runtime.multimodal import ImageInput
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.stats import RequestStats, StepStats
@@ -41,6 +42,8 @@ class AddRequest:
     # --data-parallel-size: the core to run on (the vLLM worker protocol's field); None: the
     # front's balancer chooses.
     data_parallel_rank: int | None = None
+    # A vision-language model: the prompt's images, placeholders already expanded.
+    images: tuple[ImageInput, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

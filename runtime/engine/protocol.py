@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from tokenwire.runtime.front.frontend import Frontend
     from tokenwire.runtime.front.kv_event_hub import KVEventHub
     from tokenwire.runtime.front.request_stream import RequestStream
+    from tokenwire.runtime.multimodal import ImageInput
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,9 @@ class EngineInfo:
     # --data-parallel-size > 1: each core's KV blocks, by rank (``num_kv_blocks`` is one
     # core's: what one request may use); empty with one core.
     rank_kv_blocks: tuple[int, ...] = ()
+    # The HF-format directory the weights came from: the front loads a vision-language
+    # model's image processor from it ("": none).
+    model_path: str = ""
 
     @property
     def data_parallel_size(self) -> int:
@@ -164,9 +168,11 @@ class EngineClient(Protocol):
         hold_as: str | None = None,
         lora_request: LoRARequest | None = None,
         data_parallel_rank: int | None = None,
+        images: tuple[ImageInput, ...] = (),
     ) -> RequestStream:
         """``data_parallel_rank``: run on that engine core (``ParameterError`` naming
-        ``data_parallel_rank`` outside ``[0, info.data_parallel_size)``); None: balanced."""
+        ``data_parallel_rank`` outside ``[0, info.data_parallel_size)``); None: balanced.
+        ``images``: the prompt's images, placeholders expanded (``Frontend.render_chat_images``)."""
         ...
 
     async def check_constraint(self, params: SamplingParams) -> None:

@@ -69,18 +69,24 @@ def forged_token(messages: Sequence[Message], tokenizer: Tokenizer) -> str | Non
 
 
 def render_plain_content(
-    tokenizer: Tokenizer, messages: Sequence[Message], extra: Mapping[str, Any]
+    tokenizer: Tokenizer,
+    messages: Sequence[Message],
+    extra: Mapping[str, Any],
+    image: tuple[str, int] | None = None,
 ) -> list[int]:
     """Ids of ``messages`` rendered with the chat template (plus generation prompt; ``extra``:
-    tools, a template of the call) where user and tool content never yields a special token."""
+    tools, a template of the call) where user and tool content never yields a special token.
+    ``image``: (marker text, token id): each marker in a content becomes that one token (an
+    image's placeholder, ``chat_images``)."""
     added = _special_added(tokenizer)
     ids_of = {t.content: i for i, t in added.items()}
     pieces = _pieces(tokenizer, messages, extra)
     if pieces is None:
         token = forged_token(messages, tokenizer) or "special-token text"
+        what = "images" if image is not None else repr(token)
         raise ParameterError(
             "messages",
-            f"a user or tool message contains {token!r}, and this model's chat template "
+            f"a user or tool message contains {what}, and this model's chat template "
             "rewrites message content, so it cannot be kept as plain text; remove it",
         )
     pattern = _pattern(list(added.values())) if added else None
@@ -91,13 +97,27 @@ def render_plain_content(
         if not is_content and pattern is not None:
             for found in pattern.finditer(text):
                 run.append(text[start : found.start()])
-                ids.extend(_encode_text(tokenizer, "".join(run)))
+                ids.extend(_encode_run(tokenizer, "".join(run), image))
                 run = []
                 token = found.group()
                 ids.append(ids_of[token] if token in ids_of else ids_of[token.strip()])
                 start = found.end()
         run.append(text[start:])
-    ids.extend(_encode_text(tokenizer, "".join(run)))
+    ids.extend(_encode_run(tokenizer, "".join(run), image))
+    return ids
+
+
+def _encode_run(tokenizer: Tokenizer, text: str, image: tuple[str, int] | None) -> list[int]:
+    """Ids of one run of text between the template's special tokens; each image marker in
+    it becomes the image token, the text on each side tokenized apart."""
+    if image is None:
+        return _encode_text(tokenizer, text)
+    marker, token = image
+    chunks = text.split(marker)
+    ids = _encode_text(tokenizer, chunks[0])
+    for chunk in chunks[1:]:
+        ids.append(token)
+        ids.extend(_encode_text(tokenizer, chunk))
     return ids
 
 

@@ -6,9 +6,11 @@ hold one; so does nothing else. It is sync and plain: no event loop, no streams.
 - the tokenizer, loaded from the engine's published ``EngineInfo`` (``tokenizer_path``, with
   ``chat_template`` set on it), the same way in every front: never taken from the executor;
 - text in: ``encode`` and ``render_chat`` (user and tool content with special-token text
-  stays text, unless ``--allow-content-special-tokens``: ``front/chat_content.py``). These
-  touch only the tokenizer and are safe on any thread: the server runs them on its
-  ``TokenizerPool``, never on its event loop;
+  stays text, unless ``--allow-content-special-tokens``: ``front/chat_content.py``), and
+  ``render_chat_images`` for a vision-language model's chats with images (``images``: its
+  image processor; ``front/chat_images.py``). These touch only the tokenizer and the image
+  processor and are safe on any thread: the server runs them on its ``TokenizerPool``, never
+  on its event loop;
 - request checks: ``add_request`` checks the prompt and parameters against the model's
   vocabulary and context and runs the cheap structured-output checks; ``structured`` also
   parses constraints (``check_constraint`` blocks; ``AsyncEngine`` awaits
@@ -24,10 +26,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from tokenwire.runtime.errors import ParameterError
+from tokenwire.runtime.front.chat_images import render_chat_images
+from tokenwire.runtime.front.images import ImagePrompter
 from tokenwire.runtime.front.output_processor import OutputProcessor, ProcessedStep
 from tokenwire.runtime.front.structured_validate import StructuredValidator
 from tokenwire.runtime.front.tokenizer import Tokenizer, apply_chat_template, load_tokenizer
 from tokenwire.runtime.front.validation import validate_request
+from tokenwire.runtime.multimodal import ImageInput
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.sampling_params import SamplingParams
 
@@ -51,6 +56,9 @@ class PublishedInfo(Protocol):
     @property
     def max_model_len(self) -> int: ...
 
+    @property
+    def model_path(self) -> str: ...
+
 
 class Frontend:
     """The text side of one engine front. Not thread-safe, except ``encode`` and
@@ -63,10 +71,13 @@ class Frontend:
         vocab_size: int,
         max_model_len: int,
         split_special_tokens: bool = True,
+        images: ImagePrompter | None = None,
     ) -> None:
         """``split_special_tokens``: special-token text in user and tool content is text
-        (False: ``--allow-content-special-tokens``)."""
+        (False: ``--allow-content-special-tokens``); ``images``: a vision-language model's
+        image processor and placeholder expansion (None: the model takes no images)."""
         self.tokenizer = tokenizer
+        self.images = images
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.split_special_tokens = split_special_tokens
@@ -81,11 +92,13 @@ class Frontend:
         tokenizer = None
         if info.tokenizer_path is not None:
             tokenizer = load_tokenizer(info.tokenizer_path, info.chat_template)
+        images = ImagePrompter.from_model_dir(info.model_path) if info.model_path else None
         return cls(
             tokenizer,
             vocab_size=info.vocab_size,
             max_model_len=info.max_model_len,
             split_special_tokens=not info.allow_content_special_tokens,
+            images=images,
         )
 
     def close(self) -> None:
@@ -125,6 +138,25 @@ class Frontend:
             tools,
             chat_template=chat_template,
             split_special_tokens=self.split_special_tokens,
+            template_kwargs=template_kwargs,
+        )
+
+    def render_chat_images(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        max_pixels: int,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> tuple[list[int], tuple[ImageInput, ...]]:
+        """A chat whose user contents hold image parts (``chat_images``): (ids with each
+        image's placeholder run, the images); blocking (decode, processor): off the loop."""
+        return render_chat_images(
+            self.require_tokenizer("messages"),
+            self.images,
+            messages,
+            tools,
+            max_pixels=max_pixels,
             template_kwargs=template_kwargs,
         )
 

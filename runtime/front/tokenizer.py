@@ -81,6 +81,7 @@ def apply_chat_template(
     chat_template: str | None = None,
     split_special_tokens: bool = True,
     template_kwargs: Mapping[str, Any] | None = None,
+    image: tuple[str, int] | None = None,
 ) -> list[int]:
     """Render ``messages`` with the model's chat template (plus generation prompt) to ids;
     ``tools`` (OpenAI tool objects) go to templates that take them; ``chat_template`` (Jinja
@@ -89,7 +90,9 @@ def apply_chat_template(
     ``split_special_tokens`` (the default): special-token text inside a user or tool message
     is plain text, never a special token, so content cannot forge a turn
     (``runtime/front/chat_content.py``); False parses it like the template's own (the old way,
-    ``--allow-content-special-tokens``). ``template_kwargs``: extra template variables."""
+    ``--allow-content-special-tokens``). ``template_kwargs``: extra template variables.
+    ``image``: (marker, token id): the contents hold image markers (``chat_images``); they
+    render the split way, whatever ``split_special_tokens`` says."""
     if not (chat_template or tokenizer.chat_template):
         raise ValueError("messages: this model's tokenizer has no chat template")
     extra: dict[str, Any] = dict(template_kwargs or {})  # checked by the caller: no reserved keys
@@ -97,8 +100,8 @@ def apply_chat_template(
         extra["tools"] = [dict(t) for t in tools]
     if chat_template:
         extra["chat_template"] = chat_template
-    if split_special_tokens and forged_token(messages, tokenizer) is not None:
-        return render_plain_content(tokenizer, messages, extra)
+    if image is not None or (split_special_tokens and forged_token(messages, tokenizer)):
+        return render_plain_content(tokenizer, messages, extra, image)
     rendered: Any = tokenizer.apply_chat_template(
         [dict(m) for m in messages], add_generation_prompt=True, tokenize=True, **extra
     )

@@ -2,7 +2,9 @@
 
 A frame is ``[tag, payload]``: the tag names the record type, and the payload is decoded
 straight into that type (msgspec validates every field's type while decoding), so bytes from
-the socket can only ever become one of the declared plain records.
+the socket can only ever become one of the declared plain records. A numpy array (an image's
+processed pixels, ``multimodal.ImageInput``) travels as ``[dtype, shape, bytes]`` of a plain
+numeric dtype (``_encode_array`` / ``_decode_array``).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from tokenwire.runtime.engine.messages import (
     AbortRequests,
@@ -49,6 +52,26 @@ _OUTPUT_TYPES: tuple[type[Any], ...] = (
     ResetReply,
 )
 _Frame = tuple[int, msgspec.Raw]
+_ARRAY_KINDS = frozenset("biuf")  # bool, signed, unsigned, float: never objects
+
+
+def _encode_array(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray) and obj.dtype.kind in _ARRAY_KINDS:
+        return (obj.dtype.str, list(obj.shape), np.ascontiguousarray(obj).tobytes())
+    raise TypeError(f"cannot encode {type(obj).__name__} (numeric numpy arrays only)")
+
+
+def _decode_array(kind: type[Any], obj: Any) -> Any:
+    if kind is not np.ndarray:
+        raise NotImplementedError(f"cannot decode {kind}")
+    dtype_text, shape, data = obj
+    dtype = np.dtype(dtype_text)
+    if dtype.kind not in _ARRAY_KINDS or not isinstance(data, bytes):
+        raise msgspec.ValidationError(f"not a numeric array: {dtype_text}")
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if count * dtype.itemsize != len(data):
+        raise msgspec.ValidationError(f"array bytes do not match shape {shape}")
+    return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
 
 
 class TaggedCodec:
@@ -56,9 +79,9 @@ class TaggedCodec:
 
     def __init__(self, types: tuple[type[Any], ...]) -> None:
         self._tags = {t: i for i, t in enumerate(types)}
-        self._decoders = [msgspec.msgpack.Decoder(t) for t in types]
+        self._decoders = [msgspec.msgpack.Decoder(t, dec_hook=_decode_array) for t in types]
         self._frame = msgspec.msgpack.Decoder(_Frame)
-        self._encoder = msgspec.msgpack.Encoder()
+        self._encoder = msgspec.msgpack.Encoder(enc_hook=_encode_array)
 
     def encode(self, message: Any) -> bytes:
         return self._encoder.encode((self._tags[type(message)], message))

@@ -9,10 +9,11 @@ EOS or the context length", as in OpenAI's chat API and vLLM's OpenAI server.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tokenwire.runtime.errors import ParameterError, clip
+from tokenwire.runtime.front.chat_images import ImageInput, has_images
 from tokenwire.runtime.outputs import (
     ChoiceDelta,
     CompletionOutput,
@@ -21,6 +22,7 @@ from tokenwire.runtime.outputs import (
     RequestOutput,
 )
 from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.server.grpc.images import ImageLimits
 from tokenwire.server.grpc.request_options import template_kwargs
 from tokenwire.server.grpc.tokenizer_pool import TokenizerPool, default_max_prompt_bytes
 from tokenwire.server.grpc.tools import ChatTooling, chat_messages, structured_output
@@ -52,6 +54,9 @@ class Limits:
     # The largest response message (the gRPC send limit; the server sets it): a larger one
     # fails RESOURCE_EXHAUSTED RESPONSE_TOO_LARGE (server/grpc/send_limit.py). None: no check.
     max_response_bytes: int | None = None
+    # Image parts (a vision-language model): --max-images-per-request, --max-image-bytes,
+    # --max-image-pixels.
+    images: ImageLimits = field(default_factory=ImageLimits)
 
     def __post_init__(self) -> None:
         if self.max_prompt_bytes is not None and self.max_prompt_bytes <= 0:
@@ -134,33 +139,38 @@ def merge_options(base: Any, override: Any) -> Any:
 
 async def tokenize_input(
     pool: TokenizerPool | None, request: Any, tooling: ChatTooling | None = None
-) -> tuple[str | None, list[int]]:
-    """The ``input`` oneof of a GenerateRequest -> (prompt text or None, token ids); a chat
-    is rendered with ``tooling``'s tools.
+) -> tuple[str | None, list[int], tuple[ImageInput, ...]]:
+    """The ``input`` oneof of a GenerateRequest -> (prompt text or None, token ids, the
+    prompt's images); a chat is rendered with ``tooling``'s tools.
 
-    Size checks come first and the tokenizer runs on ``pool``, never on the event loop."""
+    Size checks come first; the tokenizer and image decoding run on ``pool``, never on the
+    event loop."""
     kind = request.WhichOneof("input")
     if kind is None:
         raise ParameterError("input", "one of text, token_ids or chat is required")
     if kind == "token_ids":
-        return None, list(request.token_ids.ids)
+        return None, list(request.token_ids.ids), ()
     if pool is None:
         raise ParameterError(kind, "this model has no tokenizer: send token_ids")
     if kind == "text":
         if not request.text:
             raise ParameterError("text", "must not be empty")
-        return request.text, await pool.encode("text", request.text)
+        return request.text, await pool.encode("text", request.text), ()
     messages = chat_messages(request.chat)
     tools = tooling.tools if tooling is not None else []
-    return None, await render_chat(pool, messages, tools, template_kwargs(request.chat))
+    kwargs = template_kwargs(request.chat)
+    if has_images(messages):
+        shown, tool_objects = _prepare(pool, messages, tools)
+        ids, images = await pool.render_chat_images("chat", shown, tool_objects, kwargs)
+        return None, ids, images
+    return None, await render_chat(pool, messages, tools, kwargs), ()
 
 
-async def render_chat(
-    pool: TokenizerPool,
-    messages: list[dict[str, Any]],
-    tools: list[FunctionSpec] | None = None,
-    kwargs: dict[str, Any] | None = None,
-) -> list[int]:
+def _prepare(
+    pool: TokenizerPool, messages: list[dict[str, Any]], tools: list[FunctionSpec] | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The messages as the template gets them (tool calls and results converted) and the
+    tool objects it gets."""
     if not messages:
         raise ParameterError("chat", "needs at least one message")
     for m in messages:
@@ -169,11 +179,21 @@ async def render_chat(
                 "chat", f"role must be system, user, assistant or tool: {clip(m['role'])!r}"
             )
     if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
-        rendered, tool_objects = render_messages(
-            messages, tools or [], pool.tokenizer.chat_template
-        )
-        return await pool.render_chat("chat", rendered, tool_objects, kwargs)
-    return await pool.render_chat("chat", messages, None, kwargs)
+        return render_messages(messages, tools or [], pool.tokenizer.chat_template)
+    return messages, None
+
+
+async def render_chat(
+    pool: TokenizerPool,
+    messages: list[dict[str, Any]],
+    tools: list[FunctionSpec] | None = None,
+    kwargs: dict[str, Any] | None = None,
+) -> list[int]:
+    """A text-only chat's token ids (Tokenize, sessions: image parts are refused)."""
+    if has_images(messages):
+        raise ParameterError("chat", "image parts are accepted by Generate and GenerateStream only")
+    shown, tool_objects = _prepare(pool, messages, tools)
+    return await pool.render_chat("chat", shown, tool_objects, kwargs)
 
 
 # ---------------------------------------------------------------------------- outputs

@@ -123,7 +123,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         self.telemetry.select_model(record, lora.lora_name if lora else self.model_name)
         chat = request.WhichOneof("input") == "chat"
         tooling = chat_tooling(request.chat) if chat else None
-        prompt, token_ids = await convert.tokenize_input(self.tokenizers, request, tooling)
+        prompt, token_ids, images = await convert.tokenize_input(self.tokenizers, request, tooling)
         params = convert.sampling_params(
             request.sampling,
             request.stopping,
@@ -146,6 +146,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
                 cache_salt=call.who.cache_salt(request.cache_salt or None),
                 hold_as=retained_holder(call.caller, request.retain_kv_as),
                 lora_request=lora,
+                images=images,
             )
         except ParameterError as exc:
             constrained_by_tools = params.structured_outputs is not asked

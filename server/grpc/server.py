@@ -161,7 +161,9 @@ class GrpcServer:
         self.tokenizers = None
         if tokenizer is not None:
             max_prompt_bytes = settings.limits.prompt_bytes(engine.info.max_model_len)
-            self.tokenizers = TokenizerPool(frontend, max_prompt_bytes)
+            self.tokenizers = TokenizerPool(
+                frontend, max_prompt_bytes, images=settings.limits.images
+            )
         self.sessions = SessionHandler(
             engine,
             model_name,

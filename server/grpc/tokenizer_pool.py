@@ -19,8 +19,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from tokenwire.runtime.errors import ParameterError, QueueFullError
+from tokenwire.runtime.front.chat_images import ImageInput, chat_images
 from tokenwire.runtime.front.frontend import Frontend
 from tokenwire.runtime.front.tokenizer import Tokenizer
+from tokenwire.server.grpc.images import ImageLimits, check_images
 
 T = TypeVar("T")
 
@@ -47,6 +49,18 @@ def check_prompt_bytes(param: str, texts: Sequence[str], limit: int) -> None:
             )
 
 
+def _texts(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Every message's text (a list content's text parts)."""
+    out: list[str] = []
+    for m in messages:
+        content = m["content"]
+        if isinstance(content, list):
+            out.extend(p["text"] for p in content if p.get("type") == "text")
+        else:
+            out.append(content)
+    return out
+
+
 class TokenizerPool:
     def __init__(
         self,
@@ -54,6 +68,7 @@ class TokenizerPool:
         max_prompt_bytes: int,
         max_workers: int = 2,
         max_pending: int = 64,
+        images: ImageLimits | None = None,
     ) -> None:
         if frontend.tokenizer is None:
             raise ValueError("a TokenizerPool needs a model with a tokenizer")
@@ -61,6 +76,7 @@ class TokenizerPool:
         self.tokenizer: Tokenizer = frontend.tokenizer
         self.max_prompt_bytes = max_prompt_bytes
         self.max_pending = max_pending
+        self.image_limits = images or ImageLimits()
         self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="tokenwire-tok")
         self._lock = threading.Lock()
         self._pending = 0  # jobs queued or running (decremented by the worker when done)
@@ -103,10 +119,29 @@ class TokenizerPool:
     ) -> list[int]:
         """The chat template applied to ``messages`` (with the generation prompt);
         ``template_kwargs``: extra template variables (already checked)."""
-        check_prompt_bytes(param, [m["content"] for m in messages], self.max_prompt_bytes)
+        check_prompt_bytes(param, _texts(messages), self.max_prompt_bytes)
         if not template_kwargs:
             return await self.run(self.frontend.render_chat, messages, tools)
         render = functools.partial(self.frontend.render_chat, template_kwargs=template_kwargs)
+        return await self.run(render, messages, tools)
+
+    async def render_chat_images(
+        self,
+        param: str,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> tuple[list[int], tuple[ImageInput, ...]]:
+        """A chat with image parts: the limits on count and size first, then decoding (the
+        pixel limit before decompressing), the template and the image processor on the pool.
+        """
+        check_prompt_bytes(param, _texts(messages), self.max_prompt_bytes)
+        check_images(chat_images(messages), self.image_limits)
+        render = functools.partial(
+            self.frontend.render_chat_images,
+            max_pixels=self.image_limits.max_pixels,
+            template_kwargs=template_kwargs,
+        )
         return await self.run(render, messages, tools)
 
     def shutdown(self) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from tokenwire.runtime.errors import ParameterError, clip
 from tokenwire.runtime.sampling_params import StructuredOutputsParams
+from tokenwire.server.grpc.images import message_content
 from tokenwire.server.tool_parsers.output import OutputParsing
 from tokenwire.server.tool_parsers.tool_choice import (
     FunctionSpec,
@@ -54,16 +55,17 @@ class ChatTooling:
 
 
 def chat_messages(chat: common_pb2.ChatInput) -> list[dict[str, Any]]:
-    """The conversation as OpenAI-shaped dicts (tool calls and tool results included)."""
+    """The conversation as OpenAI-shaped dicts (tool calls and tool results included; a
+    user message with images has a list content: ``images.message_content``)."""
     if not chat.messages:
         raise ParameterError("chat", "needs at least one message")
     out: list[dict[str, Any]] = []
-    for m in chat.messages:
+    for i, m in enumerate(chat.messages):
         if m.role not in ROLES:
             raise ParameterError(
                 "chat", f"role must be system, user, assistant or tool: {clip(m.role)!r}"
             )
-        message: dict[str, Any] = {"role": m.role, "content": m.content}
+        message: dict[str, Any] = {"role": m.role, "content": message_content(m, i)}
         if m.tool_calls:
             if m.role != "assistant":
                 raise ParameterError("chat", "only assistant messages carry tool_calls")

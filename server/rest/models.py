@@ -33,6 +33,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from tokenwire.server.rest.content_parts import ContentPart, TextPart
 from tokenwire.server.rest.errors import NOT_UNICODE, clip
 from tokenwire.server.rest.field_types import (
     EmptyOnly,
@@ -109,11 +110,6 @@ class StreamOptions(_Strict):
     include_obfuscation: bool | None = None  # accepted and ignored (no padding field)
 
 
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
-
-
 class ToolCallFunction(_Strict):
     name: str
     arguments: str  # JSON text, as OpenAI sends it
@@ -131,7 +127,7 @@ class ChatMessage(_Strict):
     the call named by ``tool_call_id``."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None  # image_url parts: a vision model's
     name: Unsupported = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -155,7 +151,7 @@ class ChatMessage(_Strict):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
 
 
 class FunctionDefinition(_Strict):

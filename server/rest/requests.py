@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from tokenwire.server.rest.content_parts import has_images, message_parts
 from tokenwire.server.rest.errors import invalid
 from tokenwire.server.rest.models import (
     ChatCompletionRequest,
@@ -120,14 +121,21 @@ def _output(body: CommonFields, logprobs: int | None, structured: Any) -> common
     )
 
 
-def _chat_input(body: ChatCompletionRequest) -> common_pb2.ChatInput:
-    chat = common_pb2.ChatInput(
-        messages=[_chat_message(m) for m in body.messages],
-        reasoning_effort=body.reasoning_effort or "",
-    )
+def _chat_input(body: ChatCompletionRequest) -> tuple[common_pb2.ChatInput, dict[str, str]]:
+    """The chat, and the proto -> OpenAI names of its image parts."""
+    chat = common_pb2.ChatInput(reasoning_effort=body.reasoning_effort or "")
+    names: dict[str, str] = {}
+    for i, m in enumerate(body.messages):
+        message = _chat_message(m)
+        if isinstance(m.content, list) and has_images(m.content):
+            parts, part_names = message_parts(m.content, i)
+            message.content = ""
+            message.parts.extend(parts)
+            names.update(part_names)
+        chat.messages.append(message)
     if body.chat_template_kwargs:
         chat.chat_template_kwargs_json = json.dumps(body.chat_template_kwargs)
-    return chat
+    return chat, names
 
 
 def chat_request(body: ChatCompletionRequest) -> Translated:
@@ -138,7 +146,7 @@ def chat_request(body: ChatCompletionRequest) -> Translated:
     max_field = "max_tokens" if body.max_tokens is not None else "max_completion_tokens"
     max_tokens = body.max_tokens if body.max_tokens is not None else body.max_completion_tokens
     structured, structured_params = structured_output(body)
-    chat = _chat_input(body)
+    chat, part_names = _chat_input(body)
     named = chat_tools(body, chat)
     request = generation_pb2.GenerateRequest(
         model=body.model,
@@ -157,6 +165,7 @@ def chat_request(body: ChatCompletionRequest) -> Translated:
         "logprobs": "top_logprobs",
         "max_tokens": max_field,
         **structured_params,
+        **part_names,
     }
     return Translated(
         [request],

@@ -319,7 +319,7 @@ def test_nested_and_unknown_fields(http_client: httpx.Client) -> None:
     assert chat({"role": "user", "content": "hi", "name": "x"})["param"] == "messages.0.name"
     assert chat({"role": "tool", "content": "hi"})["param"] == "messages.0"  # no tool_call_id
     image = {"type": "image_url", "image_url": {"url": "http://x"}}
-    assert chat({"role": "user", "content": [image]})["param"] == "messages"
+    assert chat({"role": "user", "content": [image]})["param"] == "messages.0.content.0"
     assert chat({"role": "user", "content": "hi"}, frobnicate=1)["code"] == "unknown_parameter"
     # Accepted no-op values still reach the server (which has no tokenizer for chat here).
     error = chat({"role": "user", "content": [{"type": "text", "text": "hi"}]}, tools=None)
