@@ -1,14 +1,16 @@
-"""Build a kernel's C source into a shared library once, cache it, load it with ctypes.
+"""Build a C++ torch-operator library from ``kernels/csrc/`` once, cache it, load it.
 
-The C sources live in ``kernels/csrc/`` (package data). A library is built with the system C
-compiler (``$CC``, else ``cc``) the first time a process needs it and kept under
-``$XDG_CACHE_HOME/tokenwire/kernels`` (``~/.cache`` by default; ``TOKENWIRE_KERNEL_CACHE``
-overrides it), named by a hash of the source, the flags and the compiler's version: an edited
-source or another compiler builds anew, a restart loads the cached file (a build takes about
-a second). The build writes a temporary file and renames it, so concurrent processes never
-load a half-written library. OpenMP: the library links ``libgomp.so.1`` by name; torch has
-loaded its own copy of that soname before any kernel is built, so both share one runtime and
-one thread pool.
+The sources are package data. A library is built with the system C++ compiler (``$CXX``,
+else ``c++``) against the installed torch's headers and libraries the first time a process
+needs it, and kept under ``$XDG_CACHE_HOME/tokenwire/kernels`` (``~/.cache`` by default;
+``TOKENWIRE_KERNEL_CACHE`` overrides it), named by a hash of the sources, the flags, the
+compiler's version and torch's version: an edited source, another compiler or another torch
+builds anew; a restart loads the cached file (a build takes ~10 s of CPU). The build writes a
+temporary file and renames it, so concurrent processes never load a half-written library.
+``torch.ops.load_library`` registers the operators its ``TORCH_LIBRARY`` blocks define, so they
+are called through torch's dispatcher (eagerly, and as opaque ops inside ``torch.compile``
+graphs). OpenMP: the library links ``libgomp.so.1`` by name, which resolves to the copy torch
+already loaded: one runtime, one thread pool.
 
 Failure (no compiler, a compile error, a load error) is returned as a reason, never raised:
 the caller runs its torch path instead and says why.
@@ -16,24 +18,29 @@ the caller runs its torch path instead and says why.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import subprocess
+import sysconfig
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 _SOURCES = Path(__file__).parent / "csrc"
 
 
 @dataclass(frozen=True)
 class NativeLibrary:
-    """A loaded library (``lib``) or why there is none (``reason``)."""
+    """Where the loaded library is (``path``), or why there is none (``reason``)."""
 
-    lib: ctypes.CDLL | None
-    reason: str = ""
     path: str = ""
+    reason: str = ""
+
+    @property
+    def loaded(self) -> bool:
+        return not self.reason
 
 
 def cache_dir() -> Path:
@@ -45,36 +52,61 @@ def cache_dir() -> Path:
     return Path(base) / "tokenwire" / "kernels"
 
 
-def _compiler_version(cc: str) -> str:
-    done = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+def _torch_flags() -> list[str]:
+    """Include, link and ABI flags for a library that uses torch's C++ API."""
+    root = Path(torch.__file__).parent
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    lib = root / "lib"
+    return [
+        f"-I{root / 'include'}",
+        f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+        f"-I{sysconfig.get_paths()['include']}",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}",
+    ]  # fmt: skip
+
+
+def _compiler_version(cxx: str) -> str:
+    done = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
-        raise OSError(f"{cc} --version failed: {done.stderr.strip()[:200]}")
+        raise OSError(f"{cxx} --version failed: {done.stderr.strip()[:200]}")
     return done.stdout
 
 
-def build_library(source_name: str, flags: tuple[str, ...]) -> NativeLibrary:
-    """Build (or find cached) ``csrc/<source_name>`` with ``flags`` and load it."""
-    cc = os.environ.get("CC", "cc")
+def build_library(
+    source_name: str, includes: tuple[str, ...], flags: tuple[str, ...]
+) -> NativeLibrary:
+    """Build (or find cached) ``csrc/<source_name>`` (which ``#include``\\ s ``includes``, also
+    in ``csrc/``) with ``flags`` and load it into torch."""
+    cxx = os.environ.get("CXX", "c++")
     source = _SOURCES / source_name
+    command_flags = [*flags, *_torch_flags()]
     try:
-        text = source.read_bytes()
-        version = _compiler_version(cc)
+        text = b"".join((_SOURCES / name).read_bytes() for name in (source_name, *includes))
+        version = _compiler_version(cxx)
     except (OSError, subprocess.SubprocessError) as exc:
-        return NativeLibrary(None, f"no C compiler or source: {exc}")
-    key = hashlib.sha256(text + " ".join(flags).encode() + version.encode()).hexdigest()[:16]
+        return NativeLibrary(reason=f"no C++ compiler or source: {exc}")
+    key_parts = [
+        text,
+        " ".join(command_flags).encode(),
+        version.encode(),
+        torch.__version__.encode(),
+    ]
+    key = hashlib.sha256(b"\0".join(key_parts)).hexdigest()[:16]
     folder = cache_dir()
     target = folder / f"{source.stem}-{key}.so"
     if not target.exists():
-        reason = _compile(cc, source, flags, folder, target)
+        reason = _compile([cxx, str(source), *command_flags], folder, target)
         if reason:
-            return NativeLibrary(None, reason)
+            return NativeLibrary(reason=reason)
     try:
-        return NativeLibrary(ctypes.CDLL(str(target)), "", str(target))
-    except OSError as exc:
-        return NativeLibrary(None, f"loading {target} failed: {exc}")
+        torch.ops.load_library(str(target))
+    except (OSError, RuntimeError) as exc:
+        return NativeLibrary(reason=f"loading {target} failed: {exc}")
+    return NativeLibrary(path=str(target))
 
 
-def _compile(cc: str, source: Path, flags: tuple[str, ...], folder: Path, target: Path) -> str:
+def _compile(command: list[str], folder: Path, target: Path) -> str:
     """Compile into a temporary file beside ``target`` and rename it; a failure's reason."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -82,15 +114,15 @@ def _compile(cc: str, source: Path, flags: tuple[str, ...], folder: Path, target
         os.close(fd)
     except OSError as exc:
         return f"kernel cache {folder} not writable: {exc}"
-    command = [cc, *flags, "-shared", "-fPIC", str(source), "-o", tmp]
+    full = [*command, "-shared", "-fPIC", "-o", tmp]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(full, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
-            return f"{' '.join(command)} failed: {done.stderr.strip()[:500]}"
+            return f"{' '.join(full[:2])} ... failed: {done.stderr.strip()[-800:]}"
         os.replace(tmp, target)
         return ""
     except (OSError, subprocess.SubprocessError) as exc:
-        return f"{' '.join(command)} failed: {exc}"
+        return f"{' '.join(full[:2])} ... failed: {exc}"
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -1,4 +1,6 @@
-"""Int4 and int8 weight-quantized CPU matmuls on AVX-512 VNNI (``csrc/vnni_matmul.c``).
+"""Int4 and int8 weight-quantized CPU matmuls on AVX-512 VNNI (``csrc/vnni_matmul.c``; the
+torch operator ``tokenwire_vnni::matmul`` in ``csrc/vnni_op.cpp``, built by
+``kernels.native_build``).
 
 Torch's CPU int4 kernel (``_weight_int4pack_mm_for_cpu``) de-quantizes every weight to bf16
 and multiplies in float32: on SmolLM2-135M's layers it ran at ~9 GB/s of int4 weights with
@@ -23,12 +25,11 @@ is one fixed chain of operations over K, whatever the row count, the other rows 
 threads (``tests/kernels/test_vnni_matmul.py``).
 
 Needs x86-64 with AVX-512 (F, BW, VL, DQ, VNNI), F16C and FMA, read from ``/proc/cpuinfo``,
-and a C compiler (``kernels.native_build``); ``vnni_status`` says why not otherwise.
+and a C++ compiler (``kernels.native_build``); ``vnni_status`` says why not otherwise.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +42,8 @@ from tokenwire.kernels.native_build import NativeLibrary, build_library
 BLOCK = 32
 _CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c", "fma")
 _CC_FLAGS = (
-    "-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c",
-    "-mfma", "-fopenmp",
+    "-O3", "-std=c++20", "-w", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
+    "-mavx512vnni", "-mf16c", "-mfma", "-fopenmp",
 )  # fmt: skip
 
 
@@ -72,24 +73,21 @@ def _cpu_flags() -> set[str]:
 
 @functools.cache
 def vnni_status() -> NativeLibrary:
-    """The built kernel library, or why this process has none (checked and built once)."""
+    """The loaded operator library, or why this process has none (built and loaded once per
+    process; the operator and its fake are registered with torch then)."""
     missing = [flag for flag in _CPU_FLAGS if flag not in _cpu_flags()]
     if missing:
-        return NativeLibrary(None, f"the CPU lacks {', '.join(missing)}")
-    built = build_library("vnni_matmul.c", _CC_FLAGS)
-    if built.lib is not None:
-        pointer, i64 = ctypes.c_void_p, ctypes.c_int64
-        fn = built.lib.tw_vnni_matmul
-        fn.argtypes = [ctypes.c_int, pointer, i64, i64, pointer, pointer, pointer, i64, pointer]
-        fn.argtypes += [pointer, ctypes.c_int]
-        fn.restype = None
+        return NativeLibrary(reason=f"the CPU lacks {', '.join(missing)}")
+    built = build_library("vnni_op.cpp", ("vnni_matmul.c",), _CC_FLAGS)
+    if built.loaded:
+        torch.library.register_fake("tokenwire_vnni::matmul")(_matmul_fake)
     return built
 
 
 def vnni_supported(in_features: int, group_size: int) -> bool:
     """Whether a linear with these shapes can take this path on this machine."""
     shapes = in_features % BLOCK == 0 and group_size % BLOCK == 0
-    return shapes and vnni_status().lib is not None
+    return shapes and vnni_status().loaded
 
 
 def _tiles(values: torch.Tensor) -> torch.Tensor:
@@ -139,20 +137,19 @@ def dequantize_vnni(w: VnniWeights) -> torch.Tensor:
 
 
 def vnni_matmul(x: torch.Tensor, w: VnniWeights) -> torch.Tensor:
-    """``x [..., K] @ W.T -> [..., N]`` float32 (x is read as float32).
-
-    Under ``torch.compile`` (``--cpu-compile``) the call is the opaque op
-    ``tokenwire_kernels::vnni_matmul`` (dynamo cannot trace a ctypes call); eagerly it calls
-    the library directly (the op's dispatch would cost more than the kernel at one row)."""
+    """``x [..., K] @ W.T -> [..., N]`` float32 (x is read as float32): one call of the
+    operator ``tokenwire_vnni::matmul`` (opaque inside ``torch.compile`` graphs). Callers
+    check ``vnni_supported`` first (not here: a cached call would split a compiled graph)."""
     lead, k = x.shape[:-1], w.in_features
     x2 = x.reshape(-1, k).to(torch.float32).contiguous()
     mins = w.scales if w.mins is None else w.mins
-    args = (x2, w.weight, w.scales, mins, w.bits, w.out_features)
-    y = _vnni_op(*args) if torch.compiler.is_compiling() else _vnni_call(*args)
+    y: torch.Tensor = torch.ops.tokenwire_vnni.matmul.default(
+        x2, w.weight, w.scales, mins, w.bits, w.out_features
+    )
     return y.reshape(*lead, w.out_features)
 
 
-def _vnni_call(
+def _matmul_fake(
     x: torch.Tensor,
     weight: torch.Tensor,
     scales: torch.Tensor,
@@ -160,31 +157,5 @@ def _vnni_call(
     bits: int,
     out_features: int,
 ) -> torch.Tensor:
-    """[M, K] float32 contiguous -> [M, out_features] float32, through the C library."""
-    lib = vnni_status().lib
-    if lib is None:
-        raise RuntimeError(f"vnni_matmul unavailable: {vnni_status().reason}")
-    (rows, k), n16 = x.shape, weight.numel() * (8 // bits) // x.shape[1]
-    y = torch.empty(rows, n16, dtype=torch.float32)
-    if rows:
-        scratch = torch.empty(2 * rows * k + 16 * rows * (k // BLOCK), dtype=torch.uint8)
-        lib.tw_vnni_matmul(
-            bits, x.data_ptr(), rows, k, weight.data_ptr(), scales.data_ptr(), mins.data_ptr(),
-            n16, y.data_ptr(), scratch.data_ptr(), torch.get_num_threads(),
-        )  # fmt: skip
-    return y if n16 == out_features else y[:, :out_features].contiguous()
-
-
-_vnni_op = torch.library.custom_op("tokenwire_kernels::vnni_matmul", mutates_args=())(_vnni_call)
-
-
-@_vnni_op.register_fake
-def _vnni_fake(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    scales: torch.Tensor,
-    mins: torch.Tensor,
-    bits: int,
-    out_features: int,
-) -> torch.Tensor:
+    """The operator's output shape, for ``torch.compile``'s tracing."""
     return x.new_empty(x.shape[0], out_features)

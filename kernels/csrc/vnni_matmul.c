@@ -128,7 +128,7 @@ static void int8_tile(const uint8_t* wt, const uint16_t* dt, int64_t k, QuantX q
 }
 
 /* scratch: 2*M*K int8 + 4*M*(K/32) 4-byte words. bits: 4 (w4, d, mn) or 8 (w8, d; mn unused). */
-void tw_vnni_matmul(int bits, const float* x, int64_t m_rows, int64_t k, const uint8_t* w,
+static void tw_vnni_matmul(int bits, const float* x, int64_t m_rows, int64_t k, const uint8_t* w,
                     const uint16_t* d, const uint16_t* mn, int64_t n16, float* y,
                     void* scratch, int threads) {
   const int64_t nb = k / 32;

@@ -223,12 +223,12 @@ def _use_vnni(kernel: CpuQuantKernel) -> bool:
     if kernel == "torch":
         return False
     status = vnni_status()
-    if status.lib is None:
+    if not status.loaded:
         if kernel == "vnni":
             raise ValueError(f"cpu_quant_kernel vnni: unavailable: {status.reason}")
         _log.info("CPU int4 linears run torch's int4 kernel: the VNNI kernel is unavailable: %s",
                   status.reason)  # fmt: skip
-    return status.lib is not None
+    return status.loaded
 
 
 def _lm_head_kind(
@@ -240,7 +240,7 @@ def _lm_head_kind(
     chosen = model_config.lm_head_dtype
     if device.type != "cpu":
         return "float32"
-    if chosen == "int8" and vnni_status().lib is None:
+    if chosen == "int8" and not vnni_status().loaded:
         raise ValueError(f"lm_head_dtype int8: unavailable: {vnni_status().reason}")
     if chosen != "auto":
         return chosen

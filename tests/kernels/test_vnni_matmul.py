@@ -27,7 +27,7 @@ from tokenwire.kernels.vnni_matmul import (
 from tokenwire.kernels.w4a16 import pack_int4, prepare_w4a16, w4a16_matmul
 
 pytestmark = pytest.mark.skipif(
-    vnni_status().lib is None, reason=f"no VNNI kernel here: {vnni_status().reason}"
+    not vnni_status().loaded, reason=f"no VNNI kernel here: {vnni_status().reason}"
 )
 # |error| / max|reference| per output, measured ~5e-5 (torch's bf16-activation int4 kernel:
 # ~3e-3 on the same data).
@@ -145,11 +145,11 @@ def test_a_failed_build_is_a_reason_not_an_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TOKENWIRE_KERNEL_CACHE", str(tmp_path))
-    monkeypatch.setenv("CC", "false")
-    built = build_library("vnni_matmul.c", ("-O3",))
-    assert built.lib is None and "false" in built.reason
-    monkeypatch.setenv("CC", "cc")
+    monkeypatch.setenv("CXX", "false")
+    built = build_library("vnni_op.cpp", ("vnni_matmul.c",), ("-O3",))
+    assert not built.loaded and "false" in built.reason
+    monkeypatch.setenv("CXX", "c++")
     monkeypatch.setenv("TOKENWIRE_KERNEL_CACHE", str(tmp_path / "new"))
-    bad = build_library("vnni_matmul.c", ("-O3", "--no-such-flag"))
-    assert bad.lib is None and "--no-such-flag" in bad.reason
+    bad = build_library("vnni_op.cpp", ("vnni_matmul.c",), ("-O3", "--no-such-flag"))
+    assert not bad.loaded and "--no-such-flag" in bad.reason
     assert not list((tmp_path / "new").glob("*.so"))  # no half-written library left

@@ -27,7 +27,7 @@ from tokenwire.runtime.sampling_params import SamplingParams
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 KEPT = GGUFConfig("int4", compute_dtype=torch.bfloat16)  # the default model, torch's kernel
 KEPT_VNNI = GGUFConfig("int4", compute_dtype=torch.bfloat16, vnni=True)  # ... VNNI kernel
-VNNI = vnni_status().lib is not None
+VNNI = vnni_status().loaded
 TOPICS = [
     "copper", "dragons", "cats", "the sea", "the sky", "airplanes", "Paris", "volcanoes",
     "bees", "chess", "rain", "trains", "bread", "the moon", "glass", "rivers",
