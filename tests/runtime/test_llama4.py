@@ -1,16 +1,12 @@
 """Llama 4 text (``Llama4ForCausalLM``) on the CPU float32 torch path, against HF transformers.
 
-The tiny config has 4 layers: chunked-rope MoE, NoPE dense, chunked-rope dense, NoPE MoE
-(``moe_layers`` [0, 3], ``no_rope_layer_interval`` 2), an 8-token attention chunk far shorter
-than the prompts plus generation, 4 experts routed top-1 with a shared expert, the q/k L2
-norm, attention temperature tuning with a small ``floor_scale`` (so it varies over the
-prompt) and llama3 rope scaling. Checked: the config keys as HF reads them; logits of a
-chunked paged prefill and a mixed decode + prefill batch within 1e-4 of HF's; each Llama 4
-feature shown to matter; greedy tokens equal to HF's ``generate()`` for one prompt, a batch
-of different lengths, a small chunked-prefill budget and prefix-cache hits; chosen-token
-logprobs within 1e-3; the chunked paged attention against its dense oracle; checkpoint
-mapping (interleaved rotary rows, fused experts, the multimodal wrapper's names); TP=2 on
-gloo ranks equal to TP=1; the Triton paths refuse chunked attention and input-scaled MoE.
+Tiny config, 4 layers: chunked-rope MoE, NoPE dense, chunked-rope dense, NoPE MoE; an 8-token
+attention chunk (prompts + generation cross many), 4 experts top-1 + a shared expert, q/k L2
+norm, attention temperature with a small ``floor_scale``, llama3 rope. Checked: config keys;
+paged chunked-prefill and mixed-batch logits within 1e-4; each feature matters; engine greedy
+tokens equal HF ``generate()`` (one prompt, a batch, a 16-token budget, prefix-cache hits, the
+multimodal wrapper's checkpoint); logprobs within 1e-3; chunked paged attention vs its dense
+oracle; checkpoint mapping; TP=2 (gloo) equals TP=1; the Triton paths refuse Llama 4.
 """
 
 from __future__ import annotations
@@ -148,24 +144,12 @@ def test_paged_prefill_and_mixed_batch_logits_match_hf(models: tuple[LoadedModel
     assert_logits_match(logits[2:], hf_logits(hf, fresh))
 
 
-def _no_chunks(model: Any) -> None:
-    for layer in model.model.layers:
-        layer.self_attn.attention_chunk = None
+def _set_attention(name: str, value: Any) -> Callable[[Any], None]:
+    def ablate(model: Any) -> None:
+        for layer in model.model.layers:
+            setattr(layer.self_attn, name, value)
 
-
-def _rope_everywhere(model: Any) -> None:
-    for layer in model.model.layers:
-        layer.self_attn.use_rope = True
-
-
-def _no_l2_norm(model: Any) -> None:
-    for layer in model.model.layers:
-        layer.self_attn.l2_norm_eps = None
-
-
-def _no_temperature(model: Any) -> None:
-    for layer in model.model.layers:
-        layer.self_attn.temperature = None
+    return ablate
 
 
 def _output_scaled_experts(model: Any) -> None:
@@ -175,10 +159,10 @@ def _output_scaled_experts(model: Any) -> None:
 
 
 ABLATIONS: dict[str, Callable[[Any], None]] = {
-    "chunked-attention": _no_chunks,
-    "nope-layers": _rope_everywhere,
-    "qk-l2-norm": _no_l2_norm,
-    "temperature": _no_temperature,
+    "chunked-attention": _set_attention("attention_chunk", None),
+    "nope-layers": _set_attention("use_rope", True),
+    "qk-l2-norm": _set_attention("l2_norm_eps", None),
+    "temperature": _set_attention("temperature", None),
     "input-scaled-experts": _output_scaled_experts,
 }
 
@@ -269,11 +253,49 @@ def test_checkpoint_mapping(models: tuple[LoadedModel, Any]) -> None:
     assert not any(k.startswith(("vision", "multi_modal")) for k in out)
 
 
+def _multimodal_checkpoint(out_dir: Path) -> Path:
+    """A tiny random ``Llama4ForConditionalGeneration`` (2 text layers, 1 vision layer)."""
+    from transformers import Llama4Config, Llama4ForConditionalGeneration
+
+    text = {k: v for k, v in LLAMA4.items() if k not in ("model_type", "rope_theta")}
+    text.update(num_hidden_layers=2, moe_layers=[1], vocab_size=512, bos_token_id=1,
+                eos_token_id=2, pad_token_id=0)  # fmt: skip
+    vision = dict(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        vision_output_dim=32, projector_input_dim=32, projector_output_dim=32, image_size=28,
+        patch_size=14,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Llama4ForConditionalGeneration(Llama4Config(text_config=text, vision_config=vision))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.2 if p.dim() > 1 else 0.05)
+            if name.endswith("norm.weight"):
+                p.add_(1.0)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+def test_multimodal_checkpoint_serves_its_text_model(tmp_path: Path) -> None:
+    """A ``Llama4ForConditionalGeneration`` checkpoint: the engine serves its language model
+    (vision tensors skipped) with HF's (that class's own) greedy tokens for text prompts."""
+    from transformers import Llama4ForConditionalGeneration
+
+    path = _multimodal_checkpoint(tmp_path)
+    prompts = distinct_prompts()[2:5]
+    got, llm = run_engine(path, prompts)
+    hf = Llama4ForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    for prompt, tokens in zip(prompts, got, strict=True):
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False)
+        assert tokens == out[0, len(prompt) :].tolist()
+    assert_llm_idle(llm)
+
+
 # ----------------------------------------------------------------------------- kernels
 @pytest.mark.parametrize("chunk", [4, 8])
 def test_chunked_paged_attention_matches_the_dense_oracle(chunk: int) -> None:
-    """The batched torch path with chunked attention equals the per-position oracle for
-    decode rows and chunked prefill rows (a chunk smaller than and equal to a block)."""
+    """The torch path with chunked attention equals the per-position oracle (decode and
+    chunked prefill rows; chunks smaller than and equal to a block)."""
     gen = torch.Generator().manual_seed(0)
     chunks = [Chunk([1], 20, [3, 5]), Chunk([1] * 7, 9, [4, 6]), Chunk([1] * 12, 0, [7])]
     meta = make_meta(chunks)
