@@ -309,6 +309,13 @@ def test_chunked_paged_attention_matches_the_dense_oracle(chunk: int) -> None:
     assert (paged_attention_dense_ref(query, *args) - ref).abs().max() > 1e-2
 
 
+def test_cuda_refused_at_startup(models: tuple[LoadedModel, Any]) -> None:
+    from tokenwire.runtime.models.llama import build_model
+
+    with pytest.raises(NotImplementedError, match="--device cpu"):
+        build_model(models[0].arch, torch.device("cuda"), torch.bfloat16, 64)
+
+
 def test_triton_paths_refuse_llama4(monkeypatch: pytest.MonkeyPatch) -> None:
     """CUDA / the Triton interpreter: chunked attention and input-scaled experts are refused
     with an error that says so (the Triton kernels do not implement them)."""
