@@ -304,11 +304,10 @@ def build_model(
 
 
 def check_device_support(arch: ModelArch, device: torch.device) -> None:
-    """Refuse at startup what the CUDA (Triton) kernels cannot run: Llama 4's chunked local
-    attention and input-scaled experts (torch reference only)."""
+    """Refuse at startup what the CUDA (Triton) kernels cannot run: Llama 4's input-scaled
+    experts (torch reference only; its chunked attention runs in the Triton kernels)."""
     if device.type == "cuda" and arch.interleaved_rope_checkpoint:
         raise NotImplementedError(
-            f"{arch.architecture} (Llama 4) is not supported on CUDA yet: the Triton attention "
-            "and MoE kernels have no chunked local attention / input-scaled experts; "
-            "run it with --device cpu"
+            f"{arch.architecture} (Llama 4) is not supported on CUDA yet: the Triton MoE "
+            "kernel has no input-scaled experts; run it with --device cpu"
         )

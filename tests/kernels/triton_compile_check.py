@@ -46,7 +46,8 @@ def capture_launches() -> list[Launch]:
 
 def _attention_launches() -> None:
     """bf16 at model head shapes; Mistral's window, Gemma 2's head_dim 256 with window and
-    soft cap, an fp8 cache with scales, and float32 (the GPU check's parity stage)."""
+    soft cap, Llama 4's attention chunk, an fp8 cache with scales, and float32 (the GPU
+    check's parity stage)."""
     from tokenwire.kernels.attention_metadata import AttentionMetadata
     from tokenwire.kernels.paged_attention_triton import paged_attention_triton
 
@@ -69,6 +70,7 @@ def _attention_launches() -> None:
         ((32, 8, 128), bf16, fp8, {"k_scale": scales[0], "v_scale": scales[1]}),
         ((4, 2, 32), torch.float32, torch.float32, {}),  # the parity stage's tiny Llama
         ((4, 2, 64), torch.float32, torch.float32, {"sliding_window": 12}),
+        ((40, 8, 128), bf16, bf16, {"attention_chunk": 8192}),  # Llama 4 Scout
     ]
     for (hq, hkv, d), dtype, cache_dtype, extra in cases:
         cache = torch.empty(8, 16, hkv, d, dtype=cache_dtype)
