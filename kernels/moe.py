@@ -13,7 +13,7 @@
   torch reference only (the Triton path refuses biases and ``swigluoai``).
 - Llama 4: ``sigmoid_topk`` routing (the top-k logits through a sigmoid, no softmax) and
   ``scale_input``: each chosen expert runs on ``w * x`` and its output is added unweighted
-  (HF's ``Llama4TextMoe``); torch reference only (the Triton path refuses it).
+  (HF's ``Llama4TextMoe``); both paths.
 
 The reference runs HF's loop (experts in ascending order, each over the rows routed to it,
 ``index_add_`` into the output), so on CPU float32 it adds the same products in the same order
@@ -130,12 +130,11 @@ def fused_moe(
     ``biases``: (gate_up [E, 2I], down [E, H]) per-expert biases (down may be None: a
     tensor-parallel rank other than 0). ``swiglu``: (alpha, limit) of ``swigluoai``.
     ``scale_input`` (Llama 4): the weights scale each expert's input, not its output."""
-    if activation == "swigluoai" or biases is not None or scale_input:
+    if activation == "swigluoai" or biases is not None:
         if use_triton(hidden):
             raise NotImplementedError(
-                "expert biases, the swigluoai activation (gpt-oss) and input-scaled routing "
-                "(Llama 4) are not implemented in the Triton MoE kernel yet; run the model "
-                "on CPU"
+                "expert biases and the swigluoai activation (gpt-oss) are not implemented in "
+                "the Triton MoE kernel yet; run the model on CPU"
             )
         return fused_moe_ref(
             hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, biases, swiglu,
@@ -149,8 +148,12 @@ def fused_moe(
     if use_triton(hidden):
         from tokenwire.kernels.moe_triton import fused_moe_triton
 
-        return fused_moe_triton(hidden, w_gate_up, w_down, topk_weights, topk_ids, activation)
-    return fused_moe_ref(hidden, w_gate_up, w_down, topk_weights, topk_ids, activation)
+        return fused_moe_triton(
+            hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, scale_input=scale_input
+        )
+    return fused_moe_ref(
+        hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, scale_input=scale_input
+    )
 
 
 def fused_moe_ref(

@@ -297,17 +297,6 @@ def build_model(
     once the weights are in.
     """
     arch.check_tensor_parallel(tp.world_size)
-    check_device_support(arch, device)
     with torch.device(device):
         model = LlamaForCausalLM(arch, max_position, dtype, tp, quant)
     return model.eval()
-
-
-def check_device_support(arch: ModelArch, device: torch.device) -> None:
-    """Refuse at startup what the CUDA (Triton) kernels cannot run: Llama 4's input-scaled
-    experts (torch reference only; its chunked attention runs in the Triton kernels)."""
-    if device.type == "cuda" and arch.interleaved_rope_checkpoint:
-        raise NotImplementedError(
-            f"{arch.architecture} (Llama 4) is not supported on CUDA yet: the Triton MoE "
-            "kernel has no input-scaled experts; run it with --device cpu"
-        )

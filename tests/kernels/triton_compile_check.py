@@ -103,19 +103,26 @@ def _elementwise_launches() -> None:
 
 
 def _moe_launches() -> None:
-    """Mixtral-8x7B (8 experts, top 2) and Qwen3-30B-A3B (128 experts, top 8) at decode and
-    prefill sizes (each tile choice of ``default_tiles``), and a float32 tiny one."""
+    """Mixtral-8x7B (8 experts, top 2), Qwen3-30B-A3B (128 experts, top 8) and Llama 4 Scout
+    (16 experts, top 1, input-scaled) at decode and prefill sizes (each tile choice of
+    ``default_tiles``), and a float32 tiny one."""
     from tokenwire.kernels.moe_triton import fused_moe_triton
 
     bf16 = torch.bfloat16
-    shapes = [(4096, 14336, 8, 2, bf16), (2048, 768, 128, 8, bf16), (64, 96, 4, 2, torch.float32)]
-    for hidden, inter, experts, top_k, dtype in shapes:
+    shapes = [
+        (4096, 14336, 8, 2, bf16, False),
+        (2048, 768, 128, 8, bf16, False),
+        (5120, 8192, 16, 1, bf16, True),
+        (64, 96, 4, 2, torch.float32, False),
+    ]
+    for hidden, inter, experts, top_k, dtype, scale_input in shapes:
         w13 = torch.empty(experts, 2 * inter, hidden, dtype=dtype)  # untouched: no memory
         w2 = torch.empty(experts, hidden, inter, dtype=dtype)
         for tokens in (1, 16 * experts, 512 * experts // top_k):
             ids = torch.arange(tokens * top_k).remainder(experts).view(tokens, top_k)
             weights = torch.full((tokens, top_k), 1.0 / top_k)
-            fused_moe_triton(torch.empty(tokens, hidden, dtype=dtype), w13, w2, weights, ids)
+            x = torch.empty(tokens, hidden, dtype=dtype)
+            fused_moe_triton(x, w13, w2, weights, ids, scale_input=scale_input)
 
 
 def compile_launch(launch: Launch, target: GPUTarget) -> None:

@@ -6,7 +6,7 @@ norm, attention temperature with a small ``floor_scale``, llama3 rope. Checked: 
 paged chunked-prefill and mixed-batch logits within 1e-4; each feature matters; engine greedy
 tokens equal HF ``generate()`` (one prompt, a batch, a 16-token budget, prefix-cache hits, the
 multimodal wrapper's checkpoint); logprobs within 1e-3; chunked paged attention vs its dense
-oracle; checkpoint mapping; TP=2 (gloo) equals TP=1; CUDA refused at startup.
+oracle; checkpoint mapping; TP=2 (gloo) equals TP=1. Triton: tests/kernels.
 """
 
 from __future__ import annotations
@@ -307,25 +307,6 @@ def test_chunked_paged_attention_matches_the_dense_oracle(chunk: int) -> None:
     ref = paged_attention_dense_ref(query, *args, attention_chunk=chunk)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
     assert (paged_attention_dense_ref(query, *args) - ref).abs().max() > 1e-2
-
-
-def test_cuda_refused_at_startup(models: tuple[LoadedModel, Any]) -> None:
-    from tokenwire.runtime.models.llama import build_model
-
-    with pytest.raises(NotImplementedError, match="--device cpu"):
-        build_model(models[0].arch, torch.device("cuda"), torch.bfloat16, 64)
-
-
-def test_triton_moe_refuses_input_scaled_experts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """CUDA / the Triton interpreter: input-scaled experts are refused, naming Llama 4 (the
-    chunked attention runs in Triton: ``tests/kernels/test_kernels_triton_chunked.py``)."""
-    import tokenwire.kernels.moe as moe
-
-    monkeypatch.setattr(moe, "use_triton", lambda _: True)
-    x, ids = torch.zeros(3, 8), torch.zeros(3, 1, dtype=torch.int64)
-    w13, w2 = torch.zeros(2, 8, 8), torch.zeros(2, 8, 4)
-    with pytest.raises(NotImplementedError, match="Llama 4"):
-        moe.fused_moe(x, w13, w2, torch.ones(3, 1), ids, scale_input=True)
 
 
 # ----------------------------------------------------------------------------- TP
