@@ -76,6 +76,8 @@ class CpuAttentionPlan:
     prefills: tuple[PrefillSeqPlan, ...]
     # (window, plan) for each sliding window of the model's layers (``attention_plan``).
     windowed: tuple[tuple[int, CpuAttentionPlan], ...] = ()
+    # (chunk size, plan) for each attention chunk size of the model's chunked layers (Llama 4).
+    chunked: tuple[tuple[int, CpuAttentionPlan], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

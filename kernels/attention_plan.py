@@ -4,7 +4,9 @@
 that every layer reuses. Models with sliding-window layers get one extra plan per distinct
 window: a windowed row gathers only the blocks holding its last ``window`` positions (so its
 cost no longer grows with the context) and its mask allows key ``k`` for the query at ``q``
-when ``q - window < k <= q`` (HF's ``sliding_window_overlay``).
+when ``q - window < k <= q`` (HF's ``sliding_window_overlay``). Chunked local attention
+(Llama 4) gets one plan per chunk size ``C``: the query at ``q`` sees keys
+``q // C * C <= k <= q`` (HF's ``chunked_overlay``) and gathers only its chunk's blocks.
 """
 
 from __future__ import annotations
@@ -43,24 +45,31 @@ def build_cpu_plan(
     num_decodes: int,
     block_size: int,
     windows: tuple[int, ...] = (),
+    chunks: tuple[int, ...] = (),
 ) -> CpuAttentionPlan:
     """Precompute per-step gathers so each layer only indexes and calls sdpa.
 
     Rows ``[0, num_decodes)`` must have exactly one query token each. ``windows``: the
     distinct sliding windows of the model's layers; each gets its own plan in ``windowed``.
+    ``chunks``: the distinct attention chunk sizes (Llama 4); each gets a plan in ``chunked``.
     """
     tables = block_tables.to(torch.int64)  # once per step: index_select wants int64
-    full = _plan(query_start_loc_np, seq_lens_np, tables, num_decodes, block_size, None)
-    windowed = tuple(
-        (w, _plan(query_start_loc_np, seq_lens_np, tables, num_decodes, block_size, w))
-        for w in sorted(set(windows))
-    )
-    return CpuAttentionPlan(full.decode_groups, full.prefills, windowed)
+    args = (query_start_loc_np, seq_lens_np, tables, num_decodes, block_size)
+    full = _plan(*args, None)
+    windowed = tuple((w, _plan(*args, w)) for w in sorted(set(windows)))
+    chunked = tuple((c, _plan(*args, None, c)) for c in sorted(set(chunks)))
+    return CpuAttentionPlan(full.decode_groups, full.prefills, windowed, chunked)
 
 
-def plan_for_window(plan: CpuAttentionPlan, window: int | None) -> CpuAttentionPlan | None:
-    """The plan of layers with attention window ``window`` (None: full attention); None when
-    ``plan`` was built without that window."""
+def plan_for_window(
+    plan: CpuAttentionPlan, window: int | None, chunk: int | None = None
+) -> CpuAttentionPlan | None:
+    """The plan of layers with attention window ``window`` or chunk size ``chunk`` (both
+    None: full attention); None when ``plan`` was built without it."""
+    if window is not None and chunk is not None:
+        raise ValueError("a layer has either a sliding window or an attention chunk size")
+    if chunk is not None:
+        return next((p for c, p in plan.chunked if c == chunk), None)
     if window is None:
         return plan
     for w, windowed in plan.windowed:
@@ -76,11 +85,13 @@ def _plan(
     num_decodes: int,
     block_size: int,
     window: int | None,
+    chunk: int | None = None,
 ) -> CpuAttentionPlan:
     num_seqs = len(query_start_loc_np) - 1
     decode_groups = _plan_decode_groups(
-        np.asarray(seq_lens_np[:num_decodes], dtype=np.int64), tables, block_size, window
-    )
+        np.asarray(seq_lens_np[:num_decodes], dtype=np.int64), tables, block_size, window,
+        chunk,
+    )  # fmt: skip
     prefills = tuple(
         _plan_prefill(
             int(query_start_loc_np[i]),
@@ -89,6 +100,7 @@ def _plan(
             tables[i],
             block_size,
             window,
+            chunk,
         )
         for i in range(num_decodes, num_seqs)
     )
@@ -110,12 +122,14 @@ def canonical_blocks(num_blocks: np.ndarray, block_size: int) -> np.ndarray:
 
 
 def _key_ranges(
-    positions: np.ndarray, block_size: int, window: int | None
+    positions: np.ndarray, block_size: int, window: int | None, chunk: int | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per query position: (first key it may see, first block gathered, padded blocks)."""
     first_key = np.zeros_like(positions)
     if window is not None:
         first_key = np.maximum(positions + 1 - window, 0)
+    if chunk is not None:
+        first_key = positions // chunk * chunk
     first_block = first_key // block_size
     num_blocks = positions // block_size + 1 - first_block
     return first_key, first_block, canonical_blocks(num_blocks, block_size)
@@ -130,12 +144,16 @@ def _mask(
 
 
 def _plan_decode_groups(
-    seq_lens: np.ndarray, tables: torch.Tensor, block_size: int, window: int | None
+    seq_lens: np.ndarray,
+    tables: torch.Tensor,
+    block_size: int,
+    window: int | None,
+    chunk: int | None = None,
 ) -> tuple[DecodeGroupPlan, ...]:
     if len(seq_lens) == 0:
         return ()
     positions = seq_lens - 1
-    first_key, first_block, padded = _key_ranges(positions, block_size, window)
+    first_key, first_block, padded = _key_ranges(positions, block_size, window, chunk)
     order = np.argsort(-padded, kind="stable")  # longest first
     splits = np.flatnonzero(np.diff(padded[order])) + 1
     # Built in numpy and converted once per group: this runs every step on the host.
@@ -171,9 +189,10 @@ def _plan_prefill(
     table_row: torch.Tensor,
     block_size: int,
     window: int | None,
+    chunk: int | None = None,
 ) -> PrefillSeqPlan:
     positions = np.arange(seq_len - (query_end - query_start), seq_len, dtype=np.int64)
-    first_key, first_block, padded = _key_ranges(positions, block_size, window)
+    first_key, first_block, padded = _key_ranges(positions, block_size, window, chunk)
     # Runs of rows with the same key range share one gather of the sequence's blocks.
     change = (np.diff(first_block) != 0) | (np.diff(padded) != 0)
     bounds = [0, *(np.flatnonzero(change) + 1).tolist(), len(positions)]

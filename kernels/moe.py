@@ -11,6 +11,9 @@
   them), per-expert biases on both projections and the clamped SwiGLU ``swigluoai``
   (``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)``, ``g = min(gate, limit)``);
   torch reference only (the Triton path refuses biases and ``swigluoai``).
+- Llama 4: ``sigmoid_topk`` routing (the top-k logits through a sigmoid, no softmax) and
+  ``scale_input``: each chosen expert runs on ``w * x`` and its output is added unweighted
+  (HF's ``Llama4TextMoe``); both paths.
 
 The reference runs HF's loop (experts in ascending order, each over the rows routed to it,
 ``index_add_`` into the output), so on CPU float32 it adds the same products in the same order
@@ -64,11 +67,19 @@ def _activation(
 
 
 def select_experts(
-    router_logits: torch.Tensor, top_k: int, renormalize: bool, softmax_after_topk: bool = False
+    router_logits: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    softmax_after_topk: bool = False,
+    sigmoid_topk: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[T, E] router logits -> (float32 weights [T, k], int64 expert ids [T, k]).
 
-    ``softmax_after_topk`` (gpt-oss): the top-k logits, then a softmax over those k."""
+    ``softmax_after_topk`` (gpt-oss): the top-k logits, then a softmax over those k.
+    ``sigmoid_topk`` (Llama 4): the top-k logits, each through a sigmoid."""
+    if sigmoid_topk:
+        top, ids = torch.topk(router_logits, top_k, dim=-1)
+        return torch.sigmoid(top.float()), ids
     if softmax_after_topk:
         top, ids = torch.topk(router_logits.float(), top_k, dim=-1)
         return torch.softmax(top, dim=-1), ids
@@ -112,11 +123,13 @@ def fused_moe(
     activation: str = "silu",
     biases: MoEBiases | None = None,
     swiglu: tuple[float, float] | None = None,
+    scale_input: bool = False,
 ) -> torch.Tensor:
     """The routed experts' weighted sum [T, H] in ``hidden``'s dtype (see the module doc).
 
     ``biases``: (gate_up [E, 2I], down [E, H]) per-expert biases (down may be None: a
-    tensor-parallel rank other than 0). ``swiglu``: (alpha, limit) of ``swigluoai``."""
+    tensor-parallel rank other than 0). ``swiglu``: (alpha, limit) of ``swigluoai``.
+    ``scale_input`` (Llama 4): the weights scale each expert's input, not its output."""
     if activation == "swigluoai" or biases is not None:
         if use_triton(hidden):
             raise NotImplementedError(
@@ -124,8 +137,9 @@ def fused_moe(
                 "the Triton MoE kernel yet; run the model on CPU"
             )
         return fused_moe_ref(
-            hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, biases, swiglu
-        )
+            hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, biases, swiglu,
+            scale_input,
+        )  # fmt: skip
     if activation not in _REFERENCE_ACTIVATIONS:
         raise ValueError(
             f"unsupported MoE activation {activation!r}; supported: "
@@ -134,8 +148,12 @@ def fused_moe(
     if use_triton(hidden):
         from tokenwire.kernels.moe_triton import fused_moe_triton
 
-        return fused_moe_triton(hidden, w_gate_up, w_down, topk_weights, topk_ids, activation)
-    return fused_moe_ref(hidden, w_gate_up, w_down, topk_weights, topk_ids, activation)
+        return fused_moe_triton(
+            hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, scale_input=scale_input
+        )
+    return fused_moe_ref(
+        hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, scale_input=scale_input
+    )
 
 
 def fused_moe_ref(
@@ -147,6 +165,7 @@ def fused_moe_ref(
     activation: str = "silu",
     biases: MoEBiases | None = None,
     swiglu: tuple[float, float] | None = None,
+    scale_input: bool = False,
 ) -> torch.Tensor:
     """Torch reference: per expert, a gathered matmul over the rows routed to it."""
     check_moe_shapes(hidden, w_gate_up, w_down, topk_weights, topk_ids)
@@ -160,8 +179,12 @@ def fused_moe_ref(
     for expert in hit:
         slot, token = torch.where(mask[expert])
         x = hidden[token]
+        weight = topk_weights[token, slot, None]
+        if scale_input:
+            x = x * weight.to(x.dtype)
         gate_up = F.linear(x, w_gate_up[expert], None if b13 is None else b13[expert])
         y = F.linear(act_and_mul(gate_up), w_down[expert], None if b2 is None else b2[expert])
-        y = y * topk_weights[token, slot, None]
+        if not scale_input:
+            y = y * weight
         out.index_add_(0, token, y.to(out.dtype))
     return out

@@ -12,6 +12,10 @@
    (float32), written per assignment ``[T * k, H]``; the ``k`` rows of a token are then
    summed in float32 and rounded once to the model dtype.
 
+Llama 4 (``scale_input``): each assignment's input row is ``w * x`` (made once on the host,
+``[T * k, H]``, in the model dtype as the reference rounds it), the gate/up GEMM reads it per
+assignment and the down GEMM's routing weight is 1.
+
 Every output element has one writer (no atomics): the result is deterministic. float32 dots
 are IEEE (``input_precision="ieee"``), so the interpreter and CUDA float32 runs match the
 torch reference to rounding; bf16/fp16 use tensor cores with float32 accumulation. Tile sizes
@@ -208,10 +212,11 @@ def fused_moe_triton(
     activation: str = "silu",
     *,
     tiles: MoETiles | None = None,
+    scale_input: bool = False,
 ) -> torch.Tensor:
     """Same contract as ``kernels.moe.fused_moe_ref`` (float32 accumulation; the k expert
     outputs of a token are summed in float32). ``tiles``: override the tile sizes (tests use
-    small tiles under the interpreter)."""
+    small tiles under the interpreter). ``scale_input``: Llama 4's input-scaled experts."""
     check_moe_shapes(hidden, w_gate_up, w_down, topk_weights, topk_ids)
     t, h = hidden.shape
     e, two_i, _ = w_gate_up.shape
@@ -227,14 +232,18 @@ def fused_moe_triton(
     launch = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     m_blocks = block_experts.shape[0]
     activated = torch.empty((n, inter), dtype=hidden.dtype, device=hidden.device)
+    x, x_top_k = hidden, k
+    weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    if scale_input:  # one input row per assignment, the weight applied to it
+        x = (hidden[:, None, :] * topk_weights[:, :, None].to(hidden.dtype)).reshape(n, h)
+        x_top_k, weights = 1, torch.ones_like(weights)
     _gate_up_kernel[(m_blocks * triton.cdiv(inter, tiles.block_n),)](
-        hidden, w_gate_up, activated, sorted_ids, block_experts, n, k, inter, h,
-        hidden.stride(0), hidden.stride(1), *w_gate_up.stride(), activated.stride(0),
+        x, w_gate_up, activated, sorted_ids, block_experts, n, x_top_k, inter, h,
+        x.stride(0), x.stride(1), *w_gate_up.stride(), activated.stride(0),
         ACT=_ACTIVATIONS[activation], DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
         **blocks, **launch,
     )  # fmt: skip
     per_slot = torch.empty((n, h), dtype=hidden.dtype, device=hidden.device)
-    weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
     _down_kernel[(m_blocks * triton.cdiv(h, tiles.block_n),)](
         activated, w_down, per_slot, weights, sorted_ids, block_experts, n, h, inter,
         activated.stride(0), *w_down.stride(), per_slot.stride(0),

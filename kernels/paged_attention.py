@@ -22,6 +22,8 @@ keys and values as a later decode).
 
 Attention sinks (gpt-oss, ``sinks``: float [Hq], a learned logit per query head added to the
 softmax denominator) are implemented in the torch paths only; the Triton kernels refuse them.
+Chunked local attention (Llama 4, ``attention_chunk``: the query at ``q`` sees keys
+``q // C * C <= k <= q``) runs in both.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def paged_attention(
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,
+    attention_chunk: int | None = None,
 ) -> torch.Tensor:
     """Attention for every row of ``query`` [T, Hq, D] -> [T, Hq, D].
 
@@ -63,6 +66,7 @@ def paged_attention(
     ``logits_soft_cap``: Gemma 2's ``cap * tanh(scores / cap)`` on the scaled logits (None: off).
     ``sliding_window``: query ``q`` sees keys ``q - window < k <= q`` (None: full causal).
     ``sinks``: float [Hq] per-head sink logits (None: no sinks; torch path only).
+    ``attention_chunk``: query ``q`` sees keys ``q // C * C <= k <= q`` (Llama 4).
     """
     if use_triton(query):
         if sinks is not None:
@@ -75,10 +79,11 @@ def paged_attention(
         return paged_attention_triton(
             query, k_cache, v_cache, meta, scale, k_scale, v_scale,
             logits_soft_cap=logits_soft_cap, sliding_window=sliding_window,
+            attention_chunk=attention_chunk,
         )  # fmt: skip
     return paged_attention_ref(
         query, key, value, k_cache, v_cache, meta, scale, k_scale, v_scale, logits_soft_cap,
-        sliding_window, sinks,
+        sliding_window, sinks, attention_chunk,
     )  # fmt: skip
 
 
@@ -95,6 +100,7 @@ def paged_attention_ref(
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,
+    attention_chunk: int | None = None,
 ) -> torch.Tensor:
     """Batched torch path: every row a single-token query over its canonical key range.
 
@@ -103,10 +109,12 @@ def paged_attention_ref(
     not on the rest of the step (``attention_plan``). Every row reads its keys from the cache
     (this step's K/V are stored already), so ``key``/``value`` are not read here. Padding
     rows (past the last sequence) come back as zeros. The step's plan (``meta.cpu_plan``) is
-    used when it was built for ``sliding_window``; otherwise one is built here.
+    used when it was built for ``sliding_window`` / ``attention_chunk``; otherwise one is
+    built here.
     """
     del key, value  # in the cache already (``store_kv`` ran first)
-    plan = None if meta.cpu_plan is None else plan_for_window(meta.cpu_plan, sliding_window)
+    span = (sliding_window, attention_chunk)
+    plan = None if meta.cpu_plan is None else plan_for_window(meta.cpu_plan, *span)
     if plan is None:
         plan = build_cpu_plan(
             meta.query_start_loc_np,
@@ -115,8 +123,9 @@ def paged_attention_ref(
             meta.num_decodes,
             meta.block_size,
             () if sliding_window is None else (sliding_window,),
+            () if attention_chunk is None else (attention_chunk,),
         )
-        plan = plan_for_window(plan, sliding_window)
+        plan = plan_for_window(plan, *span)
         assert plan is not None
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     kv_scales = (k_scale, v_scale) if is_fp8(k_cache) else None
@@ -215,6 +224,7 @@ def paged_attention_dense_ref(
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,
+    attention_chunk: int | None = None,
 ) -> torch.Tensor:
     """Oracle: per sequence, gather every context position from the cache one by one.
 
@@ -244,6 +254,8 @@ def paged_attention_dense_ref(
         allowed = key_pos[None, :] <= query_pos[:, None]
         if sliding_window is not None:
             allowed &= key_pos[None, :] > query_pos[:, None] - sliding_window
+        if attention_chunk is not None:
+            allowed &= key_pos[None, :] // attention_chunk == query_pos[:, None] // attention_chunk
         scores = scores.masked_fill(~allowed, float("-inf"))
         if sinks is not None:  # one more softmax column per head, dropped after
             sink = sinks.float().view(-1, 1, 1).expand(-1, scores.shape[1], 1)

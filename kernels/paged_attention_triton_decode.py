@@ -54,6 +54,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     v_scale_ptr,
     qk_scale,
     window,  # keys at positions >= seq_len - window only (a huge value: no window)
+    chunk,  # keys of the last query's chunk only (Llama 4; a huge value: no chunks)
     stride_qt,
     stride_qh,
     stride_cb,
@@ -79,6 +80,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     num_splits = tl.num_programs(2)  # a runtime value: no recompile per split count
     seq_len = tl.load(seq_lens_ptr + seq)
     first_key = tl.maximum(seq_len - window, 0)  # the splits share [first_key, seq_len)
+    first_key = tl.maximum(first_key, (seq_len - 1) // chunk * chunk)
     split_len = tl.cdiv(tl.cdiv(seq_len - first_key, num_splits), BLOCK_N) * BLOCK_N
     start = first_key + split * split_len
     end = tl.minimum(start + split_len, seq_len)
@@ -187,6 +189,7 @@ def decode_attention(
     v_scale: torch.Tensor | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
+    attention_chunk: int | None = None,
 ) -> None:
     """Attention for ``num_seqs = seq_lens.shape[0]`` one-token rows ``query[:num_seqs]``.
 
@@ -194,7 +197,8 @@ def decode_attention(
     ``out[:num_seqs]``. ``num_splits`` must not depend on context lengths (CUDA graphs).
     ``k_scale``/``v_scale``: an fp8 cache's float32 [1] scales (``None`` = 1.0).
     ``logits_soft_cap``: Gemma 2's tanh cap (None: off). ``sliding_window``: only the last
-    ``sliding_window`` positions are read (None: all).
+    ``sliding_window`` positions are read (None: all). ``attention_chunk`` (Llama 4): only
+    the keys of the last position's chunk, ``[(seq_len - 1) // C * C, seq_len)``.
     """
     num_seqs = seq_lens.shape[0]
     _, block_size, num_kv_heads, head_dim = k_cache.shape
@@ -214,6 +218,7 @@ def decode_attention(
         unit if k_scale is None else k_scale, unit if v_scale is None else v_scale,
         scale * LOG2_E,
         NO_WINDOW if sliding_window is None else sliding_window,
+        NO_WINDOW if attention_chunk is None else attention_chunk,
         query.stride(0), query.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),

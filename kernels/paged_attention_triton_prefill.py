@@ -64,6 +64,7 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     v_scale_ptr,
     qk_scale,
     window,  # query q sees keys q - window < k <= q (a huge value: no window)
+    chunk,  # query q sees keys q // chunk * chunk <= k (Llama 4; a huge value: no chunks)
     stride_qt,
     stride_qh,
     stride_ot,
@@ -113,7 +114,8 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     kv_end = tl.minimum(seq_len, context_len + (q_tile + 1) * BLOCK_Q)  # last query pos + 1
     # The tile's first query sees nothing before its window: start the key walk there.
-    kv_start = tl.maximum(context_len + q_tile * BLOCK_Q - window + 1, 0)
+    first_q = context_len + q_tile * BLOCK_Q
+    kv_start = tl.maximum(tl.maximum(first_q - window + 1, 0), first_q // chunk * chunk)
     for tile_start in range(kv_start, kv_end, BLOCK_N):
         pos = tile_start + tl.arange(0, BLOCK_N)
         pos_mask = pos < kv_end
@@ -127,6 +129,7 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
         )  # fmt: skip
         allowed = (pos[None, :] <= q_pos[:, None]) & pos_mask[None, :]
         allowed = allowed & (pos[None, :] > q_pos[:, None] - window)
+        allowed = allowed & (pos[None, :] >= q_pos[:, None] // chunk * chunk)
         m_i, l_i, acc = online_softmax_step(
             q, k, v, allowed, m_i, l_i, acc, qk_scale, DOT_PRECISION, SOFT_CAP
         )
@@ -162,13 +165,15 @@ def prefill_attention(
     v_scale: torch.Tensor | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
+    attention_chunk: int | None = None,
 ) -> None:
     """Causal attention for the sequences of ``seq_lens`` (rows ``query_start_loc[i]:[i+1]``).
 
     ``num_tokens`` (host int) is the number of query rows these sequences own; it only sizes
     the grid. Results land in the same rows of ``out``. ``k_scale``/``v_scale``: an fp8
     cache's float32 [1] scales (``None`` = 1.0). ``logits_soft_cap``: Gemma 2's tanh cap
-    (None: off); ``sliding_window``: query ``q`` sees keys ``q - window < k <= q``.
+    (None: off); ``sliding_window``: query ``q`` sees keys ``q - window < k <= q``;
+    ``attention_chunk`` (Llama 4): query ``q`` sees keys ``q // C * C <= k <= q``.
     """
     num_seqs = seq_lens.shape[0]
     _, block_size, num_kv_heads, head_dim = k_cache.shape
@@ -186,6 +191,7 @@ def prefill_attention(
         unit if k_scale is None else k_scale, unit if v_scale is None else v_scale,
         scale * LOG2_E,
         NO_WINDOW if sliding_window is None else sliding_window,
+        NO_WINDOW if attention_chunk is None else attention_chunk,
         query.stride(0), query.stride(1),
         out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),

@@ -4,9 +4,10 @@
 (GQA, qkv bias, q/k norm, tied embeddings, rope scaling, Gemma's norms, soft-capping and
 per-layer windows, Phi-3's fused checkpoint tensors) is a field here, so the one Llama-style
 module in ``llama.py`` covers Llama 2/3, SmolLM, Mistral, Qwen2/2.5, Qwen3, Gemma 2, Gemma 3
-(text), Phi-3/3.5 and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE and gpt-oss
-(``moe``: a ``MoESpec``; gpt-oss adds attention sinks). ``hf_config`` and ``moe_config``
-read each family's config keys.
+(text), Phi-3/3.5 and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss and
+Llama 4 text (``moe``: a ``MoESpec``; gpt-oss adds attention sinks, Llama 4 chunked
+attention, NoPE layers and q/k L2 norm). ``hf_config``, ``moe_config`` and
+``llama4_config`` read each family's config keys.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenwire.runtime.models.hf_config import family_fields
-from tokenwire.runtime.models.moe_config import MoESpec
+from tokenwire.runtime.models.llama4_config import text_view
+from tokenwire.runtime.models.moe_config import LLAMA4_ARCHITECTURES, MoESpec
 
 # HF ``architectures`` names served by ``tokenwire.runtime.models.llama``.
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
@@ -31,6 +33,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM",
     "GptOssForCausalLM",
+    *LLAMA4_ARCHITECTURES,
 )
 
 # Fallback when a config has no ``architectures`` list (e.g. ``AutoConfig.for_model``).
@@ -46,6 +49,8 @@ _MODEL_TYPE_TO_ARCH: dict[str, str] = {
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
+    "llama4_text": "Llama4ForCausalLM",
+    "llama4": "Llama4ForConditionalGeneration",
 }
 
 # The engine flag that sets the tensor-parallel size; split errors name it.
@@ -101,6 +106,17 @@ class ModelArch:
     moe: MoESpec | None = None
     # gpt-oss: a learned per-head logit joins every attention softmax (``self_attn.sinks``).
     attention_sinks: bool = False
+    # Llama 4: per layer, the chunk size of a chunked local-attention layer (the query at
+    # ``p`` sees keys ``[p // C * C, p]``; None: not chunked); empty: no chunked layer.
+    layer_attention_chunk: tuple[int | None, ...] = ()
+    # Llama 4: per layer, whether q/k are rotated (False: a NoPE layer); empty: every layer.
+    layer_rope: tuple[bool, ...] = ()
+    # Llama 4: a weightless RMS norm of q and k after rotary, on rope layers.
+    qk_l2_norm: bool = False
+    # Llama 4: (floor_scale, attn_scale) of the attention temperature tuning of NoPE layers.
+    attn_temperature: tuple[float, float] | None = None
+    # Llama 4: the checkpoint's q/k rows rotate interleaved pairs (permuted at load time).
+    interleaved_rope_checkpoint: bool = False
 
     @property
     def q_size(self) -> int:
@@ -121,6 +137,14 @@ class ModelArch:
             return self.sliding_window
         return self.layer_sliding_window[layer]
 
+    def layer_chunk(self, layer: int) -> int | None:
+        """Layer ``layer``'s attention chunk size (Llama 4); None: not chunked."""
+        return self.layer_attention_chunk[layer] if self.layer_attention_chunk else None
+
+    def layer_uses_rope(self, layer: int) -> bool:
+        """Whether layer ``layer`` rotates q/k (False: a Llama 4 NoPE layer)."""
+        return self.layer_rope[layer] if self.layer_rope else True
+
     def layer_is_sparse(self, layer: int) -> bool:
         """Whether layer ``layer``'s MLP is a mixture of experts (else dense)."""
         return self.moe is not None and self.moe.sparse_layers[layer]
@@ -137,15 +161,17 @@ class ModelArch:
         ``tp_size``. MoE: each expert's (and the shared expert's) intermediate size splits
         too; ``intermediate_size`` only when some layer is dense."""
         split_heads(self.num_attention_heads, self.num_key_value_heads, 0, tp_size)
-        sizes = {"intermediate_size": self.intermediate_size}
+        llama4 = self.architecture in LLAMA4_ARCHITECTURES  # dense width: intermediate_size_mlp
+        sizes = {"intermediate_size_mlp" if llama4 else "intermediate_size": self.intermediate_size}
         if self.moe is not None:
             if all(self.moe.sparse_layers):
                 sizes = {}
             # Mixtral's and gpt-oss's experts' width key
             mixtral = self.architecture in ("MixtralForCausalLM", "GptOssForCausalLM")
+            mixtral = mixtral or llama4
             key = "intermediate_size" if mixtral else "moe_intermediate_size"
             sizes[key] = self.moe.intermediate_size
-            if self.moe.has_shared_expert:
+            if self.moe.has_shared_expert and not llama4:  # Llama 4: intermediate_size
                 sizes["shared_expert_intermediate_size"] = self.moe.shared_expert_intermediate_size
         for key, size in sizes.items():
             if size % tp_size:
@@ -167,14 +193,16 @@ class ModelArch:
     def from_hf_config(cls, config: Any) -> ModelArch:
         """Build from a ``transformers.PretrainedConfig`` or a parsed config.json dict."""
         cfg: Mapping[str, Any] = config if isinstance(config, Mapping) else config.to_dict()
+        cfg = text_view(cfg)
         architecture = _architecture(cfg)
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
+        fields = family_fields(cfg, architecture)
         return cls(
             architecture=architecture,
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]),
+            intermediate_size=int(fields.pop("intermediate_size", cfg["intermediate_size"])),
             num_hidden_layers=int(cfg["num_hidden_layers"]),
             num_attention_heads=heads,
             num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
@@ -183,7 +211,7 @@ class ModelArch:
             max_position_embeddings=int(cfg["max_position_embeddings"]),
             bos_token_id=_optional_int(cfg.get("bos_token_id")),
             eos_token_ids=token_id_tuple(cfg.get("eos_token_id")),
-            **family_fields(cfg, architecture),
+            **fields,
         )
 
 

@@ -4,7 +4,8 @@ Every family difference comes from ``ModelArch``: GQA, qkv/o biases, q/k norms (
 Gemma 3), the norm variant (Gemma's ``1 + w``), Gemma 2/3's sandwich norms (4 per layer),
 the attention scale (``query_pre_attn_scalar``), attention logit soft-capping (Gemma 2), the
 MLP activation (SwiGLU or GeGLU), each layer's attention window and gpt-oss's attention
-sinks (``self_attn.sinks``).
+sinks (``self_attn.sinks``); Llama 4's chunked local attention, NoPE layers (no rotary;
+their queries scaled by the attention temperature) and weightless q/k norm after rotary.
 
 Tokens are flattened (no batch dimension); projections are fused (``qkv_proj``,
 ``gate_up_proj``) and tensor-parallel (``layers.parallel``): ``o_proj`` and ``down_proj``
@@ -22,6 +23,7 @@ from torch import nn
 from tokenwire.kernels.activation import gated_activation
 from tokenwire.kernels.attention_metadata import AttentionMetadata
 from tokenwire.kernels.kv_quant import LayerKVCache
+from tokenwire.kernels.llama4_attention import attn_temperature_scales, weightless_rms_norm
 from tokenwire.kernels.paged_attention import paged_attention
 from tokenwire.kernels.rotary import apply_rotary
 from tokenwire.kernels.store_kv import store_kv
@@ -83,6 +85,11 @@ class Attention(nn.Module):
         self.scale = arch.attention_scale
         self.logits_soft_cap = arch.attn_logit_softcap
         self.sliding_window = arch.layer_window(layer)
+        # Llama 4: chunked local attention, NoPE layers, q/k L2 norm, attention temperature.
+        self.attention_chunk = arch.layer_chunk(layer)
+        self.use_rope = arch.layer_uses_rope(layer)
+        self.l2_norm_eps = arch.rms_norm_eps if arch.qk_l2_norm and self.use_rope else None
+        self.temperature = None if self.use_rope else arch.attn_temperature
         self.o_proj = RowParallelLinear(
             arch.q_size, arch.hidden_size, arch.o_proj_bias, dtype, tp, "attention size",
             methods(f"{prefix}.o_proj"),
@@ -120,7 +127,7 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        q, k = apply_rotary(q, k, positions, cos_sin_cache)
+        q, k = self.position_qk(q, k, positions, cos_sin_cache)
         if meta is None or kv_cache is None:
             if self.external_attention is None:
                 raise ValueError("attention needs metadata and a KV cache")
@@ -129,6 +136,24 @@ class Attention(nn.Module):
             out = self.attend(q, k, v, kv_cache, meta)
         result: torch.Tensor = self.o_proj(out.reshape(num_tokens, self.q_size))
         return result
+
+    def position_qk(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary (unless a NoPE layer), then Llama 4's q/k L2 norm or temperature."""
+        if self.use_rope:
+            q, k = apply_rotary(q, k, positions, cos_sin_cache)
+        if self.l2_norm_eps is not None:
+            q = weightless_rms_norm(q, self.l2_norm_eps)
+            k = weightless_rms_norm(k, self.l2_norm_eps)
+        if self.temperature is not None:
+            scales = attn_temperature_scales(positions, *self.temperature)
+            q = (q * scales[:, None, None]).to(q.dtype)
+        return q, k
 
     def attend(
         self,
@@ -147,7 +172,7 @@ class Attention(nn.Module):
         out: torch.Tensor = paged_attention(
             q, k, v, k_cache, v_cache, meta, self.scale, k_scale, v_scale,
             logits_soft_cap=self.logits_soft_cap, sliding_window=self.sliding_window,
-            sinks=sinks,
+            sinks=sinks, attention_chunk=self.attention_chunk,
         )  # fmt: skip
         return out
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tokenwire.runtime.models.llama4_config import DEFAULT_ROPE_THETA as _LLAMA4_THETA
+from tokenwire.runtime.models.llama4_config import is_llama4, llama4_fields
 from tokenwire.runtime.models.moe_config import GPT_OSS, QWEN2_MOE, QWEN3_MOE, moe_spec
 
 # HF activation names (``hidden_act`` / ``hidden_activation``) the gated MLP supports: the
@@ -42,6 +44,7 @@ def family_fields(cfg: Mapping[str, Any], architecture: str) -> dict[str, Any]:
     windows = layer_sliding_windows(cfg, architecture)
     bias = bool(cfg.get("attention_bias") or False)
     llama_bias = architecture in ("LlamaForCausalLM", "Qwen3ForCausalLM", QWEN3_MOE) or gemma
+    llama_bias = llama_bias or is_llama4(architecture)
     if architecture == GPT_OSS:  # HF's GptOssConfig defaults attention_bias to True
         bias = bool(cfg.get("attention_bias", True))
         llama_bias = True
@@ -63,6 +66,8 @@ def family_fields(cfg: Mapping[str, Any], architecture: str) -> dict[str, Any]:
         moe=moe_spec(cfg, architecture),
         attention_sinks=architecture == GPT_OSS,
     )
+    if is_llama4(architecture):
+        fields.update(llama4_fields(cfg))
     if gemma:
         fields.update(
             norm_unit_offset=True,
@@ -122,7 +127,8 @@ def rope(cfg: Mapping[str, Any], architecture: str) -> tuple[float, _RopeScaling
     if architecture == "Gemma3ForCausalLM":
         return _gemma3_rope(cfg, params)
     merged = {**dict(cfg.get("rope_scaling") or {}), **params}
-    theta, scaling = _one_rope(merged, cfg.get("rope_theta") or _DEFAULT_ROPE_THETA)
+    default_theta = _LLAMA4_THETA if is_llama4(architecture) else _DEFAULT_ROPE_THETA
+    theta, scaling = _one_rope(merged, cfg.get("rope_theta") or default_theta)
     if scaling is None:
         return theta, None, None
     scaling_dict = dict(scaling)

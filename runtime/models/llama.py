@@ -1,5 +1,5 @@
 """One Llama-style causal LM covering Llama 2/3, SmolLM, Mistral, Qwen2/2.5, Qwen3, Gemma 2,
-Gemma 3 (text), Phi-3/3.5 and the MoE families (Mixtral, Qwen MoE, gpt-oss); every family
+Gemma 3 (text), Phi-3/3.5 and the MoE families (Mixtral, Qwen MoE, gpt-oss, Llama 4); every family
 difference is a ``ModelArch`` field (the decoder layer itself is in ``decoder``).
 
 Tokens are flattened (no batch dimension): a step's sequences are concatenated into ``T``
@@ -49,6 +49,7 @@ from tokenwire.runtime.models.layers import (
 )
 from tokenwire.runtime.models.layers.basic import GemmaRMSNorm
 from tokenwire.runtime.models.layers.quant.base import MethodFor, no_quantization
+from tokenwire.runtime.models.llama4_checkpoint import llama4_tensors
 from tokenwire.runtime.models.loading import init_random, load_checkpoint
 from tokenwire.runtime.models.weights import ShardLoad, WeightSource, replicated
 
@@ -243,6 +244,8 @@ class LlamaForCausalLM(nn.Module):
             weights = split_fused_projections(weights, self.arch)
         if self.arch.architecture == "GptOssForCausalLM":
             weights = split_gpt_oss_experts(weights)
+        if self.arch.interleaved_rope_checkpoint:  # Llama 4
+            weights = llama4_tensors(weights, self.arch)
         load_checkpoint(
             self,
             self.shard_loads(),

@@ -20,6 +20,9 @@ have biases (``experts.w13_bias`` [E, 2 * I], split with their rows, and ``exper
 [E, H], replicated and added on rank 0 only, so the all-reduce counts it once) and run the
 clamped SwiGLU. ``gpt_oss_checkpoint`` maps HF's fused, transposed expert tensors.
 
+Llama 4: the top-k router logits through a sigmoid scale the chosen experts' input; its
+shared expert (every token) is ungated. ``llama4_checkpoint`` maps HF's fused experts.
+
 Quantized schemes and LoRA do not cover the experts: building a MoE layer with a quantized
 linear method is a ``ValueError`` (LoRA refuses MoE models in ``lora.manager``).
 """
@@ -73,6 +76,7 @@ class FusedMoE(ShardedModule):
             torch.empty(spec.num_experts, hidden_size, local, dtype=dtype)
         )
         self.swiglu = spec.swiglu
+        self.scale_input = spec.sigmoid_input_scaling
         self.add_down_bias = tp.rank == 0
         self.w13_bias: nn.Parameter | None = None
         self.w2_bias: nn.Parameter | None = None
@@ -90,7 +94,7 @@ class FusedMoE(ShardedModule):
         activation = self.activation if self.swiglu is None else "swigluoai"
         return fused_moe(
             x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, activation,
-            biases, self.swiglu,
+            biases, self.swiglu, self.scale_input,
         )  # fmt: skip
 
     def shard_loads(self) -> ShardLoads:
@@ -157,6 +161,7 @@ class SparseMoeBlock(nn.Module):
         self.top_k = spec.top_k
         self.renormalize = spec.renormalize
         self.softmax_after_topk = spec.softmax_after_topk
+        self.sigmoid_topk = spec.sigmoid_input_scaling
         self.gate = Linear(arch.hidden_size, spec.num_experts, spec.router_bias, dtype)
         self.experts = FusedMoE(spec, arch.hidden_size, arch.hidden_act, dtype, tp)
         self.shared_expert: SharedExpert | None = None
@@ -164,15 +169,20 @@ class SparseMoeBlock(nn.Module):
         if spec.has_shared_expert:
             width = spec.shared_expert_intermediate_size
             self.shared_expert = SharedExpert(arch, width, dtype, tp)
-            self.shared_expert_gate = Linear(arch.hidden_size, 1, False, dtype)
+            if spec.shared_expert_gated:
+                self.shared_expert_gate = Linear(arch.hidden_size, 1, False, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.gate(x)
-        weights, ids = select_experts(logits, self.top_k, self.renormalize, self.softmax_after_topk)
+        weights, ids = select_experts(
+            logits, self.top_k, self.renormalize, self.softmax_after_topk, self.sigmoid_topk
+        )
         out: torch.Tensor = self.experts(x, weights, ids)
-        if self.shared_expert is not None and self.shared_expert_gate is not None:
-            scale = F.sigmoid(self.shared_expert_gate(x))
-            out = out + scale * self.shared_expert.partial(x)
+        if self.shared_expert is not None:
+            shared = self.shared_expert.partial(x)
+            if self.shared_expert_gate is not None:
+                shared = F.sigmoid(self.shared_expert_gate(x)) * shared
+            out = out + shared
         if self.tp.world_size > 1:
             out = self.tp.all_reduce(out)
         return out

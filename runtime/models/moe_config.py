@@ -17,6 +17,12 @@ The keys each family's HF implementation reads, with HF's defaults:
   each expert ``intermediate_size`` wide; the router has a bias and takes the softmax of the
   top-k logits; the experts have biases and run the clamped SwiGLU (``swiglu_alpha`` 1.702,
   ``swiglu_limit`` 7.0).
+- Llama 4 (``Llama4ForCausalLM`` / ``Llama4ForConditionalGeneration``): ``num_local_experts``
+  (16), ``num_experts_per_tok`` (1), each expert and the ungated shared expert
+  ``intermediate_size`` (8192) wide (the dense layers: ``intermediate_size_mlp``);
+  ``moe_layers`` (default every ``interleave_moe_layer_step``-th layer, from layer
+  ``step - 1``) are sparse; the router's top-k logits through a sigmoid scale the chosen
+  experts' *input*.
 
 Values outside what the maths here implements are ``ValueError``s naming the key.
 """
@@ -31,7 +37,10 @@ MIXTRAL = "MixtralForCausalLM"
 QWEN2_MOE = "Qwen2MoeForCausalLM"
 QWEN3_MOE = "Qwen3MoeForCausalLM"
 GPT_OSS = "GptOssForCausalLM"
-MOE_ARCHITECTURES = (MIXTRAL, QWEN2_MOE, QWEN3_MOE, GPT_OSS)
+LLAMA4 = "Llama4ForCausalLM"
+LLAMA4_MULTIMODAL = "Llama4ForConditionalGeneration"
+LLAMA4_ARCHITECTURES = (LLAMA4, LLAMA4_MULTIMODAL)
+MOE_ARCHITECTURES = (MIXTRAL, QWEN2_MOE, QWEN3_MOE, GPT_OSS, *LLAMA4_ARCHITECTURES)
 
 # architecture -> (experts, top-k, expert width, shared expert width) when the key is absent.
 _DEFAULTS: dict[str, tuple[int, int, int, int]] = {
@@ -39,6 +48,8 @@ _DEFAULTS: dict[str, tuple[int, int, int, int]] = {
     QWEN2_MOE: (60, 4, 1408, 5632),
     QWEN3_MOE: (128, 8, 768, 0),
     GPT_OSS: (128, 4, 2880, 0),
+    LLAMA4: (16, 1, 8192, 8192),
+    LLAMA4_MULTIMODAL: (16, 1, 8192, 8192),
 }
 
 
@@ -60,6 +71,12 @@ class MoESpec:
     softmax_after_topk: bool = False
     expert_bias: bool = False
     swiglu: tuple[float, float] | None = None
+    # Qwen2-MoE: the shared expert's output is scaled by sigmoid(shared_expert_gate(x));
+    # Llama 4: added as is.
+    shared_expert_gated: bool = True
+    # Llama 4: the top-k router logits through a sigmoid scale each chosen expert's input
+    # (not its output).
+    sigmoid_input_scaling: bool = False
 
     @property
     def has_shared_expert(self) -> bool:
@@ -73,6 +90,8 @@ def moe_spec(cfg: Mapping[str, Any], architecture: str) -> MoESpec | None:
         return None
     d_experts, d_top_k, d_width, d_shared = _DEFAULTS[architecture]
     n_layers = int(cfg["num_hidden_layers"])
+    if architecture in LLAMA4_ARCHITECTURES:
+        return _llama4_spec(cfg, n_layers)
     if architecture in (MIXTRAL, GPT_OSS):
         experts_key, width_key = "num_local_experts", "intermediate_size"
         renormalize = True
@@ -114,6 +133,41 @@ def moe_spec(cfg: Mapping[str, Any], architecture: str) -> MoESpec | None:
         expert_bias=gpt_oss,
         swiglu=swiglu,
     )
+
+
+def _llama4_spec(cfg: Mapping[str, Any], n_layers: int) -> MoESpec | None:
+    d_experts, d_top_k, d_width, _ = _DEFAULTS[LLAMA4]
+    num_experts = _int(cfg, "num_local_experts", d_experts, minimum=0)
+    if num_experts == 0:
+        return None
+    top_k = _int(cfg, "num_experts_per_tok", d_top_k, minimum=1)
+    if top_k > num_experts:
+        raise ValueError(
+            f"num_experts_per_tok={top_k} exceeds the {num_experts} experts (num_local_experts)"
+        )
+    width = _int(cfg, "intermediate_size", d_width, minimum=1)
+    return MoESpec(
+        num_experts=num_experts,
+        top_k=top_k,
+        intermediate_size=width,
+        renormalize=False,
+        shared_expert_intermediate_size=width,
+        sparse_layers=tuple(_llama4_sparse_layers(cfg, n_layers)),
+        shared_expert_gated=False,
+        sigmoid_input_scaling=True,
+    )
+
+
+def _llama4_sparse_layers(cfg: Mapping[str, Any], n_layers: int) -> list[bool]:
+    """HF's ``moe_layers``, default ``range(step - 1, n, step)``."""
+    layers = cfg.get("moe_layers")
+    if layers is None:
+        step = _int(cfg, "interleave_moe_layer_step", 1, minimum=1)
+        layers = list(range(step - 1, n_layers, step))
+    for layer in layers:
+        if not isinstance(layer, int) or not 0 <= layer < n_layers:
+            raise ValueError(f"moe_layers lists {layer!r}, not a layer index in [0, {n_layers})")
+    return [i in layers for i in range(n_layers)]
 
 
 def _qwen_sparse_layers(cfg: Mapping[str, Any], n_layers: int) -> list[bool]:

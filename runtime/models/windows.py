@@ -16,6 +16,13 @@ def distinct_windows(arch: ModelArch) -> tuple[int, ...]:
     return tuple(sorted({w for w in windows if w is not None}))
 
 
+def distinct_chunks(arch: ModelArch) -> tuple[int, ...]:
+    """The sorted distinct attention chunk sizes of the model's chunked layers (Llama 4).
+    Chunked layers keep every KV block (``every_layer_window`` counts them as full)."""
+    chunks = (arch.layer_chunk(i) for i in range(arch.num_hidden_layers))
+    return tuple(sorted({c for c in chunks if c is not None}))
+
+
 def every_layer_window(arch: ModelArch) -> int | None:
     """The largest window when every layer has one; None when any layer attends to the whole
     context (then no KV block ever falls out of every layer's window)."""

@@ -21,11 +21,13 @@ from tokenwire.runtime.worker.input_batch import StepArrays
 
 @dataclass(frozen=True)
 class AttentionInputs:
-    """Builds one model's step inputs: ``windows`` are its distinct sliding windows."""
+    """Builds one model's step inputs: ``windows`` are its distinct sliding windows,
+    ``chunks`` its distinct attention chunk sizes (Llama 4)."""
 
     device: torch.device
     block_size: int
     windows: tuple[int, ...]
+    chunks: tuple[int, ...] = ()
 
     def to_device(self, array: np.ndarray) -> torch.Tensor:
         tensor = torch.from_numpy(array)
@@ -38,7 +40,7 @@ class AttentionInputs:
         if self.device.type == "cpu":
             plan = build_cpu_plan(
                 a.query_start_loc, a.seq_lens, block_tables, a.num_decodes, self.block_size,
-                self.windows,
+                self.windows, self.chunks,
             )  # fmt: skip
         return AttentionMetadata(
             num_tokens=len(a.input_ids),

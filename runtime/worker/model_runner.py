@@ -34,7 +34,7 @@ from tokenwire.runtime.loader.model_loader import LoadedModel
 from tokenwire.runtime.lora.manager import LoRAManager
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.model_output import ModelOutput, TokenLogprobs
-from tokenwire.runtime.models.windows import distinct_windows
+from tokenwire.runtime.models.windows import distinct_chunks, distinct_windows
 from tokenwire.runtime.sample.sampler import Sampler
 from tokenwire.runtime.sample.sampling_metadata import RowSamplingState
 from tokenwire.runtime.sampling_params import SamplingParams
@@ -78,7 +78,9 @@ class ModelRunner:
         self.device = device
         self.block_size = settings.cache.block_size
         # Each distinct sliding window of the layers gets its own CPU attention plan per step.
-        self.inputs = AttentionInputs(device, self.block_size, distinct_windows(loaded.arch))
+        self.inputs = AttentionInputs(
+            device, self.block_size, distinct_windows(loaded.arch), distinct_chunks(loaded.arch)
+        )
         # LoRA wraps the model's linears before any CUDA graph is captured (decode graphs are
         # off with LoRA: ``settings.enforce_eager``).
         self.lora: LoRAManager | None = None

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tokenwire.runtime.loader.model_loader import LoadedModel
-from tokenwire.runtime.models.windows import distinct_windows
+from tokenwire.runtime.models.windows import distinct_chunks, distinct_windows
 from tokenwire.runtime.worker.attention_inputs import AttentionInputs
 from tokenwire.runtime.worker.kv_cache import KVCache
 from tokenwire.runtime.worker.runner_settings import RunnerSettings
@@ -54,6 +54,11 @@ def build_caches(
         draft_kv = KVCache.allocate(
             draft.arch, cache_config, device, draft.dtype, kv_cache.num_blocks, tp_size
         )
-        inputs = AttentionInputs(device, cache_config.block_size, distinct_windows(draft.arch))
+        inputs = AttentionInputs(
+            device,
+            cache_config.block_size,
+            distinct_windows(draft.arch),
+            distinct_chunks(draft.arch),
+        )
         drafter = DraftModel(draft, draft_kv, inputs)
     return RunnerCaches(kv_cache, cuda, drafter)

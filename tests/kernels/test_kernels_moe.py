@@ -97,6 +97,26 @@ def test_all_tokens_on_one_expert_and_gelu() -> None:
         torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(("t", "k"), [(1, 1), (19, 1), (24, 2)])
+def test_input_scaled_experts(t: int, k: int) -> None:
+    """Llama 4: sigmoid top-k routing, each chosen expert run on ``w * x`` and summed
+    unweighted: Triton equals the reference, and the reference a float64 oracle."""
+    x, w13, w2, logits = _operands(t, 48, 40, 6, k, seed=t)
+    weights, ids = select_experts(logits, k, False, sigmoid_topk=True)
+    torch.testing.assert_close(weights, torch.sigmoid(logits.topk(k).values))
+    got = fused_moe_triton(x, w13, w2, weights, ids, tiles=SMALL_TILES, scale_input=True)
+    ref = fused_moe_ref(x, w13, w2, weights, ids, scale_input=True)
+    torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-5)
+    dispatched = fused_moe(x, w13, w2, weights, ids, scale_input=True)  # Triton, default tiles
+    torch.testing.assert_close(dispatched, ref, atol=2e-5, rtol=1e-5)
+    scaled = torch.zeros(x.shape, dtype=torch.float64)
+    for j in range(k):  # the oracle per slot, on that slot's scaled input
+        ones = torch.ones(t, 1)
+        xs = x.cpu() * weights.cpu()[:, j : j + 1]
+        scaled += _dense_oracle(xs, w13.cpu(), w2.cpu(), ones, ids.cpu()[:, j : j + 1])
+    torch.testing.assert_close(ref.cpu().double(), scaled, atol=1e-5, rtol=1e-5)
+
+
 def test_no_tokens_and_dispatch() -> None:
     x, w13, w2, logits = _operands(0, 32, 16, 4, 2, seed=4)
     weights, ids = select_experts(logits, 2, True)

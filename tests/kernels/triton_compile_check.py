@@ -46,7 +46,8 @@ def capture_launches() -> list[Launch]:
 
 def _attention_launches() -> None:
     """bf16 at model head shapes; Mistral's window, Gemma 2's head_dim 256 with window and
-    soft cap, an fp8 cache with scales, and float32 (the GPU check's parity stage)."""
+    soft cap, Llama 4's attention chunk, an fp8 cache with scales, and float32 (the GPU
+    check's parity stage)."""
     from tokenwire.kernels.attention_metadata import AttentionMetadata
     from tokenwire.kernels.paged_attention_triton import paged_attention_triton
 
@@ -69,6 +70,7 @@ def _attention_launches() -> None:
         ((32, 8, 128), bf16, fp8, {"k_scale": scales[0], "v_scale": scales[1]}),
         ((4, 2, 32), torch.float32, torch.float32, {}),  # the parity stage's tiny Llama
         ((4, 2, 64), torch.float32, torch.float32, {"sliding_window": 12}),
+        ((40, 8, 128), bf16, bf16, {"attention_chunk": 8192}),  # Llama 4 Scout
     ]
     for (hq, hkv, d), dtype, cache_dtype, extra in cases:
         cache = torch.empty(8, 16, hkv, d, dtype=cache_dtype)
@@ -101,19 +103,26 @@ def _elementwise_launches() -> None:
 
 
 def _moe_launches() -> None:
-    """Mixtral-8x7B (8 experts, top 2) and Qwen3-30B-A3B (128 experts, top 8) at decode and
-    prefill sizes (each tile choice of ``default_tiles``), and a float32 tiny one."""
+    """Mixtral-8x7B (8 experts, top 2), Qwen3-30B-A3B (128 experts, top 8) and Llama 4 Scout
+    (16 experts, top 1, input-scaled) at decode and prefill sizes (each tile choice of
+    ``default_tiles``), and a float32 tiny one."""
     from tokenwire.kernels.moe_triton import fused_moe_triton
 
     bf16 = torch.bfloat16
-    shapes = [(4096, 14336, 8, 2, bf16), (2048, 768, 128, 8, bf16), (64, 96, 4, 2, torch.float32)]
-    for hidden, inter, experts, top_k, dtype in shapes:
+    shapes = [
+        (4096, 14336, 8, 2, bf16, False),
+        (2048, 768, 128, 8, bf16, False),
+        (5120, 8192, 16, 1, bf16, True),
+        (64, 96, 4, 2, torch.float32, False),
+    ]
+    for hidden, inter, experts, top_k, dtype, scale_input in shapes:
         w13 = torch.empty(experts, 2 * inter, hidden, dtype=dtype)  # untouched: no memory
         w2 = torch.empty(experts, hidden, inter, dtype=dtype)
         for tokens in (1, 16 * experts, 512 * experts // top_k):
             ids = torch.arange(tokens * top_k).remainder(experts).view(tokens, top_k)
             weights = torch.full((tokens, top_k), 1.0 / top_k)
-            fused_moe_triton(torch.empty(tokens, hidden, dtype=dtype), w13, w2, weights, ids)
+            x = torch.empty(tokens, hidden, dtype=dtype)
+            fused_moe_triton(x, w13, w2, weights, ids, scale_input=scale_input)
 
 
 def compile_launch(launch: Launch, target: GPUTarget) -> None:
