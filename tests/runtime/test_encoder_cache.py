@@ -8,6 +8,7 @@ is off wherever a repeat must reach the encoder cache (a prefix hit skips the en
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ ONE = [1, 3, 4, 5, IMAGE_TOKEN, 30, 31]
 TWO = [1, 40, 41, IMAGE_TOKEN, 42, 43, IMAGE_TOKEN, 44]
 Case = tuple[list[int], list[Image.Image]]
 Result = tuple[list[int], list[list[tuple[int, float]]]]
+Reference = Callable[[list[Case]], list[Result]]
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +56,23 @@ def _run(llm: LLM, cases: list[Case]) -> list[Result]:
     return _results(llm.generate(prompts, _params(), use_tqdm=False))
 
 
-def _reference(path: Path, cases: list[Case]) -> list[Result]:
-    """Each prompt alone in a fresh engine: every image encoded for it."""
-    out = []
-    for case in cases:
-        llm = LLM(str(path), device="cpu", enable_prefix_caching=False)
-        out.extend(_run(llm, [case]))
-        llm.shutdown()
-    return out
+@pytest.fixture(scope="module")
+def reference(llava_dir: Path) -> Reference:
+    """Each prompt alone in a fresh engine (every image encoded for it), remembered."""
+    memo: dict[tuple[tuple[int, ...], tuple[bytes, ...]], Result] = {}
+
+    def results(cases: list[Case]) -> list[Result]:
+        out = []
+        for case in cases:
+            key = (tuple(case[0]), tuple(image.tobytes() for image in case[1]))
+            if key not in memo:
+                llm = LLM(str(llava_dir), device="cpu", enable_prefix_caching=False)
+                memo[key] = _run(llm, [case])[0]
+                llm.shutdown()
+            out.append(memo[key])
+        return out
+
+    return results
 
 
 def _assert_same(got: list[Result], want: list[Result]) -> None:
@@ -105,9 +116,9 @@ def _hits(recorder: StepRecorder) -> int:
 A, B = synthetic_image(1), synthetic_image(2)
 
 
-def test_a_repeated_image_is_encoded_once(llava_dir: Path) -> None:
+def test_a_repeated_image_is_encoded_once(llava_dir: Path, reference: Reference) -> None:
     cases = [(ONE, [A]), (ONE, [A]), (TWO, [A, A]), (TWO, [B, A])]
-    want = _reference(llava_dir, cases)
+    want = reference(cases)
     llm, recorder = _engine(llava_dir)
     _assert_same(_run(llm, cases[:1]), want[:1])  # A encoded
     _assert_same(_run(llm, cases[1:3]), want[1:3])  # later requests, and twice in one
@@ -118,13 +129,13 @@ def test_a_repeated_image_is_encoded_once(llava_dir: Path) -> None:
     _assert_idle(llm)
 
 
-def test_the_cache_keeps_its_bound(llava_dir: Path) -> None:
+def test_the_cache_keeps_its_bound(llava_dir: Path, reference: Reference) -> None:
     """Room for two images: six distinct ones (and repeats) evict, outputs unchanged; in a
     batch, prompts wait for room rather than evict features a prefill still reads."""
     images = [synthetic_image(10 + i) for i in range(6)]
     cases: list[Case] = [(ONE, [im]) for im in [*images, images[0]]]
     cases += [(TWO, [images[1], images[2]])]
-    want = _reference(llava_dir, cases)
+    want = reference(cases)
     llm, recorder = _engine(llava_dir, encoder_cache_size=2 * PATCHES)
     for case, expected in zip(cases, want, strict=True):  # one at a time
         _assert_same(_run(llm, [case]), [expected])
@@ -137,7 +148,9 @@ def test_the_cache_keeps_its_bound(llava_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "whole"])
-def test_the_encoder_budget_splits_work_across_steps(llava_dir: Path, chunked: bool) -> None:
+def test_the_encoder_budget_splits_work_across_steps(
+    llava_dir: Path, reference: Reference, chunked: bool
+) -> None:
     """One image's worth of encoder work per step: the batch's four distinct images are
     encoded over several steps (a whole prompt's two images together in the step it runs,
     as its first work, without chunked prefill) and the outputs do not change."""
@@ -146,7 +159,7 @@ def test_the_encoder_budget_splits_work_across_steps(llava_dir: Path, chunked: b
         (ONE, [synthetic_image(22)]),
         (ONE, [synthetic_image(23)]),
     ]
-    want = _reference(llava_dir, cases)
+    want = reference(cases)
     llm, recorder = _engine(
         llava_dir, max_num_encoder_input_tokens=PATCHES, enable_chunked_prefill=chunked
     )
@@ -157,8 +170,32 @@ def test_the_encoder_budget_splits_work_across_steps(llava_dir: Path, chunked: b
     _assert_idle(llm)
 
 
-def test_an_image_larger_than_the_cache_is_refused(llava_dir: Path) -> None:
+def test_an_image_larger_than_the_cache_is_refused(llava_dir: Path, reference: Reference) -> None:
     llm, _ = _engine(llava_dir, encoder_cache_size=PATCHES - 1)
     with pytest.raises(ParameterError, match="--encoder-cache-size"):
         _run(llm, [(ONE, [A])])
+    _assert_idle(llm)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_preemption_and_async_steps(
+    llava_dir: Path, reference: Reference, async_scheduling: bool
+) -> None:
+    """Few KV blocks (preemption by recompute finds its images again: a hit or encoded anew),
+    chunked prefill splitting image runs, a cache of three images, one step in flight."""
+    images = [synthetic_image(30 + i) for i in range(4)]
+    cases: list[Case] = [(TWO, [images[i], images[(i + 1) % 4]]) for i in range(4)]
+    cases.append((ONE, [images[0]]))
+    want = reference(cases)
+    llm, recorder = _engine(
+        llava_dir,
+        num_gpu_blocks_override=6,
+        max_model_len=64,
+        max_num_batched_tokens=24,
+        encoder_cache_size=3 * PATCHES,
+        async_scheduling=async_scheduling,
+    )
+    _assert_same(_run(llm, cases), want)
+    assert sum(s.num_preemptions for s in recorder.steps) > 0
+    assert _encoded(recorder) >= 4
     _assert_idle(llm)
