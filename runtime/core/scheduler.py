@@ -234,13 +234,10 @@ class Scheduler:
                 i += 1
                 continue  # its pending update finishes it
             num_new = min(len(request.token_ids) + placeholders - num_computed, budget)
-            plan = None
-            if request.images and num_computed < request.num_prompt_tokens:
-                plan = self.encoder.plan(request.images, num_computed, num_new)
-                num_new = plan.num_new
-                if num_new == 0:  # its next image does not fit this step
-                    i += 1
-                    continue
+            plan = self._plan_images(request, num_computed, num_new)
+            if plan is not None and not (num_new := plan.num_new):
+                i += 1
+                continue  # its next image does not fit this step
             if proposer is not None and num_new == 1 and num_computed >= request.num_prompt_tokens:
                 draft = proposer.propose(request, budget)
                 if draft:
@@ -289,6 +286,14 @@ class Scheduler:
             new_block_ids = self.kv.allocate_slots(request, num_new)
             if new_block_ids is not None:
                 return new_block_ids
+
+    def _plan_images(self, request: Request, begin: int, num_new: int) -> EncoderPlan | None:
+        """The encoder work of computing ``[begin, begin + num_new)`` (``core.encoder_cache``):
+        a cut ``num_new`` when an image does not fit; None when no image is left to reach."""
+        if not request.images or begin >= request.num_prompt_tokens:
+            return None
+        whole = self.encoder_only or not self.config.enable_chunked_prefill
+        return self.encoder.plan(request.images, begin, num_new, whole)
 
     def _commit_encoder(self, request: Request, plan: EncoderPlan, step: StepBuilder) -> None:
         step.num_encoder_cache_hits += self.encoder.commit(request.request_id, plan)
@@ -339,13 +344,9 @@ class Scheduler:
             ):
                 break
             num_new = min(num_new, step.budget)
-            plan = None
-            if request.images and num_hit < request.num_prompt_tokens:
-                whole = self.encoder_only or not self.config.enable_chunked_prefill
-                plan = self.encoder.plan(request.images, num_hit, num_new, whole)
-                num_new = plan.num_new
-                if num_new == 0:  # its next image does not fit this step
-                    break
+            plan = self._plan_images(request, num_hit, num_new)
+            if plan is not None and not (num_new := plan.num_new):
+                break  # its next image does not fit this step
             new_block_ids = self.kv.allocate_slots(request, num_new, hit_ids, num_hit)
             while new_block_ids is None and (
                 self._evict_holder() or self._release_kv_load(request)

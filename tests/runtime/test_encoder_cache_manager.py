@@ -65,3 +65,21 @@ def test_referenced_entries_stay_and_lru_goes_first() -> None:
     assert _schedule(book, "r5", (_image(0, "d"),), 0, 10) == 10
     assert book.drain_frees() == ("a",)
     assert book.used <= book.capacity
+
+
+def test_the_encoder_fields_cross_the_worker_codec() -> None:
+    """Tensor parallelism: each step's encoder work reaches every rank as the core planned."""
+    from tokenwire.runtime.ipc.worker_messages import ExecutorCodec, Step, StepDone
+    from tokenwire.runtime.model_output import ModelOutput
+    from tokenwire.runtime.scheduler_output import CachedRequestData, SchedulerOutput
+
+    so = SchedulerOutput(
+        step_id=3, new_reqs=[], cached_reqs=CachedRequestData(),
+        num_scheduled_tokens={"r": 4}, total_num_scheduled_tokens=4, num_prefill_tokens=4,
+        num_decode_tokens=0, finished_req_ids=frozenset(), preempted_req_ids=frozenset(),
+        encoder_inputs={"r": (0, 2)}, encoder_frees=("a", "b"), num_encoder_cache_hits=1,
+    )  # fmt: skip
+    codec = ExecutorCodec()
+    assert codec.decode(codec.encode(Step(so))) == Step(so)
+    done = StepDone(ModelOutput([], [], num_images_encoded=2, encoder_time=0.5))
+    assert codec.decode(codec.encode(done)) == done
