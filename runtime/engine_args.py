@@ -230,6 +230,24 @@ class EngineArgs:
     max_num_batched_tokens: int = _arg(
         SchedulerConfig, "max_num_batched_tokens", "tokens scheduled in one step", type=int
     )
+    encoder_cache_size: int | None = _arg(
+        SchedulerConfig,
+        "encoder_cache_size",
+        "image inputs: feature vectors (placeholder tokens) the encoder-output cache keeps, "
+        "keyed by image content hash and evicted least recently used (default: 8192 or "
+        "--max-num-encoder-input-tokens if larger); a larger image is refused",
+        type=int,
+        metavar="TOKENS",
+    )
+    max_num_encoder_input_tokens: int | None = _arg(
+        SchedulerConfig,
+        "max_num_encoder_input_tokens",
+        "image inputs: feature vectors the vision encoder computes in one step (default: "
+        "--max-num-batched-tokens); cached images cost nothing, and a step's first image may "
+        "exceed it",
+        type=int,
+        metavar="TOKENS",
+    )
     block_size: int = _arg(
         CacheConfig, "block_size", "KV cache block size in tokens (a power of two)", type=int
     )

@@ -52,3 +52,7 @@ class ModelOutput:
     # ... and the device blocks of those loads whose disk record was corrupt, truncated or not
     # this model's (ignored, never served: the connector does not cache them).
     kv_load_failed: list[int] = field(default_factory=list)
+    # Image inputs: distinct images the vision encoder ran on this step, and its seconds
+    # (part of ``prepare_time``).
+    num_images_encoded: int = 0
+    encoder_time: float = 0.0

@@ -50,10 +50,19 @@ def image_extra_keys(images: Sequence[ImageInput], start: int, end: int) -> byte
     )
 
 
-def check_images(images: Sequence[ImageInput], num_prompt_tokens: int) -> None:
-    """Placeholder runs lie inside the prompt, in order, without overlapping."""
+def check_images(
+    images: Sequence[ImageInput], num_prompt_tokens: int, max_image_tokens: int | None = None
+) -> None:
+    """Placeholder runs lie inside the prompt, in order, without overlapping; each at most
+    ``max_image_tokens`` long (the encoder-output cache's size, ``--encoder-cache-size``)."""
     previous_end = 0
     for image in images:
+        if max_image_tokens is not None and image.length > max_image_tokens:
+            raise ParameterError(
+                "multi_modal_data",
+                f"an image of {image.length} feature tokens exceeds the encoder cache's "
+                f"{max_image_tokens} (--encoder-cache-size)",
+            )
         if image.length <= 0 or image.offset < previous_end or image.end > num_prompt_tokens:
             raise ParameterError(
                 "multi_modal_data",

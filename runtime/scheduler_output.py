@@ -75,6 +75,12 @@ class SchedulerOutput:
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
     # KV tiers: this step's host-tier copies; None when off or nothing to move.
     kv_transfers: KVTransferPlan | None = None
+    # Image inputs (``core.encoder_cache``): request_id -> indices of its images the worker
+    # encodes this step (each content hash once); content hashes the worker's encoder cache
+    # drops first; images whose cached features this step reads instead of encoding.
+    encoder_inputs: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    encoder_frees: tuple[str, ...] = ()
+    num_encoder_cache_hits: int = 0
 
     @property
     def is_empty(self) -> bool:

@@ -46,6 +46,11 @@ class StepStats:
     drafted_per_pos: tuple[int, ...] = ()
     accepted_per_pos: tuple[int, ...] = ()
     dp_rank: int = 0  # --data-parallel-size: the engine core that ran the step
+    # Image inputs: images encoded (distinct content hashes), images read from the
+    # encoder-output cache instead, and the encoder's seconds (within prepare_time).
+    num_images_encoded: int = 0
+    num_encoder_cache_hits: int = 0
+    encoder_time: float = 0.0
 
     @property
     def overhead_time(self) -> float:

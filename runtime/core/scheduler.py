@@ -17,6 +17,7 @@ import bisect
 import time
 
 from tokenwire.runtime.config import SchedulerConfig
+from tokenwire.runtime.core.encoder_cache import EncoderCacheManager, EncoderPlan
 from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
 from tokenwire.runtime.core.kv_connector import KVConnector
 from tokenwire.runtime.core.placeholders import advance, finishes_by_length, settle
@@ -72,6 +73,8 @@ class Scheduler:
         # requests whose grammar failed (reported by the next ``update``).
         self.structured = structured
         self._num_constrained = 0
+        # Image inputs: the book of the worker's encoder-output cache and the step's budget.
+        self.encoder = EncoderCacheManager(config.encoder_capacity, config.encoder_budget)
         self._grammar_failures: list[EngineCoreOutput] = []
 
     # ------------------------------------------------------------------ requests in and out
@@ -109,6 +112,8 @@ class Scheduler:
         request.finish_reason = reason
         request.stop_reason = stop_reason
         request.finished_time = time.monotonic()
+        if request.images:
+            self.encoder.free_request(request.request_id)
         if request.grammar is not None:
             self._num_constrained -= 1
         if self.connector is not None:  # KV tiers: free what a pending load holds
@@ -162,6 +167,7 @@ class Scheduler:
         if self.structured is not None and self.structured.num_pending:
             self._poll_grammars()
         step = StepBuilder(self.config.max_num_batched_tokens)
+        self.encoder.start_step()
         self._schedule_running(step)
         # A step that had to preempt has no room for newcomers (vLLM v1 rule).
         if not step.preempted:
@@ -189,6 +195,9 @@ class Scheduler:
             else self.lora.ready_removals(self.requests.values()),
             spec_token_ids=step.spec_tokens,
             kv_transfers=None if self.connector is None else self.connector.build_plan(),
+            encoder_inputs=step.encoder_inputs,
+            encoder_frees=self.encoder.drain_frees(),
+            num_encoder_cache_hits=step.num_encoder_cache_hits,
         )
 
     def _poll_grammars(self) -> None:
@@ -225,6 +234,10 @@ class Scheduler:
                 i += 1
                 continue  # its pending update finishes it
             num_new = min(len(request.token_ids) + placeholders - num_computed, budget)
+            plan = self._plan_images(request, num_computed, num_new)
+            if plan is not None and not (num_new := plan.num_new):
+                i += 1
+                continue  # its next image does not fit this step
             if proposer is not None and num_new == 1 and num_computed >= request.num_prompt_tokens:
                 draft = proposer.propose(request, budget)
                 if draft:
@@ -238,6 +251,8 @@ class Scheduler:
                     step.spec_tokens.pop(request.request_id, None)
                     break  # ``request`` itself was preempted: everything after it is gone too
             request_id = request.request_id
+            if plan is not None:
+                self._commit_encoder(request, plan, step)
             num_scheduled[request_id] = num_new
             budget -= num_new
             if num_computed < request.num_prompt_tokens:  # a running chunked prefill
@@ -272,8 +287,23 @@ class Scheduler:
             if new_block_ids is not None:
                 return new_block_ids
 
+    def _plan_images(self, request: Request, begin: int, num_new: int) -> EncoderPlan | None:
+        """The encoder work of computing ``[begin, begin + num_new)`` (``core.encoder_cache``):
+        a cut ``num_new`` when an image does not fit; None when no image is left to reach."""
+        if not request.images or begin >= request.num_prompt_tokens:
+            return None
+        whole = self.encoder_only or not self.config.enable_chunked_prefill
+        return self.encoder.plan(request.images, begin, num_new, whole)
+
+    def _commit_encoder(self, request: Request, plan: EncoderPlan, step: StepBuilder) -> None:
+        step.num_encoder_cache_hits += self.encoder.commit(request.request_id, plan)
+        if plan.encode:
+            step.encoder_inputs[request.request_id] = tuple(i for i, _ in plan.encode)
+
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)
+        if request.images:
+            self.encoder.free_request(request.request_id)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_output_placeholders = 0  # a token in flight still arrives: update appends it
@@ -314,6 +344,9 @@ class Scheduler:
             ):
                 break
             num_new = min(num_new, step.budget)
+            plan = self._plan_images(request, num_hit, num_new)
+            if plan is not None and not (num_new := plan.num_new):
+                break  # its next image does not fit this step
             new_block_ids = self.kv.allocate_slots(request, num_new, hit_ids, num_hit)
             while new_block_ids is None and (
                 self._evict_holder() or self._release_kv_load(request)
@@ -330,6 +363,8 @@ class Scheduler:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = time.monotonic()
             self._admit(request, new_block_ids, step)
+            if plan is not None:
+                self._commit_encoder(request, plan, step)
             step.schedule(request, num_new)
             if active is not None and request.lora_request is not None:
                 active.add(request.lora_int_id)

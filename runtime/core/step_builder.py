@@ -18,6 +18,9 @@ class StepBuilder:
         self.num_decode_tokens = 0
         self.preempted: list[Request] = []
         self.spec_tokens: dict[str, list[int]] = {}
+        # Image inputs: request_id -> image indices to encode; images read from the cache.
+        self.encoder_inputs: dict[str, tuple[int, ...]] = {}
+        self.num_encoder_cache_hits = 0
 
     def schedule(self, request: Request, num_tokens: int) -> None:
         self.num_scheduled[request.request_id] = num_tokens

@@ -23,7 +23,7 @@ from tokenwire.runtime.core.spec.accept import spec_step_stats
 from tokenwire.runtime.core.spec.draft_slots import make_proposer
 from tokenwire.runtime.engine.async_steps import carries_work, make_stepper
 from tokenwire.runtime.engine.fault import step_fault_from_env
-from tokenwire.runtime.errors import DuplicateRequestError
+from tokenwire.runtime.errors import DuplicateRequestError, ParameterError
 from tokenwire.runtime.executor.base import Executor
 from tokenwire.runtime.executor.factory import make_executor
 from tokenwire.runtime.front.validation import check_task, validate_request
@@ -183,7 +183,7 @@ class EngineCore:
         self.validate(prompt_token_ids, params)
         if lora_request is not None:
             self.loras.check(lora_request)
-        check_images(images, len(prompt_token_ids))
+        check_images(images, len(prompt_token_ids), self._max_image_tokens(images))
         request = Request(
             request_id,
             prompt_token_ids,
@@ -198,6 +198,21 @@ class EngineCore:
             images=images,
         )
         self.scheduler.add_request(request)
+
+    def _max_image_tokens(self, images: tuple[ImageInput, ...]) -> int:
+        """An image's feature tokens must fit the encoder cache; without chunked prefill a
+        request's images are encoded in one step, so all of them must (``core.encoder_cache``)."""
+        capacity = self.scheduler.encoder.capacity
+        if images and not self.config.scheduler.enable_chunked_prefill:
+            distinct = sum({image.content_hash: image.length for image in images}.values())
+            if distinct > capacity:
+                raise ParameterError(
+                    "multi_modal_data",
+                    f"the images' {distinct} feature tokens exceed the encoder cache's "
+                    f"{capacity} (--encoder-cache-size; without chunked prefill a prompt's "
+                    "images are encoded in one step)",
+                )
+        return capacity
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         check_task(self.facts.served_model_name, self.facts.embed, params)
@@ -327,6 +342,9 @@ class EngineCore:
                 num_waiting=self.scheduler.num_waiting,
                 collective_time=mo.collective_time,
                 dp_rank=self.config.parallel.data_parallel_rank,
+                num_images_encoded=mo.num_images_encoded,
+                num_encoder_cache_hits=so.num_encoder_cache_hits,
+                encoder_time=mo.encoder_time,
                 **spec_step_stats(so.spec_token_ids, mo.extra_token_ids),
             )
         )

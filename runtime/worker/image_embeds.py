@@ -1,17 +1,21 @@
-"""``ImageEmbeds``: the executor's image inputs, encoded in the step that first needs them.
+"""``ImageEmbeds``: the executor's image inputs and its encoder-output cache.
 
-A request's images arrive with it (``NewRequestData.images``). The first step whose prompt
-rows reach a placeholder run encodes all the request's images at once (one vision-tower
-batch) and keeps the features until the step that completes its prompt; a step covering part
-of a run writes that part (a chunked prefill may split a run anywhere: each chunk slices the
-kept features by position). A request preempted after its prompt completed encodes again when
-it recomputes. Steps with no placeholder rows skip all of this (``step_embeds`` is None and the
-forward embeds the tokens itself, eagerly or compiled).
+A request's images arrive with it (``NewRequestData.images``). The scheduler decides which
+images each step encodes (``SchedulerOutput.encoder_inputs``, each content hash once) and which
+cached features to drop first (``encoder_frees``): its ``core.encoder_cache`` book mirrors the
+cache here, keyed by content hash, so an image repeated in a later request (or twice in one)
+is encoded once, and features a running prefill still needs are never dropped. A step covering
+part of an image's placeholder run writes that part: a chunked prefill may split a run
+anywhere, and each chunk slices the cached features by position. Steps with no placeholder
+rows skip all of this (``step_embeds`` is None and the forward embeds the tokens itself,
+eagerly or compiled).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -22,8 +26,16 @@ from tokenwire.runtime.multimodal import ImageInput
 from tokenwire.runtime.worker.input_batch import StepArrays
 from tokenwire.runtime.worker.request_state import CachedRequestState
 
-# (request id, image index, first batch row, first feature row, rows)
-_Write = tuple[str, int, int, int, int]
+# (content hash, first batch row, first feature row, rows)
+_Write = tuple[str, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class EncoderWork:
+    """What one step's encoder did: distinct images encoded and the seconds it took."""
+
+    num_images: int = 0
+    seconds: float = 0.0
 
 
 class ImageEmbeds:
@@ -31,7 +43,8 @@ class ImageEmbeds:
         self.model = model
         self.device = device
         self._images: dict[str, tuple[ImageInput, ...]] = {}
-        self._features: dict[str, torch.Tensor] = {}  # [images, tokens, hidden]
+        self._cache: dict[str, torch.Tensor] = {}  # content hash -> features [tokens, hidden]
+        self.num_encoded_total = 0  # images through the vision tower since startup
 
     @classmethod
     def for_model(cls, model: LlamaForCausalLM, device: torch.device) -> ImageEmbeds | None:
@@ -43,35 +56,65 @@ class ImageEmbeds:
     def __bool__(self) -> bool:
         return bool(self._images)
 
+    @property
+    def cached_hashes(self) -> frozenset[str]:
+        return frozenset(self._cache)
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(int(f.shape[0]) for f in self._cache.values())
+
     def add(self, request_id: str, images: Sequence[ImageInput]) -> None:
         if images:
             self._images[request_id] = tuple(images)
 
     def forget(self, request_id: str) -> None:
         self._images.pop(request_id, None)
-        self._features.pop(request_id, None)
+
+    def run_encoder(
+        self, encoder_inputs: dict[str, tuple[int, ...]], frees: Sequence[str]
+    ) -> EncoderWork:
+        """Drop the scheduler's evictions, then encode this step's images (one vision-tower
+        batch per pixel shape) into the cache."""
+        for content_hash in frees:
+            self._cache.pop(content_hash, None)
+        if not encoder_inputs:
+            return EncoderWork()
+        t0 = time.perf_counter()
+        todo: dict[str, ImageInput] = {}
+        for request_id, indices in encoder_inputs.items():
+            images = self._images[request_id]
+            for index in indices:
+                todo.setdefault(images[index].content_hash, images[index])
+        groups: dict[tuple[int, ...], list[ImageInput]] = {}
+        for image in todo.values():
+            groups.setdefault(tuple(image.pixel_values.shape), []).append(image)
+        for group in groups.values():
+            pixels = np.stack([image.pixel_values for image in group])
+            features = self.model.encode_images(torch.from_numpy(pixels))
+            for image, row in zip(group, features, strict=True):
+                self._cache[image.content_hash] = row.clone()  # not a view of the batch
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the time is the encoder's, not queued work
+        self.num_encoded_total += len(todo)
+        return EncoderWork(len(todo), time.perf_counter() - t0)
 
     def step_embeds(
         self, states: Sequence[CachedRequestState], arrays: StepArrays
     ) -> torch.Tensor | None:
         """The step's input embeddings [T, hidden] with image features over the placeholder
         rows it computes; None when no row of the step is a placeholder."""
-        writes, done = self._plan(states, arrays)
+        writes = self._plan(states, arrays)
         if not writes:
             return None
         embeds = self.model.embed_tokens(torch.from_numpy(arrays.input_ids).to(self.device))
-        for request_id, index, row, first, count in writes:
-            features = self._encoded(request_id)
-            embeds[row : row + count] = features[index, first : first + count].to(embeds.dtype)
-        for request_id in done:  # its prompt completes in this step
-            self._features.pop(request_id, None)
+        for content_hash, row, first, count in writes:
+            features = self._cache[content_hash]  # the scheduler keeps it while needed
+            embeds[row : row + count] = features[first : first + count].to(embeds.dtype)
         return embeds
 
-    def _plan(
-        self, states: Sequence[CachedRequestState], arrays: StepArrays
-    ) -> tuple[list[_Write], list[str]]:
+    def _plan(self, states: Sequence[CachedRequestState], arrays: StepArrays) -> list[_Write]:
         writes: list[_Write] = []
-        done: list[str] = []
         starts = arrays.query_start_loc
         for i, state in enumerate(states):
             images = self._images.get(state.request_id)
@@ -80,24 +123,13 @@ class ImageEmbeds:
             lo, hi = int(starts[i]), int(starts[i + 1])
             begin = int(arrays.positions[lo])
             end = begin + hi - lo
-            for index, image in enumerate(images):
+            for image in images:
                 first, last = max(begin, image.offset), min(end, image.end)
                 if first < last:
-                    row = lo + first - begin
                     writes.append(
-                        (state.request_id, index, row, first - image.offset, last - first)
+                        (image.content_hash, lo + first - begin, first - image.offset, last - first)
                     )
-            if end >= len(state.prompt_token_ids):
-                done.append(state.request_id)
-        return writes, done
-
-    def _encoded(self, request_id: str) -> torch.Tensor:
-        features = self._features.get(request_id)
-        if features is None:
-            pixels = np.stack([image.pixel_values for image in self._images[request_id]])
-            features = self.model.encode_images(torch.from_numpy(pixels))
-            self._features[request_id] = features
-        return features
+        return writes
 
 
 def add_images(embeds: ImageEmbeds | None, request_id: str, images: Sequence[ImageInput]) -> None:

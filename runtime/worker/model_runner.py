@@ -41,7 +41,7 @@ from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.scheduler_output import SchedulerOutput
 from tokenwire.runtime.worker.attention_inputs import AttentionInputs
 from tokenwire.runtime.worker.cpu_compile import CompiledCpuForward, compile_cpu_forward
-from tokenwire.runtime.worker.image_embeds import ImageEmbeds, add_images
+from tokenwire.runtime.worker.image_embeds import EncoderWork, ImageEmbeds, add_images
 from tokenwire.runtime.worker.input_batch import InputBatch, StepArrays
 from tokenwire.runtime.worker.pooler import Pooler, pool_rows
 from tokenwire.runtime.worker.prompt_logprobs import prompt_logprobs_for_step
@@ -214,6 +214,9 @@ class ModelRunner:
         t0 = time.perf_counter()
         collective0 = self.tp.clock.seconds
         self._update_states(so)
+        encoder = EncoderWork()
+        if self.images is not None and (so.encoder_inputs or so.encoder_frees):
+            encoder = self.images.run_encoder(so.encoder_inputs, so.encoder_frees)
         if so.is_empty:
             return ModelOutput(req_ids=[], sampled_token_ids=[])
         states, query_lens, num_decodes = self._batch_order(so)
@@ -252,6 +255,8 @@ class ModelRunner:
             extra_token_ids=out.extra_token_ids,
             extra_logprobs=out.extra_logprobs,
             pooled=pooled,
+            num_images_encoded=encoder.num_images,
+            encoder_time=encoder.seconds,
         )
 
     def _forward(self, arrays: StepArrays, embeds: Tensor | None) -> tuple[float, Tensor]:

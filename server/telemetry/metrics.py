@@ -266,6 +266,16 @@ class EngineMetrics:
             "Draft tokens accepted, by position in the draft (0 = first).",
             ("position",),
         )
+        # Image inputs: the vision encoder and its output cache (--encoder-cache-size).
+        self.images_encoded = counter(
+            "mm_images_encoded", "Images the vision encoder ran on (distinct per step)."
+        ).labels(m)
+        self.encoder_cache_hits = counter(
+            "mm_encoder_cache_hits", "Images whose features came from the encoder-output cache."
+        ).labels(m)
+        self.encoder_seconds = counter(
+            "mm_encoder_seconds", "Seconds the vision encoder ran."
+        ).labels(m)
 
     # ------------------------------------------------------------------ engine thread
     def on_step(self, stats: StepStats) -> None:
@@ -278,6 +288,10 @@ class EngineMetrics:
             self.spec_accepted_tokens.inc(stats.num_accepted_tokens)
             for position, count in enumerate(stats.accepted_per_pos):
                 self._spec_accepted_per_pos.labels(self._model, str(position)).inc(count)
+        if stats.num_images_encoded or stats.num_encoder_cache_hits:
+            self.images_encoded.inc(stats.num_images_encoded)
+            self.encoder_cache_hits.inc(stats.num_encoder_cache_hits)
+            self.encoder_seconds.inc(stats.encoder_time)
 
     def on_request_finished(
         self, stats: RequestStats, tenant: str = "default", finish_reason: str | None = None

@@ -172,6 +172,10 @@ def step_attributes(stats: StepStats) -> dict[str, int | float | str]:
         # Speculative decoding: draft tokens verified in this step, and accepted.
         "tokenwire.spec.draft_tokens": stats.num_draft_tokens,
         "tokenwire.spec.accepted_tokens": stats.num_accepted_tokens,
+        # Image inputs: images the vision encoder ran on (within prepare), and cache hits.
+        "tokenwire.step.images_encoded": stats.num_images_encoded,
+        "tokenwire.step.encoder_cache_hits": stats.num_encoder_cache_hits,
+        "tokenwire.step.encoder_ms": stats.encoder_time * 1e3,
     }
 
 

@@ -48,6 +48,8 @@ VALUES: dict[str, Any] = {
     "max_model_len": 512,
     "max_num_seqs": 8,
     "max_num_batched_tokens": 1024,
+    "encoder_cache_size": 4096,
+    "max_num_encoder_input_tokens": 512,
     "block_size": 32,
     "gpu_memory_utilization": 0.5,
     "kv_cache_memory": 1 << 20,
@@ -205,7 +207,8 @@ def test_create_engine_config_carries_every_field() -> None:
     )  # fmt: skip
     assert config.scheduler == SchedulerConfig(
         max_num_seqs=8, max_num_batched_tokens=1024, scheduling_policy="priority",
-        enable_chunked_prefill=False, async_scheduling=True,
+        enable_chunked_prefill=False, async_scheduling=True, encoder_cache_size=4096,
+        max_num_encoder_input_tokens=512,
     )  # fmt: skip
     assert config.parallel == ParallelConfig(
         tensor_parallel_size=2, data_parallel_size=2, nnodes=2,
@@ -227,6 +230,8 @@ def test_create_engine_config_carries_every_field() -> None:
         ("max_model_len", 0, "--max-model-len"),
         ("max_num_seqs", 0, "--max-num-seqs"),
         ("max_num_batched_tokens", -1, "--max-num-batched-tokens"),
+        ("encoder_cache_size", 0, "--encoder-cache-size"),
+        ("max_num_encoder_input_tokens", -1, "--max-num-encoder-input-tokens"),
         ("block_size", 24, "--block-size"),
         ("gpu_memory_utilization", 1.5, "--gpu-memory-utilization"),
         ("kv_cache_memory", 0, "--kv-cache-memory"),

@@ -43,6 +43,8 @@ VALUES: dict[str, Any] = {
     "max_model_len": 512,
     "max_num_seqs": 8,
     "max_num_batched_tokens": 1024,
+    "encoder_cache_size": 4096,
+    "max_num_encoder_input_tokens": 512,
     "block_size": 32,
     "gpu_memory_utilization": 0.5,
     "kv_cache_memory": 1 << 20,

@@ -10,25 +10,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from engine_checks import assert_llm_idle
 from PIL import Image
-from transformers import (
-    CLIPImageProcessor,
-    CLIPVisionConfig,
-    LlamaConfig,
-    LlavaConfig,
-    LlavaForConditionalGeneration,
-)
+from tiny_llava import IMAGE_TOKEN, PATCHES, save_tiny_llava, synthetic_image
+from transformers import CLIPImageProcessor, LlavaForConditionalGeneration
 
 from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.llm import LLM
 from tokenwire.runtime.sampling_params import SamplingParams
 
-IMAGE_TOKEN = 100
-PATCHES = 16  # (32 // 8) ** 2, the CLS feature dropped ("default" strategy)
 NEW_TOKENS = 8
 BLOCK = 16
 # 20 text tokens (one whole block before any image), an image, more text.
@@ -38,46 +30,12 @@ TWO_IMAGES = [1, 40, 41, IMAGE_TOKEN, 42, 43, IMAGE_TOKEN, 44]
 TEXT_ONLY = [1, 50, 51, 52, 53, 54]
 
 
-def _image(seed: int, size: tuple[int, int] = (40, 48)) -> Image.Image:
-    pixels = np.random.RandomState(seed).randint(0, 256, (*size, 3), dtype=np.uint8)
-    return Image.fromarray(pixels)
+_image = synthetic_image
 
 
 @pytest.fixture(scope="module")
 def llava_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    text = LlamaConfig(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    vision = CLIPVisionConfig(
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=32,
-        patch_size=8,
-    )
-    config = LlavaConfig(text_config=text, vision_config=vision, image_token_index=IMAGE_TOKEN)
-    torch.manual_seed(0)
-    model = LlavaForConditionalGeneration(config).eval()
-    with torch.no_grad():  # larger weights than the 0.02 init: images move the argmax
-        for name, param in model.named_parameters():
-            if "norm" not in name:
-                param.normal_(0.0, 0.2)
-    path = tmp_path_factory.mktemp("llava")
-    model.save_pretrained(path)
-    processor = CLIPImageProcessor(
-        size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
-    )
-    processor.save_pretrained(path)
-    return path
+    return save_tiny_llava(tmp_path_factory.mktemp("llava"))
 
 
 def _expand(token_ids: list[int]) -> list[int]:

@@ -121,3 +121,31 @@ def test_speculative_decoding_metrics_and_attributes() -> None:
     assert abs(float(req.attributes["tokenwire.spec.acceptance_rate"]) - 2 / 3) < 1e-9
     steps = [s for s in spans if s.attributes and s.attributes.get("tokenwire.step.id") == 1]
     assert steps and steps[0].attributes["tokenwire.spec.accepted_tokens"] == 2
+
+
+def test_encoder_metrics_and_attributes() -> None:
+    """Image inputs: images encoded, encoder-cache hits and encoder seconds count what the
+    step records say; the step span carries them."""
+    from dataclasses import replace
+
+    telemetry, exporter = make()
+    record = telemetry.begin("r5", "anon/r5", "generate")
+    telemetry.admit(record, 1)
+    t0 = time.monotonic()
+    encoded = replace(
+        step(7, {"anon/r5": 40}, t0), num_images_encoded=2, num_encoder_cache_hits=1,
+        encoder_time=0.25,
+    )  # fmt: skip
+    telemetry.on_step(encoded)
+    telemetry.on_step(replace(step(8, {"anon/r5": 40}, t0 + 0.02), num_encoder_cache_hits=3))
+    text = telemetry.exposition().decode()
+    value = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert value["tokenwire:mm_images_encoded_total"] == 2
+    assert value["tokenwire:mm_encoder_cache_hits_total"] == 4
+    assert value["tokenwire:mm_encoder_seconds_total"] == 0.25
+    telemetry.on_request_finished(finished("anon/r5", t0, out=1))
+    telemetry.end(record, "OK")
+    spans = exporter.get_finished_spans()
+    steps = [s for s in spans if s.attributes and s.attributes.get("tokenwire.step.id") == 7]
+    assert steps and steps[0].attributes["tokenwire.step.images_encoded"] == 2
+    assert steps[0].attributes["tokenwire.step.encoder_ms"] == 250.0
