@@ -11,14 +11,23 @@ the worker drops its row on the next step. So one step is in flight between call
 step's bookkeeping (update, the front's detokenization, the next schedule) overlaps the
 forward.
 
+Prompt logprobs, LoRA and the KV tiers need nothing of their own. The worker computes a
+prompt's logprobs from the prompt's own tokens (never a sampled one) and keeps its place in
+them across chunks and restarts. The scheduler admits an adapter against the
+running requests, which still include those the step in flight finishes, so a step never
+needs more than ``--max-loras`` slots. A KV-tier plan rides in its step and the worker runs
+plans in step order (step k+1's saves and disk writes read blocks after step k's forward
+wrote them); a load counts as done only once a reconciled step acknowledges it, so the
+request it serves is admitted a step later at most.
+
 What async steps do not cover falls back to synchronous steps (schedule, run, update, with
 nothing in flight), never to different output:
 
 * engine-wide (``sync_reason``): an executor that cannot take a step while one runs
   (tensor parallelism's worker processes), speculative decoding (drafts need the last
-  token), embedding models, LoRA, the host KV tier;
+  token), embedding models;
 * per step (``step_needs_sync``), while any request has structured outputs (the grammar must
-  take step k's token before step k+1's mask), prompt logprobs, or a Session hold.
+  take step k's token before step k+1's mask) or a Session hold.
 """
 
 from __future__ import annotations
@@ -65,22 +74,15 @@ def sync_reason(config: EngineConfig, facts: ModelFacts, executor: Executor) -> 
         return "speculative decoding"
     if facts.embed is not None:
         return "an embedding model"
-    if config.lora.enable_lora:
-        return "LoRA"
-    if facts.num_offload_blocks and config.cache.enable_prefix_caching:
-        return "the host KV tier"
     return None
 
 
 def step_needs_sync(scheduler: Scheduler) -> bool:
-    """A request whose next step needs step k's tokens first (or is not covered yet)."""
+    """A request whose next step needs step k's tokens first (structured outputs), or a
+    Session hold (not covered yet)."""
     for request in scheduler.requests.values():
         params = request.sampling_params
-        if (
-            params.structured_outputs is not None
-            or params.prompt_logprobs is not None
-            or request.hold_as is not None
-        ):
+        if params.structured_outputs is not None or request.hold_as is not None:
             return True
     return False
 
