@@ -11,7 +11,10 @@ the worker drops its row on the next step. So one step is in flight between call
 step's bookkeeping (update, the front's detokenization, the next schedule) overlaps the
 forward.
 
-Prompt logprobs, LoRA and the KV tiers need nothing of their own. The worker computes a
+An embedding request whose prompt step k completes pools instead of sampling: its
+placeholder only keeps it out of step k+1 (``finishes_by_length``), and ``update`` finishes
+it with its vector (also when step k+1's planning preempted it). Prompt logprobs, LoRA and
+the KV tiers need nothing of their own. The worker computes a
 prompt's logprobs from the prompt's own tokens (never a sampled one) and keeps its place in
 them across chunks and restarts. The scheduler admits an adapter against the
 running requests, which still include those the step in flight finishes, so a step never
@@ -25,7 +28,7 @@ nothing in flight), never to different output:
 
 * engine-wide (``sync_reason``): an executor that cannot take a step while one runs
   (tensor parallelism's worker processes), speculative decoding (drafts need the last
-  token), embedding models;
+  token);
 * per step (``step_needs_sync``), while any request has structured outputs (the grammar must
   take step k's token before step k+1's mask) or a Session hold.
 """
@@ -43,7 +46,6 @@ from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.core.scheduler import Scheduler
 from tokenwire.runtime.engine.fault import StepFault
 from tokenwire.runtime.executor.base import AsyncExecutor, Executor
-from tokenwire.runtime.model_facts import ModelFacts
 from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.scheduler_output import SchedulerOutput
@@ -65,15 +67,13 @@ def carries_work(so: SchedulerOutput) -> bool:
     )
 
 
-def sync_reason(config: EngineConfig, facts: ModelFacts, executor: Executor) -> str | None:
+def sync_reason(config: EngineConfig, executor: Executor) -> str | None:
     """Why this engine runs synchronous steps even with ``--async-scheduling``; None: it can
     run async steps."""
     if not isinstance(executor, AsyncExecutor):
         return "its executor runs one step at a time (tensor parallelism)"
     if config.speculative_config is not None:
         return "speculative decoding"
-    if facts.embed is not None:
-        return "an embedding model"
     return None
 
 
@@ -89,7 +89,6 @@ def step_needs_sync(scheduler: Scheduler) -> bool:
 
 def make_stepper(
     config: EngineConfig,
-    facts: ModelFacts,
     executor: Executor,
     scheduler: Scheduler,
     structured: StructuredOutputManager,
@@ -101,7 +100,7 @@ def make_stepper(
     is off, or ``sync_reason`` names what the engine runs that async steps do not cover)."""
     if not config.scheduler.async_scheduling:
         return None
-    reason = sync_reason(config, facts, executor)
+    reason = sync_reason(config, executor)
     if reason is not None:
         logger.info("async scheduling is off for %s: steps run synchronously", reason)
         return None

@@ -2,8 +2,8 @@
 its greedy and seeded outputs equal synchronous scheduling's token for token, for every
 feature it covers (stop tokens and strings, max_tokens, min_tokens, n > 1, penalties,
 logprobs, prompt logprobs, chunked prefill, preemption, aborts, LoRA, the host and disk KV
-tiers). What it does not cover runs synchronous steps with the same output. After every run
-the engine is idle with every KV block free."""
+tiers, embedding models). What it does not cover runs synchronous steps with the same
+output. After every run the engine is idle with every KV block free."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from embed_models import build_st_model
 from engine_checks import assert_llm_idle
 from peft_reference import write_adapter
 
@@ -43,13 +45,23 @@ def generate(
     prompts: list[list[int]] = PROMPTS,
     **kwargs: Any,
 ) -> Run:
-    recorder = StepRecorder()
-    llm = LLM(
-        str(model), device="cpu", observer=recorder, async_scheduling=async_scheduling, **kwargs
-    )
+    llm = make_llm(model, async_scheduling, **kwargs)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert_llm_idle(llm)
-    return [[c.token_ids for c in o.outputs] for o in outputs], llm, recorder
+    return [[c.token_ids for c in o.outputs] for o in outputs], llm, steps_of(llm)
+
+
+def make_llm(model: Path, async_scheduling: bool, **kwargs: Any) -> LLM:
+    observer = StepRecorder()
+    return LLM(
+        str(model), device="cpu", observer=observer, async_scheduling=async_scheduling, **kwargs
+    )
+
+
+def steps_of(llm: LLM) -> StepRecorder:
+    recorder = llm.engine.observer
+    assert isinstance(recorder, StepRecorder)
+    return recorder
 
 
 def overlapped(steps: list[StepStats]) -> bool:
@@ -103,7 +115,6 @@ def same_choices(fast: list[RequestOutput], sync: list[RequestOutput]) -> None:
     """Tokens, finish reasons, and sample and prompt logprobs (ranks exact, values within
     float noise: the two runs batch rows differently) are the same."""
     for f, s in zip(fast, sync, strict=True):
-        assert f.prompt_logprobs is not None or s.prompt_logprobs is None
         assert same_logprobs(f.prompt_logprobs, s.prompt_logprobs)
         for fc, sc in zip(f.outputs, s.outputs, strict=True):
             assert (fc.token_ids, fc.finish_reason) == (sc.token_ids, sc.finish_reason)
@@ -179,26 +190,41 @@ def run_prompt_logprobs(
     ]
     llm = make_llm(model, async_scheduling, **kw)
     outputs = llm.generate(PROMPTS, params, use_tqdm=False)
-    recorder = llm.engine.observer
-    assert isinstance(recorder, StepRecorder)
-    assert (sum(s.num_preemptions for s in recorder.steps) > 0) == preempt
+    assert (sum(s.num_preemptions for s in steps_of(llm).steps) > 0) == preempt
     return llm, outputs
+
+
+# Chunked prefills (16-token budget) in a device cache of 8 usable 4-token blocks: requests
+# wait for blocks. (Preempting an embedding request is covered in test_async_scheduler.py.)
+SMALL_CHUNKED: dict[str, Any] = {
+    "max_num_batched_tokens": 16, "block_size": 4, "num_gpu_blocks_override": 9, "max_model_len": 32
+}  # fmt: skip
+
+
+def run_embedding(
+    tmp: Path, async_scheduling: bool, kind: str, **kwargs: Any
+) -> tuple[LLM, list[Any]]:
+    """Vectors of a tiny sentence-transformers model (MEAN pooling, over chunks for the
+    decoder)."""
+    folder = tmp / f"st-{kind}"
+    if not folder.exists():
+        build_st_model(kind, folder, "mean")
+    llm = make_llm(folder, async_scheduling, **kwargs)
+    texts = [f"{i} " + "the quick brown fox jumps over the lazy dog " * (i % 3) for i in range(9)]
+    return llm, [o.outputs.embedding for o in llm.embed(texts, use_tqdm=False)]
 
 
 ENGINE_FEATURES: dict[str, Callable[[Path, Path, bool], tuple[LLM, list[Any]]]] = {
     "lora": run_lora,
     "host_kv_tier": lambda m, t, a: run_tiers(m, t, a, disk=False),
     "disk_kv_tier": lambda m, t, a: run_tiers(m, t, a, disk=True),
+    "embedding_decoder": lambda m, t, a: run_embedding(t, a, "qwen3", **SMALL_CHUNKED),
+    "embedding_encoder": lambda m, t, a: run_embedding(
+        t, a, "bert", max_model_len=40, max_num_batched_tokens=40
+    ),
     "prompt_logprobs": lambda m, t, a: run_prompt_logprobs(m, t, a, preempt=False),
     "prompt_logprobs_preempted": lambda m, t, a: run_prompt_logprobs(m, t, a, preempt=True),
 }
-
-
-def make_llm(model: Path, async_scheduling: bool, **kwargs: Any) -> LLM:
-    observer = StepRecorder()
-    return LLM(
-        str(model), device="cpu", observer=observer, async_scheduling=async_scheduling, **kwargs
-    )
 
 
 @pytest.mark.parametrize("feature", list(ENGINE_FEATURES))
@@ -209,12 +235,13 @@ def test_async_equals_sync_with(
     engine idle afterwards with every block free (on every KV tier)."""
     model, run = tiny_model_factory("llama"), ENGINE_FEATURES[feature]
     (sync_llm, sync), (fast_llm, fast) = (run(model, tmp_path, a) for a in (False, True))
-    same_choices(fast, sync)
+    if feature.startswith("embedding"):
+        assert np.allclose(fast, sync, atol=1e-6) and len(fast) == 9
+    else:
+        same_choices(fast, sync)
     for llm, async_scheduling in ((sync_llm, False), (fast_llm, True)):
         assert_llm_idle(llm)
-        recorder = llm.engine.observer
-        assert isinstance(recorder, StepRecorder)
-        assert overlapped(recorder.steps) == async_scheduling
+        assert overlapped(steps_of(llm).steps) == async_scheduling
 
 
 def test_stop_token_ids_and_logprobs(tiny_model_factory: Callable[..., Path]) -> None:
@@ -318,8 +345,7 @@ def test_uncovered_features_run_synchronous_steps(
             [o.outputs[0].text for o in llm.generate(["Hi", "Yes"], params, use_tqdm=False)]
         )
         assert_llm_idle(llm)
-        recorder = llm.engine.observer
-        assert isinstance(recorder, StepRecorder) and not overlapped(recorder.steps)
+        assert not overlapped(steps_of(llm).steps)
     assert runs[0] == runs[1] and all(text[:2] in ("ab", "cd") for text in runs[1])
     model = tiny_model_factory("llama")
     ngram = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}
