@@ -11,17 +11,18 @@ the worker drops its row on the next step. So one step is in flight between call
 step's bookkeeping (update, the front's detokenization, the next schedule) overlaps the
 forward.
 
-An embedding request whose prompt step k completes pools instead of sampling: its
-placeholder only keeps it out of step k+1 (``finishes_by_length``), and ``update`` finishes
-it with its vector (also when step k+1's planning preempted it). Prompt logprobs, LoRA and
-the KV tiers need nothing of their own. The worker computes a
-prompt's logprobs from the prompt's own tokens (never a sampled one) and keeps its place in
-them across chunks and restarts. The scheduler admits an adapter against the
-running requests, which still include those the step in flight finishes, so a step never
-needs more than ``--max-loras`` slots. A KV-tier plan rides in its step and the worker runs
-plans in step order (step k+1's saves and disk writes read blocks after step k's forward
-wrote them); a load counts as done only once a reconciled step acknowledges it, so the
-request it serves is admitted a step later at most.
+Features that need care but no fallback:
+
+* embedding requests pool instead of sampling: the placeholder of one whose prompt step k
+  completes only keeps it out of step k+1 (``finishes_by_length``), and ``update`` finishes
+  it with its vector (also when step k+1's planning preempted it);
+* prompt logprobs come from the prompt's own tokens (never a sampled one), and the worker
+  keeps its place in them across chunks and restarts;
+* LoRA: the scheduler admits an adapter against the running requests, which still include
+  those the step in flight finishes, so a step never needs more than ``--max-loras`` slots;
+* KV tiers: a plan rides in its step and the worker runs steps in order (step k+1's saves
+  and disk writes read blocks after step k's forward wrote them); a load is done only once a
+  reconciled step acknowledges it, so its request is admitted a step later at most.
 
 What async steps do not cover falls back to synchronous steps (schedule, run, update, with
 nothing in flight), never to different output:
