@@ -8,7 +8,8 @@ step brings up to date (it samples) gets one output placeholder. The next ``sche
 counts placeholders as known tokens (one decode token each: the worker feeds it its own
 step-k sample), and ``update(..., advanced=True)`` turns a placeholder into the real token.
 
-A request whose placeholders alone reach ``max_tokens`` (or the context window) is finished
+A request whose placeholders alone reach ``max_tokens`` (or the context window), or an
+embedding request whose whole prompt is computed once the step in flight runs, is finished
 for sure by the pending update: ``finishes_by_length`` keeps it out of the next step. Under
 synchronous steps nothing here runs and every request has 0 placeholders.
 """
@@ -37,7 +38,11 @@ def settle(request: Request) -> None:
 
 
 def finishes_by_length(request: Request) -> bool:
-    """The tokens in flight make it reach ``max_tokens`` (capped by the context window):
-    the pending update finishes it, so no later step may run it."""
+    """The tokens in flight make it reach ``max_tokens`` (capped by the context window), or
+    it is an embedding request whose prompt the step in flight completes (it pools instead
+    of sampling): the pending update finishes it, so no later step may run it."""
     placeholders = request.num_output_placeholders
-    return bool(placeholders) and request.num_output_tokens + placeholders >= request.max_tokens
+    if not placeholders:
+        return False
+    pooled = request.sampling_params.pooling is not None
+    return pooled or request.num_output_tokens + placeholders >= request.max_tokens

@@ -490,6 +490,8 @@ class Scheduler:
             request = self.requests.get(request_id)
             if request is None:
                 continue  # aborted while the step ran
+            if request.status == RequestStatus.PREEMPTED:  # async: preempted while it ran
+                self.waiting.remove(request)
             request.first_token_time = now
             self._finish(request, FinishReason.LENGTH)
             outputs.append(

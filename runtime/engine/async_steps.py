@@ -11,14 +11,27 @@ the worker drops its row on the next step. So one step is in flight between call
 step's bookkeeping (update, the front's detokenization, the next schedule) overlaps the
 forward.
 
+Features that need care but no fallback:
+
+* embedding requests pool instead of sampling: the placeholder of one whose prompt step k
+  completes only keeps it out of step k+1 (``finishes_by_length``), and ``update`` finishes
+  it with its vector (also when step k+1's planning preempted it);
+* prompt logprobs come from the prompt's own tokens (never a sampled one), and the worker
+  keeps its place in them across chunks and restarts;
+* LoRA: the scheduler admits an adapter against the running requests, which still include
+  those the step in flight finishes, so a step never needs more than ``--max-loras`` slots;
+* KV tiers: a plan rides in its step and the worker runs steps in order (step k+1's saves
+  and disk writes read blocks after step k's forward wrote them); a load is done only once a
+  reconciled step acknowledges it, so its request is admitted a step later at most.
+
 What async steps do not cover falls back to synchronous steps (schedule, run, update, with
 nothing in flight), never to different output:
 
 * engine-wide (``sync_reason``): an executor that cannot take a step while one runs
   (tensor parallelism's worker processes), speculative decoding (drafts need the last
-  token), embedding models, LoRA, the host KV tier;
+  token);
 * per step (``step_needs_sync``), while any request has structured outputs (the grammar must
-  take step k's token before step k+1's mask), prompt logprobs, or a Session hold.
+  take step k's token before step k+1's mask) or a Session hold.
 """
 
 from __future__ import annotations
@@ -34,7 +47,6 @@ from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.core.scheduler import Scheduler
 from tokenwire.runtime.engine.fault import StepFault
 from tokenwire.runtime.executor.base import AsyncExecutor, Executor
-from tokenwire.runtime.model_facts import ModelFacts
 from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.scheduler_output import SchedulerOutput
@@ -56,38 +68,28 @@ def carries_work(so: SchedulerOutput) -> bool:
     )
 
 
-def sync_reason(config: EngineConfig, facts: ModelFacts, executor: Executor) -> str | None:
+def sync_reason(config: EngineConfig, executor: Executor) -> str | None:
     """Why this engine runs synchronous steps even with ``--async-scheduling``; None: it can
     run async steps."""
     if not isinstance(executor, AsyncExecutor):
         return "its executor runs one step at a time (tensor parallelism)"
     if config.speculative_config is not None:
         return "speculative decoding"
-    if facts.embed is not None:
-        return "an embedding model"
-    if config.lora.enable_lora:
-        return "LoRA"
-    if facts.num_offload_blocks and config.cache.enable_prefix_caching:
-        return "the host KV tier"
     return None
 
 
 def step_needs_sync(scheduler: Scheduler) -> bool:
-    """A request whose next step needs step k's tokens first (or is not covered yet)."""
+    """A request whose next step needs step k's tokens first (structured outputs), or a
+    Session hold (not covered yet)."""
     for request in scheduler.requests.values():
         params = request.sampling_params
-        if (
-            params.structured_outputs is not None
-            or params.prompt_logprobs is not None
-            or request.hold_as is not None
-        ):
+        if params.structured_outputs is not None or request.hold_as is not None:
             return True
     return False
 
 
 def make_stepper(
     config: EngineConfig,
-    facts: ModelFacts,
     executor: Executor,
     scheduler: Scheduler,
     structured: StructuredOutputManager,
@@ -99,7 +101,7 @@ def make_stepper(
     is off, or ``sync_reason`` names what the engine runs that async steps do not cover)."""
     if not config.scheduler.async_scheduling:
         return None
-    reason = sync_reason(config, facts, executor)
+    reason = sync_reason(config, executor)
     if reason is not None:
         logger.info("async scheduling is off for %s: steps run synchronously", reason)
         return None

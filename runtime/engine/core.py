@@ -103,7 +103,6 @@ class EngineCore:
         # --async-scheduling: keeps one step in flight (engine.async_steps); None: sync steps.
         self._stepper = make_stepper(
             config,
-            self.facts,
             self.executor,
             self.scheduler,
             self.structured,

@@ -15,7 +15,8 @@ from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
 from tokenwire.runtime.core.request import Request
 from tokenwire.runtime.core.scheduler import Scheduler
 from tokenwire.runtime.model_output import ModelOutput
-from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.outputs import EngineCoreOutput, FinishReason
+from tokenwire.runtime.sampling_params import SamplingParams, embedding_params
 from tokenwire.runtime.scheduler_output import SchedulerOutput
 
 EOS = 2
@@ -34,12 +35,15 @@ class FakeWorker:
 
     def __init__(self) -> None:
         self.rows: dict[str, list[int]] = {}
+        self.pooling: set[str] = set()  # embedding requests: pool once the prompt is computed
 
     def execute(self, so: SchedulerOutput) -> ModelOutput:
         for rid in so.finished_req_ids:
             self.rows.pop(rid, None)
         for new in so.new_reqs:
             self.rows[new.request_id] = [len(new.prompt_token_ids), new.num_computed_tokens]
+            if new.sampling_params.pooling is not None:
+                self.pooling.add(new.request_id)
         cached = so.cached_reqs
         for rid, resumed, computed in zip(
             cached.request_ids, cached.resumed_from_preemption, cached.num_computed_tokens,
@@ -47,25 +51,30 @@ class FakeWorker:
         ):  # fmt: skip
             if resumed:
                 self.rows[rid][1] = computed
-        req_ids, tokens = [], []
+        req_ids, tokens, pooled = [], [], {}
         for rid, n in so.num_scheduled_tokens.items():
             row = self.rows[rid]
             row[1] += n
             assert row[1] <= row[0], f"{rid}: computes a token it does not know"
-            if row[1] == row[0]:
+            if row[1] == row[0] and rid in self.pooling:  # pools, samples nothing
+                pooled[rid] = [float(row[0]), float(sum(map(ord, rid)))]
+            elif row[1] == row[0]:
                 req_ids.append(rid)
                 tokens.append(token_at(rid, row[0]))
                 row[0] += 1
-        return ModelOutput(req_ids=req_ids, sampled_token_ids=tokens)
+        return ModelOutput(req_ids=req_ids, sampled_token_ids=tokens, pooled=pooled)
 
 
-def make_requests(seed: int, count: int) -> list[Request]:
+def make_requests(seed: int, count: int, pool_every: int = 0) -> list[Request]:
+    """``pool_every``: every that many requests is an embedding request (prefill only)."""
     rng = random.Random(seed)
     return [
         Request(
             f"r{i}",
             [10 + (j * 7 + i) % 50 for j in range(rng.randint(1, 30))],
-            SamplingParams(max_tokens=rng.randint(1, 25), temperature=0.0),
+            embedding_params(None)
+            if pool_every and i % pool_every == 1
+            else SamplingParams(max_tokens=rng.randint(1, 25), temperature=0.0),
             frozenset({EOS}),
             64,
         )
@@ -81,13 +90,15 @@ def scheduler(num_blocks: int, budget: int, max_seqs: int) -> Scheduler:
 
 def drive(
     sched: Scheduler, requests: list[Request], async_steps: bool, abort_seed: int | None = None
-) -> None:
+) -> dict[str, list[float]]:
+    """Run ``requests`` to the end; the embedding requests' vectors."""
     for r in requests:
         sched.add_request(r)
     worker = FakeWorker()
     rng = random.Random(abort_seed)
     in_flight: SchedulerOutput | None = None
     pending = None
+    outputs: list[EngineCoreOutput] = []
     for _ in range(5000):
         if not sched.has_unfinished_requests() and in_flight is None:
             break
@@ -99,16 +110,17 @@ def drive(
             out = worker.execute(so)  # runs "while" the previous step is reconciled
             if in_flight is not None:
                 assert pending is not None
-                sched.update(in_flight, pending, advanced=True)
+                outputs += sched.update(in_flight, pending, advanced=True)
             in_flight, pending = so, out
         else:
-            sched.update(so, worker.execute(so))
+            outputs += sched.update(so, worker.execute(so))
         sched.kv.check_invariants(idle=False)
     assert in_flight is None or not sched.has_unfinished_requests()
     assert not sched.has_unfinished_requests(), "did not finish"
     sched.schedule()  # the last finished ids go out
     sched.kv.check_invariants(idle=True)
     assert sched.kv.num_free_blocks == sched.kv.num_blocks
+    return {o.request_id: o.pooled for o in outputs if o.pooled is not None}
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -124,6 +136,22 @@ def test_async_tokens_equal_sync_tokens(seed: int, num_blocks: int, budget: int)
         assert (a.finish_reason, a.stop_reason) == (s.finish_reason, s.stop_reason)
     if num_blocks == 18:
         assert fast.num_preemptions_total > 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(("num_blocks", "budget"), [(64, 64), (18, 8), (14, 6)])
+def test_async_embeddings_equal_sync(seed: int, num_blocks: int, budget: int) -> None:
+    """Embedding requests among generating ones: a request whose prompt the step in flight
+    completes is never scheduled again (the fake worker would compute past its prompt), and
+    it finishes with its vector, also when the next step's planning preempted it."""
+    sync_reqs, async_reqs = make_requests(seed, 12, 3), make_requests(seed, 12, 3)
+    sync = drive(scheduler(num_blocks, budget, 6), sync_reqs, False)
+    fast = drive(scheduler(num_blocks, budget, 6), async_reqs, True)
+    assert fast == sync and len(sync) == 4
+    for s, a in zip(sync_reqs, async_reqs, strict=True):
+        assert (a.token_ids, a.finish_reason) == (s.token_ids, s.finish_reason), a.request_id
+        if a.sampling_params.pooling is not None:
+            assert a.finish_reason == FinishReason.LENGTH and a.num_output_tokens == 0
 
 
 @pytest.mark.parametrize("seed", range(6))
