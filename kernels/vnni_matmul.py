@@ -9,8 +9,8 @@ This path does what llama.cpp does for a Q4_1 x Q8_1 dot product: the activation
 quantized per 32-element block to int8 (scale ``amax / 127``), and each weight block's codes
 meet them in integer dot products (``vpdpbusd``: 64 u8 x s8 products per instruction) that
 are then scaled by the two blocks' scales. Measured, 1 thread, SmolLM2-135M's 30 layers of
-linears per step (distinct weights, streamed from memory): 1 row 4.2 ms (torch int4: 6.9),
-16 rows 15.4 ms (41.8), 128 rows 90 ms (330).
+linears per step (distinct weights, streamed from memory; docs/benchmarks.md): 1 row 6.2 ms
+(torch int4: 6.5), 16 rows 25.7 ms (40.9), 128 rows 166 ms (320).
 
 Layout (``pack_int4_vnni`` / ``pack_int8_vnni``, made once at load): rows in tiles of 16
 (padded with zero rows), codes interleaved so one 64-byte load feeds 16 rows' dot products
@@ -18,11 +18,13 @@ over 4 (int8) or 8 (int4, two nibbles) elements; per-block scales (and int4's mi
 ``W = scale * code + min``) as fp16, 16 rows side by side.
 
 Exactness: not the float32 path. The weights are the checkpoint's own codes (exact where the
-scales and minimums are fp16 values, as GGUF's are); the activations lose what int8 per
-32-block rounding loses (relative error ~5e-3 of a row's largest output on random data,
-about twice the bf16-activation torch kernel's). Batch invariance holds: every output element
-is one fixed chain of operations over K, whatever the row count, the other rows or the
-threads (``tests/kernels/test_vnni_matmul.py``).
+scales and minimums are fp16 values, as GGUF's are). The activations are two int8 parts per
+32-block, ``x ~ dx * (q1 + q2 / 254)``: llama.cpp's single part (q1) left errors of 1-1.5e-2
+of a layer's largest output on the default model and moved greedy tokens; with the residual
+q2 the error is 4-5e-5 (torch's bf16-activation int4 kernel: ~3e-3), for a second dot
+product per weight load. Batch invariance holds: every output element is one fixed chain of
+operations over K, whatever the row count, the other rows or the threads
+(``tests/kernels/test_vnni_matmul.py``).
 
 Needs x86-64 with AVX-512 (F, BW, VL, DQ, VNNI), F16C and FMA, read from ``/proc/cpuinfo``,
 and a C++ compiler (``kernels.native_build``); ``vnni_status`` says why not otherwise.
@@ -101,7 +103,9 @@ def _pad_rows(t: torch.Tensor, value: float = 0) -> torch.Tensor:
 
 
 def pack_int4_vnni(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> VnniWeights:
-    """``codes`` [N, K] in [0, 16), ``scales``/``mins`` [N, K / 32]: W = scale * code + min."""
+    """``codes`` [N, K] in [0, 16), ``scales``/``mins`` [N, K / 32]: W = scale * code + min.
+    (Loads the operator library too, so ``vnni_matmul`` can run these weights.)"""
+    vnni_status()
     n, k = codes.shape
     c = _pad_rows(codes.to(torch.uint8).cpu())
     c = c.reshape(-1, 16, k // 8, 2, 4).permute(0, 2, 1, 3, 4)  # tile, group, row, half, j
@@ -111,7 +115,8 @@ def pack_int4_vnni(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
 
 
 def pack_int8_vnni(codes: torch.Tensor, scales: torch.Tensor) -> VnniWeights:
-    """``codes`` [N, K] int8, ``scales`` [N, K / 32]: W = scale * code."""
+    """``codes`` [N, K] int8, ``scales`` [N, K / 32]: W = scale * code (loads the library)."""
+    vnni_status()
     n, k = codes.shape
     shifted = (_pad_rows(codes.cpu().to(torch.int16)) + 128).to(torch.uint8)
     packed = shifted.reshape(-1, 16, k // 4, 4).permute(0, 2, 1, 3).contiguous().reshape(-1)

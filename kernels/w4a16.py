@@ -13,11 +13,11 @@ Backends (``choose_backend`` says which runs where, and why; ``w8a16`` shares it
 
 - ``triton``: ``quant_matmul_triton`` on the canonical (K-sorted) layout.
 - ``vnni``: ``kernels.vnni_matmul`` (int8 activations per 32-block against the int4 codes in
-  integer dot products, AVX-512 VNNI): 1.6x faster than ``int4pack`` at 1 row, 2.7x at 16,
-  3.7x at 128 (SmolLM2-135M's linears, 1 thread). Batch invariant; not exact (the
-  activations' int8 rounding). Runs where ``int4pack`` would when the caller asks
-  (``vnni=True``: a GGUF kept quantized with ``--cpu-quant-kernel`` auto / vnni) and the CPU
-  and a C compiler allow it.
+  integer dot products, AVX-512 VNNI): 1.05x ``int4pack``'s speed at 1 row, 1.6x at 16,
+  1.9x at 128 (SmolLM2-135M's linears, 1 thread), and ~60x more precise (a residual int8
+  part keeps ~15 bits of each activation). Batch invariant; not exact. Runs where
+  ``int4pack`` would when the caller asks (``vnni=True``: a GGUF kept quantized with
+  ``--cpu-quant-kernel`` auto / vnni) and the CPU and a C++ compiler allow it.
 - ``int4pack``: torch's CPU int4 kernel (``_weight_int4pack_mm_for_cpu``), which computes
   ``(q - 8) * scale + zero``; so its zero is ``(8 - zeros) * scales``. Needs N % 16 == 0
   (rows are padded) and a group size of 32/64/128/256 (larger groups repeat their scales).
