@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-import sysconfig
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +59,6 @@ def _torch_flags() -> list[str]:
     return [
         f"-I{root / 'include'}",
         f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
-        f"-I{sysconfig.get_paths()['include']}",
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
         f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}",
     ]  # fmt: skip

@@ -244,10 +244,9 @@ def _lm_head_kind(
         raise ValueError(f"lm_head_dtype int8: unavailable: {vnni_status().reason}")
     if chosen != "auto":
         return chosen
-    fast = isinstance(quant, GGUFConfig) and quant.compute_dtype == torch.bfloat16
-    if not fast:
+    if not isinstance(quant, GGUFConfig) or quant.compute_dtype != torch.bfloat16:
         return "float32"
-    return "int8" if isinstance(quant, GGUFConfig) and quant.vnni else "bfloat16"
+    return "int8" if quant.vnni else "bfloat16"
 
 
 def _read_json(path: Path) -> dict[str, Any]:

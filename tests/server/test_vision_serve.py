@@ -18,20 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 import openai
 import pytest
-import torch
 from PIL import Image
 from rest_harness import RestHarness
 from server_harness import ServerHarness
-from transformers import (
-    CLIPImageProcessor,
-    CLIPVisionConfig,
-    LlamaConfig,
-    LlavaConfig,
-    LlavaForConditionalGeneration,
-)
+from tiny_llava import save_tiny_llava, synthetic_image
 
 from tokenwire.runtime.front.frontend import Frontend
 from tokenwire.runtime.front.images import ImagePrompter
@@ -58,8 +50,7 @@ def _png(image: Image.Image) -> bytes:
 
 
 def _image(seed: int, size: tuple[int, int] = (40, 48)) -> bytes:
-    pixels = np.random.RandomState(seed).randint(0, 256, (*size, 3), dtype=np.uint8)
-    return _png(Image.fromarray(pixels))
+    return _png(synthetic_image(seed, size))
 
 
 def _data_url(data: bytes) -> str:
@@ -68,37 +59,8 @@ def _data_url(data: bytes) -> str:
 
 @pytest.fixture(scope="module")
 def harness_model(tmp_path_factory: pytest.TempPathFactory, smollm_tokenizer: Any) -> Path:
-    text = LlamaConfig(
-        vocab_size=len(smollm_tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    vision = CLIPVisionConfig(
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=32,
-        patch_size=8,
-    )
-    config = LlavaConfig(text_config=text, vision_config=vision, image_token_index=IMAGE_TOKEN)
-    torch.manual_seed(0)
-    model = LlavaForConditionalGeneration(config).eval()
-    with torch.no_grad():  # larger weights than the 0.02 init: images move the argmax
-        for name, param in model.named_parameters():
-            if "norm" not in name:
-                param.normal_(0.0, 0.2)
     path = tmp_path_factory.mktemp("llava-served")
-    model.save_pretrained(path)
-    CLIPImageProcessor(
-        size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
-    ).save_pretrained(path)
+    save_tiny_llava(path, len(smollm_tokenizer), IMAGE_TOKEN, max_position=512)
     smollm_tokenizer.save_pretrained(path)
     return path
 

@@ -1,6 +1,7 @@
 """A tiny random LLaVA checkpoint (Llama text model + CLIP vision tower) saved with
 ``save_pretrained`` beside its image processor, and synthetic images: what the LLaVA tests
-load by path (``tests/runtime/test_llava.py``, ``test_encoder_cache.py``)."""
+load by path (``tests/runtime/test_llava.py``, ``test_encoder_cache.py``,
+``tests/server/test_vision_serve.py``)."""
 
 from __future__ import annotations
 
@@ -26,15 +27,18 @@ def synthetic_image(seed: int, size: tuple[int, int] = (40, 48)) -> Image.Image:
     return Image.fromarray(pixels)
 
 
-def save_tiny_llava(path: Path) -> Path:
+def save_tiny_llava(
+    path: Path, vocab_size: int = 128, image_token: int = IMAGE_TOKEN, max_position: int = 256
+) -> Path:
+    """The checkpoint and its image processor in ``path`` (no tokenizer: callers add theirs)."""
     text = LlamaConfig(
-        vocab_size=128,
+        vocab_size=vocab_size,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=256,
+        max_position_embeddings=max_position,
         bos_token_id=1,
         eos_token_id=2,
     )
@@ -46,7 +50,7 @@ def save_tiny_llava(path: Path) -> Path:
         image_size=32,
         patch_size=8,
     )
-    config = LlavaConfig(text_config=text, vision_config=vision, image_token_index=IMAGE_TOKEN)
+    config = LlavaConfig(text_config=text, vision_config=vision, image_token_index=image_token)
     torch.manual_seed(0)
     model = LlavaForConditionalGeneration(config).eval()
     with torch.no_grad():  # larger weights than the 0.02 init: images move the argmax
