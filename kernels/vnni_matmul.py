@@ -80,7 +80,7 @@ def vnni_status() -> NativeLibrary:
     missing = [flag for flag in _CPU_FLAGS if flag not in _cpu_flags()]
     if missing:
         return NativeLibrary(reason=f"the CPU lacks {', '.join(missing)}")
-    built = build_library("vnni_op.cpp", ("vnni_matmul.c",), _CC_FLAGS)
+    built = build_library("vnni_op.cpp", ("vnni_matmul.c", "fused_layers.c"), _CC_FLAGS)
     if built.loaded:
         torch.library.register_fake("tokenwire_vnni::matmul")(_matmul_fake)
     return built

@@ -79,6 +79,7 @@ class ModelConfig:
     dtype: DType = "auto"
     lm_head_dtype: LMHeadDType = "auto"
     cpu_quant_kernel: CpuQuantKernel = "auto"
+    cpu_fused_layers: bool = True
     max_model_len: int | None = None
     load_format: LoadFormat = "auto"
     seed: int = 0

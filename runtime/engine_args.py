@@ -216,6 +216,13 @@ class EngineArgs:
         "torch's int4 kernel (bf16 activations)",
         choices=get_args(CpuQuantKernel),
     )
+    cpu_fused_layers: bool = _arg(
+        ModelConfig,
+        "cpu_fused_layers",
+        "on CPU, run a model whose linears all take the VNNI kernel as one decoder-stack "
+        "operator (norms, rotary, paged attention and SwiGLU in C) where its layers allow it",
+        action=argparse.BooleanOptionalAction,
+    )
     device: str = _arg(EngineConfig, "device", "auto, cpu, cuda or cuda:N", type=str)
     max_model_len: int | str | None = _arg(
         ModelConfig,

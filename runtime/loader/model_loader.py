@@ -158,6 +158,8 @@ def load_model(
     process_weights_after_loading(model)  # quantized layers: into the kernels' layouts
     # The LM head: a row's logits do not depend on the batch (bf16 copy: --lm-head-dtype).
     model.prepare_logits(_lm_head_kind(model_config, quant, device))
+    if device.type == "cpu" and model_config.cpu_fused_layers:
+        _prepare_fused_stack(model, quant)
     tokenizer = load_tokenizer(tokenizer_dir)
     return LoadedModel(
         model=model,
@@ -229,6 +231,15 @@ def _use_vnni(kernel: CpuQuantKernel) -> bool:
         _log.info("CPU int4 linears run torch's int4 kernel: the VNNI kernel is unavailable: %s",
                   status.reason)  # fmt: skip
     return status.loaded
+
+
+def _prepare_fused_stack(model: LlamaForCausalLM, quant: QuantConfig | None) -> None:
+    """``--cpu-fused-layers``: the decoder stack as one operator where the model allows it."""
+    reason = model.prepare_fused_stack()
+    if reason is None:
+        _log.info("CPU decoder layers run as one fused operator (--cpu-fused-layers)")
+    elif isinstance(quant, GGUFConfig) and quant.vnni:
+        _log.info("CPU decoder layers run as torch ops: fused layers do not cover %s", reason)
 
 
 def _lm_head_kind(

@@ -27,6 +27,7 @@ from torch import nn
 
 from tokenwire.kernels.attention_metadata import AttentionMetadata
 from tokenwire.kernels.bf16_logits import Bf16LogitsWeight, prepare_bf16_logits
+from tokenwire.kernels.fused_layers import fused_layers
 from tokenwire.kernels.int8_logits import Int8LogitsWeight, prepare_int8_logits
 from tokenwire.kernels.invariant_linear import InvariantLinearWeight, prepare_invariant_linear
 from tokenwire.kernels.rotary import (
@@ -38,6 +39,7 @@ from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.models.arch import ModelArch
 from tokenwire.runtime.models.decoder import DecoderLayer, KVCache, norm
 from tokenwire.runtime.models.fused_checkpoint import split_fused_projections
+from tokenwire.runtime.models.fused_stack import FusedModel, build_fused_stack, fused_stack_reason
 from tokenwire.runtime.models.gpt_oss_checkpoint import split_gpt_oss_experts
 from tokenwire.runtime.models.layers import (
     ParallelLMHead,
@@ -175,6 +177,30 @@ class LlamaForCausalLM(nn.Module):
             prepared = self.__dict__["_logits_weight"]
         return prepared
 
+    def prepare_fused_stack(self) -> str | None:
+        """After loading: run the decoder stack as one operator (``kernels.fused_layers``)
+        where the model allows it; returns why not (the loader logs it), None when it does."""
+        reason = fused_stack_reason(self)
+        object.__setattr__(self, "_fused", None if reason else build_fused_stack(self))
+        return reason
+
+    def _fused_forward(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: Sequence[KVCache | None],
+        meta: AttentionMetadata | None,
+    ) -> torch.Tensor | None:
+        """The stack as one operator, when prepared and still applicable (float32 caches, no
+        LoRA wrappers since); None: run the torch layers."""
+        fused = self.__dict__.get("_fused")
+        if not isinstance(fused, FusedModel) or meta is None or kv_caches[0] is None:
+            return None
+        if kv_caches[0][0].dtype != torch.float32 or not fused.current(self.model.layers):
+            return None
+        caches = [t for kv in kv_caches if kv is not None for t in kv[:2]]
+        return fused_layers(hidden, positions, meta, caches, self.cos_sin_cache, fused.stack)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -192,6 +218,9 @@ class LlamaForCausalLM(nn.Module):
         if len(kv_caches) != len(self.model.layers):
             raise ValueError(f"expected {len(self.model.layers)} KV caches, got {len(kv_caches)}")
         hidden = self.model.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        fused = self._fused_forward(hidden, positions, kv_caches, meta)
+        if fused is not None:
+            return fused
         residual: torch.Tensor | None = None
         for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
             rope = self.cos_sin_cache

@@ -56,6 +56,7 @@ VALUES: dict[str, Any] = {
     "kv_cache_dtype": "fp8",
     "lm_head_dtype": "bfloat16",
     "cpu_quant_kernel": "torch",
+    "cpu_fused_layers": False,
     "num_gpu_blocks_override": 64,
     "kv_offloading_size": 1.5,
     "kv_offloading_disk_path": "/var/cache/kv",
@@ -192,7 +193,7 @@ def test_create_engine_config_carries_every_field() -> None:
     config = EngineArgs(**VALUES).create_engine_config()
     assert config.model == ModelConfig(
         model="some/model", tokenizer="some/tokenizer", dtype="bfloat16", max_model_len=512,
-        lm_head_dtype="bfloat16", cpu_quant_kernel="torch",
+        lm_head_dtype="bfloat16", cpu_quant_kernel="torch", cpu_fused_layers=False,
         load_format="dummy", seed=7, served_model_name="served", quantization="int8",
         revision="v1.0", tokenizer_revision="tok-v2", download_dir="/hf-cache",
         chat_template="/templates/chat.jinja", generation_config="vllm",

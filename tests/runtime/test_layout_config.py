@@ -83,6 +83,7 @@ VALUES: dict[str, Any] = {
     "structured_outputs_cache_bytes": 64 << 20,
     "lm_head_dtype": "bfloat16",
     "cpu_quant_kernel": "torch",
+    "cpu_fused_layers": False,
 }
 # What a field's value is only valid together with (set in both configs compared).
 COMPANIONS: dict[str, dict[str, Any]] = {

@@ -1,0 +1,118 @@
+"""Which loaded models run their decoder stack as one operator (``kernels.fused_layers``), and
+that operator's weights gathered from the model's modules.
+
+A model qualifies when every layer is what the operator computes (``fused_stack_reason``):
+one rank, float32, plain RMSNorm, a SwiGLU MLP, attention with rotary on every layer and no
+window, chunk, sink, soft-cap, q/k norm or temperature, and all four linears of every layer
+VNNI int4 weights (``w4a16`` backend "vnni") without bias. LoRA wraps the linears after
+loading: ``FusedModel.current`` sees the swap and the model runs its torch layers instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from tokenwire.kernels.activation import silu_and_mul
+from tokenwire.kernels.fused_layers import FusedStack, linear_tensors
+from tokenwire.kernels.w4a16 import W4A16Weights
+from tokenwire.runtime.models.decoder import MLP, DecoderLayer
+from tokenwire.runtime.models.layers.basic import RMSNorm
+
+if TYPE_CHECKING:
+    from tokenwire.runtime.models.llama import LlamaForCausalLM
+
+
+@dataclass(frozen=True)
+class FusedModel:
+    """The operator's weights and the linear modules they were taken from."""
+
+    stack: FusedStack
+    linears: tuple[nn.Module, ...]  # layer 0's qkv, o, gate_up, down (LoRA swaps all at once)
+
+    def current(self, layers: nn.ModuleList) -> bool:
+        """Whether the model still runs the modules the weights came from."""
+        first = layers[0]
+        assert isinstance(first, DecoderLayer)
+        return _linears(first) == self.linears
+
+
+def _linears(layer: DecoderLayer) -> tuple[nn.Module, ...]:
+    attn, mlp = layer.self_attn, layer.mlp
+    assert isinstance(mlp, MLP)
+    return attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
+
+
+def _vnni_int4(module: nn.Module) -> W4A16Weights | None:
+    prepared: Any = module.__dict__.get("w4a16")
+    if getattr(module, "bias", None) is not None or not isinstance(prepared, W4A16Weights):
+        return None
+    ok = prepared.backend == "vnni" and prepared.vnni is not None and prepared.perm is None
+    return prepared if ok else None
+
+
+def _layer_reason(layer: nn.Module) -> str | None:
+    """Why the operator cannot compute this decoder layer; None: it can."""
+    if not isinstance(layer, DecoderLayer) or not isinstance(layer.mlp, MLP):
+        return "a mixture-of-experts layer"
+    attn = layer.self_attn
+    plain = (
+        attn.q_norm is None and attn.sinks is None and attn.logits_soft_cap is None
+        and attn.sliding_window is None and attn.attention_chunk is None and attn.use_rope
+        and attn.l2_norm_eps is None and attn.temperature is None
+    )  # fmt: skip
+    if not plain:
+        return "its attention (windows, chunks, sinks, soft-caps or q/k norms)"
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    if layer.pre_feedforward_layernorm is not None or any(type(n) is not RMSNorm for n in norms):
+        return "its norms"
+    if layer.mlp.act_and_mul is not silu_and_mul:
+        return "its MLP activation"
+    if any(_vnni_int4(m) is None for m in _linears(layer)):
+        return "linears that are not VNNI int4 weights"
+    return None
+
+
+def fused_stack_reason(model: LlamaForCausalLM) -> str | None:
+    """Why ``model`` keeps its torch layers; None: it can run ``kernels.fused_layers``."""
+    if model.tp.world_size != 1:
+        return "tensor parallelism"
+    if model.cos_sin_cache.dtype != torch.float32 or any(model.local_rope):
+        return "its dtype or rotary tables"
+    if model.arch.head_dim % 16 != 0 or model.arch.intermediate_size % 32 != 0:
+        return "its head or MLP size"
+    if type(model.model.norm) is not RMSNorm:
+        return "its final norm"
+    for layer in model.model.layers:
+        reason = _layer_reason(layer)
+        if reason is not None:
+            return reason
+    return None if len(model.model.layers) else "no layers"
+
+
+def build_fused_stack(model: LlamaForCausalLM) -> FusedModel:
+    """The operator's weights for a model ``fused_stack_reason`` accepts."""
+    weights: list[torch.Tensor] = []
+    for layer in model.model.layers:
+        assert isinstance(layer, DecoderLayer)
+        weights += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+        for module in _linears(layer):
+            prepared = _vnni_int4(module)
+            assert prepared is not None and prepared.vnni is not None
+            weights += linear_tensors(prepared.vnni)
+    weights.append(model.model.norm.weight)
+    arch, first = model.arch, model.model.layers[0]
+    assert isinstance(first, DecoderLayer)
+    stack = FusedStack(
+        weights=tuple(w.detach().contiguous() for w in weights),
+        heads=first.self_attn.num_heads,
+        kv_heads=first.self_attn.num_kv_heads,
+        head_dim=arch.head_dim,
+        intermediate=arch.intermediate_size,
+        eps=arch.rms_norm_eps,
+        scale=first.self_attn.scale,
+    )
+    return FusedModel(stack, _linears(first))
