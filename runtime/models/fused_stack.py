@@ -11,7 +11,7 @@ loading: ``FusedModel.current`` sees the swap and the model runs its torch layer
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -19,11 +19,9 @@ from torch import nn
 from tokenwire.kernels.activation import silu_and_mul
 from tokenwire.kernels.fused_layers import FusedStack, linear_tensors
 from tokenwire.kernels.w4a16 import W4A16Weights
+from tokenwire.runtime.models.arch import ModelArch
 from tokenwire.runtime.models.decoder import MLP, DecoderLayer
 from tokenwire.runtime.models.layers.basic import RMSNorm
-
-if TYPE_CHECKING:
-    from tokenwire.runtime.models.llama import LlamaForCausalLM
 
 
 @dataclass(frozen=True)
@@ -76,35 +74,48 @@ def _layer_reason(layer: nn.Module) -> str | None:
     return None
 
 
-def fused_stack_reason(model: LlamaForCausalLM) -> str | None:
-    """Why ``model`` keeps its torch layers; None: it can run ``kernels.fused_layers``."""
-    if model.tp.world_size != 1:
+@dataclass(frozen=True)
+class StackParts:
+    """What the choice reads of a ``LlamaForCausalLM`` (which builds this; no import back)."""
+
+    arch: ModelArch
+    layers: nn.ModuleList
+    final_norm: nn.Module
+    world_size: int
+    rope_dtype: torch.dtype
+    local_rope: bool  # some layer rotates with a second table (Gemma 3)
+
+
+def fused_stack_reason(model: StackParts) -> str | None:
+    """Why the model keeps its torch layers; None: it can run ``kernels.fused_layers``."""
+    if model.world_size != 1:
         return "tensor parallelism"
-    if model.cos_sin_cache.dtype != torch.float32 or any(model.local_rope):
+    if model.rope_dtype != torch.float32 or model.local_rope:
         return "its dtype or rotary tables"
     if model.arch.head_dim % 16 != 0 or model.arch.intermediate_size % 32 != 0:
         return "its head or MLP size"
-    if type(model.model.norm) is not RMSNorm:
+    if type(model.final_norm) is not RMSNorm:
         return "its final norm"
-    for layer in model.model.layers:
+    for layer in model.layers:
         reason = _layer_reason(layer)
         if reason is not None:
             return reason
-    return None if len(model.model.layers) else "no layers"
+    return None if len(model.layers) else "no layers"
 
 
-def build_fused_stack(model: LlamaForCausalLM) -> FusedModel:
+def build_fused_stack(model: StackParts) -> FusedModel:
     """The operator's weights for a model ``fused_stack_reason`` accepts."""
     weights: list[torch.Tensor] = []
-    for layer in model.model.layers:
+    for layer in model.layers:
         assert isinstance(layer, DecoderLayer)
         weights += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
         for module in _linears(layer):
             prepared = _vnni_int4(module)
             assert prepared is not None and prepared.vnni is not None
             weights += linear_tensors(prepared.vnni)
-    weights.append(model.model.norm.weight)
-    arch, first = model.arch, model.model.layers[0]
+    assert isinstance(model.final_norm, RMSNorm)
+    weights.append(model.final_norm.weight)
+    arch, first = model.arch, model.layers[0]
     assert isinstance(first, DecoderLayer)
     stack = FusedStack(
         weights=tuple(w.detach().contiguous() for w in weights),

@@ -39,7 +39,12 @@ from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.models.arch import ModelArch
 from tokenwire.runtime.models.decoder import DecoderLayer, KVCache, norm
 from tokenwire.runtime.models.fused_checkpoint import split_fused_projections
-from tokenwire.runtime.models.fused_stack import FusedModel, build_fused_stack, fused_stack_reason
+from tokenwire.runtime.models.fused_stack import (
+    FusedModel,
+    StackParts,
+    build_fused_stack,
+    fused_stack_reason,
+)
 from tokenwire.runtime.models.gpt_oss_checkpoint import split_gpt_oss_experts
 from tokenwire.runtime.models.layers import (
     ParallelLMHead,
@@ -180,9 +185,18 @@ class LlamaForCausalLM(nn.Module):
     def prepare_fused_stack(self) -> str | None:
         """After loading: run the decoder stack as one operator (``kernels.fused_layers``)
         where the model allows it; returns why not (the loader logs it), None when it does."""
-        reason = fused_stack_reason(self)
-        object.__setattr__(self, "_fused", None if reason else build_fused_stack(self))
+        reason = fused_stack_reason(self.stack_parts())
+        object.__setattr__(
+            self, "_fused", None if reason else build_fused_stack(self.stack_parts())
+        )
         return reason
+
+    def stack_parts(self) -> StackParts:
+        """What ``runtime.models.fused_stack`` reads to choose and build the fused stack."""
+        return StackParts(
+            self.arch, self.model.layers, self.model.norm, self.tp.world_size,
+            self.cos_sin_cache.dtype, any(self.local_rope),
+        )  # fmt: skip
 
     def _fused_forward(
         self,

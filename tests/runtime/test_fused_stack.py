@@ -59,7 +59,7 @@ def _prompts(llm: LLM, n: int) -> list[str]:
 def test_the_default_model_runs_fused_and_the_flag_turns_it_off() -> None:
     fused = _model(LLM(None, **SMALL))
     assert isinstance(fused.__dict__.get("_fused"), FusedModel)
-    assert fused_stack_reason(fused) is None
+    assert fused_stack_reason(fused.stack_parts()) is None
     for off in ({"cpu_fused_layers": False}, {"dtype": "float32"}):
         assert _model(LLM(None, **SMALL, **off)).__dict__.get("_fused") is None  # type: ignore[arg-type]
 
@@ -73,10 +73,10 @@ def test_models_it_cannot_run_say_why() -> None:
         sliding_window=None, bos_token_id=None, eos_token_ids=(0,),
     )  # fmt: skip
     model = build_model(arch, torch.device("cpu"), torch.float32, max_position=128)
-    assert fused_stack_reason(model) == "linears that are not VNNI int4 weights"
+    assert fused_stack_reason(model.stack_parts()) == "linears that are not VNNI int4 weights"
     qk_norm = ModelArch(**{**arch.__dict__, "qk_norm": True})
     model = build_model(qk_norm, torch.device("cpu"), torch.float32, max_position=128)
-    assert "q/k norms" in (fused_stack_reason(model) or "")
+    assert "q/k norms" in (fused_stack_reason(model.stack_parts()) or "")
 
 
 def test_swapped_linears_send_the_model_back_to_its_torch_layers() -> None:
