@@ -31,13 +31,21 @@ Features that need care but no fallback:
   and disk writes read blocks after step k's forward wrote them); a load is done only once a
   reconciled step acknowledges it, so its request is admitted a step later at most.
 
-What async steps do not cover falls back to synchronous steps (schedule, run, update, with
-nothing in flight), never to different output:
+* Session holds (``hold_as``): a turn that finishes while the step after it runs is held
+  with that step's blocks; the step only writes the KV of the turn's last token, in a block
+  no hash covers yet (hashes cover known tokens only), so the next turn's prefix hit reads
+  nothing the step changes, and the worker runs steps in order: a block the hold or a
+  release frees is rewritten only by a later step. A turn preempted by the next step's
+  planning and finished by the pending update holds nothing (its blocks were freed): the
+  next turn recomputes, as after an eviction.
 
-* engine-wide (``sync_reason``): an executor that cannot take a step while one runs
-  (tensor parallelism's worker processes), speculative decoding (drafts need the last
-  token);
-* per step (``step_needs_sync``), while any request has a Session hold.
+What async steps do not cover falls back to synchronous steps (schedule, run, update, with
+nothing in flight), never to different output. Only engine-wide causes are left
+(``sync_reason``): an executor that cannot take a step while one runs (tensor parallelism's
+worker processes), and speculative decoding: a draft needs the last token, and a verify step
+emits a variable number of tokens, so the step after it cannot be planned with one
+placeholder per row; proposing from reconciled tokens only, or skipping drafted rows for a
+step, would change which drafts are made (and so seeded outputs) against synchronous steps.
 """
 
 from __future__ import annotations
@@ -83,11 +91,6 @@ def sync_reason(config: EngineConfig, executor: Executor) -> str | None:
     if config.speculative_config is not None:
         return "speculative decoding"
     return None
-
-
-def step_needs_sync(scheduler: Scheduler) -> bool:
-    """A Session hold (not covered yet)."""
-    return any(request.hold_as is not None for request in scheduler.requests.values())
 
 
 def make_stepper(
@@ -149,10 +152,8 @@ class AsyncStepper:
 
     def step(self) -> list[EngineCoreOutput]:
         """Schedule and submit one step, then reconcile the one before it; outputs are that
-        earlier step's. A step that must run synchronously drains the pipeline first and is
-        reconciled at once; so is the last step once no request is left unfinished."""
-        sync = step_needs_sync(self.scheduler)
-        outputs = self.collect() if sync else []
+        earlier step's. The last step, once no request is left unfinished, is reconciled at
+        once."""
         started_ns, t0 = time.time_ns(), time.perf_counter()
         # A step planned while one runs gets its grammar bitmask once that one is reconciled.
         so = self.scheduler.schedule(late_grammar=self._flight is not None)
@@ -161,20 +162,16 @@ class AsyncStepper:
         if not carries_work(so):
             if self._flight is None and self.structured.num_pending:
                 self.structured.wait(self.grammar_wait_s)
-            outputs.extend(self.collect())
-            return outputs
+            return self.collect()
         if self.fault is not None:
             self.fault.before_execute()
         self.scheduler.advance(so)
         late: Future[GrammarBitmask | None] | None = Future() if rows else None
         future = self.executor.submit_model(so, late)
         flight = InFlight(so, future, schedule_time, started_ns, t0)
-        if late is None:
-            outputs.extend(self.collect())
-        else:
-            outputs.extend(self._collect_then_mask(late, rows))
+        outputs = self.collect() if late is None else self._collect_then_mask(late, rows)
         self._flight = flight
-        if sync or not self.scheduler.has_unfinished_requests():
+        if not self.scheduler.has_unfinished_requests():
             outputs.extend(self.collect())
         return outputs
 
