@@ -163,7 +163,9 @@ class Scheduler:
         return len(self.waiting)
 
     # ------------------------------------------------------------------ schedule
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, late_grammar: bool = False) -> SchedulerOutput:
+        """The next step. ``late_grammar`` (async scheduling): leave its grammar bitmask out;
+        the engine builds it once the step in flight is reconciled (``grammar_rows``)."""
         if self.structured is not None and self.structured.num_pending:
             self._poll_grammars()
         step = StepBuilder(self.config.max_num_batched_tokens)
@@ -188,7 +190,7 @@ class Scheduler:
             grammar_bitmask=self.structured.bitmask_for(
                 step.num_scheduled, self.requests, step.spec_tokens
             )
-            if self.structured is not None and self._num_constrained
+            if self.structured is not None and self._num_constrained and not late_grammar
             else None,
             removed_lora_ids=frozenset()
             if self.lora is None
@@ -410,6 +412,13 @@ class Scheduler:
                     images=request.images,
                 )
             )
+
+    def grammar_rows(self, scheduler_output: SchedulerOutput) -> list[str]:
+        """The constrained requests that sample in a step just scheduled (before ``advance``):
+        their rows need a mask (``late_grammar``)."""
+        if self.structured is None or not self._num_constrained:
+            return []
+        return self.structured.sampling_rows(scheduler_output.num_scheduled_tokens, self.requests)
 
     # ------------------------------------------------------------------ update
     def advance(self, scheduler_output: SchedulerOutput) -> None:

@@ -13,6 +13,13 @@ forward.
 
 Features that need care but no fallback:
 
+* structured outputs: step k+1 is scheduled without its grammar bitmask
+  (``schedule(late_grammar=True)``) and submitted with a future of it (``late_bitmask``);
+  its forward runs while step k is reconciled (the matchers take step k's tokens, and a
+  request the grammar or a stop token ends finishes), then the core builds the bitmask of
+  step k+1's constrained rows that are still unfinished and resolves the future; the worker
+  waits on it only to sample. The future is always resolved (with the error when
+  reconciling fails), so the forward thread never waits forever;
 * embedding requests pool instead of sampling: the placeholder of one whose prompt step k
   completes only keeps it out of step k+1 (``finishes_by_length``), and ``update`` finishes
   it with its vector (also when step k+1's planning preempted it);
@@ -24,14 +31,21 @@ Features that need care but no fallback:
   and disk writes read blocks after step k's forward wrote them); a load is done only once a
   reconciled step acknowledges it, so its request is admitted a step later at most.
 
-What async steps do not cover falls back to synchronous steps (schedule, run, update, with
-nothing in flight), never to different output:
+* Session holds (``hold_as``): a turn that finishes while the step after it runs is held
+  with that step's blocks; the step only writes the KV of the turn's last token, in a block
+  no hash covers yet (hashes cover known tokens only), so the next turn's prefix hit reads
+  nothing the step changes, and the worker runs steps in order: a block the hold or a
+  release frees is rewritten only by a later step. A turn preempted by the next step's
+  planning and finished by the pending update holds nothing (its blocks were freed): the
+  next turn recomputes, as after an eviction.
 
-* engine-wide (``sync_reason``): an executor that cannot take a step while one runs
-  (tensor parallelism's worker processes), speculative decoding (drafts need the last
-  token);
-* per step (``step_needs_sync``), while any request has structured outputs (the grammar must
-  take step k's token before step k+1's mask) or a Session hold.
+What async steps do not cover falls back to synchronous steps (schedule, run, update, with
+nothing in flight), never to different output. Only engine-wide causes are left
+(``sync_reason``): an executor that cannot take a step while one runs (tensor parallelism's
+worker processes), and speculative decoding: a draft needs the last token, and a verify step
+emits a variable number of tokens, so the step after it cannot be planned with one
+placeholder per row; proposing from reconciled tokens only, or skipping drafted rows for a
+step, would change which drafts are made (and so seeded outputs) against synchronous steps.
 """
 
 from __future__ import annotations
@@ -50,6 +64,7 @@ from tokenwire.runtime.executor.base import AsyncExecutor, Executor
 from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.scheduler_output import SchedulerOutput
+from tokenwire.runtime.structured.bitmask import GrammarBitmask
 from tokenwire.runtime.structured.manager import StructuredOutputManager
 
 logger = logging.getLogger("tokenwire.engine")
@@ -76,16 +91,6 @@ def sync_reason(config: EngineConfig, executor: Executor) -> str | None:
     if config.speculative_config is not None:
         return "speculative decoding"
     return None
-
-
-def step_needs_sync(scheduler: Scheduler) -> bool:
-    """A request whose next step needs step k's tokens first (structured outputs), or a
-    Session hold (not covered yet)."""
-    for request in scheduler.requests.values():
-        params = request.sampling_params
-        if params.structured_outputs is not None or request.hold_as is not None:
-            return True
-    return False
 
 
 def make_stepper(
@@ -147,25 +152,26 @@ class AsyncStepper:
 
     def step(self) -> list[EngineCoreOutput]:
         """Schedule and submit one step, then reconcile the one before it; outputs are that
-        earlier step's. A step that must run synchronously drains the pipeline first and is
-        reconciled at once; so is the last step once no request is left unfinished."""
-        sync = step_needs_sync(self.scheduler)
-        outputs = self.collect() if sync else []
+        earlier step's. The last step, once no request is left unfinished, is reconciled at
+        once."""
         started_ns, t0 = time.time_ns(), time.perf_counter()
-        so = self.scheduler.schedule()
+        # A step planned while one runs gets its grammar bitmask once that one is reconciled.
+        so = self.scheduler.schedule(late_grammar=self._flight is not None)
+        rows = self.scheduler.grammar_rows(so) if self._flight is not None else []
         schedule_time = time.perf_counter() - t0
         if not carries_work(so):
             if self._flight is None and self.structured.num_pending:
                 self.structured.wait(self.grammar_wait_s)
-            outputs.extend(self.collect())
-            return outputs
+            return self.collect()
         if self.fault is not None:
             self.fault.before_execute()
         self.scheduler.advance(so)
-        flight = InFlight(so, self.executor.submit_model(so), schedule_time, started_ns, t0)
-        outputs.extend(self.collect())
+        late: Future[GrammarBitmask | None] | None = Future() if rows else None
+        future = self.executor.submit_model(so, late)
+        flight = InFlight(so, future, schedule_time, started_ns, t0)
+        outputs = self.collect() if late is None else self._collect_then_mask(late, rows)
         self._flight = flight
-        if sync or not self.scheduler.has_unfinished_requests():
+        if not self.scheduler.has_unfinished_requests():
             outputs.extend(self.collect())
         return outputs
 
@@ -184,6 +190,20 @@ class AsyncStepper:
             self.report_step(
                 flight.so, mo, flight.schedule_time, update_time, flight.started_ns, duration
             )
+        return outputs
+
+    def _collect_then_mask(
+        self, late: Future[GrammarBitmask | None], rows: list[str]
+    ) -> list[EngineCoreOutput]:
+        """Reconcile the step in flight (its tokens advance the matchers), then hand the step
+        just submitted its grammar bitmask (its forward runs meanwhile). The bitmask is always
+        resolved, so the forward thread never waits forever: on an error it raises there too."""
+        try:
+            outputs = self.collect()
+            late.set_result(self.structured.late_bitmask(rows, self.scheduler.requests))
+        except BaseException as error:
+            late.set_exception(error)
+            raise
         return outputs
 
     def discard(self) -> None:

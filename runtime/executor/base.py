@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 from tokenwire.runtime.model_facts import ModelFacts
 from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.scheduler_output import SchedulerOutput
+from tokenwire.runtime.structured.bitmask import GrammarBitmask
 
 
 class Executor(Protocol):
@@ -36,6 +37,14 @@ class Executor(Protocol):
 class AsyncExecutor(Executor, Protocol):
     """An executor that can take step k+1 while step k runs (async scheduling): it runs the
     submitted steps one at a time, in order, so a step sees every earlier step's effects (its
-    sampled tokens, its KV writes)."""
+    sampled tokens, its KV writes).
 
-    def submit_model(self, scheduler_output: SchedulerOutput) -> Future[ModelOutput]: ...
+    ``late_bitmask``: the step's grammar bitmask arrives later (the core builds it once the
+    step before is reconciled); the step runs its forward meanwhile and waits for it only to
+    sample."""
+
+    def submit_model(
+        self,
+        scheduler_output: SchedulerOutput,
+        late_bitmask: Future[GrammarBitmask | None] | None = None,
+    ) -> Future[ModelOutput]: ...

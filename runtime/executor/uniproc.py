@@ -15,6 +15,7 @@ from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.model_facts import ModelFacts
 from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.scheduler_output import SchedulerOutput
+from tokenwire.runtime.structured.bitmask import GrammarBitmask
 from tokenwire.runtime.worker.worker import Worker, cpu_threads_per_rank, resolve_device
 
 
@@ -38,10 +39,14 @@ class UniprocExecutor:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelOutput:
         return self.worker.execute_model(scheduler_output)
 
-    def submit_model(self, scheduler_output: SchedulerOutput) -> Future[ModelOutput]:
+    def submit_model(
+        self,
+        scheduler_output: SchedulerOutput,
+        late_bitmask: Future[GrammarBitmask | None] | None = None,
+    ) -> Future[ModelOutput]:
         if self._forward is None:  # one thread: steps run one at a time, in order
             self._forward = ThreadPoolExecutor(1, thread_name_prefix="tokenwire-forward")
-        return self._forward.submit(self.worker.execute_model, scheduler_output)
+        return self._forward.submit(self.worker.execute_model, scheduler_output, late_bitmask)
 
     def check_health(self) -> None:
         pass

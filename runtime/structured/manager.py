@@ -120,15 +120,38 @@ class StructuredOutputManager:
         """The bitmask of the constrained requests a step brings up to date (they sample);
         a request with ``drafts`` gets one row per scored position (``grammar_drafts``).
         None when there are none."""
+        rows = [requests[request_id] for request_id in self.sampling_rows(num_scheduled, requests)]
+        return self.bitmask(rows, drafts or {}) if rows else None
+
+    @staticmethod
+    def sampling_rows(
+        num_scheduled: Mapping[str, int], requests: Mapping[str, Request]
+    ) -> list[str]:
+        """The constrained requests a step (just scheduled, not advanced) brings up to date:
+        they sample, so their row needs a mask. Async scheduling: a token in flight
+        (placeholder) counts as known."""
         rows = []
         for request_id, num_new in num_scheduled.items():
             request = requests[request_id]
-            if (
-                request.grammar is not None
-                and request.num_computed_tokens + num_new >= request.num_tokens
+            if request.grammar is not None and request.num_computed_tokens + num_new >= (
+                request.num_tokens + request.num_output_placeholders
             ):
+                rows.append(request_id)
+        return rows
+
+    def late_bitmask(
+        self, req_ids: list[str], requests: Mapping[str, Request]
+    ) -> GrammarBitmask | None:
+        """Async scheduling: the mask of a step's constrained rows (``sampling_rows``), built
+        once the step before it is reconciled (every matcher took its token). A request that
+        finished meanwhile (stop token, completed grammar, abort) gets no row: its token in
+        this step is dropped by ``update``."""
+        rows = []
+        for request_id in req_ids:
+            request = requests.get(request_id)
+            if request is not None and not request.is_finished:
                 rows.append(request)
-        return self.bitmask(rows, drafts or {}) if rows else None
+        return self.bitmask(rows) if rows else None
 
     def bitmask(
         self, requests: list[Request], drafts: Mapping[str, list[int]] | None = None

@@ -24,6 +24,7 @@ same order; the driver (rank 0) returns the ``ModelOutput``.
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 
 import numpy as np
 import torch
@@ -39,6 +40,7 @@ from tokenwire.runtime.sample.sampler import Sampler
 from tokenwire.runtime.sample.sampling_metadata import RowSamplingState
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.scheduler_output import SchedulerOutput
+from tokenwire.runtime.structured.bitmask import GrammarBitmask
 from tokenwire.runtime.worker.attention_inputs import AttentionInputs
 from tokenwire.runtime.worker.cpu_compile import CompiledCpuForward, compile_cpu_forward
 from tokenwire.runtime.worker.image_embeds import EncoderWork, ImageEmbeds, add_images
@@ -210,7 +212,9 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ one step
     @torch.inference_mode()
-    def execute_model(self, so: SchedulerOutput) -> ModelOutput:
+    def execute_model(
+        self, so: SchedulerOutput, late_bitmask: Future[GrammarBitmask | None] | None = None
+    ) -> ModelOutput:
         t0 = time.perf_counter()
         collective0 = self.tp.clock.seconds
         self._update_states(so)
@@ -238,7 +242,8 @@ class ModelRunner:
             t2, prompt_lps, out = self._verify(so, drafts, states, rows, arrays, hidden)
             pooled: dict[str, list[float]] = {}
         else:
-            t2, prompt_lps, out, pooled = self._sample(so, states, rows, arrays, hidden)
+            bitmask = so.grammar_bitmask if late_bitmask is None else late_bitmask
+            t2, prompt_lps, out, pooled = self._sample(bitmask, states, rows, arrays, hidden)
         t3 = time.perf_counter()
         collective_time = self.tp.clock.seconds - collective0
         if drafts and self.drafter is not None:
@@ -276,7 +281,7 @@ class ModelRunner:
 
     def _sample(
         self,
-        so: SchedulerOutput,
+        bitmask: GrammarBitmask | Future[GrammarBitmask | None] | None,
         states: list[CachedRequestState],
         rows: np.ndarray,
         arrays: StepArrays,
@@ -308,9 +313,9 @@ class ModelRunner:
         logits = self.model.compute_logits(last)
         t2 = time.perf_counter()
         prompt_lps = self._prompt_logprobs(states, arrays, hidden)
-        out = sample_rows(
-            self.sampling, self.batch, logits, sample_states, rows_to_sample, so.grammar_bitmask
-        )
+        if isinstance(bitmask, Future):  # async scheduling: built once step k is reconciled
+            bitmask = bitmask.result()
+        out = sample_rows(self.sampling, self.batch, logits, sample_states, rows_to_sample, bitmask)
         return t2, prompt_lps, out, pooled
 
     def _verify(

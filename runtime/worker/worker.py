@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from concurrent.futures import Future
 
 import torch
 
@@ -19,6 +20,7 @@ from tokenwire.runtime.loader.model_loader import LoadedModel, load_model, resol
 from tokenwire.runtime.model_facts import ModelFacts
 from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.scheduler_output import SchedulerOutput
+from tokenwire.runtime.structured.bitmask import GrammarBitmask
 from tokenwire.runtime.worker.cpu_tuning import keep_freed_memory
 from tokenwire.runtime.worker.encoder_runner import EncoderRunner
 from tokenwire.runtime.worker.kv_offload import KVOffloader, make_offloader
@@ -91,16 +93,30 @@ class Worker:
     def num_blocks(self) -> int:
         return self.runner.num_blocks
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelOutput:
+    def execute_model(
+        self,
+        scheduler_output: SchedulerOutput,
+        late_bitmask: Future[GrammarBitmask | None] | None = None,
+    ) -> ModelOutput:
+        """One step; ``late_bitmask``: its grammar bitmask, awaited only to sample (async
+        scheduling, ``AsyncExecutor``)."""
         plan = scheduler_output.kv_transfers
         if plan is None or self.offload is None:
-            return self.runner.execute_model(scheduler_output)
+            return self._run(scheduler_output, late_bitmask)
         self.offload.start(plan)  # KV tiers: saves before the forward, loads start
-        output = self.runner.execute_model(scheduler_output)
+        output = self._run(scheduler_output, late_bitmask)
         done, failed = self.offload.finished(wait=scheduler_output.is_empty)
         if not done:
             return output
         return dataclasses.replace(output, kv_loads_done=done, kv_load_failed=failed)
+
+    def _run(
+        self, so: SchedulerOutput, late_bitmask: Future[GrammarBitmask | None] | None
+    ) -> ModelOutput:
+        if late_bitmask is None:
+            return self.runner.execute_model(so)
+        assert isinstance(self.runner, ModelRunner)  # an encoder model takes no grammar
+        return self.runner.execute_model(so, late_bitmask)
 
     def shutdown(self) -> None:
         """Stop the KV tiers' I/O thread and release the disk tier's file (its lock)."""
