@@ -96,3 +96,6 @@ class AttentionMetadata:
     query_start_loc_np: np.ndarray
     seq_lens_np: np.ndarray
     cpu_plan: CpuAttentionPlan | None = None
+    # Gemma 3's image runs in this step: (sequence index, first position, end position) of
+    # each run whose rows attend bidirectionally within it (``kernels.image_attention``).
+    image_spans: tuple[tuple[int, int, int], ...] = ()

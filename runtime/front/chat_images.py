@@ -87,6 +87,6 @@ def render_chat_images(
         _with_markers(messages, marker),
         tools,
         template_kwargs=template_kwargs,
-        image=(marker, prompter.spec.image_token_index),
+        image=(marker, prompter.spec.marker),
     )
     return prompter.expand(ids, decoded)

@@ -6,7 +6,8 @@ cached features to drop first (``encoder_frees``): its ``core.encoder_cache`` bo
 cache here, keyed by content hash, so an image repeated in a later request (or twice in one)
 is encoded once, and features a running prefill still needs are never dropped. A step covering
 part of an image's placeholder run writes that part: a chunked prefill may split a run
-anywhere, and each chunk slices the cached features by position. Steps with no placeholder
+anywhere (but a bidirectional one, Gemma 3's: ``image_spans``), and each chunk slices the
+cached features by position. Steps with no placeholder
 rows skip all of this (``step_embeds`` is None and the forward embeds the tokens itself,
 eagerly or compiled).
 """
@@ -112,6 +113,23 @@ class ImageEmbeds:
             features = self._cache[content_hash]  # the scheduler keeps it while needed
             embeds[row : row + count] = features[first : first + count].to(embeds.dtype)
         return embeds
+
+    def image_spans(
+        self, states: Sequence[CachedRequestState], arrays: StepArrays
+    ) -> tuple[tuple[int, int, int], ...]:
+        """(batch sequence, run start, run end) of each bidirectional image run the step
+        computes rows of (``AttentionMetadata.image_spans``; Gemma 3), else ()."""
+        if not self.model.bidirectional_images:
+            return ()
+        spans: list[tuple[int, int, int]] = []
+        starts = arrays.query_start_loc
+        for i, state in enumerate(states):
+            lo, hi = int(starts[i]), int(starts[i + 1])
+            begin = int(arrays.positions[lo]) if hi > lo else 0
+            for image in self._images.get(state.request_id, ()):
+                if image.bidirectional and image.offset < begin + hi - lo and begin < image.end:
+                    spans.append((i, image.offset, image.end))
+        return tuple(spans)
 
     def _plan(self, states: Sequence[CachedRequestState], arrays: StepArrays) -> list[_Write]:
         writes: list[_Write] = []

@@ -23,6 +23,7 @@ same order; the driver (rank 0) returns the ``ModelOutput``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -232,8 +233,12 @@ class ModelRunner:
             write_drafts(self.batch, states, drafts)
         arrays = self.batch.build(rows, query_lens, num_decodes)
         self.batch.num_computed[rows] += query_lens  # after this step's forward
-        embeds = self.images.step_embeds(states, arrays) if self.images else None
-        t1, hidden = self._forward(arrays, embeds)
+        embeds: Tensor | None = None
+        spans: tuple[tuple[int, int, int], ...] = ()
+        if self.images:
+            embeds = self.images.step_embeds(states, arrays)
+            spans = self.images.image_spans(states, arrays)
+        t1, hidden = self._forward(arrays, embeds, spans)
         if drafts:
             t2, prompt_lps, out = self._verify(so, drafts, states, rows, arrays, hidden)
             pooled: dict[str, list[float]] = {}
@@ -259,14 +264,22 @@ class ModelRunner:
             encoder_time=encoder.seconds,
         )
 
-    def _forward(self, arrays: StepArrays, embeds: Tensor | None) -> tuple[float, Tensor]:
+    def _forward(
+        self,
+        arrays: StepArrays,
+        embeds: Tensor | None,
+        spans: tuple[tuple[int, int, int], ...] = (),
+    ) -> tuple[float, Tensor]:
         """(forward start time, hidden states): graph replay or eager on CUDA, else eager;
-        ``embeds`` (image features placed, ``image_embeds``) always run eagerly."""
+        ``embeds`` (image features placed, ``image_embeds``) always run eagerly; ``spans``:
+        the step's bidirectional image runs (``AttentionMetadata.image_spans``)."""
         if self._cuda is not None:
             t1 = time.perf_counter()
-            return t1, self._cuda.forward(arrays, embeds)  # graph replay or eager
+            return t1, self._cuda.forward(arrays, embeds, spans)  # graph replay or eager
         inputs = self.inputs
         meta = inputs.metadata(arrays)
+        if spans:
+            meta = dataclasses.replace(meta, image_spans=spans)
         input_ids = inputs.to_device(arrays.input_ids)
         positions = inputs.to_device(arrays.positions)
         t1 = time.perf_counter()
