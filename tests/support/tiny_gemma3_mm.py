@@ -1,7 +1,8 @@
 """A tiny random Gemma 3 multimodal checkpoint (Gemma 3 text model + SigLIP vision tower,
 ``Gemma3ForConditionalGeneration``) saved with ``save_pretrained`` beside its image processor
 (transformers' PIL ``Gemma3ImageProcessorPil``): what the Gemma 3 vision tests load by path
-(``tests/runtime/test_gemma3_mm.py``). One sliding-window layer (window 8, shorter than an
+(``tests/runtime/test_gemma3_mm.py``,
+``tests/server/test_gemma3_vision_serve.py``). One sliding-window layer (window 8, shorter than an
 image's run plus its text) and one full layer, so both of HF's image masks are exercised."""
 
 from __future__ import annotations
@@ -24,8 +25,14 @@ IMAGE_TOKENS = 16  # mm_tokens_per_image: (32 // 4) ** 2 patches average-pooled 
 WINDOW = 8
 
 
-def save_tiny_gemma3_mm(path: Path, vocab_size: int = 128, max_position: int = 256) -> Path:
-    """The checkpoint and its image processor in ``path`` (no tokenizer: callers add theirs)."""
+def save_tiny_gemma3_mm(
+    path: Path,
+    vocab_size: int = 128,
+    max_position: int = 256,
+    tokens: tuple[int, int, int] = (IMAGE_TOKEN, BOI_TOKEN, EOI_TOKEN),
+) -> Path:
+    """The checkpoint and its image processor in ``path`` (no tokenizer: callers add theirs);
+    ``tokens``: the image, begin-of-image and end-of-image token ids."""
     text = Gemma3TextConfig(
         vocab_size=vocab_size,
         hidden_size=32,
@@ -54,9 +61,9 @@ def save_tiny_gemma3_mm(path: Path, vocab_size: int = 128, max_position: int = 2
         text_config=text,
         vision_config=vision,
         mm_tokens_per_image=IMAGE_TOKENS,
-        image_token_index=IMAGE_TOKEN,
-        boi_token_index=BOI_TOKEN,
-        eoi_token_index=EOI_TOKEN,
+        image_token_index=tokens[0],
+        boi_token_index=tokens[1],
+        eoi_token_index=tokens[2],
         tie_word_embeddings=False,  # tied, the last token's own embedding wins every step
     )
     torch.manual_seed(0)
