@@ -8,9 +8,10 @@ the run of placeholder tokens the image's features fill (``ImageTokens``): LLaVA
 ``<image>`` becomes ``num_image_tokens`` image tokens (one per patch feature, as
 ``LlavaProcessor`` expands it); Gemma 3's ``<start_of_image>`` becomes itself,
 ``mm_tokens_per_image`` image tokens and ``<end_of_image>`` (``Gemma3Processor``'s
-``full_image_sequence`` without the ``\n\n`` text around it: the prompt's own text stays as
-the caller tokenized it). The result is the expanded token ids and one ``ImageInput`` per
-image (position, run length, pixels, content hash, whether its rows attend bidirectionally).
+``full_image_sequence``; the two blank lines it adds on each side are text, which a chat
+render adds, ``chat_text_around``, and token ids a caller gives hold or not). The result is
+the expanded token ids and one ``ImageInput`` per image (position, run length, pixels,
+content hash, whether its rows attend bidirectionally).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class ImageTokens:
     prefix: tuple[int, ...] = ()
     suffix: tuple[int, ...] = ()
     bidirectional: bool = False  # the run's rows see the whole run during prefill (Gemma 3)
+    # Text a chat render puts on each side of the marker (Gemma 3's processor: "\n\n").
+    chat_text_around: str = ""
 
     @classmethod
     def of_config(cls, config: dict[str, Any]) -> ImageTokens | None:
@@ -54,6 +57,7 @@ class ImageTokens:
             return cls(
                 gemma.boi_token_index, gemma.image_token_index, gemma.num_image_tokens,
                 (gemma.boi_token_index,), (gemma.eoi_token_index,), bidirectional=True,
+                chat_text_around="\n\n",
             )  # fmt: skip
         return None
 

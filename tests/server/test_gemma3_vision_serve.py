@@ -1,10 +1,11 @@
 """Gemma 3 multimodal served (#33): a tiny random ``Gemma3ForConditionalGeneration``
 (SmolLM2's tokenizer and chat template, a SigLIP vision tower) behind the REST shim. The
-OpenAI SDK's ``image_url`` part becomes ``<start_of_image>`` where the part stood, expanded by
-the engine to the image's run; the greedy tokens equal the offline engine's for the same
-prompt ids and image (which equal HF ``generate()``: ``tests/runtime/test_gemma3_mm.py``); a
-prompt differing only in its image gets other logprobs and no cache hit past the text
-before it; the same image again hits past it."""
+OpenAI SDK's ``image_url`` part becomes ``<start_of_image>`` where the part stood (with the
+blank lines ``Gemma3Processor`` puts around it), expanded by the engine to the image's run;
+the greedy tokens equal the offline engine's for the same prompt ids and image (which equal
+HF ``generate()``: ``tests/runtime/test_gemma3_mm.py``); a prompt differing only in its image
+gets other logprobs and no cache hit past the text before it; the same image again hits
+past it."""
 
 from __future__ import annotations
 
@@ -55,8 +56,9 @@ def offline(harness_model: Path) -> Iterator[LLM]:
 
 
 def _expected_ids(tokenizer: Any) -> list[int]:
-    """The template's render with ``<start_of_image>`` where the image part stood
-    (tokenized independently of the server's code)."""
+    """The template's render with ``<start_of_image>`` where the image part stood, with
+    ``Gemma3Processor``'s blank lines on each side (tokenized independently of the server's
+    code; the special token splits the text, as in HF's processor)."""
     marker = "@@IMAGE@@"
     messages = [{"role": "user", "content": BEFORE + marker + AFTER}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -65,7 +67,7 @@ def _expected_ids(tokenizer: Any) -> list[int]:
     def encode(piece: str) -> list[int]:
         return list(tokenizer(piece, add_special_tokens=False)["input_ids"])
 
-    return [*encode(head), BOI, *encode(tail)]
+    return [*encode(head + "\n\n"), BOI, *encode("\n\n" + tail)]
 
 
 def _offline_tokens(llm: LLM, tokenizer: Any, png: bytes) -> list[int]:
