@@ -5,7 +5,8 @@ tiny random checkpoint saved with ``save_pretrained`` and loaded by path, with s
 images the test makes; one and two images per prompt, batched with a text-only prompt, whole
 and under chunked prefill (which never splits an image's run); two prompts that differ only
 in their image share no prefix-cache block past the text before the image, and a repeated
-image hits every full block (one ending inside the image's run)."""
+image hits every full block (one ending inside the image's run); a repeated image is encoded
+once."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from transformers import AutoImageProcessor, Gemma3ForConditionalGeneration
 
 from tokenwire.runtime.llm import LLM
 from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.stats import StepRecorder
 
 NEW_TOKENS = 8
 BLOCK = 16
@@ -141,4 +143,21 @@ def test_prompts_differing_only_in_the_image(model_dir: Path, expected: list[Res
     full_blocks = len(_expand(ONE_IMAGE)) // BLOCK * BLOCK
     assert again.num_cached_tokens == full_blocks > len(TEXT) + 1
     _assert_matches(_result(again), expected[0])
+    assert_llm_idle(llm)
+
+
+def test_a_repeated_image_is_encoded_once(model_dir: Path, expected: list[Result]) -> None:
+    """The encoder-output cache serves Gemma 3 too: the same image in a later request and
+    twice in one prompt is encoded once (prefix caching off, so every request reaches the
+    encoder), with HF's tokens and logprobs; chunked so the runs land in separate steps."""
+    recorder = StepRecorder()
+    llm = LLM(
+        str(model_dir), device="cpu", enable_prefix_caching=False,
+        max_num_batched_tokens=24, observer=recorder,
+    )  # fmt: skip
+    same = (TWO_IMAGES, [synthetic_image(1), synthetic_image(1)])
+    for case, want in [(CASES[0], expected[0]), (same, _hf(model_dir, same))]:
+        _assert_matches(_result(_generate(llm, [case])[0]), want)
+    assert sum(s.num_images_encoded for s in recorder.steps) == 1
+    assert sum(s.num_encoder_cache_hits for s in recorder.steps) == 2
     assert_llm_idle(llm)
