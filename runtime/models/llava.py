@@ -19,7 +19,7 @@ placeholder rows and passes ``inputs_embeds`` to the forward (``worker.image_emb
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -64,6 +64,13 @@ class VisionEncoder(nn.Module):
         return features
 
 
+class ImageSpec(Protocol):
+    """What the executor reads of a model's multimodal spec (``LlavaSpec``, ``Gemma3MMSpec``)."""
+
+    @property
+    def num_image_tokens(self) -> int: ...
+
+
 class LlavaForConditionalGeneration(LlamaForCausalLM):
     """The language model (``LlamaForCausalLM``) plus ``vision`` (held outside the tree).
 
@@ -78,7 +85,7 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
     def __init__(
         self,
         arch: ModelArch,
-        spec: object,
+        spec: ImageSpec,
         hf_config: Any,
         max_position: int,
         dtype: torch.dtype,

@@ -48,11 +48,22 @@ class ImageEmbeds:
         self.num_encoded_total = 0  # images through the vision tower since startup
 
     @classmethod
-    def for_model(cls, model: LlamaForCausalLM, device: torch.device) -> ImageEmbeds | None:
-        """The image inputs of a vision-language model; None for a text model."""
-        if isinstance(model, LlavaForConditionalGeneration):
-            return cls(model, device)
-        return None
+    def for_model(
+        cls, model: LlamaForCausalLM, device: torch.device, max_step_tokens: int
+    ) -> ImageEmbeds | None:
+        """The image inputs of a vision-language model; None for a text model. A model whose
+        image runs are computed whole in one step (Gemma 3) needs a step to hold one: a
+        ``ValueError`` naming ``--max-num-batched-tokens`` at startup, not a request that
+        never runs."""
+        if not isinstance(model, LlavaForConditionalGeneration):
+            return None
+        run = model.spec.num_image_tokens
+        if model.bidirectional_images and run > max_step_tokens:
+            raise ValueError(
+                f"an image's {run} tokens attend to each other and run in one step: "
+                f"--max-num-batched-tokens ({max_step_tokens}) must be at least {run}"
+            )
+        return cls(model, device)
 
     def __bool__(self) -> bool:
         return bool(self._images)

@@ -99,7 +99,8 @@ class ModelRunner:
             )
         self.requests: dict[str, CachedRequestState] = {}
         # A vision-language model: each request's images, encoded when a step reaches them.
-        self.images = ImageEmbeds.for_model(self.model, device)  # None: a text model
+        # None: a text model.
+        self.images = ImageEmbeds.for_model(self.model, device, settings.max_num_batched_tokens)
         self._num_prompt_logprob_reqs = 0  # live requests that asked for prompt logprobs
         # Embedding models: pools the hidden states of embedding requests (prefill only).
         self.pooler = None if loaded.embed is None else Pooler(loaded.embed.pooler)

@@ -161,3 +161,10 @@ def test_a_repeated_image_is_encoded_once(model_dir: Path, expected: list[Result
     assert sum(s.num_images_encoded for s in recorder.steps) == 1
     assert sum(s.num_encoder_cache_hits for s in recorder.steps) == 2
     assert_llm_idle(llm)
+
+
+def test_a_step_must_hold_an_image_run(model_dir: Path) -> None:
+    """A run is computed whole in one step: a step budget below it is a startup error naming
+    the flag, not a request that never runs."""
+    with pytest.raises(ValueError, match="--max-num-batched-tokens"):
+        LLM(str(model_dir), device="cpu", max_num_batched_tokens=IMAGE_TOKENS - 1)
