@@ -21,6 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+# (sequence index in the step, first position, end position) of each image run whose rows
+# attend bidirectionally within it (Gemma 3; ``AttentionMetadata.image_spans``).
+ImageSpans = tuple[tuple[int, int, int], ...]
+
 
 @dataclass(frozen=True, slots=True)
 class PrefillRowGroup:
@@ -98,4 +102,4 @@ class AttentionMetadata:
     cpu_plan: CpuAttentionPlan | None = None
     # Gemma 3's image runs in this step: (sequence index, first position, end position) of
     # each run whose rows attend bidirectionally within it (``kernels.image_attention``).
-    image_spans: tuple[tuple[int, int, int], ...] = ()
+    image_spans: ImageSpans = ()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from tokenwire.kernels.attention_metadata import AttentionMetadata
+from tokenwire.kernels.attention_metadata import AttentionMetadata, ImageSpans
 from tokenwire.kernels.cuda_graph_buckets import decode_batch_buckets
 from tokenwire.kernels.dispatch import triton_available
 from tokenwire.runtime.loader.model_loader import LoadedModel
@@ -92,7 +92,7 @@ class CudaGraphRunner:
         self,
         arrays: StepArrays,
         embeds: torch.Tensor | None = None,
-        spans: tuple[tuple[int, int, int], ...] = (),
+        spans: ImageSpans = (),
     ) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] of one step (graph replay or eager);
         ``embeds``: the step's input embeddings (image features placed), run eagerly, as do
@@ -108,7 +108,7 @@ class CudaGraphRunner:
         self,
         arrays: StepArrays,
         embeds: torch.Tensor | None = None,
-        spans: tuple[tuple[int, int, int], ...] = (),
+        spans: ImageSpans = (),
     ) -> torch.Tensor:
         inputs = self.staging.upload(arrays)
         meta = AttentionMetadata(

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tokenwire.kernels.attention_metadata import ImageSpans
 from tokenwire.runtime.models.llama import LlamaForCausalLM
 from tokenwire.runtime.models.llava import LlavaForConditionalGeneration
 from tokenwire.runtime.multimodal import ImageInput
@@ -125,9 +126,14 @@ class ImageEmbeds:
             embeds[row : row + count] = features[first : first + count].to(embeds.dtype)
         return embeds
 
-    def image_spans(
+    def step_inputs(
         self, states: Sequence[CachedRequestState], arrays: StepArrays
-    ) -> tuple[tuple[int, int, int], ...]:
+    ) -> tuple[torch.Tensor | None, ImageSpans]:
+        """The step's input embeddings (``step_embeds``) and bidirectional runs
+        (``image_spans``)."""
+        return self.step_embeds(states, arrays), self.image_spans(states, arrays)
+
+    def image_spans(self, states: Sequence[CachedRequestState], arrays: StepArrays) -> ImageSpans:
         """(batch sequence, run start, run end) of each bidirectional image run the step
         computes rows of (``AttentionMetadata.image_spans``; Gemma 3), else ()."""
         if not self.model.bidirectional_images:

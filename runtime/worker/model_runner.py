@@ -23,13 +23,13 @@ same order; the driver (rank 0) returns the ``ModelOutput``.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from tokenwire.kernels.attention_metadata import ImageSpans
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.loader.model_loader import LoadedModel
 from tokenwire.runtime.lora.manager import LoRAManager
@@ -99,7 +99,6 @@ class ModelRunner:
             )
         self.requests: dict[str, CachedRequestState] = {}
         # A vision-language model: each request's images, encoded when a step reaches them.
-        # None: a text model.
         self.images = ImageEmbeds.for_model(self.model, device, settings.max_num_batched_tokens)
         self._num_prompt_logprob_reqs = 0  # live requests that asked for prompt logprobs
         # Embedding models: pools the hidden states of embedding requests (prefill only).
@@ -234,11 +233,7 @@ class ModelRunner:
             write_drafts(self.batch, states, drafts)
         arrays = self.batch.build(rows, query_lens, num_decodes)
         self.batch.num_computed[rows] += query_lens  # after this step's forward
-        embeds: Tensor | None = None
-        spans: tuple[tuple[int, int, int], ...] = ()
-        if self.images:
-            embeds = self.images.step_embeds(states, arrays)
-            spans = self.images.image_spans(states, arrays)
+        embeds, spans = self.images.step_inputs(states, arrays) if self.images else (None, ())
         t1, hidden = self._forward(arrays, embeds, spans)
         if drafts:
             t2, prompt_lps, out = self._verify(so, drafts, states, rows, arrays, hidden)
@@ -266,21 +261,15 @@ class ModelRunner:
         )
 
     def _forward(
-        self,
-        arrays: StepArrays,
-        embeds: Tensor | None,
-        spans: tuple[tuple[int, int, int], ...] = (),
+        self, arrays: StepArrays, embeds: Tensor | None, spans: ImageSpans
     ) -> tuple[float, Tensor]:
         """(forward start time, hidden states): graph replay or eager on CUDA, else eager;
-        ``embeds`` (image features placed, ``image_embeds``) always run eagerly; ``spans``:
-        the step's bidirectional image runs (``AttentionMetadata.image_spans``)."""
+        ``embeds`` (image features placed) and ``spans`` (``image_embeds``) run eagerly."""
         if self._cuda is not None:
             t1 = time.perf_counter()
             return t1, self._cuda.forward(arrays, embeds, spans)  # graph replay or eager
         inputs = self.inputs
-        meta = inputs.metadata(arrays)
-        if spans:
-            meta = dataclasses.replace(meta, image_spans=spans)
+        meta = inputs.metadata(arrays, spans)
         input_ids = inputs.to_device(arrays.input_ids)
         positions = inputs.to_device(arrays.positions)
         t1 = time.perf_counter()
