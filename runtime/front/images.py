@@ -120,4 +120,11 @@ class ImagePrompter:
             out = self.processor(images=list(images), return_tensors="np")
         except (TypeError, ValueError) as exc:
             raise ParameterError(_PARAM, f"the image processor refused an image: {exc}") from exc
-        return np.asarray(out["pixel_values"], dtype=np.float32)
+        pixels = np.asarray(out["pixel_values"], dtype=np.float32)
+        if pixels.shape[0] != len(images):  # e.g. Gemma 3's pan-and-scan crops
+            raise ParameterError(
+                _PARAM,
+                f"the image processor made {pixels.shape[0]} pixel arrays for {len(images)} "
+                "images (crops such as pan-and-scan are not supported)",
+            )
+        return pixels

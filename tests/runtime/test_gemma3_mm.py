@@ -10,6 +10,8 @@ once."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,8 @@ from tiny_gemma3_mm import BOI_TOKEN, EOI_TOKEN, IMAGE_TOKEN, IMAGE_TOKENS, save
 from tiny_llava import synthetic_image
 from transformers import AutoImageProcessor, Gemma3ForConditionalGeneration
 
+from tokenwire.runtime.errors import ParameterError
+from tokenwire.runtime.front.images import ImagePrompter, ImageTokens
 from tokenwire.runtime.llm import LLM
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.stats import StepRecorder
@@ -168,3 +172,27 @@ def test_a_step_must_hold_an_image_run(model_dir: Path) -> None:
     the flag, not a request that never runs."""
     with pytest.raises(ValueError, match="--max-num-batched-tokens"):
         LLM(str(model_dir), device="cpu", max_num_batched_tokens=IMAGE_TOKENS - 1)
+
+
+def test_pan_and_scan_crops_are_refused(model_dir: Path) -> None:
+    """A processor that crops one image into several (Gemma 3's pan-and-scan) would feed
+    one image's pixels to another's run: refused, naming the field."""
+    processor = AutoImageProcessor.from_pretrained(model_dir)
+    tokens = ImageTokens.of_config(_config(model_dir))
+    assert tokens is not None and tokens.bidirectional
+    prompter = ImagePrompter(tokens, processor)
+    wide = synthetic_image(1, (32, 256))
+    assert prompter.expand(ONE_IMAGE, [wide])[1][0].length == IMAGE_TOKENS
+    crops = dataclasses.replace(
+        prompter, processor=AutoImageProcessor.from_pretrained(
+            model_dir, do_pan_and_scan=True, pan_and_scan_min_crop_size=8,
+            pan_and_scan_max_num_crops=4, pan_and_scan_min_ratio_to_activate=1.2,
+        )
+    )  # fmt: skip
+    with pytest.raises(ParameterError, match="pan-and-scan"):
+        crops.expand(ONE_IMAGE, [wide])
+
+
+def _config(path: Path) -> dict[str, Any]:
+    config: dict[str, Any] = json.loads((path / "config.json").read_text())
+    return config
