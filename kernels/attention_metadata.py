@@ -21,6 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+# (sequence index in the step, first position, end position) of each image run whose rows
+# attend bidirectionally within it (Gemma 3; ``AttentionMetadata.image_spans``).
+ImageSpans = tuple[tuple[int, int, int], ...]
+
 
 @dataclass(frozen=True, slots=True)
 class PrefillRowGroup:
@@ -96,3 +100,6 @@ class AttentionMetadata:
     query_start_loc_np: np.ndarray
     seq_lens_np: np.ndarray
     cpu_plan: CpuAttentionPlan | None = None
+    # Gemma 3's image runs in this step: (sequence index, first position, end position) of
+    # each run whose rows attend bidirectionally within it (``kernels.image_attention``).
+    image_spans: ImageSpans = ()

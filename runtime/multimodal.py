@@ -6,6 +6,7 @@ with the request is this plain record: where the run sits in the prompt, how lon
 processed pixels (numpy, so the torch-free core can carry them) and a content hash of those
 pixels. The scheduler hashes the image into the prefix-cache keys of every block the run
 overlaps (``image_extra_keys``), so two prompts that differ only in an image never share KV.
+An image whose rows attend bidirectionally (Gemma 3) is computed whole in one step.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ class ImageInput:
     length: int  # placeholder tokens: the image's feature vectors
     content_hash: str  # sha256 hex of the processed pixels (``pixel_hash``)
     pixel_values: np.ndarray  # [channels, height, width] as the image processor made them
+    # The run's rows attend to the whole run during prefill (Gemma 3's bidirectional image
+    # attention): a step never computes part of the run (``core.encoder_cache``), and the
+    # executor hands the run to the attention (``AttentionMetadata.image_spans``).
+    bidirectional: bool = False
 
     @property
     def end(self) -> int:

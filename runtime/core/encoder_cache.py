@@ -70,7 +70,8 @@ class EncoderCacheManager:
     ) -> EncoderPlan:
         """The images overlapping prompt positions ``[begin, begin + num_new)``: hits, and
         what to encode while the step budget and the cache's room allow; the first image that
-        does not fit cuts ``num_new`` at its run's start (``whole``: no cut, no tokens)."""
+        does not fit cuts ``num_new`` at its run's start (``whole``: no cut, no tokens), and
+        so does a bidirectional image's run (Gemma 3) that the step would not complete."""
         end = begin + num_new
         overlapping = [(i, im) for i, im in enumerate(images) if im.offset < end and begin < im.end]
         protected = {im.content_hash for _, im in overlapping if im.content_hash in self._entries}
@@ -79,6 +80,9 @@ class EncoderCacheManager:
         planned: set[str] = set()
         for index, image in overlapping:
             key = image.content_hash
+            if image.bidirectional and image.end > end:  # never part of such a run
+                plan.num_new = 0 if whole else max(0, image.offset - begin)
+                break
             if key in self._entries or key in planned:
                 plan.hits.append(image)
             else:

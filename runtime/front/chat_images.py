@@ -82,11 +82,12 @@ def render_chat_images(
         raise ParameterError(where, "this model takes no image inputs (not a vision model)")
     decoded = [decode_image(image.data, image.part, max_pixels) for image in images]
     marker = f"\ue000image-{secrets.token_hex(8)}\ue001"
+    around = prompter.spec.chat_text_around  # Gemma 3: "\n\n", as its processor adds
     ids = apply_chat_template(
         tokenizer,
-        _with_markers(messages, marker),
+        _with_markers(messages, around + marker + around),
         tools,
         template_kwargs=template_kwargs,
-        image=(marker, prompter.spec.image_token_index),
+        image=(marker, prompter.spec.marker),
     )
     return prompter.expand(ids, decoded)

@@ -59,6 +59,8 @@ from tokenwire.runtime.loader.pooling_config import (
 )
 from tokenwire.runtime.loader.source import ModelSource, model_source
 from tokenwire.runtime.models.arch import ModelArch, token_id_tuple
+from tokenwire.runtime.models.gemma3_mm import build_gemma3_mm
+from tokenwire.runtime.models.gemma3_mm_config import gemma3_text_config, is_gemma3_mm
 from tokenwire.runtime.models.layers import process_weights_after_loading
 from tokenwire.runtime.models.layers.quant.base import QuantConfig
 from tokenwire.runtime.models.layers.quant.gguf import (
@@ -105,6 +107,15 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
 
 
+def _decoder_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The decoder's config: a vision-language model's language model, else ``config``."""
+    if is_llava(config):
+        return llava_text_config(config)
+    if is_gemma3_mm(config):
+        return gemma3_text_config(config)
+    return config
+
+
 def load_model(
     model_config: ModelConfig,
     device: torch.device,
@@ -126,8 +137,8 @@ def load_model(
     config = _read_json(source.config_file)
     task = resolve_task(model_config.task, folder, config)
     embed = None
-    llava = is_llava(config)  # a vision-language model: its language model is the decoder
-    decoder_config = llava_text_config(config) if llava else config
+    llava, gemma3_mm = is_llava(config), is_gemma3_mm(config)
+    decoder_config = _decoder_config(config)
     arch = ModelArch.from_hf_config(
         decoder_config if task != "embed" else base_decoder_config(config)
     )
@@ -145,6 +156,8 @@ def load_model(
     model: LlamaForCausalLM
     if llava:
         model = build_llava(config, arch, device, dtype, max_model_len, tp, quant)
+    elif gemma3_mm:
+        model = build_gemma3_mm(config, arch, device, dtype, max_model_len, tp, quant)
     else:
         model = build_model(arch, device, dtype, max_position=max_model_len, tp=tp, quant=quant)
     if dummy:

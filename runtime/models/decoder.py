@@ -22,6 +22,7 @@ from torch import nn
 
 from tokenwire.kernels.activation import gated_activation
 from tokenwire.kernels.attention_metadata import AttentionMetadata
+from tokenwire.kernels.image_attention import image_run_attention
 from tokenwire.kernels.kv_quant import LayerKVCache
 from tokenwire.kernels.llama4_attention import attn_temperature_scales, weightless_rms_norm
 from tokenwire.kernels.paged_attention import paged_attention
@@ -174,6 +175,11 @@ class Attention(nn.Module):
             logits_soft_cap=self.logits_soft_cap, sliding_window=self.sliding_window,
             sinks=sinks, attention_chunk=self.attention_chunk,
         )  # fmt: skip
+        if meta.image_spans:  # Gemma 3: an image's rows see the whole image
+            image_run_attention(
+                q, k_cache, v_cache, meta, out, self.scale, k_scale, v_scale,
+                self.logits_soft_cap, self.sliding_window,
+            )  # fmt: skip
         return out
 
 

@@ -19,7 +19,7 @@ placeholder rows and passes ``inputs_embeds`` to the forward (``worker.image_emb
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -30,7 +30,6 @@ from tokenwire.runtime.models.layers import QuantConfig
 from tokenwire.runtime.models.llama import LlamaForCausalLM
 from tokenwire.runtime.models.llava_config import (
     LLAVA,
-    LlavaSpec,
     hf_llava_config,
     llava_spec,
 )
@@ -65,13 +64,28 @@ class VisionEncoder(nn.Module):
         return features
 
 
+class ImageSpec(Protocol):
+    """What the executor reads of a model's multimodal spec (``LlavaSpec``, ``Gemma3MMSpec``)."""
+
+    @property
+    def num_image_tokens(self) -> int: ...
+
+
 class LlavaForConditionalGeneration(LlamaForCausalLM):
-    """The language model (``LlamaForCausalLM``) plus ``vision`` (held outside the tree)."""
+    """The language model (``LlamaForCausalLM``) plus ``vision`` (held outside the tree).
+
+    The base of the LLaVA-style models: a subclass (``models.gemma3_mm``) brings its own
+    encoder (``vision_encoder``) and says whether an image's placeholder rows attend to the
+    whole image during prefill (``bidirectional_images``)."""
+
+    # Gemma 3: the rows of one image's placeholder run see each other (HF's token_type_ids
+    # mask); LLaVA: plain causal attention.
+    bidirectional_images: bool = False
 
     def __init__(
         self,
         arch: ModelArch,
-        spec: LlavaSpec,
+        spec: ImageSpec,
         hf_config: Any,
         max_position: int,
         dtype: torch.dtype,
@@ -80,17 +94,24 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
     ) -> None:
         super().__init__(arch, max_position, dtype, tp, quant)
         self.spec = spec
-        encoder = VisionEncoder(hf_config).to(dtype=dtype).eval()
+        encoder = self.vision_encoder(hf_config).to(dtype=dtype).eval()
         object.__setattr__(self, "_vision", encoder)  # not a submodule: see the module doc
 
+    @staticmethod
+    def vision_encoder(hf_config: Any) -> nn.Module:
+        """The vision tower and projector (not yet on the model's dtype)."""
+        return VisionEncoder(hf_config)
+
     @property
-    def vision(self) -> VisionEncoder:
-        encoder: VisionEncoder = self.__dict__["_vision"]
+    def vision(self) -> nn.Module:
+        encoder: nn.Module = self.__dict__["_vision"]
         return encoder
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Token embeddings [T, hidden] (what the forward would start from)."""
-        embeds: torch.Tensor = self.model.embed(input_ids)
+        """Token embeddings [T, hidden] (what the forward would start from); a placeholder id
+        outside the vocabulary embeds as id 0 (as HF does: its rows are overwritten)."""
+        ids = input_ids.masked_fill(input_ids >= self.arch.vocab_size, 0)
+        embeds: torch.Tensor = self.model.embed(ids)
         return embeds
 
     def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -98,6 +119,10 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         weight = self.model.embed_tokens.weight
         features: torch.Tensor = self.vision(pixel_values.to(weight.device, weight.dtype))
         return features
+
+    @property
+    def arch_name(self) -> str:
+        return LLAVA
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | WeightSource]]) -> None:
@@ -111,7 +136,7 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         missing = [m for m in missing if not m.endswith("position_ids")]
         if missing or unexpected:
             raise ValueError(
-                f"{LLAVA}: vision weights missing {sorted(missing)}, "
+                f"{self.arch_name}: vision weights missing {sorted(missing)}, "
                 f"unexpected {sorted(unexpected)}"
             )
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tokenwire.kernels.attention_metadata import AttentionMetadata
+from tokenwire.kernels.attention_metadata import AttentionMetadata, ImageSpans
 from tokenwire.kernels.attention_plan import build_cpu_plan
 from tokenwire.runtime.worker.input_batch import StepArrays
 
@@ -33,8 +33,9 @@ class AttentionInputs:
         tensor = torch.from_numpy(array)
         return tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)
 
-    def metadata(self, a: StepArrays) -> AttentionMetadata:
-        """The step's attention metadata; on CPU with gather plans for ``windows``."""
+    def metadata(self, a: StepArrays, image_spans: ImageSpans = ()) -> AttentionMetadata:
+        """The step's attention metadata; on CPU with gather plans for ``windows``;
+        ``image_spans``: the step's bidirectional image runs (Gemma 3)."""
         block_tables = self.to_device(a.block_tables)
         plan = None
         if self.device.type == "cpu":
@@ -56,4 +57,5 @@ class AttentionInputs:
             query_start_loc_np=a.query_start_loc,
             seq_lens_np=a.seq_lens,
             cpu_plan=plan,
+            image_spans=image_spans,
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from tokenwire.kernels.attention_metadata import AttentionMetadata
+from tokenwire.kernels.attention_metadata import AttentionMetadata, ImageSpans
 from tokenwire.kernels.cuda_graph_buckets import decode_batch_buckets
 from tokenwire.kernels.dispatch import triton_available
 from tokenwire.runtime.loader.model_loader import LoadedModel
@@ -88,17 +88,28 @@ class CudaGraphRunner:
             )
             self.graphs.capture()
 
-    def forward(self, arrays: StepArrays, embeds: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        arrays: StepArrays,
+        embeds: torch.Tensor | None = None,
+        spans: ImageSpans = (),
+    ) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] of one step (graph replay or eager);
-        ``embeds``: the step's input embeddings (image features placed), run eagerly."""
+        ``embeds``: the step's input embeddings (image features placed), run eagerly, as do
+        steps with bidirectional image runs (``spans``, ``AttentionMetadata.image_spans``)."""
         graphs = self.graphs
-        if graphs is not None and embeds is None:
+        if graphs is not None and embeds is None and not spans:
             bucket = decode_bucket(arrays, graphs.buckets)
             if bucket is not None:
                 return graphs.replay(self.staging, arrays, bucket)
-        return self._eager(arrays, embeds)
+        return self._eager(arrays, embeds, spans)
 
-    def _eager(self, arrays: StepArrays, embeds: torch.Tensor | None = None) -> torch.Tensor:
+    def _eager(
+        self,
+        arrays: StepArrays,
+        embeds: torch.Tensor | None = None,
+        spans: ImageSpans = (),
+    ) -> torch.Tensor:
         inputs = self.staging.upload(arrays)
         meta = AttentionMetadata(
             num_tokens=len(arrays.input_ids),
@@ -113,6 +124,7 @@ class CudaGraphRunner:
             max_seq_len=arrays.max_seq_len,
             query_start_loc_np=arrays.query_start_loc,
             seq_lens_np=arrays.seq_lens,
+            image_spans=spans,
         )
         hidden: torch.Tensor = self.model(
             inputs.input_ids, inputs.positions, self.kv_layers, meta, embeds

@@ -6,7 +6,8 @@ cached features to drop first (``encoder_frees``): its ``core.encoder_cache`` bo
 cache here, keyed by content hash, so an image repeated in a later request (or twice in one)
 is encoded once, and features a running prefill still needs are never dropped. A step covering
 part of an image's placeholder run writes that part: a chunked prefill may split a run
-anywhere, and each chunk slices the cached features by position. Steps with no placeholder
+anywhere (but a bidirectional one, Gemma 3's: ``image_spans``), and each chunk slices the
+cached features by position. Steps with no placeholder
 rows skip all of this (``step_embeds`` is None and the forward embeds the tokens itself,
 eagerly or compiled).
 """
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tokenwire.kernels.attention_metadata import ImageSpans
 from tokenwire.runtime.models.llama import LlamaForCausalLM
 from tokenwire.runtime.models.llava import LlavaForConditionalGeneration
 from tokenwire.runtime.multimodal import ImageInput
@@ -47,11 +49,22 @@ class ImageEmbeds:
         self.num_encoded_total = 0  # images through the vision tower since startup
 
     @classmethod
-    def for_model(cls, model: LlamaForCausalLM, device: torch.device) -> ImageEmbeds | None:
-        """The image inputs of a vision-language model; None for a text model."""
-        if isinstance(model, LlavaForConditionalGeneration):
-            return cls(model, device)
-        return None
+    def for_model(
+        cls, model: LlamaForCausalLM, device: torch.device, max_step_tokens: int
+    ) -> ImageEmbeds | None:
+        """The image inputs of a vision-language model; None for a text model. A model whose
+        image runs are computed whole in one step (Gemma 3) needs a step to hold one: a
+        ``ValueError`` naming ``--max-num-batched-tokens`` at startup, not a request that
+        never runs."""
+        if not isinstance(model, LlavaForConditionalGeneration):
+            return None
+        run = model.spec.num_image_tokens
+        if model.bidirectional_images and run > max_step_tokens:
+            raise ValueError(
+                f"an image's {run} tokens attend to each other and run in one step: "
+                f"--max-num-batched-tokens ({max_step_tokens}) must be at least {run}"
+            )
+        return cls(model, device)
 
     def __bool__(self) -> bool:
         return bool(self._images)
@@ -112,6 +125,28 @@ class ImageEmbeds:
             features = self._cache[content_hash]  # the scheduler keeps it while needed
             embeds[row : row + count] = features[first : first + count].to(embeds.dtype)
         return embeds
+
+    def step_inputs(
+        self, states: Sequence[CachedRequestState], arrays: StepArrays
+    ) -> tuple[torch.Tensor | None, ImageSpans]:
+        """The step's input embeddings (``step_embeds``) and bidirectional runs
+        (``image_spans``)."""
+        return self.step_embeds(states, arrays), self.image_spans(states, arrays)
+
+    def image_spans(self, states: Sequence[CachedRequestState], arrays: StepArrays) -> ImageSpans:
+        """(batch sequence, run start, run end) of each bidirectional image run the step
+        computes rows of (``AttentionMetadata.image_spans``; Gemma 3), else ()."""
+        if not self.model.bidirectional_images:
+            return ()
+        spans: list[tuple[int, int, int]] = []
+        starts = arrays.query_start_loc
+        for i, state in enumerate(states):
+            lo, hi = int(starts[i]), int(starts[i + 1])
+            begin = int(arrays.positions[lo]) if hi > lo else 0
+            for image in self._images.get(state.request_id, ()):
+                if image.bidirectional and image.offset < begin + hi - lo and begin < image.end:
+                    spans.append((i, image.offset, image.end))
+        return tuple(spans)
 
     def _plan(self, states: Sequence[CachedRequestState], arrays: StepArrays) -> list[_Write]:
         writes: list[_Write] = []

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tokenwire.kernels.attention_metadata import ImageSpans
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.loader.model_loader import LoadedModel
 from tokenwire.runtime.lora.manager import LoRAManager
@@ -100,7 +101,7 @@ class ModelRunner:
             )
         self.requests: dict[str, CachedRequestState] = {}
         # A vision-language model: each request's images, encoded when a step reaches them.
-        self.images = ImageEmbeds.for_model(self.model, device)  # None: a text model
+        self.images = ImageEmbeds.for_model(self.model, device, settings.max_num_batched_tokens)
         self._num_prompt_logprob_reqs = 0  # live requests that asked for prompt logprobs
         # Embedding models: pools the hidden states of embedding requests (prefill only).
         self.pooler = None if loaded.embed is None else Pooler(loaded.embed.pooler)
@@ -236,8 +237,8 @@ class ModelRunner:
             write_drafts(self.batch, states, drafts)
         arrays = self.batch.build(rows, query_lens, num_decodes)
         self.batch.num_computed[rows] += query_lens  # after this step's forward
-        embeds = self.images.step_embeds(states, arrays) if self.images else None
-        t1, hidden = self._forward(arrays, embeds)
+        embeds, spans = self.images.step_inputs(states, arrays) if self.images else (None, ())
+        t1, hidden = self._forward(arrays, embeds, spans)
         if drafts:
             t2, prompt_lps, out = self._verify(so, drafts, states, rows, arrays, hidden)
             pooled: dict[str, list[float]] = {}
@@ -264,14 +265,16 @@ class ModelRunner:
             encoder_time=encoder.seconds,
         )
 
-    def _forward(self, arrays: StepArrays, embeds: Tensor | None) -> tuple[float, Tensor]:
+    def _forward(
+        self, arrays: StepArrays, embeds: Tensor | None, spans: ImageSpans
+    ) -> tuple[float, Tensor]:
         """(forward start time, hidden states): graph replay or eager on CUDA, else eager;
-        ``embeds`` (image features placed, ``image_embeds``) always run eagerly."""
+        ``embeds`` (image features placed) and ``spans`` (``image_embeds``) run eagerly."""
         if self._cuda is not None:
             t1 = time.perf_counter()
-            return t1, self._cuda.forward(arrays, embeds)  # graph replay or eager
+            return t1, self._cuda.forward(arrays, embeds, spans)  # graph replay or eager
         inputs = self.inputs
-        meta = inputs.metadata(arrays)
+        meta = inputs.metadata(arrays, spans)
         input_ids = inputs.to_device(arrays.input_ids)
         positions = inputs.to_device(arrays.positions)
         t1 = time.perf_counter()

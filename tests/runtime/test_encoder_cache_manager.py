@@ -83,3 +83,18 @@ def test_the_encoder_fields_cross_the_worker_codec() -> None:
     assert codec.decode(codec.encode(Step(so))) == Step(so)
     done = StepDone(ModelOutput([], [], num_images_encoded=2, encoder_time=0.5))
     assert codec.decode(codec.encode(done)) == done
+
+
+def test_a_bidirectional_run_is_never_split() -> None:
+    """Gemma 3's image runs (``bidirectional``): a step that would end inside one stops at
+    its start, encoding nothing for it; a plain run (LLaVA) may be split."""
+    book = EncoderCacheManager(capacity=100, budget=100)
+    gemma = (ImageInput(4, 10, "g", PIXELS, bidirectional=True),)
+    book.start_step()
+    plan = book.plan(gemma, 0, 8)
+    assert (plan.num_new, plan.encode, plan.hits) == (4, [], [])
+    assert book.plan(gemma, 4, 9).num_new == 0  # from the run's start, still short of its end
+    assert book.plan(gemma, 0, 8, whole=True).num_new == 0
+    plan = book.plan(gemma, 4, 10)
+    assert (plan.num_new, [i for i, _ in plan.encode], plan.done) == (10, [0], ["g"])
+    assert book.plan((_image(4, "p"),), 0, 8).num_new == 8
