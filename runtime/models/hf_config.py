@@ -70,7 +70,8 @@ def family_fields(cfg: Mapping[str, Any], architecture: str) -> dict[str, Any]:
     if is_llama4(architecture):
         fields.update(llama4_fields(cfg))
     if is_deepseek(architecture):
-        fields.update(deepseek_fields(cfg, architecture, None if scaling is None else dict(scaling)))
+        scaling_dict = None if scaling is None else dict(scaling)
+        fields.update(deepseek_fields(cfg, architecture, scaling_dict))
     if gemma:
         fields.update(
             norm_unit_offset=True,

@@ -37,7 +37,11 @@ from tokenwire.kernels.store_kv import store_kv
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.models.arch import ModelArch
 from tokenwire.runtime.models.deepseek_config import MLASpec
-from tokenwire.runtime.models.layers import MergedColumnParallelLinear, RowParallelLinear
+from tokenwire.runtime.models.layers import (
+    MergedColumnParallelLinear,
+    RMSNorm,
+    RowParallelLinear,
+)
 from tokenwire.runtime.models.layers.basic import Linear, make_rms_norm
 from tokenwire.runtime.models.layers.quant.base import MethodFor
 
@@ -62,7 +66,7 @@ class MLAttention(nn.Module):
         self.q_head_proj: MergedColumnParallelLinear | None = None
         self.q_a_proj: Linear | None = None
         self.q_b_proj: MergedColumnParallelLinear | None = None
-        self.q_a_layernorm: nn.Module | None = None
+        self.q_a_layernorm: RMSNorm | None = None
         if mla.q_lora_rank is None:
             self.q_head_proj = MergedColumnParallelLinear(hidden, q_out, False, dtype, tp, _HEADS)
         else:
@@ -86,6 +90,7 @@ class MLAttention(nn.Module):
 
     def queries(self, hidden: torch.Tensor) -> torch.Tensor:
         """[T, heads, qk_nope + qk_rope] of this rank's heads."""
+        q: torch.Tensor
         if self.q_head_proj is not None:
             q = self.q_head_proj(hidden)
         else:
@@ -105,14 +110,16 @@ class MLAttention(nn.Module):
         mla, num_tokens = self.mla, hidden.shape[0]
         if meta is None or kv_cache is None:
             raise ValueError("MLA attention needs metadata and a KV cache")
-        q_nope, q_pe = self.queries(hidden).split([mla.qk_nope_head_dim, mla.qk_rope_head_dim], -1)
-        latent, k_pe = self.kv_a_proj_with_mqa(hidden).split(
-            [mla.kv_lora_rank, mla.qk_rope_head_dim], -1
-        )
-        latent = self.kv_a_layernorm(latent)
+        nope, lora = mla.qk_nope_head_dim, mla.kv_lora_rank
+        q = self.queries(hidden)
+        q_nope, q_pe = q[..., :nope], q[..., nope:]
+        compressed: torch.Tensor = self.kv_a_proj_with_mqa(hidden)
+        latent, k_pe = self.kv_a_layernorm(compressed[:, :lora]), compressed[:, lora:]
         q_pe, k_pe = apply_rotary(q_pe, k_pe.reshape(num_tokens, 1, -1), positions, cos_sin_cache)
-        w_kv = self.kv_b_proj.weight.view(self.num_heads, -1, mla.kv_lora_rank)
-        w_uk, w_uv = w_kv.split([mla.qk_nope_head_dim, mla.v_head_dim], dim=1)
+        weight = self.kv_b_proj.weight
+        assert isinstance(weight, torch.Tensor)
+        w_kv = weight.view(self.num_heads, -1, lora)
+        w_uk, w_uv = w_kv[:, :nope], w_kv[:, nope:]
         q_latent = torch.einsum("thn,hnl->thl", q_nope, w_uk)
         query = torch.cat([q_latent, q_pe], dim=-1)
         key = torch.cat([latent.reshape(num_tokens, 1, -1), k_pe], dim=-1)
@@ -122,7 +129,11 @@ class MLAttention(nn.Module):
         return result
 
     def attend(
-        self, query: torch.Tensor, key: torch.Tensor, kv_cache: LayerKVCache, meta: AttentionMetadata
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        kv_cache: LayerKVCache,
+        meta: AttentionMetadata,
     ) -> torch.Tensor:
         """Store the step's latents (K and V caches are one tensor), then attend them."""
         k_cache, v_cache, k_scale, v_scale = kv_cache
