@@ -54,6 +54,8 @@ def cpu_compile_blocker(model: torch.nn.Module, device: torch.device, lora: bool
         return "tensor parallel steps run eagerly"
     if lora:
         return "LoRA steps run eagerly"
+    if model.arch.mla is not None:
+        return "MLA attention (DeepSeek) runs eagerly"
     if any(model.arch.layer_is_sparse(i) for i in range(model.arch.num_hidden_layers)):
         return "MoE layers route data-dependently and run eagerly"
     return None
