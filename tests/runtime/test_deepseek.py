@@ -155,8 +155,9 @@ def test_router_matches_hf(version: str) -> None:
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 
     gen = torch.Generator().manual_seed(0)
-    common = dict(hidden_size=16, num_attention_heads=4, n_routed_experts=16, num_experts_per_tok=4, n_group=4,
-                  topk_group=2, routed_scaling_factor=1.7)  # fmt: skip
+    common = dict(hidden_size=16, num_attention_heads=4, n_routed_experts=16,
+                  num_experts_per_tok=4, n_group=4, topk_group=2,
+                  routed_scaling_factor=1.7)  # fmt: skip
     router: Any
     if version == "v3":
         router = DeepseekV3TopkRouter(DeepseekV3Config(**common))
@@ -175,9 +176,7 @@ def test_router_matches_hf(version: str) -> None:
     )  # fmt: skip
     order, ref_order = ids.sort(dim=-1), ref_ids.sort(dim=-1)
     assert torch.equal(order.values, ref_order.values)
-    torch.testing.assert_close(
-        weights.gather(1, order.indices), ref_w.gather(1, ref_order.indices)
-    )
+    torch.testing.assert_close(weights.gather(1, order.indices), ref_w.gather(1, ref_order.indices))
 
 
 def test_rope_rows_become_half_split() -> None:
