@@ -47,6 +47,25 @@ def bytes_per_block(arch: ModelArch, block_size: int, dtype: torch.dtype, tp_siz
     return arch.kv_cache_parts * arch.num_hidden_layers * block_size * heads * arch.head_dim * elem
 
 
+def kv_bytes_per_token(arch: ModelArch, dtype: torch.dtype, tp_size: int = 1) -> int:
+    """KV bytes one token takes on one rank over all layers: ``2 x kv_heads x head_dim`` per
+    layer, or MLA's latent ``kv_lora_rank + qk_rope_head_dim`` (replicated on every rank)."""
+    return bytes_per_block(arch, 1, dtype, tp_size)
+
+
+def kv_cache_summary(arch: ModelArch, cache: KVCache, tp_size: int = 1) -> str:
+    """The startup line: how many tokens fit and what each one costs."""
+    per_token = kv_bytes_per_token(arch, cache.dtype, tp_size)
+    usable = (cache.num_blocks - 1) * cache.block_size  # block 0 is the null block
+    layout = "K and V per KV head"
+    if arch.mla is not None:
+        layout = f"MLA latent: {arch.mla.kv_lora_rank} + {arch.mla.qk_rope_head_dim} per layer"
+    return (
+        f"KV cache: {cache.num_blocks - 1} blocks of {cache.block_size} tokens, {usable} tokens "
+        f"fit; {per_token} bytes per token ({layout})"
+    )
+
+
 def num_blocks_for(
     arch: ModelArch,
     cache_config: CacheConfig,

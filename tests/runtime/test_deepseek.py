@@ -11,6 +11,7 @@ K and V one tensor); TP=2 (gloo) equals TP=1.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,22 @@ def test_cache_holds_one_latent_per_token(v3: tuple[LoadedModel, Any]) -> None:
     layer = cache.layers[0]
     assert layer.k_cache.shape == (6, 16, 1, 40)
     assert layer.k_cache.data_ptr() == layer.v_cache.data_ptr()
+
+
+def test_startup_line_says_how_many_tokens_fit(
+    paths: dict[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker's startup line: usable tokens and the latent formula's bytes per token
+    (3 layers x (32 + 8) x 4 bytes)."""
+    caplog.set_level(logging.INFO, logger="tokenwire.worker")
+    path = str(paths["v3-q-lora-grouped-sigmoid"])
+    llm = LLM(path, device="cpu", num_gpu_blocks_override=9, max_model_len=128)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("KV cache:")]
+    assert lines == [
+        "KV cache: 8 blocks of 16 tokens, 128 tokens fit; 480 bytes per token "
+        "(MLA latent: 32 + 8 per layer)"
+    ]
+    assert_llm_idle(llm)
 
 
 # ----------------------------------------------------------------------------- logits
