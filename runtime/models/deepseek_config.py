@@ -120,6 +120,12 @@ def deepseek_moe_spec(cfg: Mapping[str, Any], v3: bool) -> MoESpec | None:
 
 
 def _routing(cfg: Mapping[str, Any], v3: bool, num_experts: int) -> DeepseekRouting:
+    scoring = cfg.get("scoring_func")
+    if scoring is not None and scoring != ("sigmoid" if v3 else "softmax"):
+        raise ValueError(
+            f"unsupported config: scoring_func={scoring!r} (HF's DeepSeek-{'V3' if v3 else 'V2'} "
+            f"scores with {'sigmoid' if v3 else 'softmax'})"
+        )
     method = "noaux_tc" if v3 else str(cfg.get("topk_method") or "greedy")
     if method not in ("greedy", "group_limited_greedy", "noaux_tc"):
         raise ValueError(f"unsupported config: topk_method={method!r}")

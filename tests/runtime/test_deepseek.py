@@ -12,6 +12,7 @@ K and V one tensor); TP=2 (gloo) equals TP=1.
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from tokenwire.runtime.config import CacheConfig, ModelConfig
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.llm import LLM
 from tokenwire.runtime.loader.model_loader import LoadedModel, load_model
+from tokenwire.runtime.models.arch import ModelArch
 from tokenwire.runtime.models.deepseek_checkpoint import rope_rows_half_split
 from tokenwire.runtime.models.llama import LlamaForCausalLM
 from tokenwire.runtime.models.moe import SparseMoeBlock
@@ -98,6 +100,40 @@ def test_config_fields(v3: tuple[LoadedModel, Any], paths: dict[str, Path]) -> N
     assert yarn.mla is not None and yarn.mla.q_lora_rank is None
     assert yarn.moe is not None and yarn.moe.deepseek is not None
     assert yarn.moe.deepseek.num_groups == 1 and not yarn.moe.renormalize
+
+
+# DeepSeek-V2-Lite's config.json (the keys this reads; shapes as released).
+V2_LITE: dict[str, Any] = {
+    "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+    "vocab_size": 102400, "hidden_size": 2048, "intermediate_size": 10944,
+    "moe_intermediate_size": 1408, "num_hidden_layers": 27, "num_attention_heads": 16,
+    "num_key_value_heads": 16, "n_shared_experts": 2, "n_routed_experts": 64,
+    "num_experts_per_tok": 6, "moe_layer_freq": 1, "first_k_dense_replace": 1,
+    "norm_topk_prob": False, "scoring_func": "softmax", "topk_method": "greedy",
+    "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0, "q_lora_rank": None,
+    "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "max_position_embeddings": 163840, "rope_theta": 10000,
+    "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                     "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+    "bos_token_id": 100000, "eos_token_id": 100001, "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+def test_hub_config_keys() -> None:
+    """A DeepSeek-V2-Lite style config.json (legacy ``rope_scaling`` with ``type``, null
+    q_lora, ``scoring_func``) and the keys HF's maths does not implement."""
+    arch = ModelArch.from_hf_config(V2_LITE)
+    assert arch.mla is not None and arch.mla.q_lora_rank is None
+    assert arch.head_dim == 576 and arch.rope_dim == 64 and arch.kv_cache_parts == 1
+    assert (arch.rope_scaling_dict() or {})["rope_type"] == "yarn"
+    mscale = 0.1 * 0.707 * math.log(40) + 1.0
+    assert arch.attention_scale == pytest.approx(192**-0.5 * mscale**2)
+    assert arch.moe is not None and arch.moe.sparse_layers == (False,) + (True,) * 26
+    assert bytes_per_block(arch, 1, torch.bfloat16) == 27 * 576 * 2
+    for key, value in (("scoring_func", "sigmoid"), ("moe_layer_freq", 2),
+                       ("topk_method", "noaux"), ("attention_bias", True)):  # fmt: skip
+        with pytest.raises(ValueError, match=key):
+            ModelArch.from_hf_config({**V2_LITE, key: value})
 
 
 def test_cache_holds_one_latent_per_token(v3: tuple[LoadedModel, Any]) -> None:
