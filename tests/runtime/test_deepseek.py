@@ -3,7 +3,7 @@ from transformers' own config classes, against HF in float32 on CPU.
 
 Greedy tokens equal HF ``generate()`` (V3 with q_lora and grouped sigmoid routing, V2 without
 q_lora and group-limited softmax routing, V2 with DeepSeek's YaRN; one batch, chunked
-prefill on a 16-token budget, prefix-cache hits); logprobs within 1e-3; paged prefill across
+prefill on a 16-token budget, prefix-cache hits, preemption in a tiny cache); logprobs within 1e-3; paged prefill across
 blocks and mixed decode rows over the latent cache within 1e-4; the router equals HF's
 router modules; the cache holds one latent per token (bytes per block = the latent formula,
 K and V one tensor); TP=2 (gloo) equals TP=1.
@@ -36,6 +36,7 @@ from tokenwire.runtime.models.deepseek_checkpoint import rope_rows_half_split
 from tokenwire.runtime.models.llama import LlamaForCausalLM
 from tokenwire.runtime.models.moe import SparseMoeBlock
 from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.stats import StepRecorder
 from tokenwire.runtime.worker.kv_cache import KVCache, bytes_per_block
 
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -269,6 +270,21 @@ def test_prefix_caching_shared_prefix_matches_hf(paths: dict[str, Path]) -> None
     assert [o.outputs[0].token_ids for o in first] == reference
     assert [o.outputs[0].token_ids for o in second] == reference
     assert all(o.num_cached_tokens >= 32 for o in second)
+    assert_llm_idle(llm)
+
+
+def test_tiny_kv_cache_preempts_and_matches_hf(paths: dict[str, Path]) -> None:
+    """12 usable latent blocks of 16 tokens for 8 sequences growing to ~100 tokens: the
+    scheduler preempts and recomputes, the tokens stay HF's."""
+    path = paths["v3-q-lora-grouped-sigmoid"]
+    prompts = distinct_prompts()
+    recorder = StepRecorder()
+    llm = LLM(str(path), device="cpu", observer=recorder, num_gpu_blocks_override=13,
+              max_model_len=128)  # fmt: skip
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == hf_greedy(path, prompts)
+    assert sum(s.num_preemptions for s in recorder.steps) > 0
     assert_llm_idle(llm)
 
 
