@@ -136,9 +136,10 @@ class MLAttention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """Store the step's latents (K and V caches are one tensor), then attend them."""
-        k_cache, v_cache, k_scale, v_scale = kv_cache
-        store_kv(key, key, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        # One tensor, so one scale (an fp8 cache's K scale) for storing and reading it.
+        k_cache, v_cache, k_scale, _ = kv_cache
+        store_kv(key, key, k_cache, v_cache, meta.slot_mapping, k_scale, k_scale)
         out: torch.Tensor = paged_attention(
-            query, key, key, k_cache, v_cache, meta, self.scale, k_scale, v_scale
+            query, key, key, k_cache, v_cache, meta, self.scale, k_scale, k_scale
         )
         return out
