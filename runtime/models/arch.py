@@ -6,8 +6,10 @@ per-layer windows, Phi-3's fused checkpoint tensors) is a field here, so the one
 module in ``llama.py`` covers Llama 2/3, SmolLM, Mistral, Qwen2/2.5, Qwen3, Gemma 2, Gemma 3
 (text), Phi-3/3.5 and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss and
 Llama 4 text (``moe``: a ``MoESpec``; gpt-oss adds attention sinks, Llama 4 chunked
-attention, NoPE layers and q/k L2 norm). ``hf_config``, ``moe_config`` and
-``llama4_config`` read each family's config keys.
+attention, NoPE layers and q/k L2 norm), and DeepSeek-V2/V3 (``mla``: multi-head latent
+attention, ``runtime/models/mla.py``; DeepSeekMoE routing in the ``MoESpec``).
+``hf_config``, ``moe_config``, ``llama4_config`` and ``deepseek_config`` read each family's
+config keys.
 """
 
 from __future__ import annotations
