@@ -5,8 +5,8 @@ Greedy tokens equal HF ``generate()`` (V3 with q_lora and grouped sigmoid routin
 q_lora and group-limited softmax routing, V2 with DeepSeek's YaRN; one batch, chunked
 prefill on a 16-token budget, prefix-cache hits, preemption in a tiny cache); logprobs
 within 1e-3; paged prefill across blocks and mixed decode rows over the latent cache within
-1e-4; the router equals HF's router modules; the cache holds one latent per token (bytes per block = the latent formula,
-K and V one tensor); TP=2 (gloo) equals TP=1.
+1e-4; the router equals HF's router modules; the cache holds one latent per token (bytes
+per block = the latent formula, K and V one tensor); TP=2 (gloo) equals TP=1.
 """
 
 from __future__ import annotations
