@@ -30,6 +30,7 @@ from tokenwire.runtime.lora.layers import (
 )
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.models.llama import DecoderLayer, LlamaForCausalLM
+from tokenwire.runtime.models.mla import MLAttention
 from tokenwire.runtime.models.moe import SparseMoeBlock
 
 LoRALayer = ColumnLinearWithLoRA | RowLinearWithLoRA
@@ -45,6 +46,8 @@ def wrap_model(
     for layer in model.model.layers:
         assert isinstance(layer, DecoderLayer)
         attn, mlp = layer.self_attn, layer.mlp
+        if isinstance(attn, MLAttention):
+            raise ValueError(f"--enable-lora is not supported for MLA models ({arch.architecture})")
         if isinstance(mlp, SparseMoeBlock):
             raise ValueError(
                 "--enable-lora is not supported for mixture-of-experts models "

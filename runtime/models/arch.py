@@ -6,8 +6,10 @@ per-layer windows, Phi-3's fused checkpoint tensors) is a field here, so the one
 module in ``llama.py`` covers Llama 2/3, SmolLM, Mistral, Qwen2/2.5, Qwen3, Gemma 2, Gemma 3
 (text), Phi-3/3.5 and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss and
 Llama 4 text (``moe``: a ``MoESpec``; gpt-oss adds attention sinks, Llama 4 chunked
-attention, NoPE layers and q/k L2 norm). ``hf_config``, ``moe_config`` and
-``llama4_config`` read each family's config keys.
+attention, NoPE layers and q/k L2 norm), and DeepSeek-V2/V3 (``mla``: multi-head latent
+attention, ``runtime/models/mla.py``; DeepSeekMoE routing in the ``MoESpec``).
+``hf_config``, ``moe_config``, ``llama4_config`` and ``deepseek_config`` read each family's
+config keys.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tokenwire.runtime.models.deepseek_config import DEEPSEEK_ARCHITECTURES, MLASpec
 from tokenwire.runtime.models.hf_config import family_fields
 from tokenwire.runtime.models.llama4_config import text_view
 from tokenwire.runtime.models.moe_config import LLAMA4_ARCHITECTURES, MoESpec
@@ -34,6 +37,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "Qwen3MoeForCausalLM",
     "GptOssForCausalLM",
     *LLAMA4_ARCHITECTURES,
+    *DEEPSEEK_ARCHITECTURES,
 )
 
 # Fallback when a config has no ``architectures`` list (e.g. ``AutoConfig.for_model``).
@@ -51,6 +55,8 @@ _MODEL_TYPE_TO_ARCH: dict[str, str] = {
     "gpt_oss": "GptOssForCausalLM",
     "llama4_text": "Llama4ForCausalLM",
     "llama4": "Llama4ForConditionalGeneration",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
 
 # The engine flag that sets the tensor-parallel size; split errors name it.
@@ -117,6 +123,9 @@ class ModelArch:
     attn_temperature: tuple[float, float] | None = None
     # Llama 4: the checkpoint's q/k rows rotate interleaved pairs (permuted at load time).
     interleaved_rope_checkpoint: bool = False
+    # DeepSeek-V2/V3: multi-head latent attention. The cache then holds one latent "head" per
+    # token (``head_dim`` = kv_lora_rank + qk_rope_head_dim, one KV head, no separate V).
+    mla: MLASpec | None = None
 
     @property
     def q_size(self) -> int:
@@ -125,6 +134,16 @@ class ModelArch:
     @property
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
+
+    @property
+    def rope_dim(self) -> int:
+        """Features rotated per head: ``head_dim``, or MLA's ``qk_rope_head_dim``."""
+        return self.head_dim if self.mla is None else self.mla.qk_rope_head_dim
+
+    @property
+    def kv_cache_parts(self) -> int:
+        """Cache tensors per layer: K and V (2), or MLA's one latent cache (1)."""
+        return 2 if self.mla is None else 1
 
     @property
     def attention_scale(self) -> float:
@@ -205,8 +224,10 @@ class ModelArch:
             intermediate_size=int(fields.pop("intermediate_size", cfg["intermediate_size"])),
             num_hidden_layers=int(cfg["num_hidden_layers"]),
             num_attention_heads=heads,
-            num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            num_key_value_heads=int(
+                fields.pop("num_key_value_heads", None) or cfg.get("num_key_value_heads") or heads
+            ),
+            head_dim=int(fields.pop("head_dim", None) or cfg.get("head_dim") or hidden // heads),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=int(cfg["max_position_embeddings"]),
             bos_token_id=_optional_int(cfg.get("bos_token_id")),

@@ -38,6 +38,7 @@ from tokenwire.runtime.models.layers import (
 )
 from tokenwire.runtime.models.layers.basic import make_rms_norm
 from tokenwire.runtime.models.layers.quant.base import MethodFor
+from tokenwire.runtime.models.mla import MLAttention
 from tokenwire.runtime.models.moe import SparseMoeBlock
 
 # A layer's attention as one opaque call, ``(q, k, v, layer index) -> out``: store K/V and
@@ -222,7 +223,11 @@ class DecoderLayer(nn.Module):
         methods: MethodFor,
     ) -> None:
         super().__init__()
-        self.self_attn = Attention(arch, layer, dtype, tp, methods)
+        self.self_attn: Attention | MLAttention = (
+            Attention(arch, layer, dtype, tp, methods)
+            if arch.mla is None
+            else MLAttention(arch, layer, dtype, tp, methods)
+        )
         self.mlp: MLP | SparseMoeBlock = (
             SparseMoeBlock(arch, dtype, tp, methods(f"model.layers.{layer}.mlp"))
             if arch.layer_is_sparse(layer)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tokenwire.runtime.models.deepseek_config import deepseek_fields, is_deepseek
 from tokenwire.runtime.models.llama4_config import DEFAULT_ROPE_THETA as _LLAMA4_THETA
 from tokenwire.runtime.models.llama4_config import is_llama4, llama4_fields
 from tokenwire.runtime.models.moe_config import GPT_OSS, QWEN2_MOE, QWEN3_MOE, moe_spec
@@ -68,6 +69,9 @@ def family_fields(cfg: Mapping[str, Any], architecture: str) -> dict[str, Any]:
     )
     if is_llama4(architecture):
         fields.update(llama4_fields(cfg))
+    if is_deepseek(architecture):
+        scaling_dict = None if scaling is None else dict(scaling)
+        fields.update(deepseek_fields(cfg, architecture, scaling_dict))
     if gemma:
         fields.update(
             norm_unit_offset=True,

@@ -38,6 +38,7 @@ from tokenwire.kernels.rotary import (
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.models.arch import ModelArch
 from tokenwire.runtime.models.decoder import DecoderLayer, KVCache, norm
+from tokenwire.runtime.models.deepseek_checkpoint import deepseek_tensors
 from tokenwire.runtime.models.fused_checkpoint import split_fused_projections
 from tokenwire.runtime.models.fused_stack import (
     FusedModel,
@@ -100,8 +101,8 @@ def rope_cache(
     max_position: int,
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """[max_position, head_dim] rotary table (layout owned by ``kernels.rotary``)."""
-    inv_freq = compute_inv_freq(arch.head_dim, theta, scaling, max_position)
+    """[max_position, rope_dim] rotary table (layout owned by ``kernels.rotary``)."""
+    inv_freq = compute_inv_freq(arch.rope_dim, theta, scaling, max_position)
     return build_cos_sin_cache(inv_freq, max_position, dtype, rope_attention_scaling(scaling))
 
 
@@ -289,6 +290,8 @@ class LlamaForCausalLM(nn.Module):
             weights = split_gpt_oss_experts(weights)
         if self.arch.interleaved_rope_checkpoint:  # Llama 4
             weights = llama4_tensors(weights, self.arch)
+        if self.arch.mla is not None:  # DeepSeek-V2/V3
+            weights = deepseek_tensors(weights, self.arch)
         load_checkpoint(
             self,
             self.shard_loads(),

@@ -23,6 +23,10 @@ clamped SwiGLU. ``gpt_oss_checkpoint`` maps HF's fused, transposed expert tensor
 Llama 4: the top-k router logits through a sigmoid scale the chosen experts' input; its
 shared expert (every token) is ungated. ``llama4_checkpoint`` maps HF's fused experts.
 
+DeepSeek-V2/V3: the router's scores go through ``kernels.deepseek_routing.grouped_topk``
+(float32 logits, as HF; V3's ``e_score_correction_bias`` [E], float32, replicated); the
+shared experts are one ungated MLP (``deepseek_checkpoint`` renames ``shared_experts``).
+
 Quantized schemes and LoRA do not cover the experts: building a MoE layer with a quantized
 linear method is a ``ValueError`` (LoRA refuses MoE models in ``lora.manager``).
 """
@@ -34,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenwire.kernels.activation import gated_activation
+from tokenwire.kernels.deepseek_routing import grouped_topk
 from tokenwire.kernels.moe import fused_moe, select_experts
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.models.arch import TP_FLAG, ModelArch
@@ -163,6 +168,11 @@ class SparseMoeBlock(nn.Module):
         self.softmax_after_topk = spec.softmax_after_topk
         self.sigmoid_topk = spec.sigmoid_input_scaling
         self.gate = Linear(arch.hidden_size, spec.num_experts, spec.router_bias, dtype)
+        self.deepseek = spec.deepseek
+        self.e_score_correction_bias: nn.Parameter | None = None
+        if spec.deepseek is not None and spec.deepseek.correction_bias:
+            bias = torch.zeros(spec.num_experts, dtype=torch.float32)
+            self.e_score_correction_bias = nn.Parameter(bias, requires_grad=False)
         self.experts = FusedMoE(spec, arch.hidden_size, arch.hidden_act, dtype, tp)
         self.shared_expert: SharedExpert | None = None
         self.shared_expert_gate: Linear | None = None
@@ -172,11 +182,23 @@ class SparseMoeBlock(nn.Module):
             if spec.shared_expert_gated:
                 self.shared_expert_gate = Linear(arch.hidden_size, 1, False, dtype)
 
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(float32 weights [T, k], expert ids [T, k]) of each token."""
+        routing = self.deepseek
+        if routing is None:
+            logits = self.gate(x)
+            return select_experts(
+                logits, self.top_k, self.renormalize, self.softmax_after_topk, self.sigmoid_topk
+            )
+        return grouped_topk(
+            F.linear(x.float(), self.gate.weight.float()), self.top_k, routing.num_groups,
+            routing.topk_groups, sigmoid=routing.sigmoid, group_top2_sum=routing.group_top2_sum,
+            renormalize=self.renormalize, routed_scaling_factor=routing.routed_scaling_factor,
+            correction_bias=self.e_score_correction_bias,
+        )  # fmt: skip
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.gate(x)
-        weights, ids = select_experts(
-            logits, self.top_k, self.renormalize, self.softmax_after_topk, self.sigmoid_topk
-        )
+        weights, ids = self.route(x)
         out: torch.Tensor = self.experts(x, weights, ids)
         if self.shared_expert is not None:
             shared = self.shared_expert.partial(x)

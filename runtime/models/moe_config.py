@@ -54,6 +54,22 @@ _DEFAULTS: dict[str, tuple[int, int, int, int]] = {
 
 
 @dataclass(frozen=True)
+class DeepseekRouting:
+    """DeepSeekMoE's router (``deepseek_config``): softmax (V2) or sigmoid (V3) scores; the
+    top-k experts chosen within the ``topk_groups`` best of ``num_groups`` expert groups (a
+    group ranked by its best score, or by the sum of its best two with ``group_top2_sum``);
+    V3 adds ``e_score_correction_bias`` to the scores for the choice only; the chosen scores
+    (renormalised when ``MoESpec.renormalize``) times ``routed_scaling_factor``."""
+
+    sigmoid: bool
+    num_groups: int
+    topk_groups: int
+    group_top2_sum: bool
+    routed_scaling_factor: float
+    correction_bias: bool
+
+
+@dataclass(frozen=True)
 class MoESpec:
     """The sparse MLP of a mixture-of-experts model."""
 
@@ -77,6 +93,8 @@ class MoESpec:
     # Llama 4: the top-k router logits through a sigmoid scale each chosen expert's input
     # (not its output).
     sigmoid_input_scaling: bool = False
+    # DeepSeek-V2/V3: grouped top-k routing (None: ``kernels.moe.select_experts``).
+    deepseek: DeepseekRouting | None = None
 
     @property
     def has_shared_expert(self) -> bool:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from tokenwire.kernels.attention_metadata import AttentionMetadata
-from tokenwire.runtime.models.decoder import DecoderLayer, KVCache
+from tokenwire.runtime.models.decoder import Attention, DecoderLayer, KVCache
 from tokenwire.runtime.models.llama import LlamaForCausalLM
 from tokenwire.runtime.models.llava import LlavaForConditionalGeneration
 from tokenwire.runtime.worker.attention_inputs import AttentionInputs
@@ -54,6 +54,8 @@ def cpu_compile_blocker(model: torch.nn.Module, device: torch.device, lora: bool
         return "tensor parallel steps run eagerly"
     if lora:
         return "LoRA steps run eagerly"
+    if model.arch.mla is not None:
+        return "MLA attention (DeepSeek) runs eagerly"
     if any(model.arch.layer_is_sparse(i) for i in range(model.arch.num_hidden_layers)):
         return "MoE layers route data-dependently and run eagerly"
     return None
@@ -75,7 +77,10 @@ class CompiledCpuForward:
         torch.library.register_fake(f"{self.namespace}::attn", _fake_attention, lib=lib)
         self._lib = lib  # the op lives as long as this object
         op = getattr(torch.ops, self.namespace).attn
-        self.attentions = [cast(DecoderLayer, layer).self_attn for layer in model.model.layers]
+        # MLA layers never get here (``cpu_compile_blocker``).
+        self.attentions = [
+            cast(Attention, cast(DecoderLayer, layer).self_attn) for layer in model.model.layers
+        ]
         for attention in self.attentions:
             attention.external_attention = op
         self._no_caches: list[KVCache | None] = [None] * len(kv_layers)

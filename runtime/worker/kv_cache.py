@@ -1,5 +1,7 @@
 """The paged KV cache tensors: per layer ``(k_cache, v_cache)``, each
-``[num_blocks, block_size, num_kv_heads, head_dim]``. Block 0 is the null block.
+``[num_blocks, block_size, num_kv_heads, head_dim]``. Block 0 is the null block. MLA models
+(DeepSeek) cache one latent per token: ``k_cache`` and ``v_cache`` are the same tensor
+(``ModelArch.kv_cache_parts`` = 1), so the budget holds twice the blocks.
 
 Under tensor parallelism each rank caches only its own KV heads
 (``arch.num_local_kv_heads(tp_size)``: a share of them, or one replicated head), so every
@@ -38,10 +40,30 @@ def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch
 
 
 def bytes_per_block(arch: ModelArch, block_size: int, dtype: torch.dtype, tp_size: int = 1) -> int:
-    """KV bytes of one block on one rank (all layers, K and V) stored as ``dtype``."""
+    """KV bytes of one block on one rank (all layers, K and V; MLA: the one latent cache)
+    stored as ``dtype``."""
     elem = torch.empty((), dtype=dtype).element_size()
     heads = arch.num_local_kv_heads(tp_size)
-    return 2 * arch.num_hidden_layers * block_size * heads * arch.head_dim * elem
+    return arch.kv_cache_parts * arch.num_hidden_layers * block_size * heads * arch.head_dim * elem
+
+
+def kv_bytes_per_token(arch: ModelArch, dtype: torch.dtype, tp_size: int = 1) -> int:
+    """KV bytes one token takes on one rank over all layers: ``2 x kv_heads x head_dim`` per
+    layer, or MLA's latent ``kv_lora_rank + qk_rope_head_dim`` (replicated on every rank)."""
+    return bytes_per_block(arch, 1, dtype, tp_size)
+
+
+def kv_cache_summary(arch: ModelArch, cache: KVCache, tp_size: int = 1) -> str:
+    """The startup line: how many tokens fit and what each one costs."""
+    per_token = kv_bytes_per_token(arch, cache.dtype, tp_size)
+    usable = (cache.num_blocks - 1) * cache.block_size  # block 0 is the null block
+    layout = "K and V per KV head"
+    if arch.mla is not None:
+        layout = f"MLA latent: {arch.mla.kv_lora_rank} + {arch.mla.qk_rope_head_dim} per layer"
+    return (
+        f"KV cache: {cache.num_blocks - 1} blocks of {cache.block_size} tokens, {usable} tokens "
+        f"fit; {per_token} bytes per token ({layout})"
+    )
 
 
 def num_blocks_for(
@@ -128,7 +150,7 @@ class KVCache:
             )
         shape = (
             arch.num_hidden_layers,
-            2,
+            arch.kv_cache_parts,
             num_blocks,
             cache_config.block_size,
             arch.num_local_kv_heads(tp_size),
@@ -140,10 +162,11 @@ class KVCache:
         scales = None
         if kv_dtype == FP8_KV_DTYPE:
             scales = torch.ones((arch.num_hidden_layers, 2, 1), dtype=torch.float32, device=device)
+        last = arch.kv_cache_parts - 1  # MLA: K and V are the one latent cache
         layers = [
             LayerKVCache(
                 storage[i, 0],
-                storage[i, 1],
+                storage[i, last],
                 None if scales is None else scales[i, 0],
                 None if scales is None else scales[i, 1],
             )

@@ -131,13 +131,8 @@ def _profile_inputs(
     positions = np.concatenate([np.arange(n, dtype=np.int64) for n in seq_lens])
     shape = (1, block_size, model.num_local_kv_heads, arch.head_dim)
     dtype = kv_dtype or model.lm_head_weight.dtype
-    caches = [
-        LayerKVCache(
-            torch.zeros(shape, dtype=dtype, device=device),
-            torch.zeros(shape, dtype=dtype, device=device),
-        )
-        for _ in range(arch.num_hidden_layers)
-    ]
+    parts = arch.kv_cache_parts
+    caches = [_profile_cache(parts, shape, dtype, device) for _ in range(arch.num_hidden_layers)]
     max_blocks = -(-int(seq_lens.max()) // block_size)
     meta = AttentionMetadata(
         num_tokens=num_tokens,
@@ -155,3 +150,12 @@ def _profile_inputs(
     )
     input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
     return input_ids, torch.from_numpy(positions).to(device), caches, meta
+
+
+def _profile_cache(
+    parts: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> LayerKVCache:
+    """A one-block layer cache (MLA, ``parts`` 1: K and V are one tensor)."""
+    k_cache = torch.zeros(shape, dtype=dtype, device=device)
+    v_cache = k_cache if parts == 1 else torch.zeros(shape, dtype=dtype, device=device)
+    return LayerKVCache(k_cache, v_cache)

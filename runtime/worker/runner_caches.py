@@ -4,6 +4,7 @@ shares the target's memory budget."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -12,12 +13,14 @@ import torch
 from tokenwire.runtime.loader.model_loader import LoadedModel
 from tokenwire.runtime.models.windows import distinct_chunks, distinct_windows
 from tokenwire.runtime.worker.attention_inputs import AttentionInputs
-from tokenwire.runtime.worker.kv_cache import KVCache
+from tokenwire.runtime.worker.kv_cache import KVCache, kv_cache_summary
 from tokenwire.runtime.worker.runner_settings import RunnerSettings
 from tokenwire.runtime.worker.spec.draft_model import DraftModel, draft_bytes_per_block
 
 if TYPE_CHECKING:
     from tokenwire.runtime.worker.cuda_runner import CudaGraphRunner
+
+logger = logging.getLogger("tokenwire.worker")
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ def build_caches(
         kv_cache = KVCache.allocate(
             loaded.arch, cache_config, device, loaded.dtype, None, tp_size, extra, usable
         )
+    logger.info("%s", kv_cache_summary(loaded.arch, kv_cache, tp_size))
     drafter = None
     if draft is not None:  # the same blocks, the draft's own layers and heads
         draft_kv = KVCache.allocate(

@@ -196,6 +196,24 @@ def test_core_and_plain_records_import_no_torch_kernels_or_worker() -> None:
     assert out.strip() == "[]"
 
 
+# The model facts read from a config.json (shapes, families, MoE and MLA specs): torch-free,
+# so a front or a sizing tool can read them without the device stack.
+MODEL_FACTS = ("arch", "hf_config", "moe_config", "llama4_config", "deepseek_config")
+
+
+def test_model_facts_import_no_torch() -> None:
+    modules = [f"tokenwire.runtime.models.{name}" for name in MODEL_FACTS]
+    probe = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        f"print([h for h in {HEAVY!r} if h in sys.modules])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
+
+
 def _static_imports(folder: str, forbidden: tuple[str, ...]) -> list[tuple[str, str]]:
     return [
         (str(p.relative_to(REPO)), n)
