@@ -20,7 +20,7 @@ from tokenwire.kernels.activation import silu_and_mul
 from tokenwire.kernels.fused_layers import FusedStack, linear_tensors
 from tokenwire.kernels.w4a16 import W4A16Weights
 from tokenwire.runtime.models.arch import ModelArch
-from tokenwire.runtime.models.decoder import MLP, DecoderLayer
+from tokenwire.runtime.models.decoder import MLP, Attention, DecoderLayer
 from tokenwire.runtime.models.layers.basic import RMSNorm
 
 
@@ -40,7 +40,7 @@ class FusedModel:
 
 def _linears(layer: DecoderLayer) -> tuple[nn.Module, ...]:
     attn, mlp = layer.self_attn, layer.mlp
-    assert isinstance(mlp, MLP)
+    assert isinstance(attn, Attention) and isinstance(mlp, MLP)
     return attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
 
 
@@ -57,6 +57,8 @@ def _layer_reason(layer: nn.Module) -> str | None:
     if not isinstance(layer, DecoderLayer) or not isinstance(layer.mlp, MLP):
         return "a mixture-of-experts layer"
     attn = layer.self_attn
+    if not isinstance(attn, Attention):
+        return "multi-head latent attention"
     plain = (
         attn.q_norm is None and attn.sinks is None and attn.logits_soft_cap is None
         and attn.sliding_window is None and attn.attention_chunk is None and attn.use_rope
@@ -117,13 +119,15 @@ def build_fused_stack(model: StackParts) -> FusedModel:
     weights.append(model.final_norm.weight)
     arch, first = model.arch, model.layers[0]
     assert isinstance(first, DecoderLayer)
+    attn = first.self_attn
+    assert isinstance(attn, Attention)
     stack = FusedStack(
         weights=tuple(w.detach().contiguous() for w in weights),
-        heads=first.self_attn.num_heads,
-        kv_heads=first.self_attn.num_kv_heads,
+        heads=attn.num_heads,
+        kv_heads=attn.num_kv_heads,
         head_dim=arch.head_dim,
         intermediate=arch.intermediate_size,
         eps=arch.rms_norm_eps,
-        scale=first.self_attn.scale,
+        scale=attn.scale,
     )
     return FusedModel(stack, _linears(first))

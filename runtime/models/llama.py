@@ -211,6 +211,8 @@ class LlamaForCausalLM(nn.Module):
         fused = self.__dict__.get("_fused")
         if not isinstance(fused, FusedModel) or meta is None or kv_caches[0] is None:
             return None
+        if meta.image_spans:  # Gemma 3's both-ways image attention: the torch layers
+            return None
         if kv_caches[0][0].dtype != torch.float32 or not fused.current(self.model.layers):
             return None
         caches = [t for kv in kv_caches if kv is not None for t in kv[:2]]
