@@ -108,13 +108,16 @@ def _ranks(served: Served) -> list[psutil.Process]:
     return ranks
 
 
+@pytest.mark.parametrize("scheduling", ["--no-async-scheduling", "--async-scheduling"])
 @pytest.mark.parametrize("fault", ["killed", "hung"])
 def test_rank_fault_mid_stream_ends_every_stream(
-    tiny_model_with_tokenizer: Path, fault: str
+    tiny_model_with_tokenizer: Path, fault: str, scheduling: str
 ) -> None:
+    """Also with async scheduling: a step is queued at the ranks behind the one that fails."""
     served = serve(
-        tiny_model_with_tokenizer, "--tensor-parallel-size", "2", "--distributed-timeout", "3"
-    )
+        tiny_model_with_tokenizer,
+        "--tensor-parallel-size", "2", "--distributed-timeout", "3", scheduling,
+    )  # fmt: skip
     try:
         rank1 = _ranks(served)[1]
         with grpc.insecure_channel(served.target) as ch:
