@@ -15,6 +15,9 @@ class FinishReason(enum.StrEnum):
     LENGTH = "length"  # max_tokens reached
     CONTEXT_LENGTH = "context_length"  # prompt + output reached max_model_len
     EOS = "eos"
+    # The structured-output grammar completed with no stop token to sample (``ignore_eos``
+    # and no ``stop_token_ids``): the last token is content. OpenAI/vLLM: "stop".
+    GRAMMAR_END = "grammar_end"
     STOP_TOKEN = "stop_token"  # one of stop_token_ids
     STOP_SEQUENCE = "stop_sequence"  # one of the stop strings
     TIME_LIMIT = "time_limit"

@@ -23,10 +23,12 @@ def token_stop(
         logger.error("request %s: its grammar rejected token %d", request.request_id, token)
         reason = FinishReason.ERROR
     elif grammar is not None and grammar.terminated:  # complete: min_tokens cannot hold it
-        if token in request.stop_token_ids and token not in request.eos_token_ids:
-            reason, stop_reason = FinishReason.STOP_TOKEN, token
-        else:
+        if token in request.eos_token_ids:
             reason = FinishReason.EOS
+        elif token in request.stop_token_ids:
+            reason, stop_reason = FinishReason.STOP_TOKEN, token
+        else:  # no stop token to take (the matcher terminates without one): content
+            reason = FinishReason.GRAMMAR_END
     elif num_output >= request.sampling_params.min_tokens:
         if token in request.eos_token_ids:
             reason = FinishReason.EOS

@@ -39,10 +39,15 @@ Features that need care but no fallback:
   planning and finished by the pending update holds nothing (its blocks were freed): the
   next turn recomputes, as after an eviction.
 
+* tensor parallelism: the ``MultiprocExecutor`` sends step k+1 to the ranks before step k's
+  result is collected (a step with a late bitmask once the core resolves it, the bitmask in
+  the step), and the ranks run steps in order. Every rank samples the same tokens (same
+  logits, same seeded generators) and appends them to its own rows, as one rank does.
+
 What async steps do not cover falls back to synchronous steps (schedule, run, update, with
 nothing in flight), never to different output. Only engine-wide causes are left
-(``sync_reason``): an executor that cannot take a step while one runs (tensor parallelism's
-worker processes), and speculative decoding: a draft needs the last token, and a verify step
+(``sync_reason``): an executor that cannot take a step while one runs (none today: both
+submit steps), and speculative decoding: a draft needs the last token, and a verify step
 emits a variable number of tokens, so the step after it cannot be planned with one
 placeholder per row; proposing from reconciled tokens only, or skipping drafted rows for a
 step, would change which drafts are made (and so seeded outputs) against synchronous steps.
@@ -87,7 +92,7 @@ def sync_reason(config: EngineConfig, executor: Executor) -> str | None:
     """Why this engine runs synchronous steps even with ``--async-scheduling``; None: it can
     run async steps."""
     if not isinstance(executor, AsyncExecutor):
-        return "its executor runs one step at a time (tensor parallelism)"
+        return f"its executor ({type(executor).__name__}) runs one step at a time"
     if config.speculative_config is not None:
         return "speculative decoding"
     return None

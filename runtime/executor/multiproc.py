@@ -6,6 +6,13 @@ Each step's ``SchedulerOutput`` goes to rank 0 over a ZMQ ``ipc://`` socket and 
 every rank; rank 0 returns the ``ModelOutput``. Every rank reports its KV capacity and the
 group takes the minimum.
 
+Async scheduling (``submit_model``): a sender thread puts each step on the ranks' sockets in
+submission order (a step whose grammar bitmask comes late is sent once it has it, with the
+bitmask in the step), so step k+1 is queued at the ranks before step k's result is collected;
+the ranks run steps in order, and a receiver thread matches their reports to the submitted
+steps in the same order. The core's thread never touches the sockets while a step is in
+flight (the idle health check runs with nothing in flight).
+
 Faults: a local rank that exits is seen at once (its process sentinel, checked while a step
 is awaited); a remote rank that dies or hangs makes rank 0's next collective fail within
 ``--distributed-timeout`` and rank 0 reports it. Either way ``execute_model`` raises, the
@@ -14,11 +21,13 @@ engine core dies, and every rank follows its parent out.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import shutil
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from tokenwire.runtime.config import EngineConfig
@@ -35,6 +44,7 @@ from tokenwire.runtime.ipc.worker_messages import (
 from tokenwire.runtime.model_facts import ModelFacts
 from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.scheduler_output import SchedulerOutput
+from tokenwire.runtime.structured.bitmask import GrammarBitmask
 from tokenwire.runtime.worker.worker_process import WorkerSpec, worker_process
 
 logger = logging.getLogger("tokenwire.executor")
@@ -70,6 +80,9 @@ class MultiprocExecutor:
         self._reports = self._context.socket(zmq.PULL)
         self._reports.setsockopt(zmq.RCVHWM, 0)
         self._reports.bind(f"ipc://{self._dir}/reports")
+        # Async scheduling, made on first use: one thread sends steps, one collects results.
+        self._sender: ThreadPoolExecutor | None = None
+        self._receiver: ThreadPoolExecutor | None = None
         init_method = rendezvous_method(parallel) or f"tcp://127.0.0.1:{free_loopback_port()}"
         self._processes, self._pipes = self._spawn(init_method)
         try:
@@ -120,6 +133,35 @@ class MultiprocExecutor:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelOutput:
         self._send(Step(scheduler_output))
+        return self._step_done()
+
+    def submit_model(
+        self,
+        scheduler_output: SchedulerOutput,
+        late_bitmask: Future[GrammarBitmask | None] | None = None,
+    ) -> Future[ModelOutput]:
+        """Queue a step behind the ones submitted before it (async scheduling): it reaches
+        the ranks while they run those; the future holds its ``ModelOutput``."""
+        if self._sender is None or self._receiver is None:
+            self._sender = ThreadPoolExecutor(1, thread_name_prefix="tokenwire-tp-send")
+            self._receiver = ThreadPoolExecutor(1, thread_name_prefix="tokenwire-tp-collect")
+        sent = self._sender.submit(self._send_late, scheduler_output, late_bitmask)
+        return self._receiver.submit(self._collect, sent)
+
+    def _send_late(
+        self, so: SchedulerOutput, late_bitmask: Future[GrammarBitmask | None] | None
+    ) -> None:
+        """Sender thread: send ``so``, with its grammar bitmask once the core has built it."""
+        if late_bitmask is not None:
+            so = dataclasses.replace(so, grammar_bitmask=late_bitmask.result())
+        self._send(Step(so))
+
+    def _collect(self, sent: Future[None]) -> ModelOutput:
+        """Receiver thread: the result of the step ``sent`` sent (reports come in order)."""
+        sent.result()  # not sent (its bitmask failed): no report will come for it
+        return self._step_done()
+
+    def _step_done(self) -> ModelOutput:
         message = self._receive(deadline=None)
         if not isinstance(message, StepDone):
             raise WorkerDeadError(f"unexpected message from rank 0: {type(message).__name__}")
@@ -166,6 +208,8 @@ class MultiprocExecutor:
         if self._closed:
             return
         self._closed = True
+        if self._sender is not None:  # every submitted step is sent (or failed) first
+            self._sender.shutdown(wait=True)
         if graceful and self._processes[0].exitcode is None:
             self._send(Stop())
         deadline = time.monotonic() + (10.0 if graceful else 0.0)
@@ -174,6 +218,8 @@ class MultiprocExecutor:
             if process.exitcode is None:
                 process.kill()
                 process.join()
+        if self._receiver is not None:  # the ranks are gone: a pending collect fails now
+            self._receiver.shutdown(wait=True, cancel_futures=True)
         for pipe in self._pipes:
             pipe.close()
         for steps in self._steps:

@@ -64,6 +64,7 @@ class _Parent:
     embedding: list[float] | None = None
 
 
+# Reasons whose last token is a stop token, not content (``GRAMMAR_END``'s last is content).
 _TOKEN_STOPS = (FinishReason.EOS, FinishReason.STOP_TOKEN)
 
 

@@ -39,6 +39,7 @@ _FINISH = {
     FinishReason.TIME_LIMIT: common_pb2.FINISH_REASON_TIME_LIMIT,
     FinishReason.CANCELLED: common_pb2.FINISH_REASON_CANCELLED,
     FinishReason.ERROR: common_pb2.FINISH_REASON_ERROR,
+    FinishReason.GRAMMAR_END: common_pb2.FINISH_REASON_GRAMMAR_END,
 }
 
 

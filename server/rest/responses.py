@@ -33,6 +33,7 @@ _FINISH: dict[int, str] = {
     common_pb2.FINISH_REASON_EOS: "stop",
     common_pb2.FINISH_REASON_STOP_TOKEN: "stop",
     common_pb2.FINISH_REASON_STOP_SEQUENCE: "stop",
+    common_pb2.FINISH_REASON_GRAMMAR_END: "stop",  # as vLLM: a grammar that ended stops
     common_pb2.FINISH_REASON_LENGTH: "length",
     common_pb2.FINISH_REASON_CONTEXT_LENGTH: "length",
     common_pb2.FINISH_REASON_TIME_LIMIT: "length",

@@ -23,6 +23,7 @@ _FINISH = {
     FinishReason.EOS: "stop",
     FinishReason.STOP_TOKEN: "stop",
     FinishReason.STOP_SEQUENCE: "stop",
+    FinishReason.GRAMMAR_END: "stop",
     FinishReason.LENGTH: "length",
     FinishReason.CONTEXT_LENGTH: "length",
     FinishReason.TIME_LIMIT: "length",

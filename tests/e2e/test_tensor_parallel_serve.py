@@ -33,10 +33,13 @@ PROMPT = [5, 6, 7, 8, 9]
 NEW_TOKENS = 32  # hf_greedy's
 
 
-def test_served_tp2_answers_grpc_and_rest(tiny_model_factory: Callable[..., Path]) -> None:
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_served_tp2_answers_grpc_and_rest(
+    tiny_model_factory: Callable[..., Path], async_scheduling: bool
+) -> None:
     path = tiny_model_factory("llama")
     expected = hf_greedy(path, [PROMPT])[0]
-    harness = ServerHarness(path, tensor_parallel_size=2).start()
+    harness = ServerHarness(path, tensor_parallel_size=2, async_scheduling=async_scheduling).start()
     rest = RestHarness(harness).start()
     try:
         with harness.channel() as ch:
@@ -76,7 +79,9 @@ def _worker(path: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
-def test_two_nodes_on_loopback(tiny_model_factory: Callable[..., Path]) -> None:
+@pytest.mark.parametrize("scheduling", ["--no-async-scheduling", "--async-scheduling"])
+def test_two_nodes_on_loopback(tiny_model_factory: Callable[..., Path], scheduling: str) -> None:
+    """Rank 0 broadcasts each step to node 1 (with async steps: one queued behind another)."""
     path = tiny_model_factory("llama")
     expected = hf_greedy(path, [PROMPT])[0]
     port = free_loopback_port()
@@ -85,7 +90,7 @@ def test_two_nodes_on_loopback(tiny_model_factory: Callable[..., Path]) -> None:
     node1 = _worker(path, *cluster, "--node-rank", "1")
     node0: Served | None = None
     try:
-        node0 = serve(path, *cluster, "--node-rank", "0")
+        node0 = serve(path, *cluster, "--node-rank", "0", scheduling)
         with grpc.insecure_channel(node0.target) as ch:
             stub = generation_pb2_grpc.GenerationServiceStub(ch)
             reply = stub.Generate(greedy_request(PROMPT, NEW_TOKENS))
@@ -108,13 +113,16 @@ def _ranks(served: Served) -> list[psutil.Process]:
     return ranks
 
 
+@pytest.mark.parametrize("scheduling", ["--no-async-scheduling", "--async-scheduling"])
 @pytest.mark.parametrize("fault", ["killed", "hung"])
 def test_rank_fault_mid_stream_ends_every_stream(
-    tiny_model_with_tokenizer: Path, fault: str
+    tiny_model_with_tokenizer: Path, fault: str, scheduling: str
 ) -> None:
+    """Also with async scheduling: a step is queued at the ranks behind the one that fails."""
     served = serve(
-        tiny_model_with_tokenizer, "--tensor-parallel-size", "2", "--distributed-timeout", "3"
-    )
+        tiny_model_with_tokenizer,
+        "--tensor-parallel-size", "2", "--distributed-timeout", "3", scheduling,
+    )  # fmt: skip
     try:
         rank1 = _ranks(served)[1]
         with grpc.insecure_channel(served.target) as ch:

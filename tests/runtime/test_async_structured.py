@@ -16,6 +16,7 @@ import jsonschema
 import pytest
 from engine_checks import assert_llm_idle
 from step_overlap import overlapped, steps_of
+from transformers import AutoTokenizer
 
 from tokenwire.bench.structured_schemas import BOUNDED_SCHEMAS
 from tokenwire.runtime.llm import LLM
@@ -133,8 +134,14 @@ def test_grammar_end_forces_eos_async(tiny_model_with_tokenizer: Path) -> None:
     ]
     outs = [o[0] for o in both(tiny_model_with_tokenizer, [PROMPT] * 3, params)]
     assert outs[0][0] == target and outs[0][1][-1] == EOS and outs[0][2] == FinishReason.EOS
-    # Ended by the grammar alone (its last token is content, not a stop token).
-    assert all(EOS not in tokens and len(tokens) < 60 for _, tokens, _ in outs[1:])
+    # Ended by the grammar alone (its last token is content, not a stop token): the reason
+    # says so and the text keeps that last token (it decodes to the whole text).
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_with_tokenizer)
+    for text, tokens, finish in outs[1:]:
+        assert EOS not in tokens and len(tokens) < 60
+        assert finish == FinishReason.GRAMMAR_END, text
+        assert text == tokenizer.decode(tokens)
+    assert outs[1][0] in CHOICES and re.fullmatch(REGEX, outs[2][0]), outs
 
 
 def test_n_choices_and_free_neighbours_async(tiny_model_with_tokenizer: Path) -> None:

@@ -17,6 +17,7 @@ import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel, Field
+from rest_harness import RestHarness
 from server_harness import MODEL_NAME, ServerHarness
 
 WEATHER = {
@@ -97,6 +98,49 @@ def test_response_format_and_vllm_extras(
         model=MODEL_NAME, prompt="Pick:", max_tokens=20, extra_body={"guided_choice": ["a", "b"]}
     )
     assert completion.choices[0].text in ("a", "b")
+    harness.assert_idle()
+
+
+def grammar_end_replies(client: openai.OpenAI) -> list[tuple[str, str | None]]:
+    """(text, finish_reason, completion tokens) of constraints that end without a stop token
+    (``ignore_eos``, no ``stop_token_ids``): the grammar's completion ends each."""
+    replies = []
+    for extra in ({"guided_choice": ["alpha", "beta gamma"]}, {"guided_regex": r"(ab|cd){2}-\d"}):
+        body = {**extra, "ignore_eos": True}
+        reply = chat(client, extra_body=body, max_tokens=40)
+        choice = reply.choices[0]
+        replies.append((choice.message.content or "", choice.finish_reason))
+        completion = client.completions.create(
+            model=MODEL_NAME, prompt="Pick:", max_tokens=40, seed=2, extra_body=body
+        )
+        text = completion.choices[0].text
+        replies.append((text, completion.choices[0].finish_reason))
+    return replies
+
+
+def test_grammar_end_keeps_the_last_token_sync_and_async(
+    harness: ServerHarness, openai_client: openai.OpenAI, harness_model: Path
+) -> None:
+    """The last token of a grammar that ends without a stop token is content: the text keeps
+    it ("alpha", never "alph") and finish_reason is "stop" (as vLLM reports for a grammar that
+    ended), with async scheduling on and off, token for token the same."""
+    sync = grammar_end_replies(openai_client)
+    fast_server = ServerHarness(harness_model, max_model_len=512, async_scheduling=True).start()
+    try:
+        fast_rest = RestHarness(fast_server).start()
+        try:
+            with openai.OpenAI(base_url=f"{fast_rest.url}/v1", api_key="x", max_retries=0) as c:
+                fast = grammar_end_replies(c)
+        finally:
+            fast_rest.stop()
+        fast_server.assert_idle()
+    finally:
+        fast_server.stop()
+    assert fast == sync
+    patterns = [r"alpha|beta gamma"] * 2 + [r"(ab|cd){2}-\d"] * 2
+    for (text, finish), pattern in zip(sync, patterns, strict=True):
+        assert re.fullmatch(pattern, text), sync
+        assert finish == "stop", sync
     harness.assert_idle()
 
 

@@ -70,6 +70,7 @@ class ServerHarness:
         connection: ConnectionSettings | None = None,
         worker_protocol: str | None = None,  # "vllm": also serve vllm.grpc.engine.VllmEngine
         kv_events: KVEventsConfig | None = None,  # --kv-events-config
+        async_scheduling: bool = False,
     ) -> None:
         self.config = EngineConfig(
             model=ModelConfig(
@@ -81,7 +82,9 @@ class ServerHarness:
                 num_gpu_blocks_override=num_blocks, kv_cache_memory=TEST_KV_CACHE_BYTES
             ),
             scheduler=SchedulerConfig(
-                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                async_scheduling=async_scheduling,
             ),
             parallel=ParallelConfig(
                 tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size
