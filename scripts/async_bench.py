@@ -56,7 +56,8 @@ def main() -> int:
                 proc.terminate()
                 proc.wait(timeout=120)
     for (name, c, key), values in sorted(figures.items()):
-        print(f"{name:5} concurrency {c:3} {key:17}: median {statistics.median(values):8.1f} {values}")
+        median = statistics.median(values)
+        print(f"{name:5} concurrency {c:3} {key:17}: median {median:8.1f} {values}")
     print(f"load average: {os.getloadavg()}")
     return 0
 
