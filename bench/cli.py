@@ -212,6 +212,14 @@ def add_overhead_arguments(p: argparse.ArgumentParser) -> None:
         metavar="ROUNDS",
         help="compare KV-cache events off vs on over ROUNDS alternating runs (0: no)",
     )
+    p.add_argument(
+        "--compare-async",
+        type=int,
+        default=OverheadConfig.compare_async,
+        metavar="ROUNDS",
+        help="compare async scheduling off vs on over ROUNDS alternating runs: the share of "
+        "the bookkeeping taken off the critical path (0: no)",
+    )
     EngineArgs.add_cli_args(
         p, model_help="model (default: a tiny random Llama, whose forward pass is nearly free)"
     )
@@ -223,6 +231,7 @@ def overhead_config(args: argparse.Namespace) -> OverheadConfig:
         num_seqs=args.num_seqs,
         output_len=args.output_len,
         compare_kv_events=args.compare_kv_events,
+        compare_async=args.compare_async,
     )
 
 
@@ -232,6 +241,10 @@ def _overhead(args: argparse.Namespace) -> int:
         from tokenwire.bench.kv_events_cost import run_kv_events_cost
 
         return run_kv_events_cost(config, config.compare_kv_events)
+    if config.compare_async:
+        from tokenwire.bench.async_overlap import run_async_overlap
+
+        return run_async_overlap(config, config.compare_async)
     from tokenwire.bench.overhead import run_overhead
 
     return run_overhead(config)

@@ -50,6 +50,7 @@ class OverheadConfig:
     num_seqs: int | None = None  # running sequences (default: ``engine.max_num_seqs``)
     output_len: int = 64
     compare_kv_events: int = 0  # rounds of KV events off vs on (0: a plain run)
+    compare_async: int = 0  # rounds of async scheduling off vs on (0: a plain run)
 
 
 @dataclass(frozen=True)

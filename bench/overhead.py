@@ -5,6 +5,7 @@ nearly free (a tiny random Llama unless a model is given)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import statistics
 import tempfile
@@ -18,7 +19,7 @@ from tokenwire.bench.configs import OverheadConfig
 from tokenwire.bench.throughput import build_llm, overhead_ms
 from tokenwire.runtime.engine_args import flag_of
 from tokenwire.runtime.sampling_params import SamplingParams
-from tokenwire.runtime.stats import StepRecorder
+from tokenwire.runtime.stats import StepRecorder, StepStats
 
 # A tiny Llama for measuring engine bookkeeping, where the forward pass is nearly free.
 TINY_OVERHEAD_CONFIG: dict[str, Any] = {
@@ -78,8 +79,21 @@ def overhead_result(config: OverheadConfig) -> dict[str, Any]:
         "forward_ms": round(1e3 * statistics.median(s.forward_time for s in full), 3),
         "sample_ms": round(1e3 * statistics.median(s.sample_time for s in full), 3),
         "step_ms": round(1e3 * statistics.median(s.duration for s in full), 3),
+        "step_interval_ms": round(_interval_ms(full), 3),
         "kv_events_encode_ms_per_step": round(1e3 * encode_s / len(recorder.steps), 4),
     }
+
+
+def _interval_ms(steps: list[StepStats]) -> float:
+    """Median time between the starts of consecutive steps of ``steps`` (the loop's period:
+    the critical path of a step, bookkeeping included unless it overlaps the forward)."""
+    ordered = sorted(steps, key=lambda s: s.step_id)
+    gaps = [
+        (b.started_at_ns - a.started_at_ns) / 1e6
+        for a, b in itertools.pairwise(ordered)
+        if b.step_id == a.step_id + 1
+    ]
+    return statistics.median(gaps) if gaps else float("nan")
 
 
 def _encode_time(batches: Any) -> float:
