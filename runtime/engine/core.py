@@ -11,11 +11,8 @@ import time
 
 from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
-from tokenwire.runtime.core.kv_connector import (
-    KVConnector,
-    attach_offloading,
-    check_offloading_supported,
-)
+from tokenwire.runtime.core.kv_connector import attach_offloading, check_offloading_supported
+from tokenwire.runtime.core.kv_connector_api import KVConnector
 from tokenwire.runtime.core.kv_events import AnyKVEvent, KVEventRecorder
 from tokenwire.runtime.core.request import Request
 from tokenwire.runtime.core.scheduler import Scheduler
