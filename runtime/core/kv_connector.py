@@ -287,12 +287,14 @@ class OffloadingConnector:
         if not (self._save_block_ids or self._new_loads or self._in_flight or has_writes):
             return None
         self.tier.unpin(self._save_slots)  # saved this step: evictable from the next step on
+        writes, clear = ([], False) if self.disk is None else self.disk.take_writes()
         plan = KVTransferPlan(
             self._save_block_ids,
             self._save_slots,
             self._new_loads,
             len(self._in_flight) - len(self._new_loads),
-            [] if self.disk is None else self.disk.take_writes(),
+            writes,
+            clear,
         )
         self._save_block_ids, self._save_slots, self._new_loads = [], [], []
         return plan
@@ -321,8 +323,9 @@ class OffloadingConnector:
         )
 
     def reset(self) -> bool:
-        """Forget the host tier's hashes (``reset_prefix_cache``); refused during loads."""
-        if self._loads or self._in_flight:
+        """Forget every tier's hashes (``reset_prefix_cache``); refused (nothing changes) while
+        loads run or a Session holds host slots."""
+        if self._loads or self._in_flight or self._sessions:
             return False
         return self.tier.clear() and (self.disk is None or self.disk.clear())
 
