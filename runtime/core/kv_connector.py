@@ -19,8 +19,7 @@ in ``core/kv_connector_api.py`` and nothing else, so another store can implement
   load, the blocks are cached under their hashes and stay referenced by the connector until
   the request is admitted (``admitted``), where its normal prefix lookup hits them all.
 - **Abort / finish during a load** (``request_finished``): a load in flight keeps its blocks
-  until the worker acknowledges it (they are being written), then frees them; a finished load
-  frees at once. Nothing half-loaded is ever cached or read.
+  until the worker acknowledges it, then frees them. Nothing half-loaded is cached or read.
 - **Sessions** (``hold_session``): an idle Session's held table released under device
   pressure is saved here and its slots pinned until its next turn is admitted or it closes.
 - **The disk tier** (``--kv-offloading-disk-path``, ``core/disk_tier.py``): the host tier's
@@ -320,6 +319,7 @@ class OffloadingConnector:
             bytes_loaded=self._blocks_loaded * self.block_bytes,
             loads_in_flight=len(self._in_flight),
             load_time=self._load_time,
+            session_blocks=sum(len(slots) for slots in self._sessions.values()),
         )
 
     def reset(self) -> bool:

@@ -15,6 +15,7 @@ import pytest
 
 from tokenwire.runtime.core.kv_connector import OffloadingConnector
 from tokenwire.runtime.engine.core import EngineCore
+from tokenwire.runtime.engine.core_loop import idle_report
 from tokenwire.runtime.llm import LLM
 from tokenwire.runtime.sampling_params import SamplingParams
 
@@ -77,6 +78,7 @@ def converse(model: Path, async_scheduling: bool, **kw: Any) -> tuple[list[list[
         assert isinstance(connector, OffloadingConnector)
         connector.check_invariants(idle=True)  # no host slot pinned, no load, no copy queued
         assert connector.tier.num_pinned == 0
+    assert idle_report(engine).all_free  # what a server's idle check reads
     return outputs, llm
 
 
@@ -153,7 +155,11 @@ def test_a_full_host_tier_evicts_sessions(tiny_model_factory: Callable[..., Path
     tier = engine.scheduler.connector
     assert isinstance(tier, OffloadingConnector) and tier.tier.num_slots == 12
     assert tier.tier.num_pinned > 0  # a Session that moved down still holds its host slots
+    report = idle_report(engine)
+    assert report.num_tier_held_blocks == tier.stats().session_blocks > 0
+    assert not report.all_free and report.invariant_error is None
     for s in range(NUM_SESSIONS):
         engine.release_holder(f"s{s}")
     engine.kv_cache_manager.check_invariants(idle=True)
     tier.check_invariants(idle=True)
+    assert idle_report(engine).all_free
