@@ -246,6 +246,12 @@ def test_host_tier_evicts_least_recently_used_and_never_a_pinned_slot() -> None:
     tier.unpin([0, 1])
     assert tier.put(b"w") == 1  # z: x was touched by the lookup
     tier.check_invariants(idle=True)
+    # A Session moving down needs a slot per hash not here, free or unpinned, other than its own.
+    assert tier.can_take([b"x", b"w"]) and tier.can_take([b"x", b"v"])
+    assert not tier.can_take([b"x", b"v", b"u"])
+    tier.pin([0])
+    assert not tier.can_take([b"v", b"u"]) and tier.can_take([b"x", b"v"])
+    tier.unpin([0])
 
 
 def test_host_hits_keep_the_cache_salt_isolation() -> None:
