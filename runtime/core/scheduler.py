@@ -385,7 +385,13 @@ class Scheduler:
         """Ask the connector to load the blocks continuing this prefix hit; True: the request
         waits for them (its lookup is then not counted: the one after the load is)."""
         assert self.connector is not None
-        max_hit_blocks = max(0, request.num_tokens - 1) // self.kv.block_size
+        bs = self.kv.block_size
+        # Room first: idle Sessions' tables move down a tier before a load is cut short (the
+        # allocation after it would release them anyway).
+        while self.kv.block_pool.num_free_blocks < -(-request.num_tokens // bs):
+            if not self._evict_holder(keep=request.hold_as):
+                break
+        max_hit_blocks = max(0, request.num_tokens - 1) // bs
         hashes = self.kv.get_block_hashes(request.request_id)[:max_hit_blocks]
         if not self.connector.start_load(request.request_id, hashes, hit_ids):
             return False
