@@ -386,9 +386,10 @@ class Scheduler:
         waits for them (its lookup is then not counted: the one after the load is)."""
         assert self.connector is not None
         bs = self.kv.block_size
-        # Room first: idle Sessions' tables move down a tier before a load is cut short (the
-        # allocation after it would release them anyway).
-        while self.kv.block_pool.num_free_blocks < -(-request.num_tokens // bs):
+        # A Session turn (its transcript likely waits in a tier): room first, other idle
+        # Sessions move down before its load is cut short (its allocation would release them).
+        need = -(-request.num_tokens // bs) if request.hold_as is not None else 0
+        while self.kv.block_pool.num_free_blocks < need:
             if not self._evict_holder(keep=request.hold_as):
                 break
         max_hit_blocks = max(0, request.num_tokens - 1) // bs
