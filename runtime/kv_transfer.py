@@ -63,3 +63,6 @@ class KVTransferPlan:
     # a step with nothing to compute, waits a little for them instead of spinning).
     num_loads_in_flight: int = 0
     disk_writes: list[DiskWrite] = field(default_factory=list)
+    # ``reset_prefix_cache`` cleared the disk tier: before this step's disk writes, the worker
+    # zeroes every record's header, so no load and no restart takes one over.
+    disk_clear: bool = False

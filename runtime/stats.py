@@ -128,6 +128,7 @@ class KVOffloadStats:
     bytes_loaded: int = 0
     loads_in_flight: int = 0
     load_time: float = 0.0  # seconds from scheduling a load to its acknowledgement, summed
+    session_blocks: int = 0  # host blocks pinned by idle Sessions that moved down a tier
     # The disk tier under it (``--kv-offloading-disk-path``); all zero when it is off.
     disk_capacity_blocks: int = 0
     disk_used_blocks: int = 0

@@ -24,6 +24,7 @@ class DiskTier:
         self.index.restore(entries)
         self.num_restored = len(entries)
         self._writes: list[DiskWrite] = []
+        self._clear = False  # cleared: the worker must zero the file's records (next plan)
         self.blocks_saved = 0
         self.blocks_loaded = 0
         self.load_failures = 0
@@ -60,16 +61,22 @@ class DiskTier:
         for block_hash in bad_hashes:
             self.index.remove(block_hash)
 
-    def take_writes(self) -> list[DiskWrite]:
+    def take_writes(self) -> tuple[list[DiskWrite], bool]:
+        """The queued writes, and whether the file's records must be zeroed first."""
         writes, self._writes = self._writes, []
-        return writes
+        clear, self._clear = self._clear, False
+        return writes, clear
 
     @property
     def has_writes(self) -> bool:
-        return bool(self._writes)
+        return bool(self._writes) or self._clear
 
     def clear(self) -> bool:
-        return not self._writes and self.index.clear()
+        """Forget every record (``reset_prefix_cache``); the next plan zeroes them on disk."""
+        if self._writes or not self.index.clear():
+            return False
+        self._clear = True
+        return True
 
     def stats(self, block_bytes: int) -> dict[str, int]:
         """The ``KVOffloadStats`` fields of the disk tier."""
@@ -85,5 +92,5 @@ class DiskTier:
 
     def check_invariants(self, idle: bool = False) -> None:
         self.index.check_invariants(idle)
-        if idle and self._writes:
+        if idle and (self._writes or self._clear):
             raise AssertionError("idle but disk writes are queued")

@@ -64,6 +64,14 @@ class HostTier:
         lru[block_hash] = slot
         return slot, victim
 
+    def can_take(self, block_hashes: Sequence[bytes]) -> bool:
+        """Whether ``block_hashes`` can all be here at once, pinned, without evicting a pinned
+        slot or one of them: a slot each for those not here, free or unpinned."""
+        here = {self._lru[h] for h in block_hashes if h in self._lru}
+        missing = len(set(block_hashes)) - len(here)
+        evictable = len(self._lru) - len(set(self._pins) | here)
+        return missing <= len(self._free) + evictable
+
     def get(self, block_hash: bytes) -> int | None:
         """The slot holding ``block_hash`` (touched: most recently used), or None."""
         slot = self._lru.get(block_hash)

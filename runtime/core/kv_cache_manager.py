@@ -359,6 +359,14 @@ class KVCacheManager:
         self.block_pool.free_blocks(reversed(state.owned()))
         return True
 
+    def held_cached(self, holder_id: str) -> list[tuple[KVBlock, bytes]]:
+        """KV tiers: the leading blocks of a held table that carry a prefix hash, with it
+        (a block computed twice holds the same KV as the cached one: same hash)."""
+        state = self._held.get(holder_id)
+        if state is None or state.num_skipped:
+            return []
+        return list(zip(state.blocks, state.block_hashes[: state.num_cached_blocks], strict=False))
+
     def oldest_holder(self) -> str | None:
         """The least recently held table (dict order is hold order)."""
         return next(iter(self._held), None)

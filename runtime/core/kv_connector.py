@@ -4,7 +4,7 @@ A connector decides, per request and per step, which blocks move between the dev
 another store; the worker-side part (``worker/kv_offload.py``) moves them. Plain records cross
 the seam (``kv_transfer.py``): the step's ``KVTransferPlan`` rides in ``SchedulerOutput``, and
 finished loads come back in ``ModelOutput.kv_loads_done``. The scheduler calls the hooks
-below and nothing else (docs/kv-tiers.md), so another store can implement ``KVConnector``.
+in ``core/kv_connector_api.py`` and nothing else, so another store can implement ``KVConnector``.
 
 ``OffloadingConnector`` (``--kv-offloading-size``):
 - **Save at eviction.** ``BlockPool`` calls ``on_evict`` when a cached block is popped for
@@ -19,8 +19,9 @@ below and nothing else (docs/kv-tiers.md), so another store can implement ``KVCo
   load, the blocks are cached under their hashes and stay referenced by the connector until
   the request is admitted (``admitted``), where its normal prefix lookup hits them all.
 - **Abort / finish during a load** (``request_finished``): a load in flight keeps its blocks
-  until the worker acknowledges it (they are being written), then frees them; a finished load
-  frees at once. Nothing half-loaded is ever cached or read.
+  until the worker acknowledges it, then frees them. Nothing half-loaded is cached or read.
+- **Sessions** (``hold_session``): an idle Session's held table released under device
+  pressure is saved here and its slots pinned until its next turn is admitted or it closes.
 - **The disk tier** (``--kv-offloading-disk-path``, ``core/disk_tier.py``): the host tier's
   LRU victim goes to disk instead of being dropped (read from its slot before this step's save
   overwrites it: a slot saved this step is pinned until the plan is built, so it is never a
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Protocol
 
 from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.core.block_pool import BlockPool, KVBlock
@@ -43,43 +43,6 @@ from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
 from tokenwire.runtime.core.pending_load import PendingLoad
 from tokenwire.runtime.kv_transfer import DiskRead, KVLoad, KVTransferPlan
 from tokenwire.runtime.stats import KVOffloadStats
-
-
-class KVConnector(Protocol):
-    """What the scheduler asks of a KV connector (scheduler side)."""
-
-    @property
-    def has_pending(self) -> bool:
-        """Loads in flight (the engine must keep stepping until they are acknowledged)."""
-        ...
-
-    def on_evict(self, block: KVBlock) -> None: ...
-
-    def waiting_for_load(self, request_id: str) -> bool: ...
-
-    def start_load(
-        self, request_id: str, block_hashes: Sequence[bytes], hit_ids: Sequence[int]
-    ) -> bool:
-        """Schedule loads continuing a device prefix hit; True: the request must wait."""
-        ...
-
-    def admitted(self, request_id: str) -> None: ...
-
-    def release_ready(self, keep: str) -> bool: ...
-
-    def request_finished(self, request_id: str) -> None: ...
-
-    def build_plan(self) -> KVTransferPlan | None: ...
-
-    def loads_done(self, load_ids: Sequence[int], failed: Sequence[int] = ()) -> None: ...
-
-    def block_refs(self) -> dict[int, int]: ...
-
-    def stats(self) -> KVOffloadStats: ...
-
-    def reset(self) -> bool: ...
-
-    def check_invariants(self, idle: bool = False) -> None: ...
 
 
 def check_offloading_supported(config: EngineConfig) -> None:
@@ -136,6 +99,7 @@ class OffloadingConnector:
         self._save_slots: list[int] = []
         self._new_loads: list[KVLoad] = []
         self._next_load_id = 0
+        self._sessions: dict[str, list[int]] = {}  # Session holder id -> its pinned host slots
         self._blocks_saved = self._blocks_loaded = 0
         self._load_time = 0.0
 
@@ -146,22 +110,54 @@ class OffloadingConnector:
     # ------------------------------------------------------------------ save
     def on_evict(self, block: KVBlock) -> None:
         """``block`` (cached, free) is being reused: queue its KV for the host tier."""
-        block_hash = block.block_hash
-        assert block_hash is not None
+        assert block.block_hash is not None
+        self._save(block.block_id, block.block_hash)
+
+    def _save(self, block_id: int, block_hash: bytes) -> int | None:
+        """Queue device block ``block_id``'s KV for the host tier under ``block_hash`` (only
+        touched when it is there already); its host slot, or None (disk, or dropped)."""
         if block_hash in self.tier:
-            self.tier.put(block_hash)  # touched: most recently used
-            return
+            return self.tier.get(block_hash)  # touched: most recently used
         slot, victim = self.tier.put_evicting(block_hash)
         if slot is None:  # every host slot is read by a load or saved this step
             if self.disk is not None:
-                self.disk.save(block_hash, block_id=block.block_id)
-            return
+                self.disk.save(block_hash, block_id=block_id)
+            return None
         if victim is not None and self.disk is not None:
             self.disk.save(victim, host_slot=slot)  # read before this step's save
         self.tier.pin([slot])  # saved this step: no victim until the plan is built
-        self._save_block_ids.append(block.block_id)
+        self._save_block_ids.append(block_id)
         self._save_slots.append(slot)
         self._blocks_saved += 1
+        return slot
+
+    # ------------------------------------------------------------------ sessions
+    def hold_session(self, holder_id: str, blocks: Sequence[tuple[KVBlock, bytes]]) -> bool:
+        """An idle Session's held table is being released under device pressure: save its
+        hashed blocks to the host tier (copied before this step's forward), pinned for the
+        Session until its next turn is admitted or it closes. False (nothing changes): the
+        host tier cannot hold them all next to what is pinned already."""
+        hashes = [h for _, h in blocks]
+        if not hashes or holder_id in self._sessions or not self.tier.can_take(hashes):
+            return False
+        slots: list[int] = []
+        for block, block_hash in blocks:
+            slot = self._save(block.block_id, block_hash)
+            if slot is None:  # not reached after ``can_take``; never a half-held Session
+                self.tier.unpin(slots)
+                return False
+            self.tier.pin([slot])
+            slots.append(slot)
+        self._sessions[holder_id] = slots
+        return True
+
+    def unhold_session(self, holder_id: str) -> bool:
+        """The Session's next turn was admitted (its blocks are on the device), or it closed:
+        its host slots become ordinary LRU entries. False: it held none."""
+        slots = self._sessions.pop(holder_id, None)
+        if slots is not None:
+            self.tier.unpin(slots)
+        return slots is not None
 
     # ------------------------------------------------------------------ load
     def waiting_for_load(self, request_id: str) -> bool:
@@ -290,12 +286,14 @@ class OffloadingConnector:
         if not (self._save_block_ids or self._new_loads or self._in_flight or has_writes):
             return None
         self.tier.unpin(self._save_slots)  # saved this step: evictable from the next step on
+        writes, clear = ([], False) if self.disk is None else self.disk.take_writes()
         plan = KVTransferPlan(
             self._save_block_ids,
             self._save_slots,
             self._new_loads,
             len(self._in_flight) - len(self._new_loads),
-            [] if self.disk is None else self.disk.take_writes(),
+            writes,
+            clear,
         )
         self._save_block_ids, self._save_slots, self._new_loads = [], [], []
         return plan
@@ -321,11 +319,13 @@ class OffloadingConnector:
             bytes_loaded=self._blocks_loaded * self.block_bytes,
             loads_in_flight=len(self._in_flight),
             load_time=self._load_time,
+            session_blocks=sum(len(slots) for slots in self._sessions.values()),
         )
 
     def reset(self) -> bool:
-        """Forget the host tier's hashes (``reset_prefix_cache``); refused during loads."""
-        if self._loads or self._in_flight:
+        """Forget every tier's hashes (``reset_prefix_cache``); refused (nothing changes) while
+        loads run or a Session holds host slots."""
+        if self._loads or self._in_flight or self._sessions:
             return False
         return self.tier.clear() and (self.disk is None or self.disk.clear())
 
@@ -342,6 +342,7 @@ class OffloadingConnector:
             _check(not self._loads, f"idle but loads remain for {sorted(self._loads)}")
             _check(not self._in_flight, "idle but loads are in flight")
             _check(not self._save_block_ids and not self._new_loads, "idle but copies queued")
+            _check(not self._sessions, f"idle but Sessions hold slots: {sorted(self._sessions)}")
 
 
 def _check(condition: bool, message: str) -> None:

@@ -19,7 +19,7 @@ import time
 from tokenwire.runtime.config import SchedulerConfig
 from tokenwire.runtime.core.encoder_cache import EncoderCacheManager, EncoderPlan
 from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
-from tokenwire.runtime.core.kv_connector import KVConnector
+from tokenwire.runtime.core.kv_connector_api import KVConnector
 from tokenwire.runtime.core.placeholders import advance, finishes_by_length, settle
 from tokenwire.runtime.core.request import Request, RequestStatus
 from tokenwire.runtime.core.request_queue import make_queue
@@ -135,12 +135,17 @@ class Scheduler:
         holder = self.kv.oldest_holder()
         if holder is None or holder == keep:
             return False
+        # KV tiers: the table moves down to the host tier; evicted only when it cannot.
+        tiers = self.connector
+        moved = tiers is not None and tiers.hold_session(holder, self.kv.held_cached(holder))
         self.kv.release(holder)
-        self._evicted_holders.append(holder)
+        if not moved:
+            self._evicted_holders.append(holder)
         return True
 
     def release_holder(self, holder_id: str) -> bool:
-        return self.kv.release(holder_id)
+        moved = self.connector is not None and self.connector.unhold_session(holder_id)
+        return self.kv.release(holder_id) or moved
 
     def pop_evicted_holders(self) -> list[str]:
         evicted, self._evicted_holders = self._evicted_holders, []
@@ -358,6 +363,8 @@ class Scheduler:
                 break
             if self.connector is not None:  # KV tiers: the request holds its loaded blocks now
                 self.connector.admitted(request.request_id)
+                if request.hold_as is not None:  # and its Session's host slots are unpinned
+                    self.connector.unhold_session(request.hold_as)
             self.waiting.pop()
             request.num_computed_tokens = num_hit
             if request.num_cached_tokens < 0:
@@ -378,7 +385,14 @@ class Scheduler:
         """Ask the connector to load the blocks continuing this prefix hit; True: the request
         waits for them (its lookup is then not counted: the one after the load is)."""
         assert self.connector is not None
-        max_hit_blocks = max(0, request.num_tokens - 1) // self.kv.block_size
+        bs = self.kv.block_size
+        # A Session turn (its transcript likely waits in a tier): room first, other idle
+        # Sessions move down before its load is cut short (its allocation would release them).
+        need = -(-request.num_tokens // bs) if request.hold_as is not None else 0
+        while self.kv.block_pool.num_free_blocks < need:
+            if not self._evict_holder(keep=request.hold_as):
+                break
+        max_hit_blocks = max(0, request.num_tokens - 1) // bs
         hashes = self.kv.get_block_hashes(request.request_id)[:max_hit_blocks]
         if not self.connector.start_load(request.request_id, hashes, hit_ids):
             return False

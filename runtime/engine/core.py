@@ -11,11 +11,8 @@ import time
 
 from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
-from tokenwire.runtime.core.kv_connector import (
-    KVConnector,
-    attach_offloading,
-    check_offloading_supported,
-)
+from tokenwire.runtime.core.kv_connector import attach_offloading, check_offloading_supported
+from tokenwire.runtime.core.kv_connector_api import KVConnector
 from tokenwire.runtime.core.kv_events import AnyKVEvent, KVEventRecorder
 from tokenwire.runtime.core.request import Request
 from tokenwire.runtime.core.scheduler import Scheduler
@@ -260,8 +257,22 @@ class EngineCore:
         return self.scheduler.release_holder(holder_id)
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached block (refused, False, while any block is in use)."""
-        return self.kv_cache_manager.reset_prefix_cache()
+        """Forget every cached block, on the device and in the KV tiers (refused, False, while
+        any block is in use, a tier load runs or a Session holds host slots)."""
+        if not self.kv_cache_manager.reset_prefix_cache():
+            return False
+        connector = self.scheduler.connector
+        if connector is None:
+            return True
+        if not connector.reset():
+            return False
+        if not self.has_unfinished_requests() and not (
+            self._stepper is not None and self._stepper.in_flight
+        ):  # idle: zero the disk tier's records now (else the next step's plan carries it)
+            so = self.scheduler.schedule()
+            if carries_work(so):
+                self.scheduler.update(so, self.executor.execute_model(so))
+        return True
 
     def take_kv_events(self) -> list[AnyKVEvent]:
         """KV-cache events recorded since the last call ([] when they are off)."""

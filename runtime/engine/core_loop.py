@@ -153,9 +153,11 @@ def lora_reply(core: EngineCore, message: AddLoRA | RemoveLoRA) -> LoRAReply:
 
 
 def idle_report(core: EngineCore) -> IdleReport:
-    kv = core.kv_cache_manager
+    kv, connector = core.kv_cache_manager, core.scheduler.connector
     try:
         kv.check_invariants()
+        if connector is not None:  # KV tiers: the host (and disk) tier's own invariants
+            connector.check_invariants()
         error = None
     except AssertionError as exc:
         error = str(exc)
@@ -165,6 +167,7 @@ def idle_report(core: EngineCore) -> IdleReport:
         num_blocks=kv.num_blocks,
         num_held_blocks=kv.num_held_blocks,
         invariant_error=error,
+        num_tier_held_blocks=0 if connector is None else connector.stats().session_blocks,
     )
 
 

@@ -70,6 +70,7 @@ def merge_idle(reports: Sequence[IdleReport]) -> IdleReport:
         num_free_blocks=sum(r.num_free_blocks for r in reports),
         num_blocks=sum(r.num_blocks for r in reports),
         num_held_blocks=sum(r.num_held_blocks for r in reports),
+        num_tier_held_blocks=sum(r.num_tier_held_blocks for r in reports),
         invariant_error="; ".join(errors) or None,
     )
 

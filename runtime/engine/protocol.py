@@ -117,6 +117,7 @@ class IdleReport:
     num_blocks: int
     num_held_blocks: int
     invariant_error: str | None  # None: tables, ref counts and free queue agree
+    num_tier_held_blocks: int = 0  # KV tiers: host blocks pinned by Sessions that moved down
 
     @property
     def all_free(self) -> bool:
@@ -125,6 +126,7 @@ class IdleReport:
             not self.has_unfinished_requests
             and self.num_free_blocks == self.num_blocks
             and self.num_held_blocks == 0
+            and self.num_tier_held_blocks == 0
             and self.invariant_error is None
         )
 

@@ -140,6 +140,11 @@ class DiskStore:
         except OSError as err:
             log.warning("kv disk tier: could not invalidate slot %d: %s", slot, err)
 
+    def invalidate_all(self) -> None:
+        """Zero every record's header (``reset_prefix_cache``): none is served or restored."""
+        for slot in range(self.num_slots):
+            self.invalidate(slot)
+
     def scan(self) -> list[tuple[bytes, int]]:
         """Records this model can use, (hash, slot) oldest write first (warm restart)."""
         newest: dict[bytes, tuple[int, int]] = {}

@@ -123,6 +123,9 @@ class KVOffloader:
         """Read the disk writes' sources, run the saves (done before the forward), then
         queue the disk writes and start the loads."""
         captured = self._capture(plan.disk_writes) if plan.disk_writes else None
+        if plan.disk_clear:  # on the I/O thread, before this step's (and later) writes
+            assert self._thread is not None and self.disk is not None
+            self._writes.append(self._thread.submit(self.disk.invalidate_all))
         loads = plan.loads
         if self._stream is not None:
             self._start_cuda(plan, [x for x in loads if not x.disk])

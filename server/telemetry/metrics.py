@@ -139,6 +139,11 @@ class _EngineStateCollector(Collector):
         for name, doc, value in (
             ("kv_offload_capacity_blocks", "Host KV tier size in blocks.", tier.capacity_blocks),
             ("kv_offload_used_blocks", "Host KV tier blocks holding KV.", tier.used_blocks),
+            (
+                "kv_offload_session_blocks",
+                "Host KV tier blocks of idle Sessions.",
+                tier.session_blocks,
+            ),
             ("kv_offload_disk_capacity_blocks", "Disk KV tier size.", tier.disk_capacity_blocks),
             ("kv_offload_disk_used_blocks", "Disk KV tier blocks used.", tier.disk_used_blocks),
         ):

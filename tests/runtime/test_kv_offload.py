@@ -246,6 +246,12 @@ def test_host_tier_evicts_least_recently_used_and_never_a_pinned_slot() -> None:
     tier.unpin([0, 1])
     assert tier.put(b"w") == 1  # z: x was touched by the lookup
     tier.check_invariants(idle=True)
+    # A Session moving down needs a slot per hash not here, free or unpinned, other than its own.
+    assert tier.can_take([b"x", b"w"]) and tier.can_take([b"x", b"v"])
+    assert not tier.can_take([b"x", b"v", b"u"])
+    tier.pin([0])
+    assert not tier.can_take([b"v", b"u"]) and tier.can_take([b"x", b"v"])
+    tier.unpin([0])
 
 
 def test_host_hits_keep_the_cache_salt_isolation() -> None:
@@ -294,3 +300,32 @@ def test_fp8_kv_cache_blocks_come_back_byte_exact(model_dir: Path) -> None:
     assert again.num_cached_tokens == 28
     assert_same_choice(again, never_evicted)
     assert_tier_idle(llm)
+
+
+def test_a_session_turn_makes_room_for_its_load_by_moving_other_sessions_down() -> None:
+    """Three Sessions over 12 device blocks, all of them holdable: the third moves the first
+    down to the host tier; the first's next turn, whose full blocks are partly on the device and
+    partly on the host, moves the second down before its load (not after a cut-short load), so
+    it reports every full block of its transcript as cached; no Session is evicted."""
+    kv = KVCacheManager(13, BLOCK, True)
+    connector = attach_offloading(kv, num_slots=64, block_bytes=1)
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64)
+    sched = Scheduler(config, kv, 256, max_held_blocks=12, connector=connector)
+    prompts = {s: [(i * 7 + 31 * n) % 400 + 3 for i in range(17)] for n, s in enumerate("abc")}
+    for s, prompt in prompts.items():
+        turn = request(f"{s}/0", prompt)
+        turn.hold_as = s
+        sched.add_request(turn)
+        run_until_idle(sched)
+    assert connector.stats().session_blocks == 4  # a's 4 full blocks moved down
+    again = request("a/1", [*prompts["a"], 7, 50, 51])
+    again.hold_as = "a"
+    sched.add_request(again)
+    run_until_idle(sched)
+    assert again.num_cached_tokens == 16
+    assert sched.pop_evicted_holders() == []
+    assert connector.stats().session_blocks >= 4  # the others moved down; a is on the device
+    for s in "abc":
+        sched.release_holder(s)
+    kv.check_invariants(idle=True)
+    connector.check_invariants(idle=True)

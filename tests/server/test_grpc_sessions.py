@@ -285,3 +285,37 @@ def test_context_eviction_under_memory_pressure(tiny_model_factory: Callable[...
         harness.assert_idle()
     finally:
         harness.stop()
+
+
+def test_with_a_host_kv_tier_the_context_moves_down_instead(
+    tiny_model_factory: Callable[..., Path],
+) -> None:
+    """The same pressure with a host KV tier (docs/kv-tiers.md): no CONTEXT_EVICTED notice;
+    the session's blocks wait in host memory and the next turn loads them back, so it reports
+    its transcript's full blocks as cached and answers as a fresh request would."""
+    harness = ServerHarness(
+        tiny_model_factory("llama"), num_blocks=9, max_model_len=128, kv_offloading_size=0.01
+    )
+    harness.start()
+    try:
+        with harness.channel() as channel:
+            s = Session(channel)
+            s.opened()
+            first = ids(11, 40)
+            s.turn(first)
+            _, reply, _ = s.finish_turn()
+            assert len(unary(channel, ids(4, 100), 20)) == 20  # needs every device block
+            report = harness.kv_report()
+            assert report.num_held_blocks == 0 and report.num_tier_held_blocks == 2
+            transcript = [*first, *reply, 77, 78]
+            s.turn([77, 78])  # the next message is this turn's: no notice came
+            started, generated, end = s.finish_turn()
+            assert started.prompt_tokens == len(transcript)
+            assert started.cached_tokens == 32  # the 2 full blocks of the 45 computed tokens
+            assert not end.HasField("error")
+            assert generated == unary(channel, transcript, 6)
+            s.half_close()
+            assert s.ended()
+        harness.assert_idle()  # no device block, no host slot held
+    finally:
+        harness.stop()

@@ -71,6 +71,7 @@ class ServerHarness:
         worker_protocol: str | None = None,  # "vllm": also serve vllm.grpc.engine.VllmEngine
         kv_events: KVEventsConfig | None = None,  # --kv-events-config
         async_scheduling: bool = False,
+        kv_offloading_size: float | None = None,  # --kv-offloading-size (GiB)
     ) -> None:
         self.config = EngineConfig(
             model=ModelConfig(
@@ -79,7 +80,9 @@ class ServerHarness:
                 served_model_name=MODEL_NAME,
             ),
             cache=CacheConfig(
-                num_gpu_blocks_override=num_blocks, kv_cache_memory=TEST_KV_CACHE_BYTES
+                num_gpu_blocks_override=num_blocks,
+                kv_cache_memory=TEST_KV_CACHE_BYTES,
+                kv_offloading_size=kv_offloading_size,
             ),
             scheduler=SchedulerConfig(
                 max_num_seqs=max_num_seqs,
