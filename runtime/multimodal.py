@@ -55,6 +55,19 @@ def image_extra_keys(images: Sequence[ImageInput], start: int, end: int) -> byte
     )
 
 
+def image_extra_pieces(
+    images: Sequence[ImageInput], start: int, end: int
+) -> tuple[tuple[str, int], ...]:
+    """``image_extra_keys`` as KV events publish them (vLLM's multimodal extra key): one
+    ``(identifier, offset)`` per overlapping image, its content hash and the prompt position of
+    its first placeholder; the hash took ``b"image:" + identifier`` for each."""
+    return tuple(
+        (image.content_hash, image.offset)
+        for image in images
+        if image.offset < end and start < image.end
+    )
+
+
 def check_images(
     images: Sequence[ImageInput], num_prompt_tokens: int, max_image_tokens: int | None = None
 ) -> None:
