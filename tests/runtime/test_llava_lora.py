@@ -103,7 +103,7 @@ def test_an_adapter_on_the_vision_tower_is_refused(setup: dict[str, Path]) -> No
         read_adapter(str(setup["vision"]), max_rank=16)
     message = str(err.value)
     assert "vision_tower" in message and "language model only" in message
-    with pytest.raises(ValueError, match="--lora-modules vision=.*language model only"):
+    with pytest.raises(ValueError, match=r"--lora-modules vision=.*language model only"):
         LLM(
             str(setup["base"]),
             device="cpu",

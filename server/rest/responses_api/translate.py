@@ -60,7 +60,8 @@ def _with_images(item: MessageItem, role: str, index: int) -> common_pb2.ChatMes
     if role != "user":
         raise invalid(f"input.{index}.role", "only user messages can hold input_image parts")
     message = common_pb2.ChatMessage(role=role)
-    for j, part in enumerate(item.content):
+    parts = [] if isinstance(item.content, str) else item.content
+    for j, part in enumerate(parts):
         if not isinstance(part, InputImage):
             message.parts.append(common_pb2.ContentPart(text=part.text))
             continue
