@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from engine_checks import assert_llm_idle
+from peft_reference import write_llava_adapter
 from PIL import Image
 from tiny_llava import IMAGE_TOKEN, PATCHES, save_tiny_llava, synthetic_image
 from transformers import CLIPImageProcessor, LlavaForConditionalGeneration
@@ -26,24 +27,6 @@ from tokenwire.runtime.sampling_params import SamplingParams
 NEW_TOKENS = 8
 PROMPT = [1, 5, 6, 7, IMAGE_TOKEN, 30, 31, 32]
 TEXT_ONLY = [1, 50, 51, 52, 53, 54]
-LM_TARGETS = r".*language_model.*\.(q_proj|v_proj|o_proj|down_proj)"
-
-
-def _adapter(base: Path, out: Path, targets: Any) -> Path:
-    from peft import LoraConfig, get_peft_model
-
-    model = LlavaForConditionalGeneration.from_pretrained(base, dtype=torch.float32)
-    config = LoraConfig(
-        r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False, lora_dropout=0.0
-    )
-    peft_model = get_peft_model(model, config)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    peft_model.save_pretrained(out)
-    return out
 
 
 def _hf_greedy(base: Path, adapter: Path | None, ids: list[int], image: Image.Image | None) -> Any:
@@ -72,8 +55,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = save_tiny_llava(d / "base")
     return {
         "base": base,
-        "lm": _adapter(base, d / "lm", LM_TARGETS),
-        "vision": _adapter(base, d / "vision", ["q_proj", "v_proj"]),
+        "lm": write_llava_adapter(base, d / "lm"),
+        "vision": write_llava_adapter(base, d / "vision", ["q_proj", "v_proj"]),
     }
 
 
