@@ -2,9 +2,9 @@
 vLLM worker protocol's ``SubscribeKvEvents``), a chat with an image part sent as a gRPC
 ``ImagePart``. Every block whose hash took the image's key publishes it: on ZMQ (decoded with
 vLLM's Struct definitions) its ``extra_keys`` entry lists ``(identifier, offset)`` (the image's
-content hash and the prompt position of its first placeholder), blocks before and after the
-image none; the hashes recompute from the token ids and those keys with docs/fleet.md's recipe;
-on gRPC the same blocks carry ``KvBlockExtraKey.multimodal``. Two images give different
+content hash and its first placeholder's position relative to the block's first token, as
+vLLM's), blocks before and after the image none; the hashes recompute from the token ids and
+those keys with docs/fleet.md's recipe; on gRPC the same blocks carry ``KvBlockExtraKey.multimodal``. Two images give different
 identifiers."""
 
 from __future__ import annotations
@@ -172,9 +172,10 @@ def test_image_blocks_publish_their_image_keys(
         assert int.from_bytes(parent, "big") & (2**64 - 1) == h
         for identifier, offset in images:
             identifiers.add(identifier)
-            assert flat[offset] == IMAGE_TOKEN and flat[offset - 1] != IMAGE_TOKEN
-            run = flat[offset : offset + PATCHES]  # as far as this block reaches
-            assert run == [IMAGE_TOKEN] * len(run) and len(flat) > offset
+            at = len(flat) - BLOCK + offset  # relative to the block's first token (vLLM's)
+            assert flat[at] == IMAGE_TOKEN and flat[at - 1] != IMAGE_TOKEN
+            run = flat[at : at + PATCHES]  # as far as this block reaches
+            assert run == [IMAGE_TOKEN] * len(run) and -PATCHES < offset < BLOCK
     assert len(identifiers) == 2  # one per image
     multimodal = {
         (k.multimodal.identifier, k.multimodal.offset)
