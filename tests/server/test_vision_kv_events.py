@@ -4,8 +4,8 @@ vLLM worker protocol's ``SubscribeKvEvents``), a chat with an image part sent as
 vLLM's Struct definitions) its ``extra_keys`` entry lists ``(identifier, offset)`` (the image's
 content hash and its first placeholder's position relative to the block's first token, as
 vLLM's), blocks before and after the image none; the hashes recompute from the token ids and
-those keys with docs/fleet.md's recipe; on gRPC the same blocks carry ``KvBlockExtraKey.multimodal``. Two images give different
-identifiers."""
+those keys with docs/fleet.md's recipe; on gRPC the same blocks carry
+``KvBlockExtraKey.multimodal``. Two images give different identifiers."""
 
 from __future__ import annotations
 
