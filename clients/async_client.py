@@ -24,7 +24,8 @@ from tokenwire.clients.channel import (
     open_aio_channel,
 )
 from tokenwire.clients.client import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_TARGET
-from tokenwire.clients.convert import GenerationOptions, Messages
+from tokenwire.clients.content import Messages
+from tokenwire.clients.convert import GenerationOptions
 from tokenwire.clients.errors import from_rpc_error
 from tokenwire.v1 import generation_pb2 as gen
 from tokenwire.v1 import generation_pb2_grpc as gen_grpc

@@ -23,7 +23,8 @@ from tokenwire.clients.channel import (
     channel_options,
     open_channel,
 )
-from tokenwire.clients.convert import GenerationOptions, Messages
+from tokenwire.clients.content import Messages
+from tokenwire.clients.convert import GenerationOptions
 from tokenwire.clients.errors import from_rpc_error
 from tokenwire.clients.sync_session import SyncSession
 from tokenwire.v1 import generation_pb2 as gen

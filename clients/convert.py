@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypedDict
 
 from tokenwire.clients import results as r
+from tokenwire.clients.content import Messages, chat_input
 from tokenwire.v1 import common_pb2 as pb
 from tokenwire.v1 import generation_pb2 as gen
 
@@ -43,8 +44,6 @@ _SAMPLING = (
 _STOPPING = ("max_tokens", "min_tokens", "ignore_eos", "include_stop_str_in_output")
 _OUTPUT = ("logprobs", "skip_special_tokens")
 _KNOWN = frozenset(GenerationOptions.__annotations__)
-
-Messages = Sequence[Mapping[str, str]]
 
 
 def call_metadata(
@@ -96,12 +95,6 @@ def stopping_options(options: Mapping[str, Any]) -> pb.StoppingOptions:
 
 def output_options(options: Mapping[str, Any]) -> pb.OutputOptions:
     return pb.OutputOptions(**_set(options, _OUTPUT))
-
-
-def chat_input(messages: Messages) -> pb.ChatInput:
-    return pb.ChatInput(
-        messages=[pb.ChatMessage(role=m["role"], content=m["content"]) for m in messages]
-    )
 
 
 def generate_request(

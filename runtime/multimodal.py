@@ -55,6 +55,21 @@ def image_extra_keys(images: Sequence[ImageInput], start: int, end: int) -> byte
     )
 
 
+def image_extra_pieces(
+    images: Sequence[ImageInput], start: int, end: int
+) -> tuple[tuple[str, int], ...]:
+    """``image_extra_keys`` as KV events publish them (vLLM's multimodal extra key): one
+    ``(identifier, offset)`` per overlapping image, its content hash and where its first
+    placeholder lies relative to the block's first token (negative: in an earlier block), as
+    vLLM's ``(mm identifier, offset - start_token_idx)``; the hash took
+    ``b"image:" + identifier`` for each."""
+    return tuple(
+        (image.content_hash, image.offset - start)
+        for image in images
+        if image.offset < end and start < image.end
+    )
+
+
 def check_images(
     images: Sequence[ImageInput], num_prompt_tokens: int, max_image_tokens: int | None = None
 ) -> None:

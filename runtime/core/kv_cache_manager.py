@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from tokenwire.runtime.core.block_pool import BlockPool, KVBlock
 from tokenwire.runtime.core.kv_events import KVEventRecorder
 from tokenwire.runtime.core.request import Request
-from tokenwire.runtime.multimodal import image_extra_keys
+from tokenwire.runtime.multimodal import image_extra_keys, image_extra_pieces
 
 
 def hash_block_tokens(parent_hash: bytes, token_bytes: bytes, extra_keys: bytes) -> bytes:
@@ -55,6 +55,14 @@ def request_extra_pieces(request: Request) -> tuple[str, ...]:
     if request.lora_request is not None:
         pieces.append(request.lora_request.cache_key.decode())
     return tuple(pieces)
+
+
+def block_extra_pieces(request: Request, index: int, block_size: int) -> tuple[object, ...] | None:
+    """Block ``index``'s extra keys as KV events publish them, in hash order (None if none)."""
+    first = request_extra_pieces(request) if index == 0 else ()
+    start = index * block_size
+    pieces = (*first, *image_extra_pieces(request.images, start, start + block_size))
+    return pieces or None
 
 
 def salt_extra_keys(cache_salt: str | None) -> bytes:
@@ -307,7 +315,7 @@ class KVCacheManager:
                 hashes[first - 1] if first > 0 else None,
                 list(request.token_ids[first * bs : (last + 1) * bs]),
                 lora_key,
-                request_extra_pieces(request) if first == 0 else None,
+                [block_extra_pieces(request, i, bs) for i in range(first, last + 1)],
             )
             run_start = k
 

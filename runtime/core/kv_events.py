@@ -84,12 +84,10 @@ class KVEventRecorder:
         parent: bytes | None,
         token_ids: list[int],
         lora: tuple[int, str] | None,
-        first_extra: tuple[str, ...] | None,
+        extras: list[tuple[Any, ...] | None],
     ) -> None:
-        """``first_extra``: the first block's extra-key pieces when ``parent`` is None."""
-        extra: list[tuple[Any, ...] | None] | None = None
-        if first_extra:
-            extra = [first_extra, *([None] * (len(hashes) - 1))]
+        """``extras``: each block's extra-key pieces (None for a block without any)."""
+        extra = extras if any(e is not None for e in extras) else None
         self._events.append(
             BlockStored(
                 block_hashes=[external_block_hash(h) for h in hashes],

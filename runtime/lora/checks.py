@@ -35,11 +35,17 @@ TARGET_MODULES: dict[str, str] = {
 }
 MAX_LAYERS = 1 << 16  # a layer index beyond any model's (the model's own count is checked later)
 MAX_LORA_ALPHA = 1 << 20
+# A decoder layer's tensor: a causal LM's (``model.layers``) or a vision-language model's
+# language model (``model.language_model.layers``, transformers >= 4.52; ``language_model.model
+# .layers``, earlier LLaVA checkpoints). LoRA applies to the language model only.
 _KEY = re.compile(
-    r"^(?:base_model\.model\.)?model\.layers\.(\d{1,6})\.(self_attn|mlp)\.(\w{1,64})"
+    r"^(?:base_model\.model\.)?(?:model\.layers|model\.language_model\.layers"
+    r"|language_model\.model\.layers)\.(\d{1,6})\.(self_attn|mlp)\.(\w{1,64})"
     r"\.lora_([AB])\.weight$",
     re.ASCII,
 )
+# A vision-language model's image side: refused by name (LoRA on the language model only).
+_VISION = re.compile(r"(?:^|\.)(?:vision_tower|vision_model|multi_modal_projector)\.", re.ASCII)
 # Config keys whose non-default value changes the maths this engine implements.
 _UNSUPPORTED: dict[str, Any] = {
     "use_dora": False,
@@ -128,6 +134,13 @@ def _pairs(names: list[str]) -> dict[tuple[int, str], tuple[str, str]]:
     found: dict[tuple[int, str], dict[str, str]] = {}
     for name in names:
         m = _KEY.match(name)
+        if m is None and _VISION.search(name):
+            raise AdapterError(
+                WEIGHTS_FILE,
+                f"LoRA tensor {_shown(name)} targets the vision encoder or projector; LoRA "
+                "applies to the language model only (target its layers, e.g. "
+                "target_modules='.*language_model.*\\.(q_proj|v_proj)')",
+            )
         if m is None:
             raise AdapterError(WEIGHTS_FILE, f"unsupported LoRA tensor {_shown(name)}")
         layer, block, module, which = int(m.group(1)), m.group(2), m.group(3), m.group(4)

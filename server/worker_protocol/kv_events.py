@@ -3,7 +3,8 @@
 
 Mapping (one ``KvCacheEvent`` per vLLM-schema event, in order):
 - ``BlockStored`` -> ``KvBlocksStored``: one ``KvBlock`` per block (its ``block_size`` token
-  ids, ``lora_id``, the extra-key pieces as ``KvBlockExtraKey.text``), ``parent_block_hash``,
+  ids, ``lora_id``, the extra-key pieces as ``KvBlockExtraKey.text``, an image's
+  ``(identifier, offset)`` as ``KvBlockExtraKey.multimodal``), ``parent_block_hash``,
   ``tier`` DEVICE, ``medium`` "GPU", ``lora_name``, ``cache_salt`` (from the ``salt:`` piece).
 - ``BlockRemoved`` -> ``KvBlocksRemoved``; ``AllBlocksCleared`` -> ``KvCacheCleared``.
 - Hashes are the same 64-bit values as on ZMQ, reinterpreted as signed ``int64`` (two's
@@ -36,13 +37,23 @@ def signed_int64(block_hash: int) -> int:
     return block_hash - (1 << 64) if block_hash >= (1 << 63) else block_hash
 
 
+def _extra_key(piece: Any) -> common_pb2.KvBlockExtraKey:
+    """A text piece (salt, LoRA) as ``text``; an image's ``(identifier, offset)`` as
+    ``multimodal``."""
+    if isinstance(piece, (list, tuple)) and len(piece) == 2:
+        identifier, offset = piece
+        key = common_pb2.KvMultimodalKey(identifier=str(identifier), offset=int(offset))
+        return common_pb2.KvBlockExtraKey(multimodal=key)
+    return common_pb2.KvBlockExtraKey(text=str(piece))
+
+
 def _stored(event: BlockStored) -> common_pb2.KvBlocksStored:
     bs = event.block_size
     blocks = []
     salt: str | None = None
     for i, h in enumerate(event.block_hashes):
         extra = None if event.extra_keys is None else event.extra_keys[i]
-        keys = [common_pb2.KvBlockExtraKey(text=str(p)) for p in extra or ()]
+        keys = [_extra_key(p) for p in extra or ()]
         for piece in extra or ():
             if isinstance(piece, str) and piece.startswith(SALT_PREFIX):
                 salt = piece[len(SALT_PREFIX) :]

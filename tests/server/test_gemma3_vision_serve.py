@@ -5,16 +5,20 @@ blank lines ``Gemma3Processor`` puts around it), expanded by the engine to the i
 the greedy tokens equal the offline engine's for the same prompt ids and image (which equal
 HF ``generate()``: ``tests/runtime/test_gemma3_mm.py``); a prompt differing only in its image
 gets other logprobs and no cache hit past the text before it; the same image again hits
-past it."""
+past it. A gRPC ``ImagePart`` (unary and streamed) gives the same tokens as the offline engine,
+and a ``json_schema`` structured output over an image prompt gives tokens valid under the
+schema (the grammar shapes a random model's answer)."""
 
 from __future__ import annotations
 
 import base64
 import io
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import openai
 import pytest
 from PIL import Image
@@ -24,6 +28,7 @@ from tiny_llava import synthetic_image
 
 from tokenwire.runtime.llm import LLM
 from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 
 # SmolLM2 special tokens no template or user text produces: image, begin and end of image.
 IMAGE, BOI, EOI = 4, 5, 6
@@ -122,4 +127,69 @@ def test_openai_image_part_matches_the_offline_engine(
     assert again.usage.prompt_tokens_details.cached_tokens > before
     assert _token_ids(again) == _token_ids(completion)
     assert _logprobs(again) == pytest.approx(_logprobs(completion), abs=1e-4)
+    harness.assert_idle()
+
+
+def _grpc_request(
+    png: bytes, max_tokens: int = NEW_TOKENS, output: common_pb2.OutputOptions | None = None
+) -> generation_pb2.GenerateRequest:
+    image = common_pb2.ImagePart(data=png, mime_type="image/png")
+    parts = [
+        common_pb2.ContentPart(text=BEFORE),
+        common_pb2.ContentPart(image=image),
+        common_pb2.ContentPart(text=AFTER),
+    ]
+    message = common_pb2.ChatMessage(role="user", parts=parts)
+    return generation_pb2.GenerateRequest(
+        chat=common_pb2.ChatInput(messages=[message]),
+        sampling=common_pb2.SamplingOptions(temperature=0.0),
+        stopping=common_pb2.StoppingOptions(max_tokens=max_tokens),
+        output=output,
+    )
+
+
+def test_grpc_image_part_matches_the_offline_engine(
+    gen: generation_pb2_grpc.GenerationServiceStub,
+    offline: LLM,
+    smollm_tokenizer: Any,
+    harness: ServerHarness,
+) -> None:
+    png = _png(3)
+    expected = _offline_tokens(offline, smollm_tokenizer, png)
+    reply = gen.Generate(_grpc_request(png), timeout=120)
+    assert list(reply.choices[0].token_ids) == expected
+    assert reply.usage.prompt_tokens == len(_expected_ids(smollm_tokenizer)) + IMAGE_TOKENS + 1
+    streamed = [
+        token
+        for event in gen.GenerateStream(_grpc_request(png), timeout=120)
+        if event.HasField("delta")
+        for token in event.delta.token_ids
+    ]
+    assert streamed == expected
+    harness.assert_idle()
+
+
+COLOUR = {
+    "type": "object",
+    "properties": {
+        "colour": {"type": "string", "enum": ["red", "green", "blue"]},
+        "count": {"type": "integer", "minimum": 0, "maximum": 9},
+    },
+    "required": ["colour", "count"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_over_an_image_prompt(
+    gen: generation_pb2_grpc.GenerationServiceStub, smollm_tokenizer: Any, harness: ServerHarness
+) -> None:
+    structured = common_pb2.StructuredOutput(json_schema=json.dumps(COLOUR))
+    output = common_pb2.OutputOptions(structured_output=structured)
+    for seed in (1, 7):
+        reply = gen.Generate(_grpc_request(_png(seed), 60, output), timeout=120)
+        choice = reply.choices[0]
+        assert choice.finish_reason != common_pb2.FINISH_REASON_LENGTH, choice  # JSON closed
+        text = smollm_tokenizer.decode(list(choice.token_ids), skip_special_tokens=True)
+        assert text == choice.text
+        jsonschema.validate(json.loads(choice.text), COLOUR)
     harness.assert_idle()

@@ -46,6 +46,30 @@ def write_adapter(
     return out_dir
 
 
+LLAVA_LM_TARGETS = r".*language_model.*\.(q_proj|v_proj|o_proj|down_proj)"
+
+
+def write_llava_adapter(base_dir: Path, out_dir: Path, targets: object = LLAVA_LM_TARGETS) -> Path:
+    """A PEFT adapter of HF's ``LlavaForConditionalGeneration`` (random A and B, std 0.3):
+    by default on the language model's projections only (a regex; PEFT's plain names would
+    reach CLIP's projections too)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlavaForConditionalGeneration
+
+    model = LlavaForConditionalGeneration.from_pretrained(base_dir, dtype=torch.float32)
+    config = LoraConfig(
+        r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False, lora_dropout=0.0
+    )
+    peft_model = get_peft_model(model, config)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    peft_model.save_pretrained(out_dir)
+    return out_dir
+
+
 def hf_lora_greedy(
     base_dir: Path, adapter_dir: Path | None, prompts: list[list[int]], max_new_tokens: int
 ) -> list[list[int]]:

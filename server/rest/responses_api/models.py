@@ -9,7 +9,8 @@ The sampling and stopping fields, vLLM's extras included, are chat's (``Sampling
 
 ``input`` is a string (one user message) or a list of items: messages (``type`` "message" or
 no type; roles user, assistant, system, developer; content a string or ``input_text`` /
-``output_text`` parts), ``function_call`` (an earlier call of the model) and
+``output_text`` parts, and ``input_image`` parts in user messages: a base64 ``data:`` URL in
+``image_url``, as chat's ``image_url`` parts), ``function_call`` (an earlier call of the model) and
 ``function_call_output`` (its result), and ``reasoning`` items (an earlier turn's reasoning:
 accepted and not shown to the model, as chat templates drop it).
 """
@@ -33,10 +34,24 @@ class InputText(_Strict):
     logprobs: list[Any] | None = None
 
 
+class InputImage(_Strict):
+    """An image: ``image_url`` a base64 ``data:`` URL (remote URLs and ``file_id`` are
+    refused: this server fetches nothing and stores no files)."""
+
+    type: Literal["input_image"]
+    image_url: str | None = None
+    detail: Literal["auto", "low", "high", "original"] | None = None  # the processor decides
+    file_id: str | None = None  # refused when set, naming the part (no Files API here)
+    prompt_cache_breakpoint: dict[str, Any] | None = None  # accepted and ignored
+
+
+MessagePart = Annotated[InputText | InputImage, Field(discriminator="type")]
+
+
 class MessageItem(_Strict):
     type: Literal["message"] | None = None
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[InputText]
+    content: str | list[MessagePart]
     id: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
     phase: Literal["commentary", "final_answer"] | None = None
@@ -44,7 +59,12 @@ class MessageItem(_Strict):
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, InputText))
+
+    def has_images(self) -> bool:
+        return not isinstance(self.content, str) and any(
+            isinstance(part, InputImage) for part in self.content
+        )
 
 
 class FunctionCallItem(_Strict):

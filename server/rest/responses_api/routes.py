@@ -40,7 +40,11 @@ from tokenwire.server.rest.responses_api.store import (
     StoredResponse,
     owner_of,
 )
-from tokenwire.server.rest.responses_api.translate import PARAMS, output_message, translate
+from tokenwire.server.rest.responses_api.translate import (
+    Translated,
+    output_message,
+    translate,
+)
 from tokenwire.server.rest.upstream import CallOptions, OpenStreams, Upstream, call_options
 from tokenwire.v1 import common_pb2, generation_pb2, models_pb2
 
@@ -98,13 +102,13 @@ class ResponsesRoutes:
                 responses = await until_disconnect(request, unary)
         except grpc.aio.AioRpcError as exc:
             self.store.delete(owner, response_id)  # the call failed: no KV was retained
-            raise from_rpc_error(exc, PARAMS) from None
+            raise from_rpc_error(exc, translated.params) from None
         except BaseException:
             self.store.delete(owner, response_id)
             raise
         headers = {"x-request-id": rid}
         if body.stream:
-            events = self._stream(streams, build, owner, record, translated.conversation, options)
+            events = self._stream(streams, build, owner, record, translated, options)
             return SSEResponse(streams, events, {"cache-control": "no-cache", **headers})
         reply = responses[0]
         choice = reply.choices[0]
@@ -128,7 +132,7 @@ class ResponsesRoutes:
         build: ResponseBuilder,
         owner: str,
         record: StoredResponse,
-        conversation: list[common_pb2.ChatMessage],
+        translated: Translated,
         options: CallOptions,
     ) -> AsyncIterator[bytes]:
         model = ""
@@ -153,10 +157,10 @@ class ResponsesRoutes:
                     elif kind == "usage":
                         yield events.finish(event.usage)
             except grpc.aio.AioRpcError as err:
-                yield events.error(from_rpc_error(err, PARAMS).body())
+                yield events.error(from_rpc_error(err, translated.params).body())
             record.body = named(events.status, events.items, events.usage)
             finished = True
-            await self._finish(owner, record, conversation, options)
+            await self._finish(owner, record, translated.conversation, options)
         finally:
             if not finished and self.store.get(owner, record.id) is record:
                 # the client went away mid-stream: its call was cancelled

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from tokenwire.server.rest.content_parts import image_part
 from tokenwire.server.rest.errors import invalid
 from tokenwire.server.rest.requests import sampling_options, stopping_options
 from tokenwire.server.rest.responses_api.models import (
     FunctionCallItem,
     FunctionCallOutputItem,
+    InputImage,
     InputItem,
     MessageItem,
     ResponsesRequest,
@@ -50,18 +52,55 @@ class Translated:
     request: generation_pb2.GenerateRequest
     conversation: list[common_pb2.ChatMessage]  # history + this request's input
     named_tool: bool  # tool_choice named a function
+    params: dict[str, str] = field(default_factory=dict)  # proto -> Responses API names
 
 
-def input_messages(items: str | Sequence[InputItem]) -> list[common_pb2.ChatMessage]:
+def _with_images(item: MessageItem, role: str, index: int) -> common_pb2.ChatMessage:
+    """A message with ``input_image`` parts: its parts in order, as chat's ``image_url``."""
+    if role != "user":
+        raise invalid(f"input.{index}.role", "only user messages can hold input_image parts")
+    message = common_pb2.ChatMessage(role=role)
+    parts = [] if isinstance(item.content, str) else item.content
+    for j, part in enumerate(parts):
+        if not isinstance(part, InputImage):
+            message.parts.append(common_pb2.ContentPart(text=part.text))
+            continue
+        param = f"input.{index}.content.{j}"
+        if part.file_id is not None:
+            raise invalid(
+                f"{param}.file_id",
+                "file_id is not supported (this server has no Files API); send the image "
+                "inline as image_url, a base64 data: URL",
+                "unsupported_value",
+            )
+        if part.image_url is None:
+            raise invalid(param, "an input_image needs image_url (a base64 data: URL)")
+        message.parts.append(common_pb2.ContentPart(image=image_part(part.image_url, param)))
+    return message
+
+
+def _message(item: MessageItem, index: int) -> common_pb2.ChatMessage:
+    role = "system" if item.role == "developer" else item.role
+    if item.has_images():
+        return _with_images(item, role, index)
+    return common_pb2.ChatMessage(role=role, content=item.text())
+
+
+def input_messages(
+    items: str | Sequence[InputItem],
+) -> tuple[list[common_pb2.ChatMessage], dict[int, int]]:
     """Input items as chat messages: function calls join the assistant message before
-    them (or start one), outputs become tool messages, reasoning items are dropped."""
+    them (or start one), outputs become tool messages, reasoning items are dropped. With
+    them, the input index of each message holding images (by message index), for errors."""
     if isinstance(items, str):
-        return [common_pb2.ChatMessage(role="user", content=items)]
+        return [common_pb2.ChatMessage(role="user", content=items)], {}
     messages: list[common_pb2.ChatMessage] = []
-    for item in items:
+    image_items: dict[int, int] = {}
+    for index, item in enumerate(items):
         if isinstance(item, MessageItem):
-            role = "system" if item.role == "developer" else item.role
-            messages.append(common_pb2.ChatMessage(role=role, content=item.text()))
+            if item.has_images():
+                image_items[len(messages)] = index
+            messages.append(_message(item, index))
         elif isinstance(item, FunctionCallItem):
             if not messages or messages[-1].role != "assistant":
                 messages.append(common_pb2.ChatMessage(role="assistant"))
@@ -73,7 +112,20 @@ def input_messages(items: str | Sequence[InputItem]) -> list[common_pb2.ChatMess
             )
     if not messages:
         raise invalid("input", "input needs at least one message or function_call_output")
-    return messages
+    return messages, image_items
+
+
+def _part_params(
+    messages: Sequence[common_pb2.ChatMessage], image_items: dict[int, int], offset: int
+) -> dict[str, str]:
+    """``chat.messages[i].parts[j]`` (the gRPC server's names) -> ``input.k.content.j``."""
+    params: dict[str, str] = {}
+    for at, index in image_items.items():
+        for j in range(len(messages[at].parts)):
+            param = f"input.{index}.content.{j}"
+            params[f"chat.messages[{offset + at}].parts[{j}]"] = param
+            params[f"chat.messages[{offset + at}].parts[{j}].image"] = param
+    return params
 
 
 def _tools(body: ResponsesRequest, chat: common_pb2.ChatInput) -> bool:
@@ -118,7 +170,8 @@ def translate(
 ) -> Translated:
     """``history``: the continued response's conversation (empty for a new one);
     ``retain_as``: keep the KV blocks under this key (a stored response)."""
-    conversation = [*history, *input_messages(body.input)]
+    messages, image_items = input_messages(body.input)
+    conversation = [*history, *messages]
     chat = common_pb2.ChatInput(
         reasoning_effort=body.reasoning.effort or "" if body.reasoning is not None else ""
     )
@@ -136,7 +189,9 @@ def translate(
         priority=body.priority,
         retain_kv_as=retain_as or "",
     )
-    return Translated(request, conversation, named)
+    offset = len(history) + (1 if body.instructions else 0)
+    params = {**PARAMS, **_part_params(messages, image_items, offset)}
+    return Translated(request, conversation, named, params)
 
 
 def output_message(
