@@ -73,7 +73,9 @@ def test_sigterm_drains_then_exits_zero(server: tuple[subprocess.Popen[str], str
     with Client(target, timeout=300) as client, grpc.insecure_channel(target) as channel:
         watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
         assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
-        events = client.stream([1, 2, 3, 4], max_tokens=100, ignore_eos=True, temperature=0.0)
+        # Long enough to still run while the drain is checked: the fused CPU layers decode
+        # 100 tokens in ~0.7 s, and a finished stream lets the server exit before the check.
+        events = client.stream([1, 2, 3, 4], max_tokens=2000, ignore_eos=True, temperature=0.0)
         first = next(events)  # the request is admitted and running
         proc.send_signal(signal.SIGTERM)
         assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
@@ -84,5 +86,5 @@ def test_sigterm_drains_then_exits_zero(server: tuple[subprocess.Popen[str], str
         watch.cancel()
     ends = [e for e in rest if isinstance(e, ChoiceEnd)]
     assert isinstance(first, StreamStart)
-    assert len(ends) == 1 and ends[0].completion_tokens == 100
+    assert len(ends) == 1 and ends[0].completion_tokens == 2000
     assert proc.wait(timeout=200) == 0

@@ -102,8 +102,8 @@ def request_tree(receiver: Receiver, trace_id: str) -> tuple[Span, Span, list[Sp
 
     def complete(spans: list[Span]) -> bool:
         req = request_span(spans)
-        if req is None:
-            return False
+        if req is None or not any(s.span_id == req.parent_span_id for s in spans):
+            return False  # the RPC span ends (and is exported) after the request span
         wanted = len(attrs(req)["tokenwire.step_ids"])  # type: ignore[arg-type]
         return len(linked_steps(spans, req)) >= wanted
 
