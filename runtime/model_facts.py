@@ -30,6 +30,9 @@ class ModelFacts:
     tensor_parallel_size: int = 1
     quantization: str | None = None  # the weight scheme; None: unquantized
     weight_bytes: int = 0  # bytes of weights on all ranks together, as loaded
+    # KV cache bytes one token takes on each rank over all layers (K and V per KV head, or an
+    # MLA model's latent); 0: no KV cache (an encoder).
+    kv_bytes_per_token: int = 0
     # KV tiers: host-tier blocks (from --kv-offloading-size; 0: off) and bytes per KV block.
     num_offload_blocks: int = 0
     kv_block_bytes: int = 0

@@ -123,6 +123,16 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
             stage("lora:tiny", 60, "--model", tiny),
             stage("bench:tiny-moe", 30, "--model", tiny_moe, "--label", "tiny-moe"),
             stage("spec:tiny", 30, "--model", tiny),
+            stage(
+                "bench:tiny+async",
+                30,
+                "--model",
+                tiny,
+                "--label",
+                "tiny+async",
+                "--async-scheduling",
+                "--tpot-only",
+            ),
         ]
     # Priority order: the rest of the (compiled) kernel tests run last, in the time left.
     all_kernel_tests = [*pytest, "-m", "not gpu", "tests/kernels/test_kernels_triton.py"]
@@ -131,6 +141,16 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
         stage("attn_bw", 20),
         stage("parity", 45),
         stage("bench:llama-3.2-1b", 90, "--model", "llama-3.2-1b", "--hf"),
+        # Issue 43: the same 1B with async scheduling (mixed + TPOT): decides the default.
+        stage(
+            "bench:llama-3.2-1b+async",
+            60,
+            "--model",
+            "llama-3.2-1b",
+            "--label",
+            "llama-3.2-1b+async",
+            "--async-scheduling",
+        ),
         stage("bench:qwen3-0.6b", 50, "--model", "qwen3-0.6b"),
         stage("bench:llama-3.1-8b", 120, "--model", "llama-3.1-8b", "--hf"),
         stage("serve:llama-3.2-1b", 70, "--model", "llama-3.2-1b", "--ready-timeout", "40"),

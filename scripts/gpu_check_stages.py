@@ -165,7 +165,7 @@ def _bench_config(args: argparse.Namespace) -> ThroughputConfig:
         model=args.model, load_format="dummy", device=device_name(args.smoke),
         dtype="float32" if args.smoke else "bfloat16", max_model_len=BENCH_MAX_MODEL_LEN,
         max_num_batched_tokens=BENCH_BATCHED_TOKENS, quantization=args.quantization,
-        kv_cache_dtype=args.kv_cache_dtype,
+        kv_cache_dtype=args.kv_cache_dtype, async_scheduling=args.async_scheduling,
     )  # fmt: skip
     return ThroughputConfig(engine=engine)
 
@@ -414,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-cache-dtype", default="auto", help="bench: KV cache storage")
     p.add_argument("--label", default=None, help="bench: name recorded (default: --model)")
     p.add_argument("--tpot-only", action="store_true", help="bench: skip the mixed workload")
+    p.add_argument("--async-scheduling", action="store_true", help="bench: async steps (43)")
     args = p.parse_args(argv)
     stages = {
         "attn_bw": stage_attn_bw,

@@ -101,6 +101,26 @@ def summary_rows(stages: Sequence[StageLike]) -> list[dict[str, Any]]:
     rows += _spec_rows(stages)
     rows.append(_serve_row(stages))
     rows += _quant_rows(stages)
+    rows += _async_rows(stages)
+    return rows
+
+
+def _async_rows(stages: Sequence[StageLike]) -> list[dict[str, Any]]:
+    """Issue 43: async scheduling on vs off on the 1B (mixed tok/s and batch-1 TPOT): the
+    figures the ``--async-scheduling`` default is decided by (no target: a decision)."""
+    rows, base = [], "llama-3.2-1b"
+    for kind, key, name in (
+        ("throughput", "output_tok_s", "mixed tok/s"),
+        ("tpot", "tpot_ms", "TPOT b1"),
+    ):
+        match = {"workload": "mixed"} if kind == "throughput" else {}
+        sync = _find(stages, kind, model=base, **match)
+        on = _find(stages, kind, model=f"{base}+async", **match)
+        if not (sync or on):
+            continue
+        ratio = on[key] / sync[key] if sync and on else None
+        ref = f"sync {sync[key]:g}" if sync else "-"
+        rows.append(_row(f"{name} 1B async / sync", ratio, "decide", ref, None, "x"))
     return rows
 
 

@@ -92,6 +92,7 @@ def engine_info(core: EngineCore) -> EngineInfo:
         tokenizer_path=facts.tokenizer_path,
         core_pid=os.getpid(),
         weight_bytes=facts.weight_bytes,
+        kv_bytes_per_token=facts.kv_bytes_per_token,
         kv_cache_dtype="fp8" if config.cache.kv_cache_dtype != "auto" else "auto",
         max_loras=config.lora.max_loras if config.lora.enable_lora else 0,
         max_lora_rank=config.lora.max_lora_rank if config.lora.enable_lora else 0,

@@ -47,6 +47,7 @@ class EngineInfo:
     tokenizer_path: str | None
     core_pid: int  # the process running the engine core (this one when in-process)
     weight_bytes: int = 0  # the model's weights as loaded (all ranks together)
+    kv_bytes_per_token: int = 0  # KV cache bytes per token on each rank (MLA: the latent)
     kv_cache_dtype: str = "auto"  # "auto": the model dtype; "fp8": e4m3
     max_loras: int = 0  # adapters one step can serve; 0: LoRA is not enabled
     max_lora_rank: int = 0

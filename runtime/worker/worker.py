@@ -23,6 +23,7 @@ from tokenwire.runtime.scheduler_output import SchedulerOutput
 from tokenwire.runtime.structured.bitmask import GrammarBitmask
 from tokenwire.runtime.worker.cpu_tuning import keep_freed_memory
 from tokenwire.runtime.worker.encoder_runner import EncoderRunner
+from tokenwire.runtime.worker.kv_cache import kv_bytes_per_token
 from tokenwire.runtime.worker.kv_offload import KVOffloader, make_offloader
 from tokenwire.runtime.worker.model_runner import ModelRunner
 from tokenwire.runtime.worker.runner_settings import RunnerSettings
@@ -132,6 +133,11 @@ class Worker:
         tensors = [*model.parameters(), *(b for b in model.buffers() if b is not derived)]
         return sum(t.numel() * t.element_size() for t in tensors)
 
+    def _kv_bytes_per_token(self) -> int:
+        if not isinstance(self.runner, ModelRunner):
+            return 0
+        return kv_bytes_per_token(self.loaded.arch, self.runner.kv_cache.dtype, self.tp.world_size)
+
     def facts(self, num_blocks: int, weight_bytes: int | None = None) -> ModelFacts:
         loaded = self.loaded
         return ModelFacts(
@@ -147,6 +153,7 @@ class Worker:
             tensor_parallel_size=self.tp.world_size,
             quantization=getattr(loaded, "quantization", None),
             weight_bytes=self.weight_bytes if weight_bytes is None else weight_bytes,
+            kv_bytes_per_token=self._kv_bytes_per_token(),
             embed=loaded.embed,
             encoder=isinstance(loaded, LoadedEncoder),
             num_offload_blocks=0 if self.offload is None else self.offload.num_slots,

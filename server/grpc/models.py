@@ -92,6 +92,7 @@ class ModelService(models_pb2_grpc.ModelServiceServicer):
             tensor_parallel_size=info.tensor_parallel_size,
             quantization=info.quantization or "",
             weight_bytes=info.weight_bytes,
+            kv_bytes_per_token=info.kv_bytes_per_token,
             kv_cache_dtype=info.kv_cache_dtype,
             default_sampling=_default_sampling(info.default_sampling),
             default_max_tokens=_default_max_tokens(info.default_sampling),

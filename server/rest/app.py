@@ -248,6 +248,7 @@ class Routes:
             # tokenwire's additions (vLLM-style extra fields; OpenAI clients ignore them).
             "quantization": info.quantization or None,
             "weight_bytes": info.weight_bytes,
+            "kv_bytes_per_token": info.kv_bytes_per_token or None,
             "tensor_parallel_size": info.tensor_parallel_size,
             "task": info.task or "generate",  # "embed": POST /v1/embeddings serves it
             "embedding_dimensions": info.embedding_dimensions or None,

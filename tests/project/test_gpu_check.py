@@ -31,7 +31,7 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=170,
+        timeout=200,
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -39,7 +39,7 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
     stages = {s["name"]: s for s in report["stages"]}
     assert list(stages) == [
         "kernels", "attn_bw", "parity", "bench:tiny", "serve:tiny", "bench:tiny+kvfp8", "lora:tiny",
-        "bench:tiny-moe", "spec:tiny",
+        "bench:tiny-moe", "spec:tiny", "bench:tiny+async",
     ]  # fmt: skip
     assert all(s["status"] == "ok" for s in stages.values())
     kinds = {r.get("kind") for r in stages["bench:tiny"]["records"]}
@@ -53,6 +53,7 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
     assert figures["TPOT batch 1 tiny+kvfp8 (ms)"]["value"] > 0  # --kv-cache-dtype reaches it
     assert figures["LoRA x4 mixed / base, tiny"]["value"] > 0
     assert figures["mixed tiny-moe output tok/s"]["value"] > 0  # a Mixtral config runs
+    assert figures["TPOT batch 1 tiny+async (ms)"]["value"] > 0  # --async-scheduling reaches it
     spec = stages["spec:tiny"]["records"]
     assert {(r["method"], r["streams"]) for r in spec} == {
         (m, n) for m in ("plain", "ngram") for n in (1, 2)

@@ -164,6 +164,8 @@ def test_startup_line_says_how_many_tokens_fit(
         "KV cache: 8 blocks of 16 tokens, 128 tokens fit; 480 bytes per token "
         "(MLA latent: 32 + 8 per layer)"
     ]
+    # What GetModelInfo's kv_bytes_per_token reports (the core's EngineInfo): the latent.
+    assert llm.engine.facts.kv_bytes_per_token == 3 * (32 + 8) * 4
     assert_llm_idle(llm)
 
 

@@ -205,6 +205,7 @@ def test_model_and_server_info(models: models_pb2_grpc.ModelServiceStub) -> None
     hidden, inter, vocab, kv = 64, 128, 512, 2 * 16  # kv: 2 KV heads x head_dim 16
     layer = hidden * (hidden + 2 * kv) + hidden * hidden + 3 * hidden * inter + 2 * hidden
     assert info.weight_bytes == 4 * (2 * vocab * hidden + 2 * layer + hidden)
+    assert info.kv_bytes_per_token == 2 * 2 * kv * 4  # 2 layers x (K + V) x float32
     assert list(models.ListModels(models_pb2.ListModelsRequest()).models) == [info]
     server = models.GetServerInfo(models_pb2.GetServerInfoRequest())
     assert (server.block_size, server.max_num_seqs, server.auth_required) == (16, 8, False)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tokenwire.v1 import common_pb2 as tokenwire_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tokenwire/v1/models.proto\x12\x0ctokenwire.v1\x1a\x19tokenwire/v1/common.proto\"\x13\n\x11ListModelsRequest\"=\n\x12ListModelsResponse\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.tokenwire.v1.ModelInfo\"$\n\x13GetModelInfoRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\xf0\x03\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x1a\n\x12max_context_tokens\x18\x03 \x01(\r\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x15\n\reos_token_ids\x18\x05 \x03(\r\x12\x19\n\x11has_chat_template\x18\x06 \x01(\x08\x12\r\n\x05max_n\x18\x07 \x01(\r\x12\x1a\n\x12max_stop_sequences\x18\x08 \x01(\r\x12\x14\n\x0cmax_logprobs\x18\t \x01(\r\x12\r\n\x05\x64type\x18\n \x01(\t\x12\x1c\n\x14tensor_parallel_size\x18\x0b \x01(\r\x12\x14\n\x0cquantization\x18\x0c \x01(\t\x12\x14\n\x0cweight_bytes\x18\r \x01(\x04\x12\x16\n\x0ekv_cache_dtype\x18\x0e \x01(\t\x12\x0e\n\x06parent\x18\x0f \x01(\t\x12\x37\n\x10\x64\x65\x66\x61ult_sampling\x18\x10 \x01(\x0b\x32\x1d.tokenwire.v1.SamplingOptions\x12\x1f\n\x12\x64\x65\x66\x61ult_max_tokens\x18\x11 \x01(\rH\x00\x88\x01\x01\x12\x0c\n\x04task\x18\x12 \x01(\t\x12\x1c\n\x14\x65mbedding_dimensions\x18\x13 \x01(\rB\x15\n\x13_default_max_tokens\"\x16\n\x14GetServerInfoRequest\"\xb2\x02\n\nServerInfo\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x17\n\x0fkv_blocks_total\x18\x03 \x01(\r\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x05 \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\x06 \x01(\r\x12\x16\n\x0eprefix_caching\x18\x07 \x01(\x08\x12\x14\n\x0cmax_sessions\x18\x08 \x01(\r\x12\x15\n\rauth_required\x18\t \x01(\x08\x12\x11\n\tmax_loras\x18\n \x01(\r\x12\x15\n\rmax_lora_rank\x18\x0b \x01(\r\x12\x1d\n\x15runtime_lora_updating\x18\x0c \x01(\x08\x12\x12\n\nreplica_id\x18\r \x01(\t\"\x8d\x01\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12%\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x17.tokenwire.v1.ChatInputB\x15\n\x13_add_special_tokens\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0e\n\x06tokens\x18\x02 \x03(\t\"o\n\x11\x44\x65tokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12 \n\x13skip_special_tokens\x18\x03 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_skip_special_tokens\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\":\n\x12LoadAdapterRequest\x12\x11\n\tlora_name\x18\x01 \x01(\t\x12\x11\n\tlora_path\x18\x02 \x01(\t\"=\n\x13LoadAdapterResponse\x12&\n\x05model\x18\x01 \x01(\x0b\x32\x17.tokenwire.v1.ModelInfo\")\n\x14UnloadAdapterRequest\x12\x11\n\tlora_name\x18\x01 \x01(\t\"\x17\n\x15UnloadAdapterResponse2\xc4\x04\n\x0cModelService\x12O\n\nListModels\x12\x1f.tokenwire.v1.ListModelsRequest\x1a .tokenwire.v1.ListModelsResponse\x12J\n\x0cGetModelInfo\x12!.tokenwire.v1.GetModelInfoRequest\x1a\x17.tokenwire.v1.ModelInfo\x12M\n\rGetServerInfo\x12\".tokenwire.v1.GetServerInfoRequest\x1a\x18.tokenwire.v1.ServerInfo\x12I\n\x08Tokenize\x12\x1d.tokenwire.v1.TokenizeRequest\x1a\x1e.tokenwire.v1.TokenizeResponse\x12O\n\nDetokenize\x12\x1f.tokenwire.v1.DetokenizeRequest\x1a .tokenwire.v1.DetokenizeResponse\x12R\n\x0bLoadAdapter\x12 .tokenwire.v1.LoadAdapterRequest\x1a!.tokenwire.v1.LoadAdapterResponse\x12X\n\rUnloadAdapter\x12\".tokenwire.v1.UnloadAdapterRequest\x1a#.tokenwire.v1.UnloadAdapterResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tokenwire/v1/models.proto\x12\x0ctokenwire.v1\x1a\x19tokenwire/v1/common.proto\"\x13\n\x11ListModelsRequest\"=\n\x12ListModelsResponse\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.tokenwire.v1.ModelInfo\"$\n\x13GetModelInfoRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x8c\x04\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x1a\n\x12max_context_tokens\x18\x03 \x01(\r\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x15\n\reos_token_ids\x18\x05 \x03(\r\x12\x19\n\x11has_chat_template\x18\x06 \x01(\x08\x12\r\n\x05max_n\x18\x07 \x01(\r\x12\x1a\n\x12max_stop_sequences\x18\x08 \x01(\r\x12\x14\n\x0cmax_logprobs\x18\t \x01(\r\x12\r\n\x05\x64type\x18\n \x01(\t\x12\x1c\n\x14tensor_parallel_size\x18\x0b \x01(\r\x12\x14\n\x0cquantization\x18\x0c \x01(\t\x12\x14\n\x0cweight_bytes\x18\r \x01(\x04\x12\x16\n\x0ekv_cache_dtype\x18\x0e \x01(\t\x12\x0e\n\x06parent\x18\x0f \x01(\t\x12\x37\n\x10\x64\x65\x66\x61ult_sampling\x18\x10 \x01(\x0b\x32\x1d.tokenwire.v1.SamplingOptions\x12\x1f\n\x12\x64\x65\x66\x61ult_max_tokens\x18\x11 \x01(\rH\x00\x88\x01\x01\x12\x0c\n\x04task\x18\x12 \x01(\t\x12\x1c\n\x14\x65mbedding_dimensions\x18\x13 \x01(\r\x12\x1a\n\x12kv_bytes_per_token\x18\x14 \x01(\x04\x42\x15\n\x13_default_max_tokens\"\x16\n\x14GetServerInfoRequest\"\xb2\x02\n\nServerInfo\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x17\n\x0fkv_blocks_total\x18\x03 \x01(\r\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x05 \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\x06 \x01(\r\x12\x16\n\x0eprefix_caching\x18\x07 \x01(\x08\x12\x14\n\x0cmax_sessions\x18\x08 \x01(\r\x12\x15\n\rauth_required\x18\t \x01(\x08\x12\x11\n\tmax_loras\x18\n \x01(\r\x12\x15\n\rmax_lora_rank\x18\x0b \x01(\r\x12\x1d\n\x15runtime_lora_updating\x18\x0c \x01(\x08\x12\x12\n\nreplica_id\x18\r \x01(\t\"\x8d\x01\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12%\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x17.tokenwire.v1.ChatInputB\x15\n\x13_add_special_tokens\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0e\n\x06tokens\x18\x02 \x03(\t\"o\n\x11\x44\x65tokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12 \n\x13skip_special_tokens\x18\x03 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_skip_special_tokens\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\":\n\x12LoadAdapterRequest\x12\x11\n\tlora_name\x18\x01 \x01(\t\x12\x11\n\tlora_path\x18\x02 \x01(\t\"=\n\x13LoadAdapterResponse\x12&\n\x05model\x18\x01 \x01(\x0b\x32\x17.tokenwire.v1.ModelInfo\")\n\x14UnloadAdapterRequest\x12\x11\n\tlora_name\x18\x01 \x01(\t\"\x17\n\x15UnloadAdapterResponse2\xc4\x04\n\x0cModelService\x12O\n\nListModels\x12\x1f.tokenwire.v1.ListModelsRequest\x1a .tokenwire.v1.ListModelsResponse\x12J\n\x0cGetModelInfo\x12!.tokenwire.v1.GetModelInfoRequest\x1a\x17.tokenwire.v1.ModelInfo\x12M\n\rGetServerInfo\x12\".tokenwire.v1.GetServerInfoRequest\x1a\x18.tokenwire.v1.ServerInfo\x12I\n\x08Tokenize\x12\x1d.tokenwire.v1.TokenizeRequest\x1a\x1e.tokenwire.v1.TokenizeResponse\x12O\n\nDetokenize\x12\x1f.tokenwire.v1.DetokenizeRequest\x1a .tokenwire.v1.DetokenizeResponse\x12R\n\x0bLoadAdapter\x12 .tokenwire.v1.LoadAdapterRequest\x1a!.tokenwire.v1.LoadAdapterResponse\x12X\n\rUnloadAdapter\x12\".tokenwire.v1.UnloadAdapterRequest\x1a#.tokenwire.v1.UnloadAdapterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,27 +39,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETMODELINFOREQUEST']._serialized_start=154
   _globals['_GETMODELINFOREQUEST']._serialized_end=190
   _globals['_MODELINFO']._serialized_start=193
-  _globals['_MODELINFO']._serialized_end=689
-  _globals['_GETSERVERINFOREQUEST']._serialized_start=691
-  _globals['_GETSERVERINFOREQUEST']._serialized_end=713
-  _globals['_SERVERINFO']._serialized_start=716
-  _globals['_SERVERINFO']._serialized_end=1022
-  _globals['_TOKENIZEREQUEST']._serialized_start=1025
-  _globals['_TOKENIZEREQUEST']._serialized_end=1166
-  _globals['_TOKENIZERESPONSE']._serialized_start=1168
-  _globals['_TOKENIZERESPONSE']._serialized_end=1221
-  _globals['_DETOKENIZEREQUEST']._serialized_start=1223
-  _globals['_DETOKENIZEREQUEST']._serialized_end=1334
-  _globals['_DETOKENIZERESPONSE']._serialized_start=1336
-  _globals['_DETOKENIZERESPONSE']._serialized_end=1370
-  _globals['_LOADADAPTERREQUEST']._serialized_start=1372
-  _globals['_LOADADAPTERREQUEST']._serialized_end=1430
-  _globals['_LOADADAPTERRESPONSE']._serialized_start=1432
-  _globals['_LOADADAPTERRESPONSE']._serialized_end=1493
-  _globals['_UNLOADADAPTERREQUEST']._serialized_start=1495
-  _globals['_UNLOADADAPTERREQUEST']._serialized_end=1536
-  _globals['_UNLOADADAPTERRESPONSE']._serialized_start=1538
-  _globals['_UNLOADADAPTERRESPONSE']._serialized_end=1561
-  _globals['_MODELSERVICE']._serialized_start=1564
-  _globals['_MODELSERVICE']._serialized_end=2144
+  _globals['_MODELINFO']._serialized_end=717
+  _globals['_GETSERVERINFOREQUEST']._serialized_start=719
+  _globals['_GETSERVERINFOREQUEST']._serialized_end=741
+  _globals['_SERVERINFO']._serialized_start=744
+  _globals['_SERVERINFO']._serialized_end=1050
+  _globals['_TOKENIZEREQUEST']._serialized_start=1053
+  _globals['_TOKENIZEREQUEST']._serialized_end=1194
+  _globals['_TOKENIZERESPONSE']._serialized_start=1196
+  _globals['_TOKENIZERESPONSE']._serialized_end=1249
+  _globals['_DETOKENIZEREQUEST']._serialized_start=1251
+  _globals['_DETOKENIZEREQUEST']._serialized_end=1362
+  _globals['_DETOKENIZERESPONSE']._serialized_start=1364
+  _globals['_DETOKENIZERESPONSE']._serialized_end=1398
+  _globals['_LOADADAPTERREQUEST']._serialized_start=1400
+  _globals['_LOADADAPTERREQUEST']._serialized_end=1458
+  _globals['_LOADADAPTERRESPONSE']._serialized_start=1460
+  _globals['_LOADADAPTERRESPONSE']._serialized_end=1521
+  _globals['_UNLOADADAPTERREQUEST']._serialized_start=1523
+  _globals['_UNLOADADAPTERREQUEST']._serialized_end=1564
+  _globals['_UNLOADADAPTERRESPONSE']._serialized_start=1566
+  _globals['_UNLOADADAPTERRESPONSE']._serialized_end=1589
+  _globals['_MODELSERVICE']._serialized_start=1592
+  _globals['_MODELSERVICE']._serialized_end=2172
 # @@protoc_insertion_point(module_scope)

@@ -24,7 +24,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "architecture", "max_context_tokens", "vocab_size", "eos_token_ids", "has_chat_template", "max_n", "max_stop_sequences", "max_logprobs", "dtype", "tensor_parallel_size", "quantization", "weight_bytes", "kv_cache_dtype", "parent", "default_sampling", "default_max_tokens", "task", "embedding_dimensions")
+    __slots__ = ("name", "architecture", "max_context_tokens", "vocab_size", "eos_token_ids", "has_chat_template", "max_n", "max_stop_sequences", "max_logprobs", "dtype", "tensor_parallel_size", "quantization", "weight_bytes", "kv_cache_dtype", "parent", "default_sampling", "default_max_tokens", "task", "embedding_dimensions", "kv_bytes_per_token")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class ModelInfo(_message.Message):
     DEFAULT_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     name: str
     architecture: str
     max_context_tokens: int
@@ -63,7 +64,8 @@ class ModelInfo(_message.Message):
     default_max_tokens: int
     task: str
     embedding_dimensions: int
-    def __init__(self, name: _Optional[str] = ..., architecture: _Optional[str] = ..., max_context_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., max_n: _Optional[int] = ..., max_stop_sequences: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., dtype: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., quantization: _Optional[str] = ..., weight_bytes: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., parent: _Optional[str] = ..., default_sampling: _Optional[_Union[_common_pb2.SamplingOptions, _Mapping]] = ..., default_max_tokens: _Optional[int] = ..., task: _Optional[str] = ..., embedding_dimensions: _Optional[int] = ...) -> None: ...
+    kv_bytes_per_token: int
+    def __init__(self, name: _Optional[str] = ..., architecture: _Optional[str] = ..., max_context_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., max_n: _Optional[int] = ..., max_stop_sequences: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., dtype: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., quantization: _Optional[str] = ..., weight_bytes: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., parent: _Optional[str] = ..., default_sampling: _Optional[_Union[_common_pb2.SamplingOptions, _Mapping]] = ..., default_max_tokens: _Optional[int] = ..., task: _Optional[str] = ..., embedding_dimensions: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ...) -> None: ...
 
 class GetServerInfoRequest(_message.Message):
     __slots__ = ()
