@@ -74,9 +74,9 @@ def fused_layers(
     K/V written to ``caches`` (k, v per layer, [blocks, block_size, Hkv, D] float32)."""
     out: torch.Tensor = torch.ops.tokenwire_vnni.fused_layers.default(
         hidden.contiguous(),
-        positions.to(torch.int64),
-        meta.slot_mapping[: hidden.shape[0]].to(torch.int64),
-        meta.query_start_loc.to(torch.int32),
+        positions.to(torch.int64).contiguous(),
+        meta.slot_mapping[: hidden.shape[0]].to(torch.int64).contiguous(),
+        meta.query_start_loc.to(torch.int32).contiguous(),
         meta.block_tables.to(torch.int32).contiguous(),
         cos_sin,
         list(stack.weights),

@@ -92,6 +92,9 @@ at::Tensor fused_layers(const at::Tensor& hidden, const at::Tensor& positions,
                   cos_sin.size(1) == dm.head_dim && dm.hidden % 32 == 0 && dm.inter % 32 == 0,
               "tokenwire_vnni::fused_layers: unsupported dims");
   const int64_t t_rows = dm.tokens, seqs = query_start_loc.size(0) - 1;
+  TORCH_CHECK(positions.is_contiguous() && slots.is_contiguous() && query_start_loc.is_contiguous() &&
+                  positions.numel() >= t_rows && slots.numel() >= t_rows,
+              "tokenwire_vnni::fused_layers: positions and slots must cover every row");
   const int32_t* qsl = query_start_loc.data_ptr<int32_t>();
   const int64_t* pos = positions.data_ptr<int64_t>();
   std::vector<int32_t> row_seq(t_rows, 0);
@@ -99,8 +102,7 @@ at::Tensor fused_layers(const at::Tensor& hidden, const at::Tensor& positions,
   for (int64_t s = 0; s < seqs; s++)
     for (int64_t t = qsl[s]; t < qsl[s + 1] && t < t_rows; t++) row_seq[t] = static_cast<int32_t>(s);
   for (int64_t t = 0; t < t_rows; t++) max_pos = std::max(max_pos, pos[t]);
-  TORCH_CHECK(positions.numel() >= t_rows && slots.numel() >= t_rows &&
-                  max_pos < dm.max_blocks * dm.block_size && max_pos < cos_sin.size(0),
+  TORCH_CHECK(max_pos < dm.max_blocks * dm.block_size && max_pos < cos_sin.size(0),
               "tokenwire_vnni::fused_layers: positions past the block tables or rotary table");
   std::vector<FusedLayer> stack;
   for (int64_t i = 0; i < layers; i++) stack.push_back(fused_layer_at(weights, caches, i, dm));
