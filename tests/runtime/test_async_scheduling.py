@@ -16,7 +16,7 @@ import pytest
 from embed_models import build_st_model
 from engine_checks import assert_llm_idle
 from peft_reference import write_adapter
-from step_overlap import overlapped, steps_of
+from step_overlap import overlapped, run_aborting_b, steps_of
 
 from tokenwire.runtime.core.kv_connector import OffloadingConnector
 from tokenwire.runtime.llm import LLM
@@ -273,18 +273,8 @@ def test_stop_strings(tiny_model_with_tokenizer: Path) -> None:
 def run_with_abort(model: Path, async_scheduling: bool) -> dict[str, list[int]]:
     """Three requests; after a few steps "b" is aborted, the rest run to the end."""
     llm = LLM(str(model), device="cpu", async_scheduling=async_scheduling)
-    engine = llm.engine
-    for rid, prompt in zip("abc", PROMPTS, strict=False):
-        engine.add_request(rid, prompt, greedy(max_tokens=16, ignore_eos=True))
-    tokens: dict[str, list[int]] = {rid: [] for rid in "abc"}
-    steps = 0
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            tokens[output.request_id].extend(output.new_token_ids)
-        steps += 1
-        if steps == 5:
-            engine.abort_requests(["b"])
-    kv = engine.kv_cache_manager
+    tokens = run_aborting_b(llm, PROMPTS, greedy(max_tokens=16, ignore_eos=True))
+    kv = llm.engine.kv_cache_manager
     kv.check_invariants(idle=True)
     assert kv.num_free_blocks == kv.num_blocks
     return tokens

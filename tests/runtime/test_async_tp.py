@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 from engine_checks import assert_llm_idle
-from step_overlap import overlapped, steps_of
+from step_overlap import overlapped, run_aborting_b, steps_of
 
 from tokenwire.runtime.executor.multiproc import MultiprocExecutor
 from tokenwire.runtime.llm import LLM
@@ -179,16 +179,7 @@ def run_with_abort(model: Path, async_scheduling: bool) -> dict[str, list[int]]:
     llm = tp2(model, async_scheduling)
     try:
         engine = llm.engine
-        for rid, prompt in zip("abc", PROMPTS, strict=False):
-            engine.add_request(rid, prompt, greedy(max_tokens=16, ignore_eos=True))
-        tokens: dict[str, list[int]] = {rid: [] for rid in "abc"}
-        steps = 0
-        while engine.has_unfinished_requests():
-            for output in engine.step():
-                tokens[output.request_id].extend(output.new_token_ids)
-            steps += 1
-            if steps == 5:
-                engine.abort_requests(["b"])
+        tokens = run_aborting_b(llm, PROMPTS, greedy(max_tokens=16, ignore_eos=True))
         assert_llm_idle(llm)
         # Abort everything with a step in flight: the engine drains it and is idle at once.
         for rid, prompt in zip("de", PROMPTS, strict=False):
