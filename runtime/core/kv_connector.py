@@ -50,12 +50,9 @@ def check_offloading_supported(config: EngineConfig) -> None:
     if not config.cache.kv_offloading_size:
         return
     spec = config.speculative_config
-    if config.parallel.tensor_parallel_size > 1 or (
-        spec is not None and spec.method == "draft_model"
-    ):
+    if spec is not None and spec.method == "draft_model":
         raise ValueError(
-            "--kv-offloading-size is not supported yet with --tensor-parallel-size > 1 or a "
-            "draft model (docs/kv-tiers.md)"
+            "--kv-offloading-size is not supported yet with a draft model (docs/kv-tiers.md)"
         )
 
 

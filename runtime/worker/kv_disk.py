@@ -50,8 +50,11 @@ def record_bytes(payload_bytes: int) -> int:
     return -(-(HEADER_BYTES + payload_bytes) // _ALIGN) * _ALIGN
 
 
-def disk_file(directory: str, rank: int) -> Path:
-    return Path(directory) / f"tokenwire-kv-tier.dp{rank}.bin"
+def disk_file(directory: str, rank: int, tp_rank: int = 0, tp_size: int = 1) -> Path:
+    """The file of data-parallel rank ``rank`` (and tensor-parallel rank ``tp_rank`` of
+    ``tp_size``: each holds its own shard of every record)."""
+    shard = f".tp{tp_rank}of{tp_size}" if tp_size > 1 else ""
+    return Path(directory) / f"tokenwire-kv-tier.dp{rank}{shard}.bin"
 
 
 class DiskStore:

@@ -53,14 +53,23 @@ def kv_block_bytes(kv_cache: KVCache) -> int:
 
 
 def make_offloader(
-    config: EngineConfig, kv_cache: KVCache, device: torch.device, model_path: str
+    config: EngineConfig,
+    kv_cache: KVCache,
+    device: torch.device,
+    model_path: str,
+    tp_rank: int = 0,
 ) -> KVOffloader | None:
     """The host tier's copy engine for ``--kv-offloading-size`` GiB (and the disk tier's file
-    for ``--kv-offloading-disk-path``); None when it is off."""
+    for ``--kv-offloading-disk-path``); None when it is off.
+
+    Tensor parallel: the sizes are for the whole group (vLLM's rule), each rank holds its
+    share of every block (its KV heads, the same bytes on every rank) in ``1/TP`` of them,
+    so every rank has the same number of slots and records; each rank has its own disk file."""
     cache = config.cache
     if not cache.kv_offloading_size or not cache.enable_prefix_caching:
         return None
-    per_block = kv_block_bytes(kv_cache)
+    ranks = config.parallel.tensor_parallel_size
+    per_block = kv_block_bytes(kv_cache) * ranks  # the whole group's bytes of one block
     num_slots = int(cache.kv_offloading_size * (1 << 30)) // per_block
     if num_slots < 1:
         raise ValueError(
@@ -69,11 +78,12 @@ def make_offloader(
         )
     disk = None
     if cache.kv_offloading_disk_path and cache.kv_offloading_disk_size:
-        num_records = int(cache.kv_offloading_disk_size * (1 << 30)) // record_bytes(per_block)
+        shard_record = record_bytes(per_block // ranks)
+        num_records = int(cache.kv_offloading_disk_size * (1 << 30)) // (shard_record * ranks)
         if num_records < 1:
             raise ValueError(
                 f"--kv-offloading-disk-size {cache.kv_offloading_disk_size} GiB holds no KV "
-                f"block ({record_bytes(per_block)} bytes each)"
+                f"block ({shard_record * ranks} bytes each)"
             )
         k = kv_cache.layers[0].k_cache
         model = config.model
@@ -82,8 +92,10 @@ def make_offloader(
             cache.block_size, cache.kv_cache_dtype, str(k.dtype), len(kv_cache.layers),
             tuple(k.shape[1:]),
         )  # fmt: skip
-        path = disk_file(cache.kv_offloading_disk_path, config.parallel.data_parallel_rank)
-        disk = DiskStore(path, num_records, per_block, fingerprint)
+        path = disk_file(
+            cache.kv_offloading_disk_path, config.parallel.data_parallel_rank, tp_rank, ranks
+        )
+        disk = DiskStore(path, num_records, per_block // ranks, fingerprint)
     return KVOffloader(kv_cache, num_slots, device, disk)
 
 
@@ -144,9 +156,9 @@ class KVOffloader:
         for load in loads:
             self._futures[load.load_id] = self._thread.submit(self._load, load, ready)
 
-    def finished(self, wait: bool) -> tuple[list[int], list[int]]:
-        """Ids of the loads finished since the last call (``wait``: block briefly for one),
-        and the device blocks among them whose disk record failed its checks."""
+    def finished(self, wait: bool) -> dict[int, list[int]]:
+        """The loads finished since the last call (``wait``: block briefly for one): load id
+        -> the device blocks whose disk record failed its checks."""
         for write in [w for w in self._writes if w.done()]:
             self._writes.remove(write)
             write.result()  # a bug in a write fails the step (I/O errors are only logged)
@@ -154,11 +166,10 @@ class KVOffloader:
         futures = self._futures
         if wait and futures and not done:
             cf.wait(futures.values(), timeout=IDLE_WAIT_S, return_when=cf.FIRST_COMPLETED)
-        failed: list[int] = []
+        finished: dict[int, list[int]] = {load_id: [] for load_id in done}
         for load_id in [load_id for load_id, f in futures.items() if f.done()]:
-            failed += futures.pop(load_id).result()  # a failed copy fails the step
-            done.append(load_id)
-        return done, failed
+            finished[load_id] = futures.pop(load_id).result()  # a failed copy fails the step
+        return finished
 
     def shutdown(self) -> None:
         if self._thread is not None:

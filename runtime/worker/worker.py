@@ -24,6 +24,7 @@ from tokenwire.runtime.structured.bitmask import GrammarBitmask
 from tokenwire.runtime.worker.cpu_tuning import keep_freed_memory
 from tokenwire.runtime.worker.encoder_runner import EncoderRunner
 from tokenwire.runtime.worker.kv_cache import kv_bytes_per_token
+from tokenwire.runtime.worker.kv_load_agreement import LoadAgreement
 from tokenwire.runtime.worker.kv_offload import KVOffloader, make_offloader
 from tokenwire.runtime.worker.model_runner import ModelRunner
 from tokenwire.runtime.worker.runner_settings import RunnerSettings
@@ -79,6 +80,7 @@ class Worker:
             self.loaded = load_encoder(config.model, device, dtype)
             self.runner = EncoderRunner(self.loaded, settings, device)
             self.offload = None  # no KV tensors: nothing to offload
+            self.loads = LoadAgreement(tp)
             return
         loaded = load_model(config.model, device, dtype, tp)
         self.loaded = loaded
@@ -88,7 +90,10 @@ class Worker:
             draft = load_draft_model(config.model, spec, loaded, tp)
         self.runner = ModelRunner(loaded, settings, device, tp=tp, draft=draft)
         # KV tiers: the host tier's copy engine (None: --kv-offloading-size is off).
-        self.offload = make_offloader(config, self.runner.kv_cache, device, str(loaded.model_path))
+        self.offload = make_offloader(
+            config, self.runner.kv_cache, device, str(loaded.model_path), tp.rank
+        )
+        self.loads = LoadAgreement(tp)
 
     @property
     def num_blocks(self) -> int:
@@ -105,8 +110,10 @@ class Worker:
         if plan is None or self.offload is None:
             return self._run(scheduler_output, late_bitmask)
         self.offload.start(plan)  # KV tiers: saves before the forward, loads start
+        self.loads.started(plan.loads)
         output = self._run(scheduler_output, late_bitmask)
-        done, failed = self.offload.finished(wait=scheduler_output.is_empty)
+        # Finished on every rank (tensor parallel: each copies its own shard).
+        done, failed = self.loads.agree(self.offload.finished(wait=scheduler_output.is_empty))
         if not done:
             return output
         return dataclasses.replace(output, kv_loads_done=done, kv_load_failed=failed)
@@ -138,6 +145,10 @@ class Worker:
             return 0
         return kv_bytes_per_token(self.loaded.arch, self.runner.kv_cache.dtype, self.tp.world_size)
 
+    def _group_block_bytes(self) -> int:
+        """Bytes of one host-tier block over the whole tensor-parallel group (0: no tier)."""
+        return 0 if self.offload is None else self.offload.block_bytes * self.tp.world_size
+
     def facts(self, num_blocks: int, weight_bytes: int | None = None) -> ModelFacts:
         loaded = self.loaded
         return ModelFacts(
@@ -157,7 +168,7 @@ class Worker:
             embed=loaded.embed,
             encoder=isinstance(loaded, LoadedEncoder),
             num_offload_blocks=0 if self.offload is None else self.offload.num_slots,
-            kv_block_bytes=0 if self.offload is None else self.offload.block_bytes,
+            kv_block_bytes=self._group_block_bytes(),
             num_disk_blocks=0 if self.offload is None else self.offload.num_disk_slots,
             disk_entries=() if self.offload is None else tuple(self.offload.disk_entries),
         )

@@ -125,10 +125,14 @@ def test_off_by_default_changes_nothing(model_dir: Path) -> None:
 def test_flag_is_validated_and_named() -> None:
     with pytest.raises(ValueError, match="--kv-offloading-size"):
         EngineArgs(kv_offloading_size=-1.0).create_engine_config()
-    with pytest.raises(ValueError, match="--kv-offloading-size"):
+    draft = {"method": "draft_model", "model": "/draft", "num_speculative_tokens": 2}
+    with pytest.raises(ValueError, match=r"--kv-offloading-size .* draft model"):
         check_offloading_supported(
-            EngineArgs(kv_offloading_size=2.0, tensor_parallel_size=2).create_engine_config()
+            EngineArgs(kv_offloading_size=2.0, speculative_config=draft).create_engine_config()
         )
+    check_offloading_supported(  # tensor parallel: each rank moves its own shard
+        EngineArgs(kv_offloading_size=2.0, tensor_parallel_size=2).create_engine_config()
+    )
     assert EngineArgs(kv_offloading_size=0.5).create_engine_config().cache.kv_offloading_size == 0.5
 
 
