@@ -150,7 +150,7 @@ class ModelRunner:
                 new.num_computed_tokens,
                 new.lora_request,
             )
-            add_images(self.images, new.request_id, new.images)
+            add_images(self.images, new.request_id, new.images, len(new.prompt_token_ids))
         cached = so.cached_reqs
         requests, batch = self.requests, self.batch
         for request_id, resumed, new_block_ids, num_computed in zip(
@@ -237,8 +237,10 @@ class ModelRunner:
             write_drafts(self.batch, states, drafts)
         arrays = self.batch.build(rows, query_lens, num_decodes)
         self.batch.num_computed[rows] += query_lens  # after this step's forward
-        embeds, spans = self.images.step_inputs(states, arrays) if self.images else (None, ())
-        t1, hidden = self._forward(arrays, embeds, spans)
+        embeds, spans, mrope = (
+            self.images.step_inputs(states, arrays) if self.images is not None else (None, (), None)
+        )
+        t1, hidden = self._forward(arrays, embeds, spans, mrope)
         if drafts:
             t2, prompt_lps, out = self._verify(so, drafts, states, rows, arrays, hidden)
             pooled: dict[str, list[float]] = {}
@@ -266,17 +268,18 @@ class ModelRunner:
         )
 
     def _forward(
-        self, arrays: StepArrays, embeds: Tensor | None, spans: ImageSpans
+        self, arrays: StepArrays, embeds: Tensor | None, spans: ImageSpans, mrope: np.ndarray | None
     ) -> tuple[float, Tensor]:
         """(forward start time, hidden states): graph replay or eager on CUDA, else eager;
-        ``embeds`` (image features placed) and ``spans`` (``image_embeds``) run eagerly."""
+        ``embeds`` (image features placed), ``spans`` and ``mrope`` (3D positions [3, T] of
+        an M-RoPE model; ``image_embeds``) run eagerly."""
         if self._cuda is not None:
             t1 = time.perf_counter()
-            return t1, self._cuda.forward(arrays, embeds, spans)  # graph replay or eager
+            return t1, self._cuda.forward(arrays, embeds, spans, mrope)  # replay or eager
         inputs = self.inputs
         meta = inputs.metadata(arrays, spans)
         input_ids = inputs.to_device(arrays.input_ids)
-        positions = inputs.to_device(arrays.positions)
+        positions = inputs.to_device(arrays.positions if mrope is None else mrope)
         t1 = time.perf_counter()
         if self._compiled is not None and embeds is None:
             return t1, self._compiled.forward(input_ids, positions, meta)
