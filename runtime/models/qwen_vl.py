@@ -3,12 +3,12 @@
 patch features replace the ``<|image_pad|>`` run of each image, and a Qwen2 language model
 rotated with M-RoPE (``models.mrope``).
 
-The vision side is transformers' own module (``visual``: ``Qwen2_5_VisionTransformerPretrainedModel``
-with its window attention, 2D rotary and patch merger, or Qwen2-VL's
-``Qwen2VisionTransformerPretrainedModel``), run over the concatenated patches of a step's
-images with their ``grid_thw`` and split per image, as HF's ``get_image_features``. Everything
-else (the encoder held outside the module tree, both checkpoint layouts, the encoder
-replicated under TP) is the LLaVA base's (``models.llava``).
+The vision side is transformers' own module (``visual``:
+``Qwen2_5_VisionTransformerPretrainedModel`` with its window attention, 2D rotary and patch
+merger, or Qwen2-VL's ``Qwen2VisionTransformerPretrainedModel``), run over the concatenated
+patches of a step's images with their ``grid_thw`` and split per image, as HF's
+``get_image_features``. Everything else (the encoder held outside the module tree, both
+checkpoint layouts, the encoder replicated under TP) is the LLaVA base's (``models.llava``).
 
 The forward takes 3D positions [3, T] (the executor's ``worker.mrope_inputs``): each layer
 rotates with the step's gathered rotary rows (``mrope_table``) at positions ``0..T-1``. The
@@ -47,15 +47,13 @@ class QwenVisionEncoder(nn.Module):
 
     def __init__(self, hf_config: Any) -> None:
         super().__init__()
+        from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
+        from transformers.models.qwen2_vl import modeling_qwen2_vl
+
+        tower: Any = modeling_qwen2_vl.Qwen2VisionTransformerPretrainedModel
         if hf_config.model_type == "qwen2_5_vl":
-            from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
-                Qwen2_5_VisionTransformerPretrainedModel as Tower,
-            )
-        else:
-            from transformers.models.qwen2_vl.modeling_qwen2_vl import (
-                Qwen2VisionTransformerPretrainedModel as Tower,
-            )
-        self.visual = Tower._from_config(hf_config.vision_config)
+            tower = modeling_qwen2_5_vl.Qwen2_5_VisionTransformerPretrainedModel
+        self.visual = tower._from_config(hf_config.vision_config)
         self.merge = int(hf_config.vision_config.spatial_merge_size)
 
     def forward(self, patches: torch.Tensor, grid_thw: torch.Tensor) -> list[torch.Tensor]:
@@ -91,7 +89,8 @@ class QwenVLForConditionalGeneration(LlavaForConditionalGeneration):
         weight = self.model.embed_tokens.weight
         patches = torch.from_numpy(np.concatenate([image.pixel_values for image in images]))
         grid_thw = torch.tensor(grids, dtype=torch.long, device=weight.device)
-        features: list[torch.Tensor] = self.vision(patches.to(weight.device, weight.dtype), grid_thw)
+        pixels = patches.to(weight.device, weight.dtype)
+        features: list[torch.Tensor] = self.vision(pixels, grid_thw)
         return [f.clone() for f in features]
 
     def forward(
@@ -132,6 +131,7 @@ def build_qwen_vl(
     arch.check_tensor_parallel(tp.world_size)
     spec, hf_config = qwen_vl_spec(config), hf_qwen_vl_config(config)
     with torch.device(device):
-        model = QwenVLForConditionalGeneration(arch, spec, hf_config, max_position, dtype, tp, quant)
+        model = QwenVLForConditionalGeneration(
+            arch, spec, hf_config, max_position, dtype, tp, quant
+        )
     return model.eval()
-

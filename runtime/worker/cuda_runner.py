@@ -133,7 +133,5 @@ class CudaGraphRunner:
             seq_lens_np=arrays.seq_lens,
             image_spans=spans,
         )
-        hidden: torch.Tensor = self.model(
-            inputs.input_ids, positions, self.kv_layers, meta, embeds
-        )
+        hidden: torch.Tensor = self.model(inputs.input_ids, positions, self.kv_layers, meta, embeds)
         return hidden

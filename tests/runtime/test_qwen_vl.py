@@ -1,10 +1,10 @@
-"""Qwen2.5-VL (dynamic-resolution vision transformer + Qwen2 text model with M-RoPE) in the
-offline engine: greedy tokens and chosen-token logprobs (1e-3) equal HF ``generate()`` (CPU,
-float32, with ``mm_token_type_ids``: HF's 3D positions) on a tiny random checkpoint saved
-with ``save_pretrained`` and loaded by path, with synthetic images of two sizes (12 and 30
-placeholder tokens); one and two images per prompt, batched with a text-only prompt, whole
-and under chunked prefill that splits image runs (the runs attend causally, so a chunk may
-end inside one); a prefix-cache hit on a shared image; preemption and recompute, and async
+"""Qwen2.5-VL and Qwen2-VL (dynamic-resolution vision transformer + Qwen2 text model with M-RoPE)
+in the offline engine: greedy tokens and chosen-token logprobs (1e-3) equal HF ``generate()``
+(CPU, float32, with ``mm_token_type_ids``: HF's 3D positions) on a tiny random checkpoint
+saved with ``save_pretrained`` and loaded by path, with synthetic images of two sizes (12 and
+30 placeholder tokens); one and two images per prompt, batched with a text-only prompt, whole
+and under chunked prefill that splits image runs (the runs attend causally, so a chunk may end
+inside one); a prefix-cache hit on a shared image; preemption and recompute, and async
 scheduling, whose decode positions are text position + the request's rope delta."""
 
 from __future__ import annotations
@@ -43,9 +43,11 @@ CASES: list[Case] = [
 ]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_qwen_vl(tmp_path_factory.mktemp("qwen2_5_vl"))
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen2_vl"])
+def model_dir(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """Qwen2.5-VL (window attention in the tower) and Qwen2-VL (full attention)."""
+    name = request.param
+    return save_tiny_qwen_vl(tmp_path_factory.mktemp(name), qwen2_5=name == "qwen2_5_vl")
 
 
 def _expand(token_ids: list[int], images: list[Image.Image]) -> list[int]:

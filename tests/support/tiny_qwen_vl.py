@@ -49,7 +49,7 @@ def save_tiny_qwen_vl(path: Path, qwen2_5: bool = True, vocab_size: int = 128) -
         config: Any = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **tokens)
         cls: Any = Qwen2_5_VLForConditionalGeneration
     else:
-        vision |= {"mlp_ratio": 2.0}
+        vision |= {"mlp_ratio": 2, "hidden_size": 64}  # Qwen2-VL: the merger's output
         config = Qwen2VLConfig(text_config=text, vision_config=vision, **tokens)
         cls = Qwen2VLForConditionalGeneration
     config.tie_word_embeddings = False
