@@ -49,6 +49,9 @@ class ImageTokens:
     bidirectional: bool = False  # the run's rows see the whole run during prefill (Gemma 3)
     # Text a chat render puts on each side of the marker (Gemma 3's processor: "\n\n").
     chat_text_around: str = ""
+    # Token ids a chat render puts before and after the marker (Qwen-VL's chat template:
+    # <|vision_start|> and <|vision_end|>); prompt token ids a caller gives hold them or not.
+    chat_tokens_around: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
     # Dynamic resolution (Qwen-VL): the run is the image's patches over this merge size
     # squared (``run`` unused), and the processor's patches carry their grid. 0: fixed runs.
     merge_size: int = 0
@@ -69,7 +72,10 @@ class ImageTokens:
         if is_qwen_vl(config):
             qwen = qwen_vl_spec(config)
             token = qwen.image_token_index
-            return cls(token, token, 0, merge_size=qwen.spatial_merge_size)
+            around = ((qwen.vision_start_token_index,), (qwen.vision_end_token_index,))
+            return cls(
+                token, token, 0, chat_tokens_around=around, merge_size=qwen.spatial_merge_size
+            )
         return None
 
 

@@ -22,6 +22,7 @@ class QwenVLSpec:
     architecture: str  # QWEN2_VL or QWEN2_5_VL
     image_token_index: int  # <|image_pad|>: the placeholder the features fill
     vision_start_token_index: int  # <|vision_start|>, text before each image's run
+    vision_end_token_index: int  # <|vision_end|>, text after it
     spatial_merge_size: int  # patches merged per feature along each side
     mrope_section: tuple[int, int, int]  # rotary frequencies per (temporal, height, width)
 
@@ -65,6 +66,7 @@ def qwen_vl_spec(config: Mapping[str, Any]) -> QwenVLSpec:
         architecture=str(qwen_vl_architecture(config)),
         image_token_index=int(hf.image_token_id),
         vision_start_token_index=int(hf.vision_start_token_id),
+        vision_end_token_index=int(hf.vision_end_token_id),
         spatial_merge_size=int(hf.vision_config.spatial_merge_size),
         mrope_section=(int(section[0]), int(section[1]), int(section[2])),
     )

@@ -26,8 +26,14 @@ VIDEO_TOKEN = 103
 MERGED_PIXELS = 8  # patch 4 x merge 2: one placeholder per 8 x 8 pixels
 
 
-def save_tiny_qwen_vl(path: Path, qwen2_5: bool = True, vocab_size: int = 128) -> Path:
-    """The checkpoint and its image processor in ``path`` (no tokenizer: callers add theirs)."""
+def save_tiny_qwen_vl(
+    path: Path,
+    qwen2_5: bool = True,
+    vocab_size: int = 128,
+    tokens: tuple[int, int, int, int] = (IMAGE_TOKEN, VISION_START, VISION_END, VIDEO_TOKEN),
+) -> Path:
+    """The checkpoint and its image processor in ``path`` (no tokenizer: callers add theirs);
+    ``tokens``: the image, vision start, vision end and video token ids."""
     text: dict[str, Any] = {
         "vocab_size": vocab_size, "hidden_size": 64, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -40,17 +46,17 @@ def save_tiny_qwen_vl(path: Path, qwen2_5: bool = True, vocab_size: int = 128) -
         "num_heads": 2, "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2,
         "in_channels": 3,
     }  # fmt: skip
-    tokens = {
-        "image_token_id": IMAGE_TOKEN, "video_token_id": VIDEO_TOKEN,
-        "vision_start_token_id": VISION_START, "vision_end_token_id": VISION_END,
-    }  # fmt: skip
+    ids = dict(
+        zip(["image_token_id", "vision_start_token_id", "vision_end_token_id", "video_token_id"],
+            tokens, strict=True)
+    )  # fmt: skip
     if qwen2_5:
         vision |= {"window_size": 16, "fullatt_block_indexes": [1], "out_hidden_size": 64}
-        config: Any = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **tokens)
+        config: Any = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids)
         cls: Any = Qwen2_5_VLForConditionalGeneration
     else:
         vision |= {"mlp_ratio": 2, "hidden_size": 64}  # Qwen2-VL: the merger's output
-        config = Qwen2VLConfig(text_config=text, vision_config=vision, **tokens)
+        config = Qwen2VLConfig(text_config=text, vision_config=vision, **ids)
         cls = Qwen2VLForConditionalGeneration
     config.tie_word_embeddings = False
     torch.manual_seed(0)
