@@ -55,6 +55,8 @@ from tokenwire.runtime.worker.sample_rows import RowSampler, StepTokens, sample_
 from tokenwire.runtime.worker.spec.verify_step import plan_verify, verify_rows, write_drafts
 
 _SINGLE = TPGroup.single()  # immutable: the default group of one
+# No image request: no embeddings or spans; 1D positions (M-RoPE's text rows: the same).
+_NO_IMAGES: tuple[None, ImageSpans, None] = (None, (), None)
 
 
 class ModelRunner:
@@ -237,9 +239,8 @@ class ModelRunner:
             write_drafts(self.batch, states, drafts)
         arrays = self.batch.build(rows, query_lens, num_decodes)
         self.batch.num_computed[rows] += query_lens  # after this step's forward
-        embeds, spans, mrope = (
-            self.images.step_inputs(states, arrays) if self.images is not None else (None, (), None)
-        )
+        images = self.images.step_inputs(states, arrays) if self.images else _NO_IMAGES
+        embeds, spans, mrope = images
         t1, hidden = self._forward(arrays, embeds, spans, mrope)
         if drafts:
             t2, prompt_lps, out = self._verify(so, drafts, states, rows, arrays, hidden)
@@ -271,8 +272,7 @@ class ModelRunner:
         self, arrays: StepArrays, embeds: Tensor | None, spans: ImageSpans, mrope: np.ndarray | None
     ) -> tuple[float, Tensor]:
         """(forward start time, hidden states): graph replay or eager on CUDA, else eager;
-        ``embeds`` (image features placed), ``spans`` and ``mrope`` (3D positions [3, T] of
-        an M-RoPE model; ``image_embeds``) run eagerly."""
+        ``embeds``, ``spans`` and ``mrope`` (M-RoPE's [3, T]; ``image_embeds``) run eagerly."""
         if self._cuda is not None:
             t1 = time.perf_counter()
             return t1, self._cuda.forward(arrays, embeds, spans, mrope)  # replay or eager
