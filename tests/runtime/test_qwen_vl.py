@@ -5,7 +5,7 @@ saved with ``save_pretrained`` and loaded by path, with synthetic images of two 
 30 placeholder tokens); one and two images per prompt, batched with a text-only prompt, whole
 and under chunked prefill that splits image runs (the runs attend causally, so a chunk may end
 inside one); a prefix-cache hit on a shared image; preemption and recompute, and async
-scheduling, whose decode positions are text position + the request's rope delta."""
+scheduling, whose decode positions are text position + the request's rope delta; TP=2."""
 
 from __future__ import annotations
 
@@ -186,3 +186,14 @@ def test_preemption_and_async_scheduling_keep_positions(
         _assert_matches(_result(output), _hf(model_dir, case, new_tokens))
     assert sum(s.num_preemptions for s in recorder.steps) > 0
     assert_llm_idle(llm)
+
+
+def test_tensor_parallel_two_ranks_match_hf(model_dir: Path, expected: list[Result]) -> None:
+    """TP=2 (the encoder replicated on each rank, every rank laying out the same M-RoPE
+    positions): the batch of one image, two images and text equals HF, chunked inside runs."""
+    with LLM(
+        str(model_dir), device="cpu", tensor_parallel_size=2, max_num_batched_tokens=24
+    ) as llm:
+        for output, want in zip(_generate(llm, CASES), expected, strict=True):
+            _assert_matches(_result(output), want)
+        assert_llm_idle(llm)
