@@ -143,6 +143,12 @@ class ImagePrompter:
         grids = [(int(t), int(h), int(w)) for t, h, w in np.asarray(out["image_grid_thw"])]
         patches = np.asarray(out["pixel_values"], dtype=np.float32)
         ends = np.cumsum([t * h * w for t, h, w in grids])
+        if len(grids) != len(images) or int(ends[-1]) != patches.shape[0]:
+            raise ParameterError(
+                _PARAM,
+                f"the image processor made {patches.shape[0]} patches on {len(grids)} grids "
+                f"for {len(images)} images",
+            )
         pieces = np.split(patches, ends[:-1])
         return [(piece, grid) for piece, grid in zip(pieces, grids, strict=True)]
 
