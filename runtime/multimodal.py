@@ -32,15 +32,20 @@ class ImageInput:
     # attention): a step never computes part of the run (``core.encoder_cache``), and the
     # executor hands the run to the attention (``AttentionMetadata.image_spans``).
     bidirectional: bool = False
+    # Dynamic-resolution models (Qwen-VL): the image's patch grid (temporal, height, width)
+    # as the image processor made it (``image_grid_thw``); ``pixel_values`` are then its
+    # flattened patches [patches, features]. None: a fixed-size image.
+    grid_thw: tuple[int, int, int] | None = None
 
     @property
     def end(self) -> int:
         return self.offset + self.length
 
 
-def pixel_hash(pixel_values: np.ndarray) -> str:
-    """Content hash of processed pixels: dtype, shape and bytes."""
-    digest = hashlib.sha256(f"{pixel_values.dtype}:{pixel_values.shape}".encode())
+def pixel_hash(pixel_values: np.ndarray, extra: str = "") -> str:
+    """Content hash of processed pixels: dtype, shape, bytes (and ``extra``: a patch grid)."""
+    head = f"{pixel_values.dtype}:{pixel_values.shape}" + (f":{extra}" if extra else "")
+    digest = hashlib.sha256(head.encode())
     digest.update(np.ascontiguousarray(pixel_values).tobytes())
     return digest.hexdigest()
 

@@ -8,7 +8,8 @@ image token, exactly where its part stood, and the model's ``ImagePrompter`` the
 into the image's run of placeholders and processes the pixels (transformers' image
 processor). Every step is blocking (decode, template, tokenizer, image processor): callers run
 ``render_chat_images`` on a thread, never on an event loop. A model without an image processor
-refuses images, naming the first image's part.
+refuses images, naming the first image's part. A model whose chat template puts tokens around
+an image (Qwen-VL's ``<|vision_start|>`` and ``<|vision_end|>``) gets them around each marker.
 """
 
 from __future__ import annotations
@@ -90,4 +91,16 @@ def render_chat_images(
         template_kwargs=template_kwargs,
         image=(marker, prompter.spec.marker),
     )
-    return prompter.expand(ids, decoded)
+    return prompter.expand(_tokens_around(ids, prompter), decoded)
+
+
+def _tokens_around(ids: list[int], prompter: ImagePrompter) -> list[int]:
+    """Each image marker token between the chat's tokens around it (Qwen-VL's
+    ``<|vision_start|>``, ``<|vision_end|>``)."""
+    before, after = prompter.spec.chat_tokens_around
+    if not before and not after:
+        return ids
+    out: list[int] = []
+    for t in ids:
+        out.extend([*before, t, *after] if t == prompter.spec.marker else [t])
+    return out

@@ -9,9 +9,12 @@ the run of placeholder tokens the image's features fill (``ImageTokens``): LLaVA
 ``LlavaProcessor`` expands it); Gemma 3's ``<start_of_image>`` becomes itself,
 ``mm_tokens_per_image`` image tokens and ``<end_of_image>`` (``Gemma3Processor``'s
 ``full_image_sequence``; the two blank lines it adds on each side are text, which a chat
-render adds, ``chat_text_around``, and token ids a caller gives hold or not). The result is
-the expanded token ids and one ``ImageInput`` per image (position, run length, pixels,
-content hash, whether its rows attend bidirectionally).
+render adds, ``chat_text_around``, and token ids a caller gives hold or not); Qwen-VL's
+``<|image_pad|>`` becomes one pad per merged patch of that image (dynamic resolution: the
+run's length follows the image's size, ``Qwen2VLProcessor``; the ``<|vision_start|>`` and
+``<|vision_end|>`` around it are the prompt's). The result is the expanded token ids and one
+``ImageInput`` per image (position, run length, pixels, content hash, whether its rows attend
+bidirectionally, the patch grid of a dynamic-resolution image).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.models.gemma3_mm_config import gemma3_mm_spec, is_gemma3_mm
 from tokenwire.runtime.models.llava_config import is_llava, llava_spec
+from tokenwire.runtime.models.qwen_vl_config import is_qwen_vl, qwen_vl_spec
 from tokenwire.runtime.multimodal import ImageInput, pixel_hash
 
 _PARAM = "multi_modal_data"
@@ -45,6 +49,12 @@ class ImageTokens:
     bidirectional: bool = False  # the run's rows see the whole run during prefill (Gemma 3)
     # Text a chat render puts on each side of the marker (Gemma 3's processor: "\n\n").
     chat_text_around: str = ""
+    # Token ids a chat render puts before and after the marker (Qwen-VL's chat template:
+    # <|vision_start|> and <|vision_end|>); prompt token ids a caller gives hold them or not.
+    chat_tokens_around: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+    # Dynamic resolution (Qwen-VL): the run is the image's patches over this merge size
+    # squared (``run`` unused), and the processor's patches carry their grid. 0: fixed runs.
+    merge_size: int = 0
 
     @classmethod
     def of_config(cls, config: dict[str, Any]) -> ImageTokens | None:
@@ -59,6 +69,13 @@ class ImageTokens:
                 (gemma.boi_token_index,), (gemma.eoi_token_index,), bidirectional=True,
                 chat_text_around="\n\n",
             )  # fmt: skip
+        if is_qwen_vl(config):
+            qwen = qwen_vl_spec(config)
+            token = qwen.image_token_index
+            around = ((qwen.vision_start_token_index,), (qwen.vision_end_token_index,))
+            return cls(
+                token, token, 0, chat_tokens_around=around, merge_size=qwen.spatial_merge_size
+            )
         return None
 
 
@@ -95,31 +112,55 @@ class ImagePrompter:
             )
         if not images:
             return list(token_ids), ()
-        pixels = self.pixel_values(images)
+        arrays = self.image_arrays(images)
         expanded: list[int] = []
         inputs: list[ImageInput] = []
         for t in token_ids:
             if t != token:
                 expanded.append(t)
                 continue
-            image_pixels = pixels[len(inputs)]
+            pixels, grid = arrays[len(inputs)]
+            run = spec.run if grid is None else grid[0] * grid[1] * grid[2] // spec.merge_size**2
             expanded.extend(spec.prefix)
             inputs.append(
                 ImageInput(
-                    len(expanded), spec.run, pixel_hash(image_pixels), image_pixels,
-                    spec.bidirectional,
+                    len(expanded), run, pixel_hash(pixels, "" if grid is None else str(grid)),
+                    pixels, spec.bidirectional, grid,
                 )
             )  # fmt: skip
-            expanded.extend([spec.token] * spec.run)
+            expanded.extend([spec.token] * run)
             expanded.extend(spec.suffix)
         return expanded, tuple(inputs)
 
-    def pixel_values(self, images: Sequence[Any]) -> np.ndarray:
-        """[images, channels, height, width] float32, as the image processor makes them."""
+    def image_arrays(
+        self, images: Sequence[Any]
+    ) -> list[tuple[np.ndarray, tuple[int, int, int] | None]]:
+        """Each image's processed pixels and patch grid: [channels, height, width] and None,
+        or (dynamic resolution) its flattened patches [patches, features] and (t, h, w)."""
+        if not self.spec.merge_size:
+            return [(pixels, None) for pixels in self.pixel_values(images)]
+        out = self._process(images)
+        grids = [(int(t), int(h), int(w)) for t, h, w in np.asarray(out["image_grid_thw"])]
+        patches = np.asarray(out["pixel_values"], dtype=np.float32)
+        ends = np.cumsum([t * h * w for t, h, w in grids])
+        if len(grids) != len(images) or int(ends[-1]) != patches.shape[0]:
+            raise ParameterError(
+                _PARAM,
+                f"the image processor made {patches.shape[0]} patches on {len(grids)} grids "
+                f"for {len(images)} images",
+            )
+        pieces = np.split(patches, ends[:-1])
+        return [(piece, grid) for piece, grid in zip(pieces, grids, strict=True)]
+
+    def _process(self, images: Sequence[Any]) -> Any:
         try:
-            out = self.processor(images=list(images), return_tensors="np")
+            return self.processor(images=list(images), return_tensors="np")
         except (TypeError, ValueError) as exc:
             raise ParameterError(_PARAM, f"the image processor refused an image: {exc}") from exc
+
+    def pixel_values(self, images: Sequence[Any]) -> np.ndarray:
+        """[images, channels, height, width] float32, as the image processor makes them."""
+        out = self._process(images)
         pixels = np.asarray(out["pixel_values"], dtype=np.float32)
         if pixels.shape[0] != len(images):  # e.g. Gemma 3's pan-and-scan crops
             raise ParameterError(

@@ -73,6 +73,8 @@ from tokenwire.runtime.models.layers.quant.registry import resolve_quant_config
 from tokenwire.runtime.models.llama import LlamaForCausalLM, LogitsKind, build_model
 from tokenwire.runtime.models.llava import build_llava
 from tokenwire.runtime.models.llava_config import is_llava, llava_text_config
+from tokenwire.runtime.models.qwen_vl import build_qwen_vl
+from tokenwire.runtime.models.qwen_vl_config import is_qwen_vl, qwen_vl_text_config
 from tokenwire.runtime.models.weights import SafetensorsWeight, WeightSource
 from tokenwire.runtime.pooling_params import EmbedSpec
 
@@ -113,7 +115,7 @@ def _decoder_config(config: dict[str, Any]) -> dict[str, Any]:
         return llava_text_config(config)
     if is_gemma3_mm(config):
         return gemma3_text_config(config)
-    return config
+    return qwen_vl_text_config(config) if is_qwen_vl(config) else config
 
 
 def load_model(
@@ -158,6 +160,8 @@ def load_model(
         model = build_llava(config, arch, device, dtype, max_model_len, tp, quant)
     elif gemma3_mm:
         model = build_gemma3_mm(config, arch, device, dtype, max_model_len, tp, quant)
+    elif is_qwen_vl(config):
+        model = build_qwen_vl(config, arch, device, dtype, max_model_len, tp, quant)
     else:
         model = build_model(arch, device, dtype, max_position=max_model_len, tp=tp, quant=quant)
     if dummy:

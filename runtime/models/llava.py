@@ -18,9 +18,10 @@ placeholder rows and passes ``inputs_embeds`` to the forward (``worker.image_emb
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -34,6 +35,7 @@ from tokenwire.runtime.models.llava_config import (
     llava_spec,
 )
 from tokenwire.runtime.models.weights import WeightSource, as_weight_source
+from tokenwire.runtime.multimodal import ImageInput
 
 _SINGLE = TPGroup.single()  # immutable: the default group of one
 _VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
@@ -81,6 +83,8 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
     # Gemma 3: the rows of one image's placeholder run see each other (HF's token_type_ids
     # mask); LLaVA: plain causal attention.
     bidirectional_images: bool = False
+    # Checkpoint names (past a leading "model.") of the vision side's tensors.
+    vision_prefixes: tuple[str, ...] = _VISION_PREFIXES
 
     def __init__(
         self,
@@ -120,6 +124,19 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         features: torch.Tensor = self.vision(pixel_values.to(weight.device, weight.dtype))
         return features
 
+    def encode_image_inputs(self, images: Sequence[ImageInput]) -> list[torch.Tensor]:
+        """Each image's features [tokens, hidden]: one vision-tower batch per pixel shape."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, image in enumerate(images):
+            groups.setdefault(tuple(image.pixel_values.shape), []).append(i)
+        out: list[torch.Tensor] = [torch.empty(0)] * len(images)
+        for members in groups.values():
+            pixels = np.stack([images[i].pixel_values for i in members])
+            features = self.encode_images(torch.from_numpy(pixels))
+            for i, row in zip(members, features, strict=True):
+                out[i] = row.clone()  # not a view of the batch
+        return out
+
     @property
     def arch_name(self) -> str:
         return LLAVA
@@ -131,7 +148,7 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         Both HF layouts load: ``language_model.model.*`` (saved by transformers < 4.52 and
         by ``save_pretrained`` today) and ``model.language_model.*``."""
         vision: dict[str, torch.Tensor] = {}
-        super().load_weights(_language_weights(weights, vision))
+        super().load_weights(_language_weights(weights, vision, self.vision_prefixes))
         missing, unexpected = self.vision.load_state_dict(vision, strict=False)
         missing = [m for m in missing if not m.endswith("position_ids")]
         if missing or unexpected:
@@ -142,13 +159,15 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
 
 
 def _language_weights(
-    weights: Iterable[tuple[str, torch.Tensor | WeightSource]], vision: dict[str, torch.Tensor]
+    weights: Iterable[tuple[str, torch.Tensor | WeightSource]],
+    vision: dict[str, torch.Tensor],
+    prefixes: tuple[str, ...],
 ) -> Iterator[tuple[str, torch.Tensor | WeightSource]]:
     """Yield the language model's tensors renamed to ``LlamaForCausalLM``'s names; read the
     vision tensors into ``vision`` (by ``VisionEncoder`` name)."""
     for name, weight in weights:
         short = name.removeprefix("model.") if name.startswith("model.") else name
-        if short.startswith(_VISION_PREFIXES):
+        if short.startswith(prefixes):
             vision[short] = as_weight_source(weight).read()
         elif short.startswith("language_model.model."):
             yield "model." + short.removeprefix("language_model.model."), weight

@@ -11,6 +11,7 @@ sampler's read of the sampled ids.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from tokenwire.kernels.attention_metadata import AttentionMetadata, ImageSpans
@@ -93,24 +94,30 @@ class CudaGraphRunner:
         arrays: StepArrays,
         embeds: torch.Tensor | None = None,
         spans: ImageSpans = (),
+        mrope: np.ndarray | None = None,
     ) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] of one step (graph replay or eager);
         ``embeds``: the step's input embeddings (image features placed), run eagerly, as do
-        steps with bidirectional image runs (``spans``, ``AttentionMetadata.image_spans``)."""
+        steps with bidirectional image runs (``spans``, ``AttentionMetadata.image_spans``)
+        and M-RoPE steps (``mrope``: their 3D positions [3, T])."""
         graphs = self.graphs
-        if graphs is not None and embeds is None and not spans:
+        if graphs is not None and embeds is None and not spans and mrope is None:
             bucket = decode_bucket(arrays, graphs.buckets)
             if bucket is not None:
                 return graphs.replay(self.staging, arrays, bucket)
-        return self._eager(arrays, embeds, spans)
+        return self._eager(arrays, embeds, spans, mrope)
 
     def _eager(
         self,
         arrays: StepArrays,
         embeds: torch.Tensor | None = None,
         spans: ImageSpans = (),
+        mrope: np.ndarray | None = None,
     ) -> torch.Tensor:
         inputs = self.staging.upload(arrays)
+        positions = inputs.positions
+        if mrope is not None:
+            positions = torch.from_numpy(mrope).to(positions.device, non_blocking=True)
         meta = AttentionMetadata(
             num_tokens=len(arrays.input_ids),
             num_seqs=len(arrays.seq_lens),
@@ -126,7 +133,5 @@ class CudaGraphRunner:
             seq_lens_np=arrays.seq_lens,
             image_spans=spans,
         )
-        hidden: torch.Tensor = self.model(
-            inputs.input_ids, inputs.positions, self.kv_layers, meta, embeds
-        )
+        hidden: torch.Tensor = self.model(inputs.input_ids, positions, self.kv_layers, meta, embeds)
         return hidden

@@ -24,8 +24,10 @@ import torch
 from tokenwire.kernels.attention_metadata import ImageSpans
 from tokenwire.runtime.models.llama import LlamaForCausalLM
 from tokenwire.runtime.models.llava import LlavaForConditionalGeneration
+from tokenwire.runtime.models.qwen_vl import QwenVLForConditionalGeneration
 from tokenwire.runtime.multimodal import ImageInput
 from tokenwire.runtime.worker.input_batch import StepArrays
+from tokenwire.runtime.worker.mrope_inputs import MRopeInputs
 from tokenwire.runtime.worker.request_state import CachedRequestState
 
 # (content hash, first batch row, first feature row, rows)
@@ -44,6 +46,10 @@ class ImageEmbeds:
     def __init__(self, model: LlavaForConditionalGeneration, device: torch.device) -> None:
         self.model = model
         self.device = device
+        # An M-RoPE model (Qwen-VL): each request's 3D prompt positions.
+        self.mrope: MRopeInputs | None = None
+        if isinstance(model, QwenVLForConditionalGeneration):
+            self.mrope = MRopeInputs(model.qwen_spec.spatial_merge_size)
         self._images: dict[str, tuple[ImageInput, ...]] = {}
         self._cache: dict[str, torch.Tensor] = {}  # content hash -> features [tokens, hidden]
         self.num_encoded_total = 0  # images through the vision tower since startup
@@ -77,18 +83,22 @@ class ImageEmbeds:
     def cached_tokens(self) -> int:
         return sum(int(f.shape[0]) for f in self._cache.values())
 
-    def add(self, request_id: str, images: Sequence[ImageInput]) -> None:
+    def add(self, request_id: str, images: Sequence[ImageInput], num_prompt_tokens: int) -> None:
         if images:
             self._images[request_id] = tuple(images)
+            if self.mrope is not None:
+                self.mrope.add(request_id, num_prompt_tokens, images)
 
     def forget(self, request_id: str) -> None:
         self._images.pop(request_id, None)
+        if self.mrope is not None:
+            self.mrope.forget(request_id)
 
     def run_encoder(
         self, encoder_inputs: dict[str, tuple[int, ...]], frees: Sequence[str]
     ) -> EncoderWork:
-        """Drop the scheduler's evictions, then encode this step's images (one vision-tower
-        batch per pixel shape) into the cache."""
+        """Drop the scheduler's evictions, then encode this step's images into the cache
+        (``encode_image_inputs``: LLaVA batches them by pixel shape)."""
         for content_hash in frees:
             self._cache.pop(content_hash, None)
         if not encoder_inputs:
@@ -99,14 +109,9 @@ class ImageEmbeds:
             images = self._images[request_id]
             for index in indices:
                 todo.setdefault(images[index].content_hash, images[index])
-        groups: dict[tuple[int, ...], list[ImageInput]] = {}
-        for image in todo.values():
-            groups.setdefault(tuple(image.pixel_values.shape), []).append(image)
-        for group in groups.values():
-            pixels = np.stack([image.pixel_values for image in group])
-            features = self.model.encode_images(torch.from_numpy(pixels))
-            for image, row in zip(group, features, strict=True):
-                self._cache[image.content_hash] = row.clone()  # not a view of the batch
+        pending = list(todo.values())
+        for image, features in zip(pending, self.model.encode_image_inputs(pending), strict=True):
+            self._cache[image.content_hash] = features
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the time is the encoder's, not queued work
         self.num_encoded_total += len(todo)
@@ -128,10 +133,11 @@ class ImageEmbeds:
 
     def step_inputs(
         self, states: Sequence[CachedRequestState], arrays: StepArrays
-    ) -> tuple[torch.Tensor | None, ImageSpans]:
-        """The step's input embeddings (``step_embeds``) and bidirectional runs
-        (``image_spans``)."""
-        return self.step_embeds(states, arrays), self.image_spans(states, arrays)
+    ) -> tuple[torch.Tensor | None, ImageSpans, np.ndarray | None]:
+        """The step's input embeddings (``step_embeds``), bidirectional runs
+        (``image_spans``) and 3D positions [3, T] of an M-RoPE model (else None)."""
+        positions = None if self.mrope is None else self.mrope.positions(states, arrays)
+        return self.step_embeds(states, arrays), self.image_spans(states, arrays), positions
 
     def image_spans(self, states: Sequence[CachedRequestState], arrays: StepArrays) -> ImageSpans:
         """(batch sequence, run start, run end) of each bidirectional image run the step
@@ -167,10 +173,15 @@ class ImageEmbeds:
         return writes
 
 
-def add_images(embeds: ImageEmbeds | None, request_id: str, images: Sequence[ImageInput]) -> None:
+def add_images(
+    embeds: ImageEmbeds | None,
+    request_id: str,
+    images: Sequence[ImageInput],
+    num_prompt_tokens: int,
+) -> None:
     """A new request's images (none: nothing to do); a text model refuses them."""
     if not images:
         return
     if embeds is None:
         raise ValueError(f"request {request_id}: this model takes no image inputs")
-    embeds.add(request_id, images)
+    embeds.add(request_id, images, num_prompt_tokens)

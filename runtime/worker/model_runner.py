@@ -55,6 +55,8 @@ from tokenwire.runtime.worker.sample_rows import RowSampler, StepTokens, sample_
 from tokenwire.runtime.worker.spec.verify_step import plan_verify, verify_rows, write_drafts
 
 _SINGLE = TPGroup.single()  # immutable: the default group of one
+# No image request: no embeddings or spans; 1D positions (M-RoPE's text rows: the same).
+_NO_IMAGES: tuple[None, ImageSpans, None] = (None, (), None)
 
 
 class ModelRunner:
@@ -150,7 +152,7 @@ class ModelRunner:
                 new.num_computed_tokens,
                 new.lora_request,
             )
-            add_images(self.images, new.request_id, new.images)
+            add_images(self.images, new.request_id, new.images, len(new.prompt_token_ids))
         cached = so.cached_reqs
         requests, batch = self.requests, self.batch
         for request_id, resumed, new_block_ids, num_computed in zip(
@@ -237,8 +239,9 @@ class ModelRunner:
             write_drafts(self.batch, states, drafts)
         arrays = self.batch.build(rows, query_lens, num_decodes)
         self.batch.num_computed[rows] += query_lens  # after this step's forward
-        embeds, spans = self.images.step_inputs(states, arrays) if self.images else (None, ())
-        t1, hidden = self._forward(arrays, embeds, spans)
+        images = self.images.step_inputs(states, arrays) if self.images else _NO_IMAGES
+        embeds, spans, mrope = images
+        t1, hidden = self._forward(arrays, embeds, spans, mrope)
         if drafts:
             t2, prompt_lps, out = self._verify(so, drafts, states, rows, arrays, hidden)
             pooled: dict[str, list[float]] = {}
@@ -266,17 +269,17 @@ class ModelRunner:
         )
 
     def _forward(
-        self, arrays: StepArrays, embeds: Tensor | None, spans: ImageSpans
+        self, arrays: StepArrays, embeds: Tensor | None, spans: ImageSpans, mrope: np.ndarray | None
     ) -> tuple[float, Tensor]:
         """(forward start time, hidden states): graph replay or eager on CUDA, else eager;
-        ``embeds`` (image features placed) and ``spans`` (``image_embeds``) run eagerly."""
+        ``embeds``, ``spans`` and ``mrope`` (M-RoPE's [3, T]; ``image_embeds``) run eagerly."""
         if self._cuda is not None:
             t1 = time.perf_counter()
-            return t1, self._cuda.forward(arrays, embeds, spans)  # graph replay or eager
+            return t1, self._cuda.forward(arrays, embeds, spans, mrope)  # replay or eager
         inputs = self.inputs
         meta = inputs.metadata(arrays, spans)
         input_ids = inputs.to_device(arrays.input_ids)
-        positions = inputs.to_device(arrays.positions)
+        positions = inputs.to_device(arrays.positions if mrope is None else mrope)
         t1 = time.perf_counter()
         if self._compiled is not None and embeds is None:
             return t1, self._compiled.forward(input_ids, positions, meta)

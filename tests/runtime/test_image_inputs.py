@@ -74,12 +74,15 @@ def test_the_codec_carries_an_add_requests_images() -> None:
     pixels = np.random.RandomState(0).rand(3, 4, 5).astype(np.float32)
     image = ImageInput(1, 2, pixel_hash(pixels), pixels)
     gemma = ImageInput(5, 2, pixel_hash(pixels), pixels, bidirectional=True)
+    qwen = ImageInput(8, 2, pixel_hash(pixels, "(1, 2, 4)"), pixels, grid_thw=(1, 2, 4))
     codec = InputCodec()
-    decoded = codec.decode_input(codec.encode(_add((image, gemma))))
-    assert isinstance(decoded, AddRequest) and len(decoded.images) == 2
+    decoded = codec.decode_input(codec.encode(_add((image, gemma, qwen))))
+    assert isinstance(decoded, AddRequest) and len(decoded.images) == 3
+    assert [i.grid_thw for i in decoded.images] == [None, None, (1, 2, 4)]
+    assert qwen.content_hash != image.content_hash  # the grid is part of the hash
     got = decoded.images[0]
     assert (got.offset, got.length, got.content_hash) == (1, 2, image.content_hash)
-    assert [i.bidirectional for i in decoded.images] == [False, True]
+    assert [i.bidirectional for i in decoded.images] == [False, True, False]
     assert got.pixel_values.dtype == np.float32 and np.array_equal(got.pixel_values, pixels)
     assert pixel_hash(got.pixel_values) == image.content_hash
 
