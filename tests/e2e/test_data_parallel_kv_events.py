@@ -264,3 +264,26 @@ def without_load(batch: common_pb2.KvEventBatch) -> bytes:
     copy.CopyFrom(batch)
     copy.ClearField("load")
     return copy.SerializeToString(deterministic=True)
+
+
+def test_a_null_publisher_serves_the_merged_grpc_stream(
+    tiny_model_factory: Callable[..., Path],
+) -> None:
+    """``"publisher": "null"`` with two cores: no ZMQ socket, the gRPC stream alone."""
+    events = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+    harness = ServerHarness(
+        tiny_model_factory("llama"), data_parallel_size=2, kv_events=events, worker_protocol="vllm"
+    ).start()
+    try:
+        front = harness.engine._kv_events
+        assert front is not None and not front.publishers and front.merged is not None
+        with harness.channel() as channel:
+            stream = GrpcStream(channel)
+            run(harness, 1, "null-1")
+            batches = stream.wait(lambda b: any(x.dp_rank == 1 and not x.snapshot.count for x in b))
+            stream.close()
+        sets = grpc_blocks(batches)
+        assert sets[1] and not sets[0]
+        harness.assert_idle()
+    finally:
+        harness.stop()
