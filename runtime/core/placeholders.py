@@ -21,14 +21,18 @@ from collections.abc import Mapping
 from tokenwire.runtime.core.request import Request
 
 
-def advance(requests: Mapping[str, Request], num_scheduled: Mapping[str, int]) -> None:
+def advance(requests: Mapping[str, Request], num_scheduled: Mapping[str, int]) -> int:
     """Progress as if the step just scheduled had run: computed tokens move on, and a row it
-    brings up to date gets one placeholder for the token it will sample."""
+    brings up to date gets one placeholder for the token it will sample. The number of rows
+    that sample (placeholders added)."""
+    sampling = 0
     for request_id, num_tokens in num_scheduled.items():
         request = requests[request_id]
         request.num_computed_tokens += num_tokens
         if request.num_computed_tokens >= request.num_tokens + request.num_output_placeholders:
             request.num_output_placeholders += 1
+            sampling += 1
+    return sampling
 
 
 def settle(request: Request) -> None:

@@ -435,10 +435,11 @@ class Scheduler:
         return self.structured.sampling_rows(scheduler_output.num_scheduled_tokens, self.requests)
 
     # ------------------------------------------------------------------ update
-    def advance(self, scheduler_output: SchedulerOutput) -> None:
+    def advance(self, scheduler_output: SchedulerOutput) -> int:
         """Async scheduling: progress as if ``scheduler_output`` had run, before it runs
-        (``core.placeholders``); its ``update`` then takes ``advanced=True``."""
-        advance(self.requests, scheduler_output.num_scheduled_tokens)
+        (``core.placeholders``); its ``update`` then takes ``advanced=True``. The number of
+        rows that sample in it."""
+        return advance(self.requests, scheduler_output.num_scheduled_tokens)
 
     def update(
         self, scheduler_output: SchedulerOutput, model_output: ModelOutput, advanced: bool = False

@@ -47,7 +47,7 @@ from tokenwire.runtime.errors import (
     QueueFullError,
 )
 from tokenwire.runtime.front.frontend import Frontend
-from tokenwire.runtime.front.kv_event_hub import KVEventHub
+from tokenwire.runtime.front.kv_event_hub import KVEventStream
 from tokenwire.runtime.front.kv_events_front import KVEventsFront
 from tokenwire.runtime.front.lora_front import LoRAFront
 from tokenwire.runtime.front.output_processor import ProcessedStep
@@ -133,10 +133,11 @@ class AsyncEngine:
         return self._snapshot
 
     @property
-    def kv_events(self) -> KVEventHub | None:
-        """The KV-cache event stream (None unless ``--kv-events-config`` enables it; None with
-        several cores too: each rank then publishes on its own ZMQ endpoints only)."""
-        return None if self._kv_events is None else self._kv_events.hub
+    def kv_events(self) -> KVEventStream | None:
+        """The KV-cache event stream (None unless ``--kv-events-config`` enables it): the one
+        core's hub, or with several cores every rank's batches merged
+        (``front.kv_event_merge``)."""
+        return None if self._kv_events is None else self._kv_events.stream
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:

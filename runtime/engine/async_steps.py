@@ -44,13 +44,22 @@ Features that need care but no fallback:
   the step), and the ranks run steps in order. Every rank samples the same tokens (same
   logits, same seeded generators) and appends them to its own rows, as one rank does.
 
+* speculative decoding (n-gram and draft model): a draft needs the row's last tokens, and a
+  verify step emits a variable number of tokens, which moves the row's position, KV slots
+  and draft room, so a step planned before the verify step is reconciled would make other
+  drafts (and so other seeded outputs) than synchronous steps. So under speculation a step
+  in flight whose rows sample is reconciled before the next one is planned
+  (``plans_on_tokens``); what still overlaps that next step's forward is everything after
+  its submission: the caller's handling of the outputs (the front's detokenization and
+  streaming, the core loop's I/O and input polling). A step in flight that samples no row
+  (prefill chunks) has nothing the next plan needs: the next one is planned while it runs,
+  as without speculation. And a step planned beside one that samples nothing builds its
+  grammar bitmask at once (the matchers are up to date; drafts get their per-position rows).
+
 What async steps do not cover falls back to synchronous steps (schedule, run, update, with
-nothing in flight), never to different output. Only engine-wide causes are left
+nothing in flight), never to different output. Only an engine-wide cause is left
 (``sync_reason``): an executor that cannot take a step while one runs (none today: both
-submit steps), and speculative decoding: a draft needs the last token, and a verify step
-emits a variable number of tokens, so the step after it cannot be planned with one
-placeholder per row; proposing from reconciled tokens only, or skipping drafted rows for a
-step, would change which drafts are made (and so seeded outputs) against synchronous steps.
+submit steps).
 """
 
 from __future__ import annotations
@@ -93,8 +102,6 @@ def sync_reason(config: EngineConfig, executor: Executor) -> str | None:
     run async steps."""
     if not isinstance(executor, AsyncExecutor):
         return f"its executor ({type(executor).__name__}) runs one step at a time"
-    if config.speculative_config is not None:
-        return "speculative decoding"
     return None
 
 
@@ -128,6 +135,7 @@ class InFlight:
     schedule_time: float
     started_ns: int
     started: float  # perf_counter when its schedule began
+    samples: bool  # some row samples a token in it (it got a placeholder)
 
 
 class AsyncStepper:
@@ -158,27 +166,44 @@ class AsyncStepper:
     def step(self) -> list[EngineCoreOutput]:
         """Schedule and submit one step, then reconcile the one before it; outputs are that
         earlier step's. The last step, once no request is left unfinished, is reconciled at
-        once."""
+        once. Under speculative decoding a step in flight whose rows sample is reconciled
+        first (``plans_on_tokens``): the next one is planned from its tokens, as synchronous
+        steps plan it, and runs while the caller handles the outputs."""
+        outputs = self.collect() if self.plans_on_tokens() else []
         started_ns, t0 = time.time_ns(), time.perf_counter()
-        # A step planned while one runs gets its grammar bitmask once that one is reconciled.
-        so = self.scheduler.schedule(late_grammar=self._flight is not None)
-        rows = self.scheduler.grammar_rows(so) if self._flight is not None else []
+        # A step planned while one that samples runs gets its grammar bitmask once that one
+        # is reconciled (its tokens advance the matchers; else they are up to date now).
+        late_grammar = self._flight is not None and self._flight.samples
+        so = self.scheduler.schedule(late_grammar=late_grammar)
+        rows = self.scheduler.grammar_rows(so) if late_grammar else []
         schedule_time = time.perf_counter() - t0
         if not carries_work(so):
             if self._flight is None and self.structured.num_pending:
                 self.structured.wait(self.grammar_wait_s)
-            return self.collect()
+            return outputs + self.collect()
         if self.fault is not None:
             self.fault.before_execute()
-        self.scheduler.advance(so)
+        sampling = self.scheduler.advance(so)
         late: Future[GrammarBitmask | None] | None = Future() if rows else None
         future = self.executor.submit_model(so, late)
-        flight = InFlight(so, future, schedule_time, started_ns, t0)
-        outputs = self.collect() if late is None else self._collect_then_mask(late, rows)
+        flight = InFlight(so, future, schedule_time, started_ns, t0, sampling > 0)
+        if late is None:
+            outputs += self.collect()
+        else:
+            outputs += self._collect_then_mask(late, rows)
         self._flight = flight
         if not self.scheduler.has_unfinished_requests():
             outputs.extend(self.collect())
         return outputs
+
+    def plans_on_tokens(self) -> bool:
+        """Whether the next step's plan needs the tokens of the step in flight: under
+        speculative decoding, when that step samples. The proposer drafts from a row's last
+        tokens (n-gram), and a verify step emits a variable number of tokens, which moves
+        the row's position, KV slots and draft room; planning without them would change the
+        drafts (and so seeded outputs) against synchronous steps."""
+        flight = self._flight
+        return flight is not None and flight.samples and self.scheduler.proposer is not None
 
     def collect(self) -> list[EngineCoreOutput]:
         """Wait for the step in flight (if any) and reconcile it; its outputs."""

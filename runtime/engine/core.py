@@ -248,9 +248,13 @@ class EngineCore:
         return next((r for r in self.loras.adapters() if r.lora_name == name), None)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or (
-            self._stepper is not None and self._stepper.in_flight
-        )
+        return self.scheduler.has_unfinished_requests() or self.step_in_flight
+
+    @property
+    def step_in_flight(self) -> bool:
+        """Async scheduling: a submitted step is not reconciled yet (it runs while the caller
+        handles what ``step()`` returned)."""
+        return self._stepper is not None and self._stepper.in_flight
 
     def release_holder(self, holder_id: str) -> bool:
         """Free the KV blocks a finished request left under ``holder_id``."""
@@ -266,9 +270,8 @@ class EngineCore:
             return True
         if not connector.reset():
             return False
-        if not self.has_unfinished_requests() and not (
-            self._stepper is not None and self._stepper.in_flight
-        ):  # idle: zero the disk tier's records now (else the next step's plan carries it)
+        if not self.has_unfinished_requests():
+            # Idle: zero the disk tier's records now (else the next step's plan carries it).
             so = self.scheduler.schedule()
             if carries_work(so):
                 self.scheduler.update(so, self.executor.execute_model(so))

@@ -206,12 +206,6 @@ def check_data_parallel(config: EngineConfig) -> None:
             "--data-parallel-size > 1 runs whole-model engine cores on one node: it cannot be "
             "combined with --tensor-parallel-size > 1 or --nnodes > 1 yet"
         )
-    if events is not None and events.enable_kv_cache_events and not events.publishes_zmq:
-        raise ValueError(
-            '--kv-events-config "publisher": "null" with --data-parallel-size > 1: the one '
-            "gRPC SubscribeKvEvents stream cannot carry several cores' block sets yet; use "
-            '"publisher": "zmq" (each rank publishes on the endpoint\'s port plus its rank)'
-        )
     if events is not None and events.publishes_zmq:
         try:
             check_rank_endpoints(events, parallel.data_parallel_size)

@@ -20,7 +20,7 @@ from tokenwire.runtime.stats import KVOffloadStats
 
 if TYPE_CHECKING:
     from tokenwire.runtime.front.frontend import Frontend
-    from tokenwire.runtime.front.kv_event_hub import KVEventHub
+    from tokenwire.runtime.front.kv_event_hub import KVEventStream
     from tokenwire.runtime.front.request_stream import RequestStream
     from tokenwire.runtime.multimodal import ImageInput
 
@@ -217,9 +217,10 @@ class EngineClient(Protocol):
     async def check_idle(self, timeout: float = 30.0) -> IdleReport: ...
 
     @property
-    def kv_events(self) -> KVEventHub | None:
-        """The KV-cache event stream (None unless ``--kv-events-config`` enables it; None with
-        several engine cores, whose events go out on per-rank ZMQ endpoints only)."""
+    def kv_events(self) -> KVEventStream | None:
+        """The KV-cache event stream (None unless ``--kv-events-config`` enables it): the one
+        core's hub, or with several engine cores every rank's batches merged
+        (``front.kv_event_merge``)."""
         ...
 
     async def reset_prefix_cache(self, timeout: float = 30.0) -> bool:

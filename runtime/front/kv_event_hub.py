@@ -18,6 +18,7 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from tokenwire.runtime.core.kv_events import (
     AllBlocksCleared,
@@ -33,6 +34,7 @@ __all__ = [
     "BlockStored",
     "KVEventBatch",
     "KVEventHub",
+    "KVEventStream",
     "SequencedBatch",
     "SubscriberLagged",
 ]
@@ -47,6 +49,21 @@ class SequencedBatch:
     seq: int
     batch: KVEventBatch
     snapshot: bool = False  # the cached-block set as of ``seq``, not a batch the core sent
+    # A snapshot in several chunks (one per data-parallel rank, ``kv_event_merge``): this
+    # one's index and their count, and the index its first event has among all the chunks'.
+    chunk: int = 0
+    chunks: int = 1
+    first_event: int = 0
+
+
+class KVEventStream(Protocol):
+    """A numbered stream of batches a subscriber can start from a snapshot or a number: one
+    core's ``KVEventHub``, or several cores' ``MergedKVEvents``."""
+
+    @property
+    def last_seq(self) -> int: ...
+
+    def subscribe(self, start_sequence_number: int = 0) -> AsyncIterator[SequencedBatch]: ...
 
 
 @dataclass(frozen=True, slots=True)

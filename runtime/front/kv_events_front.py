@@ -6,9 +6,9 @@ With ``--data-parallel-size N`` the ranks are kept apart the way vLLM keeps them
 batches get its own sequence numbers (1, 2, ...), its own block set and replay buffer, and go
 out on its own endpoints (``KVEventsConfig.for_rank``: the port plus ``r``), each batch stamped
 with ``data_parallel_rank``. A replay request for N on rank ``r``'s replay endpoint therefore
-names exactly one batch. The in-process ``hub`` (the gRPC ``SubscribeKvEvents`` stream) exists
-only with one core: one stream with one sequence numbering cannot carry several ranks' block
-sets yet."""
+names exactly one batch. The in-process ``stream`` (the gRPC ``SubscribeKvEvents`` stream) is
+the one core's hub, or with several cores their ``MergedKVEvents``: every rank's batches, in
+the order they arrived, numbered 1, 2, ... of its own, each stamped with its rank."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import asyncio
 
 from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.core.kv_events import KVEventBatch
-from tokenwire.runtime.front.kv_event_hub import KVEventHub
+from tokenwire.runtime.front.kv_event_hub import KVEventHub, KVEventStream
+from tokenwire.runtime.front.kv_event_merge import MergedKVEvents
 from tokenwire.runtime.front.kv_event_publisher import ZmqKVEventPublisher
 
 
@@ -28,6 +29,8 @@ class KVEventsFront:
         ranks = range(config.parallel.data_parallel_size)
         self.hubs = [KVEventHub(config.cache.block_size, events.buffer_steps, r) for r in ranks]
         self.publishers: list[ZmqKVEventPublisher] = []
+        # Several cores: one merged stream for gRPC (added before the publishers' sinks).
+        self.merged = MergedKVEvents(self.hubs, events.buffer_steps) if len(ranks) > 1 else None
 
     @staticmethod
     def make(config: EngineConfig) -> KVEventsFront | None:
@@ -37,9 +40,9 @@ class KVEventsFront:
         return KVEventsFront(config)
 
     @property
-    def hub(self) -> KVEventHub | None:
-        """The one core's hub (None with several cores: their events are per-rank ZMQ only)."""
-        return self.hubs[0] if len(self.hubs) == 1 else None
+    def stream(self) -> KVEventStream:
+        """What the gRPC stream subscribes to: the one core's hub, or every core's merged."""
+        return self.hubs[0] if self.merged is None else self.merged
 
     @property
     def publisher(self) -> ZmqKVEventPublisher | None:

@@ -9,10 +9,14 @@ Mapping (one ``KvCacheEvent`` per vLLM-schema event, in order):
 - ``BlockRemoved`` -> ``KvBlocksRemoved``; ``AllBlocksCleared`` -> ``KvCacheCleared``.
 - Hashes are the same 64-bit values as on ZMQ, reinterpreted as signed ``int64`` (two's
   complement): ``h - 2**64`` when ``h >= 2**63``.
-- ``sequence_number`` is the hub's (the ZMQ sequence number of the same batch);
+- ``sequence_number`` is the hub's (the ZMQ sequence number of the same batch; with several
+  data-parallel cores the merged stream's own, ``kv_event_merge``);
   ``event_id = sequence_number << 20 | index`` (monotonic per worker). A snapshot (a late
   subscriber's start) is one ``KvSnapshotChunk(index=0, count=1)`` stamped with the last
-  sequence number, whose first event clears the subscriber's view.
+  sequence number, whose first event clears the subscriber's view; with several
+  data-parallel cores one chunk per rank (``index`` r of ``count`` N, ``dp_rank`` r, its first
+  event clearing that rank's view, event ids running on across the chunks).
+- ``dp_rank``: the core whose blocks the batch changes (``data_parallel_rank``).
 """
 
 from __future__ import annotations
@@ -96,11 +100,11 @@ def batch_to_proto(
     item: SequencedBatch, load: common_pb2.EngineLoad | None = None
 ) -> common_pb2.KvEventBatch:
     """One hub batch (or snapshot) as the proto the gateway subscribes to."""
-    base = item.seq << _EVENT_ID_SHIFT
+    base = item.seq << _EVENT_ID_SHIFT | item.first_event
     out = common_pb2.KvEventBatch(
         sequence_number=item.seq,
         timestamp=item.batch.ts,
-        events=[_event(e, base | i) for i, e in enumerate(item.batch.events)],
+        events=[_event(e, base + i) for i, e in enumerate(item.batch.events)],
     )
     if item.batch.data_parallel_rank is not None:
         out.dp_rank = item.batch.data_parallel_rank
@@ -108,7 +112,8 @@ def batch_to_proto(
         num_blocks = sum(
             len(e.block_hashes) for e in item.batch.events if isinstance(e, BlockStored)
         )
-        out.snapshot.CopyFrom(common_pb2.KvSnapshotChunk(index=0, count=1, blocks=num_blocks))
+        chunk = common_pb2.KvSnapshotChunk(index=item.chunk, count=item.chunks, blocks=num_blocks)
+        out.snapshot.CopyFrom(chunk)
     if load is not None:
         out.load.CopyFrom(load)
     return out

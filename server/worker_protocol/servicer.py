@@ -31,10 +31,7 @@ from tokenwire.server.worker_protocol.tokenizer_bundle import TokenizerBundle, b
 from tokenwire.v1 import errors_pb2
 
 SERVICE_NAME = vllm_engine_pb2.DESCRIPTOR.services_by_name["VllmEngine"].full_name
-KV_EVENTS_OFF = (
-    "KV events are off: start with --kv-events-config (with --data-parallel-size > 1 each "
-    "rank publishes on its own ZMQ endpoint instead of this stream)"
-)
+KV_EVENTS_OFF = "KV events are off: start with --kv-events-config"
 
 
 class KvEventSource(Protocol):

@@ -3,12 +3,13 @@ router sees them: each rank publishes on its own ZMQ endpoints (the configured p
 rank, as vLLM does), every batch stamped with its ``data_parallel_rank`` and numbered 1, 2, ...
 per rank. Requests pinned to a rank store their blocks on that rank's stream only; a replay on
 a rank's replay endpoint returns that rank's batches; a prefix-cache reset clears both ranks'
-sets; the engine ends idle. The gRPC ``SubscribeKvEvents`` stream (one sequence numbering) is
-not served with several cores: UNIMPLEMENTED, naming the per-rank endpoints."""
+sets; the engine ends idle. The gRPC ``SubscribeKvEvents`` stream merges both ranks: one
+numbering across them, each batch stamped with its rank, one snapshot chunk per rank."""
 
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -162,11 +163,127 @@ def test_a_cache_reset_clears_every_rank_and_leaves_the_engine_idle(served: Serv
     assert report.num_free_blocks == report.num_blocks
 
 
-def test_the_grpc_stream_names_the_per_rank_endpoints(served: Served) -> None:
-    assert served.harness.engine.kv_events is None  # no one-stream hub with several cores
-    with served.harness.channel() as channel:
+class GrpcStream:
+    """One ``SubscribeKvEvents`` call read on a thread; ``wait`` blocks on a predicate."""
+
+    def __init__(self, channel: grpc.Channel, start: int = 0) -> None:
         stub = vllm_engine_pb2_grpc.VllmEngineStub(channel)
-        with pytest.raises(grpc.RpcError) as caught:
-            next(iter(stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())))
-    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert "--data-parallel-size" in (caught.value.details() or "")
+        request = common_pb2.SubscribeKvEventsRequest(start_sequence_number=start)
+        self.call = stub.SubscribeKvEvents(request)
+        self.batches: list[common_pb2.KvEventBatch] = []
+        self.changed = threading.Condition()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            for batch in self.call:
+                with self.changed:
+                    self.batches.append(batch)
+                    self.changed.notify_all()
+        except grpc.RpcError as err:
+            assert err.code() == grpc.StatusCode.CANCELLED, err
+
+    def wait(self, done: Callable[[list[Any]], bool]) -> list[common_pb2.KvEventBatch]:
+        with self.changed:
+            assert self.changed.wait_for(lambda: done(self.batches), 30), self.batches
+            return list(self.batches)
+
+    def close(self) -> None:
+        self.call.cancel()
+        self.thread.join(10)
+
+
+def grpc_blocks(batches: list[common_pb2.KvEventBatch]) -> dict[int, set[int]]:
+    """Each rank's block set (signed hashes) rebuilt from a stream, snapshot chunks included."""
+    sets: dict[int, set[int]] = {r: set() for r in RANKS}
+    for batch in batches:
+        blocks = sets[batch.dp_rank]
+        for event in batch.events:
+            kind = event.WhichOneof("data")
+            if kind == "stored":
+                blocks.update(b.block_hash for b in event.stored.blocks)
+            elif kind == "removed":
+                blocks.difference_update(event.removed.block_hashes)
+            else:
+                blocks.clear()
+    return sets
+
+
+def signed(hashes: set[int]) -> set[int]:
+    return {h - (1 << 64) if h >= (1 << 63) else h for h in hashes}
+
+
+def test_the_grpc_stream_merges_every_rank(served: Served) -> None:
+    """One SubscribeKvEvents stream carries both cores' batches: a snapshot chunk per rank,
+    then live batches numbered 1, 2, ... across the ranks (every batch either hub numbered),
+    each stamped with its rank and carrying that rank's blocks only; a replay from N returns
+    the same batches from N on; the rebuilt per-rank sets equal the hubs'."""
+    harness, front = served.harness, served.front
+    merged = front.merged
+    assert merged is not None and harness.engine.kv_events is merged
+    with harness.channel() as channel:
+        stream = GrpcStream(channel)
+        first = stream.wait(lambda b: len(b) >= 2)[:2]
+        assert [(b.snapshot.index, b.snapshot.count, b.dp_rank) for b in first] == [
+            (0, 2, 0), (1, 2, 1)
+        ]  # fmt: skip
+        start = first[0].sequence_number
+        assert first[1].sequence_number == start == merged.last_seq
+        for rank in RANKS:
+            run(harness, rank, f"grpc-{rank}")
+        harness.assert_idle()  # no batch is on its way any more
+        end = front.hubs[0].last_seq + front.hubs[1].last_seq
+        assert merged.last_seq == end  # every batch of either rank, numbered once
+        batches = stream.wait(lambda b: b[-1].sequence_number >= end)
+        stream.close()
+        live = batches[2:]
+        assert [b.sequence_number for b in live] == list(range(start + 1, end + 1))
+        for batch in live:
+            tokens = [list(b.token_ids) for e in batch.events for b in e.stored.blocks]
+            other = PROMPTS[1 - batch.dp_rank][:16]
+            assert all(t != other for t in tokens), "a batch carries the other rank's blocks"
+        sets = grpc_blocks(batches)
+        for rank in RANKS:
+            assert sets[rank] == signed(front.hubs[rank].cached_block_hashes)
+            assert any(
+                list(b.token_ids) == PROMPTS[rank][:16]
+                for x in live
+                if x.dp_rank == rank
+                for e in x.events
+                for b in e.stored.blocks
+            )
+        replay = GrpcStream(channel, start + 1)
+        again = replay.wait(lambda b: len(b) >= len(live))
+        replay.close()
+        assert [without_load(b) for b in again] == [without_load(b) for b in live]
+
+
+def without_load(batch: common_pb2.KvEventBatch) -> bytes:
+    copy = common_pb2.KvEventBatch()
+    copy.CopyFrom(batch)
+    copy.ClearField("load")
+    return copy.SerializeToString(deterministic=True)
+
+
+def test_a_null_publisher_serves_the_merged_grpc_stream(
+    tiny_model_factory: Callable[..., Path],
+) -> None:
+    """``"publisher": "null"`` with two cores: no ZMQ socket, the gRPC stream alone."""
+    events = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+    harness = ServerHarness(
+        tiny_model_factory("llama"), data_parallel_size=2, kv_events=events, worker_protocol="vllm"
+    ).start()
+    try:
+        front = harness.engine._kv_events
+        assert front is not None and not front.publishers and front.merged is not None
+        with harness.channel() as channel:
+            stream = GrpcStream(channel)
+            run(harness, 1, "null-1")
+            batches = stream.wait(lambda b: any(x.dp_rank == 1 and not x.snapshot.count for x in b))
+            stream.close()
+        sets = grpc_blocks(batches)
+        assert sets[1] and not sets[0]
+        harness.assert_idle()
+    finally:
+        harness.stop()

@@ -2,8 +2,8 @@
 its greedy and seeded outputs equal synchronous scheduling's token for token, for every
 feature it covers (stop tokens and strings, max_tokens, min_tokens, n > 1, penalties,
 logprobs, prompt logprobs, chunked prefill, preemption, aborts, LoRA, the host and disk KV
-tiers, embedding models). What it does not cover runs synchronous steps with the same
-output. After every run the engine is idle with every KV block free."""
+tiers, embedding models; speculative decoding: test_async_spec.py). After every run the
+engine is idle with every KV block free."""
 
 from __future__ import annotations
 
@@ -304,13 +304,3 @@ def test_abort_everything_leaves_the_engine_idle(tiny_model_factory: Callable[..
     )
     assert again[0].outputs[0].token_ids == sync[0].outputs[0].token_ids
     assert_llm_idle(llm)
-
-
-def test_uncovered_features_run_synchronous_steps(tiny_model_factory: Callable[..., Path]) -> None:
-    """Speculative decoding (engine-wide) is not covered by async steps yet: its steps run
-    synchronously, with the synchronous output. (Structured outputs: test_async_structured.)"""
-    model = tiny_model_factory("llama")
-    ngram = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}
-    spec, _, rec = generate(model, greedy(max_tokens=8), True, speculative_config=ngram)
-    plain, _, _ = generate(model, greedy(max_tokens=8), False)
-    assert spec == plain and not overlapped(rec.steps)

@@ -103,7 +103,6 @@ def test_parallel_config_checks_the_data_parallel_size() -> None:
     )
     for refused, flag in (
         ({"tensor_parallel_size": 2}, "--tensor-parallel-size"),
-        ({"kv_events_config": null_events}, "--kv-events-config"),
         ({"kv_events_config": no_port}, "port"),
         ({"kv_events_config": vllm_ports}, "rank 1's endpoint 'tcp://\\*:5558' is also rank 0's"),
     ):
@@ -111,9 +110,10 @@ def test_parallel_config_checks_the_data_parallel_size() -> None:
         with pytest.raises(ValueError, match=flag):
             check_data_parallel(config)
     zmq_events = KVEventsConfig(enable_kv_cache_events=True)  # per-rank ZMQ endpoints: served
-    check_data_parallel(
-        EngineArgs(data_parallel_size=2, kv_events_config=zmq_events).create_engine_config()
-    )
+    for served in (zmq_events, null_events):  # null: the merged gRPC stream only
+        check_data_parallel(
+            EngineArgs(data_parallel_size=2, kv_events_config=served).create_engine_config()
+        )
 
 
 def test_each_rank_publishes_kv_events_on_its_own_endpoints() -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from engine_checks import assert_llm_idle
-from spec_runs import PROMPTS, generate
+from spec_runs import PROMPTS, copying_model, generate
 
 from tokenwire.runtime.core.spec.ngram import find_draft
 from tokenwire.runtime.llm import LLM
@@ -27,25 +27,6 @@ pytestmark = pytest.mark.slow
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
          "prompt_lookup_max": 3}  # fmt: skip
-
-
-def copying_model(tiny: Path, out: Path) -> Path:
-    """``tiny`` with its attention and MLP outputs zeroed: the next token then depends only on
-    the current one, so greedy output soon cycles and prompt lookup drafts get accepted (a
-    random model's drafts are nearly all rejected). Attention still runs and writes KV."""
-    from safetensors.torch import load_file, save_file
-
-    out.mkdir(exist_ok=True)
-    for f in tiny.iterdir():
-        if f.suffix != ".safetensors":
-            (out / f.name).write_bytes(f.read_bytes())
-    for f in tiny.glob("*.safetensors"):
-        tensors = load_file(f)
-        for name, t in tensors.items():
-            if name.endswith(("o_proj.weight", "down_proj.weight")):
-                tensors[name] = t * 0.0
-        save_file(tensors, out / f.name, metadata={"format": "pt"})
-    return out
 
 
 # ---------------------------------------------------------------------- proposer
