@@ -12,7 +12,8 @@ row over the paged cache, ``o_proj``, the residual add and norm, ``gate_up``, Sw
 ``down``, then the final norm, with no dispatcher call or allocation between them.
 
 Scope (``runtime.models.fused_stack`` decides per model): float32 activations and KV cache,
-every linear a VNNI int4 weight without bias, plain RMSNorm, SwiGLU, full causal attention
+every linear VNNI int4 or int8 "k" weights without bias (up to two parts side by side:
+Q4_K_M's int4 q/k beside its Q6_K v), plain RMSNorm, SwiGLU, full causal attention
 with rotary on every layer (no windows, chunks, sinks, soft-caps or q/k norms), one rank.
 Every row (decode or prefill) is a single-token query over its own keys ``[0, position]``,
 each reduction in one fixed order: a row's result does not depend on the other rows of the
@@ -33,14 +34,14 @@ import torch
 from tokenwire.kernels.attention_metadata import AttentionMetadata
 from tokenwire.kernels.vnni_matmul import VnniWeights
 
-# Tensors per layer in ``FusedStack.weights``: 2 norms + (weight, scales, mins) of 4 linears.
-PER_LAYER = 14
-
-
+# Tensors per layer in ``FusedStack.weights``: 2 norms + 2 parts x (weight, scales, mins) of 4
+# linears.
+PER_LAYER = 26
+PARTS = 2  # a linear's weights side by side along its output (Q4_K_M: q/k int4, v int8)
 @dataclass(frozen=True)
 class FusedStack:
     """The operator's weights: per layer the input and post-attention norm weights, then
-    qkv, o, gate_up and down as (weight, scales, mins); the final norm's weight last."""
+    qkv, o, gate_up and down as ``linear_tensors``; the final norm's weight last."""
 
     weights: tuple[torch.Tensor, ...]
     heads: int
@@ -55,11 +56,24 @@ class FusedStack:
         return (len(self.weights) - 1) // PER_LAYER
 
 
-def linear_tensors(w: VnniWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """An int4 linear's three tensors in the operator's order."""
-    if w.bits != 4 or w.mins is None:
-        raise ValueError("fused layers take int4 VNNI weights only")
-    return w.weight, w.scales, w.mins
+def linear_tensors(parts: Sequence[VnniWeights]) -> tuple[torch.Tensor, ...]:
+    """A linear's weights in the operator's order: ``PARTS`` x (weight, scales, mins), each
+    part int4 (``pack_int4_vnni``) or int8 "k" (``pack_int8k_vnni``, its mins empty when
+    none), an absent part empty. Every part but the last covers whole tiles of 16 outputs."""
+    if not 0 < len(parts) <= PARTS:
+        raise ValueError(f"a fused linear takes 1 to {PARTS} parts, got {len(parts)}")
+    out: list[torch.Tensor] = []
+    for i, w in enumerate(parts):
+        int4 = w.bits == 4 and w.mins is not None
+        if not int4 and w.mode != 16:
+            raise ValueError("fused layers take int4 or int8 (float32 scales) VNNI weights only")
+        if i < len(parts) - 1 and w.out_features % 16:
+            raise ValueError(f"a part of {w.out_features} outputs is not whole tiles of 16")
+        mins = w.mins if w.mins is not None else w.scales[:0]
+        out += [w.weight, w.scales, mins]
+    empty = torch.empty(0)
+    out += [empty.to(torch.uint8), empty, empty] * (PARTS - len(parts))
+    return tuple(out)
 
 
 def fused_layers(
