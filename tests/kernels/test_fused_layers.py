@@ -1,4 +1,4 @@
-"""``kernels.fused_layers``: a Llama-style decoder stack of VNNI int4 / int8 linears in one operator.
+"""``kernels.fused_layers``: a Llama-style decoder stack of VNNI int4 / int8 linears in one call.
 
 Two stacks: every linear int4 (the default Q4_1 model), and Q4_K_M-like mixed linears (q/k
 int4 beside a Q6_K-like int8 v in one qkv linear, Q5_K-like int8 gate/up with minimums, Q6_K

@@ -29,9 +29,9 @@ def threads() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-def _weights(n: int, k: int, group: int, with_mins: bool, seed: int = 0) -> tuple[
-    torch.Tensor, torch.Tensor, torch.Tensor | None
-]:
+def _weights(
+    n: int, k: int, group: int, with_mins: bool, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Q6_K-like (codes -32..31, scales ``d * sc`` per 16: not fp16 values) or Q5_K-like
     (codes 0..31, scale and ``- dmin * m`` per 32) random weights."""
     g = torch.Generator().manual_seed(seed)

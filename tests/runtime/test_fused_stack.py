@@ -73,7 +73,7 @@ def test_models_it_cannot_run_say_why() -> None:
         sliding_window=None, bos_token_id=None, eos_token_ids=(0,),
     )  # fmt: skip
     model = build_model(arch, torch.device("cpu"), torch.float32, max_position=128)
-    assert fused_stack_reason(model.stack_parts()) == "linears that are not VNNI int4 weights"
+    assert fused_stack_reason(model.stack_parts()) == "linears that are not VNNI weights"
     qk_norm = ModelArch(**{**arch.__dict__, "qk_norm": True})
     model = build_model(qk_norm, torch.device("cpu"), torch.float32, max_position=128)
     assert "q/k norms" in (fused_stack_reason(model.stack_parts()) or "")
