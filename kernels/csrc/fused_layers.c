@@ -193,7 +193,8 @@ static void silu_and_mul_rows(const float* gu, int64_t stride, const FusedDims* 
 
 static void linear(const QLinear* lin, const float* x, int64_t k, const FusedDims* dm,
                    float* y, void* quant) {
-  const QuantX qx = tw_vnni_quantize(x, dm->tokens, k, quant);
+  const int halves = lin->parts[0].mode == 16 || (lin->nparts > 1 && lin->parts[1].mode == 16);
+  const QuantX qx = tw_vnni_quantize(x, dm->tokens, k, quant, halves);
   int64_t col = 0;
   for (int i = 0; i < lin->nparts; i++) {
     const QPart* p = &lin->parts[i];

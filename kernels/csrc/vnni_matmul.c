@@ -37,7 +37,8 @@ static inline int64_t tw_vnni_scratch_bytes(int64_t m_rows, int64_t k) {
   return 2 * m_rows * k + 32 * m_rows * (k / 32);
 }
 
-static void quantize_rows(const float* x, int64_t m_rows, int64_t k, QuantX qx) {
+/* halves: also each half block's sums (mode 16 only; the int4 / int8 paths skip them). */
+static void quantize_rows(const float* x, int64_t m_rows, int64_t k, QuantX qx, int halves) {
   const int64_t nb = k / 32;
   for (int64_t m = 0; m < m_rows; m++) {
     for (int64_t b = 0; b < nb; b++) {
@@ -58,6 +59,7 @@ static void quantize_rows(const float* x, int64_t m_rows, int64_t k, QuantX qx) 
       qx.s[m * nb + b] = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
       qx.qs[m * nb + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
       qx.rs[m * nb + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(j0, j1));
+      if (!halves) continue;
       qx.qs16[m * 2 * nb + 2 * b] = _mm512_reduce_add_epi32(i0);
       qx.qs16[m * 2 * nb + 2 * b + 1] = _mm512_reduce_add_epi32(i1);
       qx.rs16[m * 2 * nb + 2 * b] = _mm512_reduce_add_epi32(j0);
@@ -183,8 +185,9 @@ static void int8k_tile(const uint8_t* wt, const float* dt, const float* mt, int6
   for (int64_t i = 0; i < count; i++) _mm512_storeu_ps(y + (m0 + i) * ldy + t * 16, acc[i]);
 }
 
-/* x's rows quantized into scratch (tw_vnni_scratch_bytes(M, K) bytes). */
-static QuantX tw_vnni_quantize(const float* x, int64_t m_rows, int64_t k, void* scratch) {
+/* x's rows quantized into scratch (tw_vnni_scratch_bytes(M, K) bytes); halves: for mode 16. */
+static QuantX tw_vnni_quantize(const float* x, int64_t m_rows, int64_t k, void* scratch,
+                               int halves) {
   const int64_t nb = k / 32;
   QuantX qx;
   qx.q = (int8_t*)scratch;
@@ -195,7 +198,7 @@ static QuantX tw_vnni_quantize(const float* x, int64_t m_rows, int64_t k, void* 
   qx.rs = qx.qs + m_rows * nb;
   qx.qs16 = qx.rs + m_rows * nb;
   qx.rs16 = qx.qs16 + 2 * m_rows * nb;
-  quantize_rows(x, m_rows, k, qx);
+  quantize_rows(x, m_rows, k, qx, halves);
   return qx;
 }
 
@@ -226,6 +229,6 @@ static void tw_vnni_tiles(int mode, QuantX qx, int64_t m_rows, int64_t k, const 
 static void tw_vnni_matmul(int mode, const float* x, int64_t m_rows, int64_t k, const uint8_t* w,
                            const void* d, const void* mn, int64_t n16, float* y, void* scratch,
                            int threads) {
-  const QuantX qx = tw_vnni_quantize(x, m_rows, k, scratch);
+  const QuantX qx = tw_vnni_quantize(x, m_rows, k, scratch, mode == 16);
   tw_vnni_tiles(mode, qx, m_rows, k, w, d, mn, n16, y, n16, threads);
 }
