@@ -38,6 +38,8 @@ from tokenwire.kernels.vnni_matmul import VnniWeights
 # linears.
 PER_LAYER = 26
 PARTS = 2  # a linear's weights side by side along its output (Q4_K_M: q/k int4, v int8)
+
+
 @dataclass(frozen=True)
 class FusedStack:
     """The operator's weights: per layer the input and post-attention norm weights, then

@@ -84,7 +84,9 @@ def prepare_w8a16(
     fast = vnni and chosen in ("int4pack", "dense") and group_size in (16, 32)
     if backend == "vnni" or (fast and compute == torch.bfloat16 and vnni_supported(k, 32)):
         packed = pack_int8k_vnni(qweight, scales)
-        return W8A16Weights("vnni", n, k, group_size, compute, packed.weight, vnni=packed)
+        return W8A16Weights(
+            "vnni", n, k, group_size, compute, packed.weight, packed.scales, vnni=packed
+        )
     if chosen == "int4pack":
         chosen = "int8pack"
     if chosen == "dense":

@@ -64,7 +64,7 @@ def _linear8(n: int, k: int, g: torch.Generator, with_mins: bool) -> VnniWeights
     minimum per 32) int8 weights of about ``_linear``'s magnitude."""
     low, high, group = (0, 32, 32) if with_mins else (-32, 32, 16)
     codes = torch.randint(low, high, (n, k), generator=g).to(torch.int8)
-    scales = (torch.rand(n, k // group, generator=g) * 0.01 / math.sqrt(k / 128) + 5e-4)
+    scales = torch.rand(n, k // group, generator=g) * 0.01 / math.sqrt(k / 128) + 5e-4
     mins = -16 * scales if with_mins else None
     return pack_int8k_vnni(codes, scales, mins)
 

@@ -2,7 +2,7 @@
 (``kernels.fused_layers``, chosen by ``runtime.models.fused_stack``).
 
 Which models get it (the default model where the VNNI kernel runs; not with the flag off,
-``--dtype float32`` or linears that are not VNNI int4), that a LoRA-style swap of the linears
+``--dtype float32`` or linears that are not VNNI weights), that a LoRA-style swap of the linears
 sends the model back to its torch layers, and end to end: the same greedy tokens as the
 torch layers on chat prompts, and a prompt alone equals itself inside a batch of 16 at two
 threads (where torch's sdpa is not batch invariant).

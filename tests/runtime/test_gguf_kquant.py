@@ -8,7 +8,8 @@
 - A synthetic Q4_K_M-style GGUF (Q4_K q/k/o/gate/up, Q6_K v and down, Q5_K up on layer 1):
   with dtype auto on CPU it loads kept quantized (q/k/v part by part: int4 q/k beside an
   int8 v), runs the fused decoder stack, and its greedy tokens equal HF ``generate()`` on the
-  float32 de-quantized weights, each prompt alone and all of them in one batch.
+  float32 de-quantized weights, each prompt alone and all of them in one batch; so do the
+  torch layers over the same kept weights (``--no-cpu-fused-layers``).
 """
 
 from __future__ import annotations
@@ -115,3 +116,9 @@ def test_q4_k_m_runs_fused_kept_quantized_and_equals_hf(
     alone = [greedy(llm, [p], NEW_TOKENS)[0] for p in prompts]
     assert alone == want
     assert greedy(llm, prompts, NEW_TOKENS) == want
+    llm.shutdown()
+    # The torch layers over the same kept weights (vnni_matmul per linear, parts side by side).
+    torch_layers = LLM(str(path), device="cpu", num_gpu_blocks_override=64, cpu_fused_layers=False)
+    model = torch_layers.engine.executor.worker.runner.model  # type: ignore[attr-defined]
+    assert model.__dict__.get("_fused") is None
+    assert greedy(torch_layers, prompts, NEW_TOKENS) == want

@@ -40,6 +40,8 @@ LLAMA = {"hidden_size": 128, "intermediate_size": 256}
 # "Tell me a story about a lighthouse keeper.", ignore_eos); 16 leaves a margin for other CPUs'
 # bf16 kernels.
 BF16_AGREE = 16
+
+
 def _int4(hf: str) -> QT:
     return QT.Q4_0 if ".self_attn." in hf else QT.Q4_1
 

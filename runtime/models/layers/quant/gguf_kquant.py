@@ -101,3 +101,8 @@ class GGUFKQuantMethod:
         )  # fmt: skip
         layer.drop("qweight", "scales", "mins")
         layer.hold("kquant", prepared)
+        for i, part in enumerate(prepared.parts):  # the weight-byte count sees the parts too
+            for field in ("weight", "scales", "mins"):
+                tensor = getattr(part, field)
+                if tensor is not None:
+                    layer.register_buffer(f"kquant_{i}_{field}", tensor, persistent=False)
