@@ -34,18 +34,18 @@ import torch
 from tokenwire.kernels.attention_metadata import AttentionMetadata
 from tokenwire.kernels.vnni_matmul import VnniWeights
 
-# Tensors per layer in ``FusedStack.weights``: 2 norms + 2 parts x (weight, scales, mins) of 4
-# linears.
-PER_LAYER = 26
 PARTS = 2  # a linear's weights side by side along its output (Q4_K_M: q/k int4, v int8)
+LINEARS = 4  # per layer: qkv, o, gate_up, down
 
 
 @dataclass(frozen=True)
 class FusedStack:
     """The operator's weights: per layer the input and post-attention norm weights, then
-    qkv, o, gate_up and down as ``linear_tensors``; the final norm's weight last."""
+    qkv, o, gate_up and down as ``linear_tensors``; the final norm's weight last. ``parts``:
+    each linear's part count, layer by layer (``LINEARS`` per layer)."""
 
     weights: tuple[torch.Tensor, ...]
+    parts: tuple[int, ...]
     heads: int
     kv_heads: int
     head_dim: int
@@ -55,13 +55,17 @@ class FusedStack:
 
     @property
     def num_layers(self) -> int:
-        return (len(self.weights) - 1) // PER_LAYER
+        return len(self.parts) // LINEARS
+
+    def layer_start(self, layer: int) -> int:
+        """Index in ``weights`` of ``layer``'s input norm (``num_layers``: the final norm)."""
+        return 2 * layer + 3 * sum(self.parts[: LINEARS * layer])
 
 
 def linear_tensors(parts: Sequence[VnniWeights]) -> tuple[torch.Tensor, ...]:
-    """A linear's weights in the operator's order: ``PARTS`` x (weight, scales, mins), each
-    part int4 (``pack_int4_vnni``) or int8 "k" (``pack_int8k_vnni``, its mins empty when
-    none), an absent part empty. Every part but the last covers whole tiles of 16 outputs."""
+    """A linear's weights in the operator's order: (weight, scales, mins) per part, each int4
+    (``pack_int4_vnni``) or int8 "k" (``pack_int8k_vnni``, its mins empty when none), 1 to
+    ``PARTS`` parts; every part but the last covers whole tiles of 16 outputs."""
     if not 0 < len(parts) <= PARTS:
         raise ValueError(f"a fused linear takes 1 to {PARTS} parts, got {len(parts)}")
     out: list[torch.Tensor] = []
@@ -73,8 +77,6 @@ def linear_tensors(parts: Sequence[VnniWeights]) -> tuple[torch.Tensor, ...]:
             raise ValueError(f"a part of {w.out_features} outputs is not whole tiles of 16")
         mins = w.mins if w.mins is not None else w.scales[:0]
         out += [w.weight, w.scales, mins]
-    empty = torch.empty(0)
-    out += [empty.to(torch.uint8), empty, empty] * (PARTS - len(parts))
     return tuple(out)
 
 
@@ -97,7 +99,7 @@ def fused_layers(
         cos_sin,
         list(stack.weights),
         list(caches),
-        [stack.heads, stack.kv_heads, stack.head_dim, stack.intermediate],
+        [stack.heads, stack.kv_heads, stack.head_dim, stack.intermediate, *stack.parts],
         stack.eps,
         stack.scale,
     )

@@ -44,11 +44,10 @@ at::Tensor vnni_matmul(const at::Tensor& x, const at::Tensor& weight, const at::
 }
 
 // Per layer in `weights`: input norm, post-attention norm, then per linear (qkv, o, gate_up,
-// down) two parts of (weight, scales, mins): 26 tensors; the final norm last. A part's scales
-// say its kind: fp16 int4 (vnni_matmul.c's mode 4), float32 int8 (mode 16, mins empty when
-// none); an empty weight is no part.
-constexpr int64_t kPerLayer = 26;
-constexpr int64_t kPerLinear = 6;
+// down) its parts' (weight, scales, mins), dims[4 + 4 * layer + linear] parts each (1 or 2:
+// 14 tensors for a layer of one-part linears); the final norm last. A part's scales say its
+// kind: fp16 int4 (vnni_matmul.c's mode 4), float32 int8 (mode 16, mins empty when none).
+constexpr int64_t kLinears = 4;
 
 QPart q_part(at::TensorList w, int64_t at, int64_t k) {
   const at::Tensor& codes = w[at];
@@ -70,31 +69,39 @@ QPart q_part(at::TensorList w, int64_t at, int64_t k) {
                no_mins ? nullptr : mins.data_ptr(), n16};
 }
 
-QLinear q_linear(at::TensorList w, int64_t at, int64_t k) {
+QLinear q_linear(at::TensorList w, int64_t at, int64_t k, int64_t nparts) {
+  TORCH_CHECK(nparts == 1 || nparts == 2, "tokenwire_vnni::fused_layers: 1 or 2 parts a linear");
   QLinear lin{};
-  for (int64_t i = 0; i < 2; i++) {
-    if (w[at + 3 * i].numel() == 0) continue;
-    lin.parts[lin.nparts] = q_part(w, at + 3 * i, k);
-    lin.n16 += lin.parts[lin.nparts].n16;
-    lin.nparts++;
+  for (int64_t i = 0; i < nparts; i++) {
+    lin.parts[i] = q_part(w, at + 3 * i, k);
+    lin.n16 += lin.parts[i].n16;
   }
-  TORCH_CHECK(lin.nparts > 0, "tokenwire_vnni::fused_layers: a linear without weights");
+  lin.nparts = static_cast<int>(nparts);
   return lin;
 }
 
-FusedLayer fused_layer_at(at::TensorList w, at::TensorList caches, int64_t i, const FusedDims& dm) {
-  const int64_t base = i * kPerLayer, q_width = dm.heads * dm.head_dim;
+// Layer i's tensors start at `base` of `w`; base moves past them.
+FusedLayer fused_layer_at(at::TensorList w, at::TensorList caches, int64_t i, const FusedDims& dm,
+                          at::IntArrayRef dims, int64_t& base) {
+  const int64_t q_width = dm.heads * dm.head_dim;
   const at::Tensor& k_cache = caches[2 * i];
   const at::Tensor& v_cache = caches[2 * i + 1];
   TORCH_CHECK(k_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
                   v_cache.scalar_type() == at::kFloat && v_cache.is_contiguous() &&
                   k_cache.size(1) == dm.block_size,
               "tokenwire_vnni::fused_layers: KV caches must be contiguous float32");
+  const int64_t* parts = dims.data() + 4 + kLinears * i;
+  int64_t tensors = 2;
+  for (int64_t j = 0; j < kLinears; j++) tensors += 3 * parts[j];
+  TORCH_CHECK(base + tensors < static_cast<int64_t>(w.size()),
+              "tokenwire_vnni::fused_layers: weights do not match the parts in dims");
+  const int64_t qkv = base + 2, o = qkv + 3 * parts[0], gu = o + 3 * parts[1];
+  const int64_t down = gu + 3 * parts[2];
   FusedLayer layer{w[base].data_ptr<float>(), w[base + 1].data_ptr<float>(),
-                   q_linear(w, base + 2, dm.hidden), q_linear(w, base + 2 + kPerLinear, q_width),
-                   q_linear(w, base + 2 + 2 * kPerLinear, dm.hidden),
-                   q_linear(w, base + 2 + 3 * kPerLinear, dm.inter),
+                   q_linear(w, qkv, dm.hidden, parts[0]), q_linear(w, o, q_width, parts[1]),
+                   q_linear(w, gu, dm.hidden, parts[2]), q_linear(w, down, dm.inter, parts[3]),
                    k_cache.data_ptr<float>(), v_cache.data_ptr<float>()};
+  base += tensors;
   TORCH_CHECK(layer.qkv.n16 >= q_width + 2 * dm.kv_heads * dm.head_dim &&
                   layer.gate_up.n16 >= 2 * dm.inter && layer.o.n16 >= dm.hidden &&
                   layer.down.n16 == layer.o.n16,
@@ -111,11 +118,10 @@ at::Tensor fused_layers(const at::Tensor& hidden, const at::Tensor& positions,
                   positions.scalar_type() == at::kLong && slots.scalar_type() == at::kLong &&
                   query_start_loc.scalar_type() == at::kInt &&
                   block_tables.scalar_type() == at::kInt && block_tables.is_contiguous() &&
-                  cos_sin.scalar_type() == at::kFloat && cos_sin.is_contiguous() && dims.size() == 4,
+                  cos_sin.scalar_type() == at::kFloat && cos_sin.is_contiguous() &&
+                  static_cast<int64_t>(dims.size()) == 4 + kLinears * (static_cast<int64_t>(caches.size()) / 2),
               "tokenwire_vnni::fused_layers: unexpected argument types");
   const int64_t layers = static_cast<int64_t>(caches.size()) / 2;
-  TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * kPerLayer + 1,
-              "tokenwire_vnni::fused_layers: weights do not match the caches");
   FusedDims dm{hidden.size(0), hidden.size(1), dims[3], dims[0], dims[1], dims[2],
                layers > 0 ? caches[0].size(1) : 1, block_tables.size(1),
                static_cast<float>(eps), static_cast<float>(scale), at::get_num_threads()};
@@ -136,7 +142,11 @@ at::Tensor fused_layers(const at::Tensor& hidden, const at::Tensor& positions,
   TORCH_CHECK(max_pos < dm.max_blocks * dm.block_size && max_pos < cos_sin.size(0),
               "tokenwire_vnni::fused_layers: positions past the block tables or rotary table");
   std::vector<FusedLayer> stack;
-  for (int64_t i = 0; i < layers; i++) stack.push_back(fused_layer_at(weights, caches, i, dm));
+  int64_t base = 0;
+  for (int64_t i = 0; i < layers; i++)
+    stack.push_back(fused_layer_at(weights, caches, i, dm, dims, base));
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == base + 1,
+              "tokenwire_vnni::fused_layers: weights do not match the caches");
   const FusedLayer* first = layers > 0 ? &stack[0] : nullptr;
   for (const FusedLayer& layer : stack)
     TORCH_CHECK(layer.qkv.n16 == first->qkv.n16 && layer.o.n16 == first->o.n16 &&
@@ -170,7 +180,7 @@ at::Tensor fused_layers(const at::Tensor& hidden, const at::Tensor& positions,
                 cos_sin.data_ptr<float>(), &dm, &buf);
   at::Tensor out = at::empty({t_rows, dm.hidden}, hidden.options());
   add_norm_rows(buf.residual, layers > 0 ? buf.proj : nullptr, proj16,
-                weights[layers * kPerLayer].data_ptr<float>(), &dm, out.data_ptr<float>());
+                weights[base].data_ptr<float>(), &dm, out.data_ptr<float>());
   for (int64_t t = 0; t < t_rows; t++)
     if (slot[t] < 0) std::fill(out.data_ptr<float>() + t * dm.hidden, out.data_ptr<float>() + (t + 1) * dm.hidden, 0.0f);
   return out;

@@ -120,6 +120,7 @@ def fused_stack_reason(model: StackParts) -> str | None:
 def build_fused_stack(model: StackParts) -> FusedModel:
     """The operator's weights for a model ``fused_stack_reason`` accepts."""
     weights: list[torch.Tensor] = []
+    counts: list[int] = []
     for layer in model.layers:
         assert isinstance(layer, DecoderLayer)
         weights += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
@@ -127,6 +128,7 @@ def build_fused_stack(model: StackParts) -> FusedModel:
             parts = _vnni_parts(module)
             assert parts is not None
             weights += linear_tensors(parts)
+            counts.append(len(parts))
     assert isinstance(model.final_norm, RMSNorm)
     weights.append(model.final_norm.weight)
     arch, first = model.arch, model.layers[0]
@@ -135,6 +137,7 @@ def build_fused_stack(model: StackParts) -> FusedModel:
     assert isinstance(attn, Attention)
     stack = FusedStack(
         weights=tuple(w.detach().contiguous() for w in weights),
+        parts=tuple(counts),
         heads=attn.num_heads,
         kv_heads=attn.num_kv_heads,
         head_dim=arch.head_dim,

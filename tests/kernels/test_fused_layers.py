@@ -22,7 +22,7 @@ from kernel_inputs import build_metadata, new_cache, scatter_blocks
 
 from tokenwire.kernels.activation import silu_and_mul_ref
 from tokenwire.kernels.attention_metadata import AttentionMetadata
-from tokenwire.kernels.fused_layers import PER_LAYER, FusedStack, fused_layers, linear_tensors
+from tokenwire.kernels.fused_layers import FusedStack, fused_layers, linear_tensors
 from tokenwire.kernels.paged_attention import paged_attention_dense_ref
 from tokenwire.kernels.rmsnorm import fused_add_rms_norm_ref, rms_norm_ref
 from tokenwire.kernels.rotary import apply_rotary_ref, build_cos_sin_cache, compute_inv_freq
@@ -98,7 +98,10 @@ def _stack(seed: int = 0, mixed: bool = False) -> tuple[FusedStack, list[list[Li
             weights += linear_tensors(parts)
         linears.append(layer)
     weights.append(1 + 0.1 * torch.randn(HIDDEN, generator=g))
-    stack = FusedStack(tuple(weights), HEADS, KV_HEADS, HEAD_DIM, INTER, 1e-5, HEAD_DIM**-0.5)
+    counts = tuple(len(parts) for layer in linears for parts in layer)
+    stack = FusedStack(
+        tuple(weights), counts, HEADS, KV_HEADS, HEAD_DIM, INTER, 1e-5, HEAD_DIM**-0.5
+    )
     return stack, linears
 
 
@@ -132,7 +135,7 @@ def _reference(
     w, residual, h = stack.weights, hidden, hidden
     q_size, kv_size = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
     for i, (qkv_w, o_w, gu_w, down_w) in enumerate(linears):
-        in_norm, post_norm = w[PER_LAYER * i], w[PER_LAYER * i + 1]
+        in_norm, post_norm = w[stack.layer_start(i)], w[stack.layer_start(i) + 1]
         if i == 0:
             x = rms_norm_ref(hidden, in_norm, stack.eps)
         else:
