@@ -12,7 +12,8 @@ row over the paged cache, ``o_proj``, the residual add and norm, ``gate_up``, Sw
 ``down``, then the final norm, with no dispatcher call or allocation between them.
 
 Scope (``runtime.models.fused_stack`` decides per model): float32 activations and KV cache,
-every linear a VNNI int4 weight without bias, plain RMSNorm, SwiGLU, full causal attention
+every linear VNNI int4 or int8 "k" weights without bias (up to two parts side by side:
+Q4_K_M's int4 q/k beside its Q6_K v), plain RMSNorm, SwiGLU, full causal attention
 with rotary on every layer (no windows, chunks, sinks, soft-caps or q/k norms), one rank.
 Every row (decode or prefill) is a single-token query over its own keys ``[0, position]``,
 each reduction in one fixed order: a row's result does not depend on the other rows of the
@@ -33,16 +34,18 @@ import torch
 from tokenwire.kernels.attention_metadata import AttentionMetadata
 from tokenwire.kernels.vnni_matmul import VnniWeights
 
-# Tensors per layer in ``FusedStack.weights``: 2 norms + (weight, scales, mins) of 4 linears.
-PER_LAYER = 14
+PARTS = 2  # a linear's weights side by side along its output (Q4_K_M: q/k int4, v int8)
+LINEARS = 4  # per layer: qkv, o, gate_up, down
 
 
 @dataclass(frozen=True)
 class FusedStack:
     """The operator's weights: per layer the input and post-attention norm weights, then
-    qkv, o, gate_up and down as (weight, scales, mins); the final norm's weight last."""
+    qkv, o, gate_up and down as ``linear_tensors``; the final norm's weight last. ``parts``:
+    each linear's part count, layer by layer (``LINEARS`` per layer)."""
 
     weights: tuple[torch.Tensor, ...]
+    parts: tuple[int, ...]
     heads: int
     kv_heads: int
     head_dim: int
@@ -52,14 +55,29 @@ class FusedStack:
 
     @property
     def num_layers(self) -> int:
-        return (len(self.weights) - 1) // PER_LAYER
+        return len(self.parts) // LINEARS
+
+    def layer_start(self, layer: int) -> int:
+        """Index in ``weights`` of ``layer``'s input norm (``num_layers``: the final norm)."""
+        return 2 * layer + 3 * sum(self.parts[: LINEARS * layer])
 
 
-def linear_tensors(w: VnniWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """An int4 linear's three tensors in the operator's order."""
-    if w.bits != 4 or w.mins is None:
-        raise ValueError("fused layers take int4 VNNI weights only")
-    return w.weight, w.scales, w.mins
+def linear_tensors(parts: Sequence[VnniWeights]) -> tuple[torch.Tensor, ...]:
+    """A linear's weights in the operator's order: (weight, scales, mins) per part, each int4
+    (``pack_int4_vnni``) or int8 "k" (``pack_int8k_vnni``, its mins empty when none), 1 to
+    ``PARTS`` parts; every part but the last covers whole tiles of 16 outputs."""
+    if not 0 < len(parts) <= PARTS:
+        raise ValueError(f"a fused linear takes 1 to {PARTS} parts, got {len(parts)}")
+    out: list[torch.Tensor] = []
+    for i, w in enumerate(parts):
+        int4 = w.bits == 4 and w.mins is not None
+        if not int4 and w.mode != 16:
+            raise ValueError("fused layers take int4 or int8 (float32 scales) VNNI weights only")
+        if i < len(parts) - 1 and w.out_features % 16:
+            raise ValueError(f"a part of {w.out_features} outputs is not whole tiles of 16")
+        mins = w.mins if w.mins is not None else w.scales[:0]
+        out += [w.weight, w.scales, mins]
+    return tuple(out)
 
 
 def fused_layers(
@@ -81,7 +99,7 @@ def fused_layers(
         cos_sin,
         list(stack.weights),
         list(caches),
-        [stack.heads, stack.kv_heads, stack.head_dim, stack.intermediate],
+        [stack.heads, stack.kv_heads, stack.head_dim, stack.intermediate, *stack.parts],
         stack.eps,
         stack.scale,
     )

@@ -12,10 +12,13 @@ are then scaled by the two blocks' scales. Measured, 1 thread, SmolLM2-135M's 30
 linears per step (distinct weights, streamed from memory; docs/benchmarks.md): 1 row 6.2 ms
 (torch int4: 6.5), 16 rows 25.7 ms (40.9), 128 rows 166 ms (320).
 
-Layout (``pack_int4_vnni`` / ``pack_int8_vnni``, made once at load): rows in tiles of 16
-(padded with zero rows), codes interleaved so one 64-byte load feeds 16 rows' dot products
-over 4 (int8) or 8 (int4, two nibbles) elements; per-block scales (and int4's minimums,
-``W = scale * code + min``) as fp16, 16 rows side by side.
+Layout (``pack_int4_vnni`` / ``pack_int8_vnni`` / ``pack_int8k_vnni``, made once at load): rows
+in tiles of 16 (padded with zero rows), codes interleaved so one 64-byte load feeds 16 rows'
+dot products over 4 (int8) or 8 (int4, two nibbles) elements; per-block scales (and int4's
+minimums, ``W = scale * code + min``) as fp16, 16 rows side by side. ``pack_int8k_vnni`` (GGUF
+Q8_0, Q6_K, Q5_K): int8 codes with float32 scales per 16 inputs (each half block's integer
+dot scaled on its own) and optional float32 minimums per 32, so ``d * sc`` products that are
+not fp16 values stay exact: the de-quantized weight equals ``gguf.quants.dequantize``'s.
 
 Exactness: not the float32 path. The weights are the checkpoint's own codes (exact where the
 scales and minimums are fp16 values, as GGUF's are). The activations are two int8 parts per
@@ -52,7 +55,9 @@ _CC_FLAGS = (
 @dataclass(frozen=True)
 class VnniWeights:
     """One linear's weights in the kernel's layout: ``weight`` uint8 tiles, ``scales`` (and
-    int4's ``mins``) fp16 tiles; ``out_features`` rows before padding to 16."""
+    int4's ``mins``) fp16 tiles; ``out_features`` rows before padding to 16. ``scale_group``
+    16: int8 codes with float32 scales per 16 inputs and float32 ``mins`` per 32 or none
+    (``pack_int8k_vnni``, GGUF Q8_0 / Q5_K / Q6_K exactly)."""
 
     bits: int
     out_features: int
@@ -60,6 +65,13 @@ class VnniWeights:
     weight: torch.Tensor
     scales: torch.Tensor
     mins: torch.Tensor | None
+    scale_group: int = BLOCK
+
+    @property
+    def mode(self) -> int:
+        """The operator's ``bits``: 4 (int4), 8 (int8, fp16 scales per 32) or 16 (int8,
+        float32 scales per 16)."""
+        return self.bits if self.scale_group == BLOCK else 16
 
 
 def _cpu_flags() -> set[str]:
@@ -92,10 +104,10 @@ def vnni_supported(in_features: int, group_size: int) -> bool:
     return shapes and vnni_status().loaded
 
 
-def _tiles(values: torch.Tensor) -> torch.Tensor:
-    """Per-block ``[N16, K / 32]`` -> fp16 ``[N16 / 16, K / 32, 16]``."""
+def _tiles(values: torch.Tensor, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """Per-group ``[N16, G]`` -> ``[N16 / 16, G, 16]`` in ``dtype`` (fp16 unless given)."""
     n16, blocks = values.shape
-    return values.reshape(n16 // 16, 16, blocks).permute(0, 2, 1).to(torch.float16).contiguous()
+    return values.reshape(n16 // 16, 16, blocks).permute(0, 2, 1).to(dtype).contiguous()
 
 
 def _pad_rows(t: torch.Tensor, value: float = 0) -> torch.Tensor:
@@ -114,20 +126,46 @@ def pack_int4_vnni(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
     return VnniWeights(4, n, k, packed, _tiles(s), _tiles(m))
 
 
+def _pack_int8_codes(codes: torch.Tensor) -> torch.Tensor:
+    k = codes.shape[1]
+    shifted = (_pad_rows(codes.cpu().to(torch.int16)) + 128).to(torch.uint8)
+    return shifted.reshape(-1, 16, k // 4, 4).permute(0, 2, 1, 3).contiguous().reshape(-1)
+
+
 def pack_int8_vnni(codes: torch.Tensor, scales: torch.Tensor) -> VnniWeights:
     """``codes`` [N, K] int8, ``scales`` [N, K / 32]: W = scale * code (loads the library)."""
     vnni_status()
     n, k = codes.shape
-    shifted = (_pad_rows(codes.cpu().to(torch.int16)) + 128).to(torch.uint8)
-    packed = shifted.reshape(-1, 16, k // 4, 4).permute(0, 2, 1, 3).contiguous().reshape(-1)
+    packed = _pack_int8_codes(codes)
     return VnniWeights(8, n, k, packed, _tiles(_pad_rows(scales.float().cpu())), None)
+
+
+def pack_int8k_vnni(
+    codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None = None
+) -> VnniWeights:
+    """``codes`` [N, K] int8, float32 ``scales`` [N, K / 16] or [N, K / 32] (spread to 16),
+    ``mins`` [N, K / 32] or None: W = scale * code (+ min), the scales and minimums kept
+    float32 (a K-quant's ``d * sc`` is not an fp16 value). Loads the library."""
+    vnni_status()
+    n, k = codes.shape
+    s = scales.float().cpu()
+    s = s.repeat_interleave(2, dim=1) if s.shape[1] == k // BLOCK else s
+    m = None if mins is None else _tiles(_pad_rows(mins.float().cpu()), torch.float32)
+    packed = _pack_int8_codes(codes)
+    return VnniWeights(8, n, k, packed, _tiles(_pad_rows(s), torch.float32), m, 16)
 
 
 def dequantize_vnni(w: VnniWeights) -> torch.Tensor:
     """The float32 ``[N, K]`` weight the kernel multiplies by (tests, references)."""
     k, blocks = w.in_features, w.in_features // BLOCK
-    scales = w.scales.float().permute(0, 2, 1).reshape(-1, blocks)
-    if w.bits == 8:
+    scales = w.scales.float().permute(0, 2, 1).reshape(-1, w.scales.shape[1])
+    if w.mode == 16:
+        codes = w.weight.reshape(-1, k // 4, 16, 4).permute(0, 2, 1, 3).reshape(-1, k)
+        values = (codes.to(torch.int16) - 128).float().reshape(-1, k // 16, 16)
+        dense = (values * scales[..., None]).reshape(-1, blocks, BLOCK)
+        if w.mins is not None:
+            dense = dense + w.mins.permute(0, 2, 1).reshape(-1, blocks)[..., None]
+    elif w.bits == 8:
         codes = w.weight.reshape(-1, k // 4, 16, 4).permute(0, 2, 1, 3).reshape(-1, k)
         codes = codes.to(torch.int16) - 128
         dense = codes.float().reshape(-1, blocks, BLOCK) * scales[..., None]
@@ -147,9 +185,9 @@ def vnni_matmul(x: torch.Tensor, w: VnniWeights) -> torch.Tensor:
     check ``vnni_supported`` first (not here: a cached call would split a compiled graph)."""
     lead, k = x.shape[:-1], w.in_features
     x2 = x.reshape(-1, k).to(torch.float32).contiguous()
-    mins = w.scales if w.mins is None else w.mins
+    mins = w.mins if w.mins is not None else w.scales[:0] if w.mode == 16 else w.scales
     y: torch.Tensor = torch.ops.tokenwire_vnni.matmul.default(
-        x2, w.weight, w.scales, mins, w.bits, w.out_features
+        x2, w.weight, w.scales, mins, w.mode, w.out_features
     )
     return y.reshape(*lead, w.out_features)
 

@@ -10,6 +10,8 @@ Backends (``w4a16.choose_backend``):
   for bf16 matmuls.
 - ``dequant``: dequantize per call (CUDA without triton).
 - ``dense``: a dequantized copy made at prepare (CPU float32/fp16, or grouped scales).
+- ``vnni``: ``kernels.vnni_matmul``'s int8 layout with float32 scales per 16 inputs
+  (``pack_int8k_vnni``), for a GGUF kept quantized on CPU (``vnni=True``; Q8_0 / Q6_K).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tokenwire.kernels.vnni_matmul import VnniWeights, pack_int8k_vnni, vnni_matmul, vnni_supported
 from tokenwire.kernels.w4a16 import Backend, choose_backend
 
 
@@ -37,6 +40,7 @@ class W8A16Weights:
     compute_dtype: torch.dtype
     qweight: torch.Tensor
     scales: torch.Tensor | None = None
+    vnni: VnniWeights | None = None
 
 
 def dequantize_w8a16(qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -68,13 +72,21 @@ def prepare_w8a16(
     *,
     compute_dtype: torch.dtype | None = None,
     backend: Backend | None = None,
+    vnni: bool = False,
 ) -> W8A16Weights:
-    """Prepare the canonical int8 weights once (see ``w4a16.prepare_w4a16`` for the knobs)."""
+    """Prepare the canonical int8 weights once (see ``w4a16.prepare_w4a16`` for the knobs;
+    ``vnni``: on CPU with ``compute_dtype`` bfloat16, the VNNI kernel where this machine can)."""
     device = torch.device(device)
     k, n = validate_w8a16(qweight, scales, group_size)
     compute = compute_dtype or dtype
     per_channel = scales.shape[1] == 1
     chosen = backend or choose_backend(device, compute, cpu_packable=per_channel)
+    fast = vnni and chosen in ("int4pack", "dense") and group_size in (16, 32)
+    if backend == "vnni" or (fast and compute == torch.bfloat16 and vnni_supported(k, 32)):
+        packed = pack_int8k_vnni(qweight, scales)
+        return W8A16Weights(
+            "vnni", n, k, group_size, compute, packed.weight, packed.scales, vnni=packed
+        )
     if chosen == "int4pack":
         chosen = "int8pack"
     if chosen == "dense":
@@ -100,7 +112,11 @@ def w8a16_matmul(
     lead = x.shape[:-1]
     x2 = x.reshape(-1, w.in_features)
     assert w.scales is not None or w.backend == "dense"
-    if w.backend == "triton":
+    if w.backend == "vnni":
+        assert w.vnni is not None
+        y = vnni_matmul(x2, w.vnni).to(x.dtype)
+        y = y if bias is None else y + bias
+    elif w.backend == "triton":
         from tokenwire.kernels.quant_matmul_triton import w8a16_matmul_triton
 
         assert w.scales is not None

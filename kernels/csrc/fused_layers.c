@@ -1,6 +1,6 @@
 /* A Llama-style decoder stack in one call, for the CPU fast path (tokenwire.kernels.fused_layers
- * builds the operator and says which models it serves): RMSNorm, the VNNI int4 linears of
- * vnni_matmul.c, rotary, the paged KV-cache write and causal attention over the paged cache,
+ * builds the operator and says which models it serves): RMSNorm, the VNNI int4 / int8 linears
+ * of vnni_matmul.c, rotary, the paged KV-cache write and causal attention over the paged cache,
  * SwiGLU and the residual stream, all on float32 buffers with no dispatcher call between them.
  *
  * Every token row is computed on its own: norms, rotary and activations per row, attention of
@@ -19,17 +19,25 @@ typedef struct {
   int threads;
 } FusedDims;
 
-typedef struct {  /* one int4 linear in vnni_matmul.c's layout */
+typedef struct {  /* one weight of vnni_matmul.c: mode 4 (int4) or 16 (int8 "k") */
+  int mode;
   const uint8_t* w;
-  const uint16_t* d;
-  const uint16_t* mn;
-  int64_t n16;  /* output row stride (rows padded to 16) */
-} Int4Linear;
+  const void* d;
+  const void* mn;  /* NULL: none (mode 16 only) */
+  int64_t n16;     /* its output columns (padded to 16) */
+} QPart;
+
+typedef struct {  /* one linear: up to two parts side by side along the output (Q4_K_M's q/k
+                     int4 beside its v int8), each a whole number of 16-column tiles */
+  QPart parts[2];
+  int nparts;
+  int64_t n16;  /* output row stride: the parts' columns together */
+} QLinear;
 
 typedef struct {
   const float* in_norm;
   const float* post_norm;
-  Int4Linear qkv, o, gate_up, down;
+  QLinear qkv, o, gate_up, down;
   float* k_cache; /* [blocks, block_size, kv_heads, head_dim] */
   float* v_cache;
 } FusedLayer;
@@ -183,9 +191,17 @@ static void silu_and_mul_rows(const float* gu, int64_t stride, const FusedDims* 
   }
 }
 
-static void linear(const Int4Linear* lin, const float* x, int64_t k, const FusedDims* dm,
+static void linear(const QLinear* lin, const float* x, int64_t k, const FusedDims* dm,
                    float* y, void* quant) {
-  tw_vnni_matmul(4, x, dm->tokens, k, lin->w, lin->d, lin->mn, lin->n16, y, quant, dm->threads);
+  const int halves = lin->parts[0].mode == 16 || (lin->nparts > 1 && lin->parts[1].mode == 16);
+  const QuantX qx = tw_vnni_quantize(x, dm->tokens, k, quant, halves);
+  int64_t col = 0;
+  for (int i = 0; i < lin->nparts; i++) {
+    const QPart* p = &lin->parts[i];
+    tw_vnni_tiles(p->mode, qx, dm->tokens, k, p->w, p->d, p->mn, p->n16, y + col, lin->n16,
+                  dm->threads);
+    col += p->n16;
+  }
 }
 
 /* One decoder layer: residual (and the previous layer's MLP output in buf->proj, unless

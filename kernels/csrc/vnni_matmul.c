@@ -6,7 +6,10 @@
  *         g holds row r's code of element 8g+j (low nibble) and 8g+4+j (high nibble);
  *   int8: W = d * code, code in [-128, 128) stored + 128: w8 [N16/16][K/4][64] bytes, byte
  *         4r+j of group g holds row r's element 4g+j;
- *   d, mn: fp16 [N16/16][K/32][16].
+ *   d, mn: fp16 [N16/16][K/32][16];
+ *   int8 "k" (mode 16, GGUF Q8_0 / Q5_K / Q6_K kept exactly): W = d * code (+ mn), codes as
+ *         int8's, d float32 per 16 elements [N16/16][K/16][16], mn float32 per 32 elements
+ *         [N16/16][K/32][16] or absent (NULL).
  * x is quantized per 32-element block in two int8 parts, x ~ dx * (q1 + q2 / 254) with
  * dx = amax / 127: q1 as llama.cpp's Q8_1 (round to nearest even), q2 the rounded residual,
  * so x keeps ~15 bits against its block's largest value (more than bf16's 8). Every output
@@ -25,9 +28,17 @@ typedef struct {
   float* s;     /* [M, K/32] sum of the block's x (int4: the mn term) */
   int32_t* qs;  /* [M, K/32] sum of the block's q1 (int8: the +128 offset) */
   int32_t* rs;  /* [M, K/32] sum of the block's q2 */
+  int32_t* qs16; /* [M, K/16] sum of each half block's q1 (mode 16's +128 offset) */
+  int32_t* rs16; /* [M, K/16] sum of each half block's q2 */
 } QuantX;
 
-static void quantize_rows(const float* x, int64_t m_rows, int64_t k, QuantX qx) {
+/* Bytes of scratch one call needs for M rows of K. */
+static inline int64_t tw_vnni_scratch_bytes(int64_t m_rows, int64_t k) {
+  return 2 * m_rows * k + 32 * m_rows * (k / 32);
+}
+
+/* halves: also each half block's sums (mode 16 only; the int4 / int8 paths skip them). */
+static void quantize_rows(const float* x, int64_t m_rows, int64_t k, QuantX qx, int halves) {
   const int64_t nb = k / 32;
   for (int64_t m = 0; m < m_rows; m++) {
     for (int64_t b = 0; b < nb; b++) {
@@ -48,6 +59,11 @@ static void quantize_rows(const float* x, int64_t m_rows, int64_t k, QuantX qx) 
       qx.s[m * nb + b] = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
       qx.qs[m * nb + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
       qx.rs[m * nb + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(j0, j1));
+      if (!halves) continue;
+      qx.qs16[m * 2 * nb + 2 * b] = _mm512_reduce_add_epi32(i0);
+      qx.qs16[m * 2 * nb + 2 * b + 1] = _mm512_reduce_add_epi32(i1);
+      qx.rs16[m * 2 * nb + 2 * b] = _mm512_reduce_add_epi32(j0);
+      qx.rs16[m * 2 * nb + 2 * b + 1] = _mm512_reduce_add_epi32(j1);
     }
   }
 }
@@ -74,7 +90,7 @@ static inline __m512 int4_block(const __m512i* lo, const __m512i* hi, const int8
 
 /* Rows m0 .. m0+count-1 (count <= 4) of x against tile t of the int4 weight. */
 static void int4_tile(const uint8_t* wt, const uint16_t* dt, const uint16_t* mt, int64_t k,
-                      QuantX qx, int64_t m0, int64_t count, float* y, int64_t n16, int64_t t) {
+                      QuantX qx, int64_t m0, int64_t count, float* y, int64_t ldy, int64_t t) {
   const int64_t nb = k / 32;
   const __m512i mask = _mm512_set1_epi8(0x0F);
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
@@ -94,12 +110,12 @@ static void int4_tile(const uint8_t* wt, const uint16_t* dt, const uint16_t* mt,
                           qx.d[m * nb + b], qx.s[m * nb + b], acc[i]);
     }
   }
-  for (int64_t i = 0; i < count; i++) _mm512_storeu_ps(y + (m0 + i) * n16 + t * 16, acc[i]);
+  for (int64_t i = 0; i < count; i++) _mm512_storeu_ps(y + (m0 + i) * ldy + t * 16, acc[i]);
 }
 
 /* Rows m0 .. m0+count-1 (count <= 4) of x against tile t of the int8 weight. */
 static void int8_tile(const uint8_t* wt, const uint16_t* dt, int64_t k, QuantX qx, int64_t m0,
-                      int64_t count, float* y, int64_t n16, int64_t t) {
+                      int64_t count, float* y, int64_t ldy, int64_t t) {
   const int64_t nb = k / 32;
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                    _mm512_setzero_ps()};
@@ -124,13 +140,54 @@ static void int8_tile(const uint8_t* wt, const uint16_t* dt, int64_t k, QuantX q
       acc[i] = _mm512_fmadd_ps(both, scale, acc[i]);
     }
   }
-  for (int64_t i = 0; i < count; i++) _mm512_storeu_ps(y + (m0 + i) * n16 + t * 16, acc[i]);
+  for (int64_t i = 0; i < count; i++) _mm512_storeu_ps(y + (m0 + i) * ldy + t * 16, acc[i]);
 }
 
-/* scratch: 2*M*K int8 + 4*M*(K/32) 4-byte words. bits: 4 (w4, d, mn) or 8 (w8, d; mn unused). */
-static void tw_vnni_matmul(int bits, const float* x, int64_t m_rows, int64_t k, const uint8_t* w,
-                    const uint16_t* d, const uint16_t* mn, int64_t n16, float* y,
-                    void* scratch, int threads) {
+/* One half block (16 elements, k-groups g0 .. g0+3) of one row of mode 16: the integer dots
+ * less the +128 offset, q2's scaled by 1/254 and added to q1's. */
+static inline __m512 int8k_half(const __m512i* wv, int g0, const int8_t* q, const int8_t* r,
+                                int32_t qsum, int32_t rsum) {
+  __m512i ia = _mm512_setzero_si512(), ra = _mm512_setzero_si512();
+  for (int g = g0; g < g0 + 4; g++) {
+    ia = _mm512_dpbusd_epi32(ia, wv[g], _mm512_set1_epi32(*(const int32_t*)(q + 4 * g)));
+    ra = _mm512_dpbusd_epi32(ra, wv[g], _mm512_set1_epi32(*(const int32_t*)(r + 4 * g)));
+  }
+  const __m512i dot = _mm512_sub_epi32(ia, _mm512_set1_epi32(128 * qsum));
+  const __m512i rdot = _mm512_sub_epi32(ra, _mm512_set1_epi32(128 * rsum));
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(rdot), _mm512_set1_ps(1.0f / RESIDUAL),
+                         _mm512_cvtepi32_ps(dot));
+}
+
+/* Rows m0 .. m0+count-1 (count <= 4) of x against tile t of a mode-16 int8 weight (float32
+ * scales per 16 elements, float32 minimums per 32 or none). */
+static void int8k_tile(const uint8_t* wt, const float* dt, const float* mt, int64_t k, QuantX qx,
+                       int64_t m0, int64_t count, float* y, int64_t ldy, int64_t t) {
+  const int64_t nb = k / 32;
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                   _mm512_setzero_ps()};
+  for (int64_t b = 0; b < nb; b++) {
+    const __m512 d0 = _mm512_loadu_ps(dt + 2 * b * 16), d1 = _mm512_loadu_ps(dt + (2 * b + 1) * 16);
+    __m512i wv[8];
+    for (int g = 0; g < 8; g++) wv[g] = _mm512_loadu_si512((const void*)(wt + (b * 8 + g) * 64));
+    for (int64_t i = 0; i < count; i++) {
+      const int64_t m = m0 + i, h = m * 2 * nb + 2 * b;
+      const int8_t* q = qx.q + m * k + b * 32;
+      const int8_t* r = qx.r + m * k + b * 32;
+      const __m512 dx = _mm512_set1_ps(qx.d[m * nb + b]);
+      const __m512 lo = int8k_half(wv, 0, q, r, qx.qs16[h], qx.rs16[h]);
+      const __m512 hi = int8k_half(wv, 4, q, r, qx.qs16[h + 1], qx.rs16[h + 1]);
+      acc[i] = _mm512_fmadd_ps(lo, _mm512_mul_ps(d0, dx), acc[i]);
+      acc[i] = _mm512_fmadd_ps(hi, _mm512_mul_ps(d1, dx), acc[i]);
+      if (mt != NULL)
+        acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(mt + b * 16), _mm512_set1_ps(qx.s[m * nb + b]), acc[i]);
+    }
+  }
+  for (int64_t i = 0; i < count; i++) _mm512_storeu_ps(y + (m0 + i) * ldy + t * 16, acc[i]);
+}
+
+/* x's rows quantized into scratch (tw_vnni_scratch_bytes(M, K) bytes); halves: for mode 16. */
+static QuantX tw_vnni_quantize(const float* x, int64_t m_rows, int64_t k, void* scratch,
+                               int halves) {
   const int64_t nb = k / 32;
   QuantX qx;
   qx.q = (int8_t*)scratch;
@@ -139,17 +196,39 @@ static void tw_vnni_matmul(int bits, const float* x, int64_t m_rows, int64_t k, 
   qx.s = qx.d + m_rows * nb;
   qx.qs = (int32_t*)(qx.s + m_rows * nb);
   qx.rs = qx.qs + m_rows * nb;
-  quantize_rows(x, m_rows, k, qx);
-  const int64_t tiles = n16 / 16;
-  const int64_t wbytes = bits == 4 ? k * 8 : k * 16; /* bytes per tile */
+  qx.qs16 = qx.rs + m_rows * nb;
+  qx.rs16 = qx.qs16 + 2 * m_rows * nb;
+  quantize_rows(x, m_rows, k, qx, halves);
+  return qx;
+}
+
+/* y[m, 16t ..] (row stride ldy) for every tile t of one weight against quantized rows.
+ * mode: 4 (w4, fp16 d, mn), 8 (w8, fp16 d; mn unused) or 16 (w8, float32 d, mn or NULL). */
+static void tw_vnni_tiles(int mode, QuantX qx, int64_t m_rows, int64_t k, const uint8_t* w,
+                          const void* d, const void* mn, int64_t n16, float* y, int64_t ldy,
+                          int threads) {
+  const int64_t nb = k / 32, tiles = n16 / 16;
+  const int64_t wbytes = mode == 4 ? k * 8 : k * 16; /* bytes per tile */
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t t = 0; t < tiles; t++) {
     for (int64_t m0 = 0; m0 < m_rows; m0 += 4) {
       const int64_t count = m_rows - m0 < 4 ? m_rows - m0 : 4;
-      if (bits == 4)
-        int4_tile(w + t * wbytes, d + t * nb * 16, mn + t * nb * 16, k, qx, m0, count, y, n16, t);
+      if (mode == 4)
+        int4_tile(w + t * wbytes, (const uint16_t*)d + t * nb * 16,
+                  (const uint16_t*)mn + t * nb * 16, k, qx, m0, count, y, ldy, t);
+      else if (mode == 8)
+        int8_tile(w + t * wbytes, (const uint16_t*)d + t * nb * 16, k, qx, m0, count, y, ldy, t);
       else
-        int8_tile(w + t * wbytes, d + t * nb * 16, k, qx, m0, count, y, n16, t);
+        int8k_tile(w + t * wbytes, (const float*)d + t * nb * 32,
+                   mn == NULL ? NULL : (const float*)mn + t * nb * 16, k, qx, m0, count, y, ldy, t);
     }
   }
+}
+
+/* One weight: x quantized into scratch, then its tiles (y's row stride n16). */
+static void tw_vnni_matmul(int mode, const float* x, int64_t m_rows, int64_t k, const uint8_t* w,
+                           const void* d, const void* mn, int64_t n16, float* y, void* scratch,
+                           int threads) {
+  const QuantX qx = tw_vnni_quantize(x, m_rows, k, scratch, mode == 16);
+  tw_vnni_tiles(mode, qx, m_rows, k, w, d, mn, n16, y, n16, threads);
 }

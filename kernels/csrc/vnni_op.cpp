@@ -1,7 +1,7 @@
 // The torch operators over vnni_matmul.c and fused_layers.c (tokenwire.kernels.vnni_matmul and
 // tokenwire.kernels.fused_layers load them; one dispatcher call each, eager and compiled):
 //   tokenwire_vnni::matmul        one int4 / int8 weight-quantized linear;
-//   tokenwire_vnni::fused_layers  a whole Llama-style decoder stack of int4 linears.
+//   tokenwire_vnni::fused_layers  a whole Llama-style decoder stack of int4 / int8 linears.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -19,51 +19,89 @@ at::Tensor vnni_matmul(const at::Tensor& x, const at::Tensor& weight, const at::
                        const at::Tensor& mins, int64_t bits, int64_t out_features) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "tokenwire_vnni::matmul: x must be a contiguous float32 [M, K]");
-  TORCH_CHECK(bits == 4 || bits == 8, "tokenwire_vnni::matmul: bits must be 4 or 8");
+  TORCH_CHECK(bits == 4 || bits == 8 || bits == 16,
+              "tokenwire_vnni::matmul: bits must be 4, 8 or 16 (int8 with float32 scales)");
   const int64_t rows = x.size(0), k = x.size(1);
   TORCH_CHECK(k % 32 == 0, "tokenwire_vnni::matmul: K must be a multiple of 32");
-  const int64_t n16 = weight.numel() * (8 / bits) / k;
-  TORCH_CHECK(n16 % 16 == 0 && n16 >= out_features && scales.numel() == n16 * (k / 32),
+  const int64_t n16 = bits == 4 ? weight.numel() * 2 / k : weight.numel() / k;
+  const int64_t groups = bits == 16 ? k / 16 : k / 32;
+  const bool no_mins = bits == 16 && mins.numel() == 0;
+  TORCH_CHECK(n16 % 16 == 0 && n16 >= out_features && scales.numel() == n16 * groups &&
+                  (bits != 16 || no_mins || mins.numel() == n16 * (k / 32)),
               "tokenwire_vnni::matmul: weight / scales do not match x's K");
+  TORCH_CHECK(bits != 16 || (scales.scalar_type() == at::kFloat &&
+                             (no_mins || mins.scalar_type() == at::kFloat)),
+              "tokenwire_vnni::matmul: bits 16 takes float32 scales and minimums");
   at::Tensor y = at::empty({rows, n16}, x.options());
   if (rows > 0) {
-    at::Tensor scratch = at::empty({2 * rows * k + 16 * rows * (k / 32)}, x.options().dtype(at::kByte));
+    at::Tensor scratch = at::empty({tw_vnni_scratch_bytes(rows, k)}, x.options().dtype(at::kByte));
     tw_vnni_matmul(static_cast<int>(bits), x.data_ptr<float>(), rows, k,
-                   weight.data_ptr<uint8_t>(), static_cast<const uint16_t*>(scales.data_ptr()),
-                   static_cast<const uint16_t*>(mins.data_ptr()), n16, y.data_ptr<float>(),
+                   weight.data_ptr<uint8_t>(), scales.data_ptr(),
+                   no_mins ? nullptr : mins.data_ptr(), n16, y.data_ptr<float>(),
                    scratch.data_ptr(), at::get_num_threads());
   }
   return n16 == out_features ? y : y.narrow(1, 0, out_features).contiguous();
 }
 
-// Per layer in `weights`: input norm, post-attention norm, then (weight, scales, mins) of
-// qkv, o, gate_up and down: 14 tensors; the final norm last.
-constexpr int64_t kPerLayer = 14;
+// Per layer in `weights`: input norm, post-attention norm, then per linear (qkv, o, gate_up,
+// down) its parts' (weight, scales, mins), dims[4 + 4 * layer + linear] parts each (1 or 2:
+// 14 tensors for a layer of one-part linears); the final norm last. A part's scales say its
+// kind: fp16 int4 (vnni_matmul.c's mode 4), float32 int8 (mode 16, mins empty when none).
+constexpr int64_t kLinears = 4;
 
-Int4Linear int4_linear(at::TensorList w, int64_t at, int64_t k) {
+QPart q_part(at::TensorList w, int64_t at, int64_t k) {
   const at::Tensor& codes = w[at];
-  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && k % 32 == 0,
-              "tokenwire_vnni::fused_layers: int4 weights must be contiguous uint8 tiles");
-  const int64_t n16 = codes.numel() * 2 / k;
-  TORCH_CHECK(n16 % 16 == 0 && w[at + 1].numel() == n16 * (k / 32) &&
-                  w[at + 2].numel() == n16 * (k / 32),
+  const at::Tensor& scales = w[at + 1];
+  const at::Tensor& mins = w[at + 2];
+  const bool int4 = scales.scalar_type() == at::kHalf;
+  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && k % 32 == 0 &&
+                  scales.is_contiguous() && mins.is_contiguous() &&
+                  (int4 || scales.scalar_type() == at::kFloat),
+              "tokenwire_vnni::fused_layers: weights must be contiguous uint8 tiles with fp16 "
+              "(int4) or float32 (int8) scales");
+  const int64_t n16 = int4 ? codes.numel() * 2 / k : codes.numel() / k;
+  const bool no_mins = !int4 && mins.numel() == 0;
+  TORCH_CHECK(n16 % 16 == 0 && scales.numel() == n16 * (int4 ? k / 32 : k / 16) &&
+                  (no_mins || mins.numel() == n16 * (k / 32)) &&
+                  (no_mins || mins.scalar_type() == scales.scalar_type()),
               "tokenwire_vnni::fused_layers: a linear's scales do not match its weights");
-  return Int4Linear{codes.data_ptr<uint8_t>(), static_cast<const uint16_t*>(w[at + 1].data_ptr()),
-                    static_cast<const uint16_t*>(w[at + 2].data_ptr()), n16};
+  return QPart{int4 ? 4 : 16, codes.data_ptr<uint8_t>(), scales.data_ptr(),
+               no_mins ? nullptr : mins.data_ptr(), n16};
 }
 
-FusedLayer fused_layer_at(at::TensorList w, at::TensorList caches, int64_t i, const FusedDims& dm) {
-  const int64_t base = i * kPerLayer, q_width = dm.heads * dm.head_dim;
+QLinear q_linear(at::TensorList w, int64_t at, int64_t k, int64_t nparts) {
+  TORCH_CHECK(nparts == 1 || nparts == 2, "tokenwire_vnni::fused_layers: 1 or 2 parts a linear");
+  QLinear lin{};
+  for (int64_t i = 0; i < nparts; i++) {
+    lin.parts[i] = q_part(w, at + 3 * i, k);
+    lin.n16 += lin.parts[i].n16;
+  }
+  lin.nparts = static_cast<int>(nparts);
+  return lin;
+}
+
+// Layer i's tensors start at `base` of `w`; base moves past them.
+FusedLayer fused_layer_at(at::TensorList w, at::TensorList caches, int64_t i, const FusedDims& dm,
+                          at::IntArrayRef dims, int64_t& base) {
+  const int64_t q_width = dm.heads * dm.head_dim;
   const at::Tensor& k_cache = caches[2 * i];
   const at::Tensor& v_cache = caches[2 * i + 1];
   TORCH_CHECK(k_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
                   v_cache.scalar_type() == at::kFloat && v_cache.is_contiguous() &&
                   k_cache.size(1) == dm.block_size,
               "tokenwire_vnni::fused_layers: KV caches must be contiguous float32");
+  const int64_t* parts = dims.data() + 4 + kLinears * i;
+  int64_t tensors = 2;
+  for (int64_t j = 0; j < kLinears; j++) tensors += 3 * parts[j];
+  TORCH_CHECK(base + tensors < static_cast<int64_t>(w.size()),
+              "tokenwire_vnni::fused_layers: weights do not match the parts in dims");
+  const int64_t qkv = base + 2, o = qkv + 3 * parts[0], gu = o + 3 * parts[1];
+  const int64_t down = gu + 3 * parts[2];
   FusedLayer layer{w[base].data_ptr<float>(), w[base + 1].data_ptr<float>(),
-                   int4_linear(w, base + 2, dm.hidden), int4_linear(w, base + 5, q_width),
-                   int4_linear(w, base + 8, dm.hidden), int4_linear(w, base + 11, dm.inter),
+                   q_linear(w, qkv, dm.hidden, parts[0]), q_linear(w, o, q_width, parts[1]),
+                   q_linear(w, gu, dm.hidden, parts[2]), q_linear(w, down, dm.inter, parts[3]),
                    k_cache.data_ptr<float>(), v_cache.data_ptr<float>()};
+  base += tensors;
   TORCH_CHECK(layer.qkv.n16 >= q_width + 2 * dm.kv_heads * dm.head_dim &&
                   layer.gate_up.n16 >= 2 * dm.inter && layer.o.n16 >= dm.hidden &&
                   layer.down.n16 == layer.o.n16,
@@ -80,11 +118,10 @@ at::Tensor fused_layers(const at::Tensor& hidden, const at::Tensor& positions,
                   positions.scalar_type() == at::kLong && slots.scalar_type() == at::kLong &&
                   query_start_loc.scalar_type() == at::kInt &&
                   block_tables.scalar_type() == at::kInt && block_tables.is_contiguous() &&
-                  cos_sin.scalar_type() == at::kFloat && cos_sin.is_contiguous() && dims.size() == 4,
+                  cos_sin.scalar_type() == at::kFloat && cos_sin.is_contiguous() &&
+                  static_cast<int64_t>(dims.size()) == 4 + kLinears * (static_cast<int64_t>(caches.size()) / 2),
               "tokenwire_vnni::fused_layers: unexpected argument types");
   const int64_t layers = static_cast<int64_t>(caches.size()) / 2;
-  TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * kPerLayer + 1,
-              "tokenwire_vnni::fused_layers: weights do not match the caches");
   FusedDims dm{hidden.size(0), hidden.size(1), dims[3], dims[0], dims[1], dims[2],
                layers > 0 ? caches[0].size(1) : 1, block_tables.size(1),
                static_cast<float>(eps), static_cast<float>(scale), at::get_num_threads()};
@@ -105,8 +142,16 @@ at::Tensor fused_layers(const at::Tensor& hidden, const at::Tensor& positions,
   TORCH_CHECK(max_pos < dm.max_blocks * dm.block_size && max_pos < cos_sin.size(0),
               "tokenwire_vnni::fused_layers: positions past the block tables or rotary table");
   std::vector<FusedLayer> stack;
-  for (int64_t i = 0; i < layers; i++) stack.push_back(fused_layer_at(weights, caches, i, dm));
+  int64_t base = 0;
+  for (int64_t i = 0; i < layers; i++)
+    stack.push_back(fused_layer_at(weights, caches, i, dm, dims, base));
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == base + 1,
+              "tokenwire_vnni::fused_layers: weights do not match the caches");
   const FusedLayer* first = layers > 0 ? &stack[0] : nullptr;
+  for (const FusedLayer& layer : stack)
+    TORCH_CHECK(layer.qkv.n16 == first->qkv.n16 && layer.o.n16 == first->o.n16 &&
+                    layer.gate_up.n16 == first->gate_up.n16,
+                "tokenwire_vnni::fused_layers: the layers' linears differ in width");
   const int64_t qkv16 = first ? first->qkv.n16 : 16, proj16 = first ? first->o.n16 : dm.hidden;
   const int64_t gu16 = first ? first->gate_up.n16 : 16, q_width = dm.heads * dm.head_dim;
   const int64_t widest = std::max({dm.hidden, dm.inter, q_width});
@@ -114,7 +159,7 @@ at::Tensor fused_layers(const at::Tensor& hidden, const at::Tensor& positions,
   const int64_t floats = t_rows * (2 * dm.hidden + qkv16 + q_width + proj16 + gu16 + dm.inter) +
                          dm.threads * group * (max_pos + 1);
   at::Tensor work = at::empty({floats}, hidden.options());
-  at::Tensor quant = at::empty({2 * t_rows * widest + 16 * t_rows * (widest / 32)},
+  at::Tensor quant = at::empty({tw_vnni_scratch_bytes(t_rows, widest)},
                                hidden.options().dtype(at::kByte));
   float* p = work.data_ptr<float>();
   FusedBuffers buf;
@@ -135,7 +180,7 @@ at::Tensor fused_layers(const at::Tensor& hidden, const at::Tensor& positions,
                 cos_sin.data_ptr<float>(), &dm, &buf);
   at::Tensor out = at::empty({t_rows, dm.hidden}, hidden.options());
   add_norm_rows(buf.residual, layers > 0 ? buf.proj : nullptr, proj16,
-                weights[layers * kPerLayer].data_ptr<float>(), &dm, out.data_ptr<float>());
+                weights[base].data_ptr<float>(), &dm, out.data_ptr<float>());
   for (int64_t t = 0; t < t_rows; t++)
     if (slot[t] < 0) std::fill(out.data_ptr<float>() + t * dm.hidden, out.data_ptr<float>() + (t + 1) * dm.hidden, 0.0f);
   return out;

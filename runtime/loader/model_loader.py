@@ -213,8 +213,9 @@ def _gguf_plan(
 
     Kept quantized: ``--quantization gguf`` (the linears compute in the model dtype; float32
     runs an exact dequantized copy; layers the plan cannot keep run float), or by default on
-    CPU with ``--dtype auto`` for a file whose every linear is int4: a float32 model whose
-    linears run torch's bf16 int4 kernel (activations cast per call). A file with no
+    CPU with ``--dtype auto`` for a file whose every linear is int4, or whose every linear is
+    kept (K-quants such as Q4_K_M, Q8_0) where the VNNI kernel runs: a float32 model whose
+    linears run that kernel or torch's bf16 int4 kernel (activations cast per call). A file with no
     kept-quantized layer loads de-quantized."""
     flag = model_config.quantization
     if source.gguf is None or flag not in (None, "gguf") or model_config.load_format == "dummy":
@@ -225,7 +226,11 @@ def _gguf_plan(
     plan, why = gguf_linear_plan(source.gguf)
     schemes = {scheme for _, scheme in plan}
     all_int4 = schemes == {("int4", GROUP)}
-    if not any(schemes) or (flag is None and not all_int4):
+    # By default (dtype auto on CPU) a file is kept quantized when every linear is int4, or
+    # every linear is kept (K-quants, Q8_0) and the VNNI kernel runs them.
+    kept = auto_cpu and None not in schemes
+    fast = all_int4 or (kept and _use_vnni(model_config.cpu_quant_kernel))
+    if not any(schemes) or (flag is None and not fast):
         if flag == "gguf":
             _log.warning("%s: linear weights de-quantized to float: %s", source.gguf.name, why)
         return (None, dtype) if flag == "gguf" else None

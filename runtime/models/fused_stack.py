@@ -4,7 +4,9 @@ that operator's weights gathered from the model's modules.
 A model qualifies when every layer is what the operator computes (``fused_stack_reason``):
 one rank, float32, plain RMSNorm, a SwiGLU MLP, attention with rotary on every layer and no
 window, chunk, sink, soft-cap, q/k norm or temperature, and all four linears of every layer
-VNNI int4 weights (``w4a16`` backend "vnni") without bias. LoRA wraps the linears after
+VNNI weights without bias: int4 (``w4a16`` backend "vnni"), int8 (``w8a16`` backend "vnni",
+GGUF Q8_0 / Q6_K) or part by part (``kernels.vnni_parts``: Q4_K_M's q/k/v, Q5_K), mixed
+freely across layers as a Q4_K_M file mixes them. LoRA wraps the linears after
 loading: ``FusedModel.current`` sees the swap and the model runs its torch layers instead.
 """
 
@@ -17,8 +19,11 @@ import torch
 from torch import nn
 
 from tokenwire.kernels.activation import silu_and_mul
-from tokenwire.kernels.fused_layers import FusedStack, linear_tensors
+from tokenwire.kernels.fused_layers import PARTS, FusedStack, linear_tensors
+from tokenwire.kernels.vnni_matmul import VnniWeights
+from tokenwire.kernels.vnni_parts import VnniParts
 from tokenwire.kernels.w4a16 import W4A16Weights
+from tokenwire.kernels.w8a16 import W8A16Weights
 from tokenwire.runtime.models.arch import ModelArch
 from tokenwire.runtime.models.decoder import MLP, Attention, DecoderLayer
 from tokenwire.runtime.models.layers.basic import RMSNorm
@@ -44,12 +49,19 @@ def _linears(layer: DecoderLayer) -> tuple[nn.Module, ...]:
     return attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
 
 
-def _vnni_int4(module: nn.Module) -> W4A16Weights | None:
-    prepared: Any = module.__dict__.get("w4a16")
-    if getattr(module, "bias", None) is not None or not isinstance(prepared, W4A16Weights):
+def _vnni_parts(module: nn.Module) -> tuple[VnniWeights, ...] | None:
+    """The module's VNNI weights in output order, or None when it has none (or a bias)."""
+    if getattr(module, "bias", None) is not None:
         return None
-    ok = prepared.backend == "vnni" and prepared.vnni is not None and prepared.perm is None
-    return prepared if ok else None
+    held: dict[str, Any] = module.__dict__
+    w4, w8, parts = held.get("w4a16"), held.get("w8a16"), held.get("kquant")
+    if isinstance(w4, W4A16Weights) and w4.backend == "vnni" and w4.vnni is not None:
+        return (w4.vnni,) if w4.perm is None else None
+    if isinstance(w8, W8A16Weights) and w8.backend == "vnni" and w8.vnni is not None:
+        return (w8.vnni,)
+    if isinstance(parts, VnniParts) and parts.dense is None and 0 < len(parts.parts) <= PARTS:
+        return parts.parts
+    return None
 
 
 def _layer_reason(layer: nn.Module) -> str | None:
@@ -71,8 +83,8 @@ def _layer_reason(layer: nn.Module) -> str | None:
         return "its norms"
     if layer.mlp.act_and_mul is not silu_and_mul:
         return "its MLP activation"
-    if any(_vnni_int4(m) is None for m in _linears(layer)):
-        return "linears that are not VNNI int4 weights"
+    if any(_vnni_parts(m) is None for m in _linears(layer)):
+        return "linears that are not VNNI weights"
     return None
 
 
@@ -108,13 +120,15 @@ def fused_stack_reason(model: StackParts) -> str | None:
 def build_fused_stack(model: StackParts) -> FusedModel:
     """The operator's weights for a model ``fused_stack_reason`` accepts."""
     weights: list[torch.Tensor] = []
+    counts: list[int] = []
     for layer in model.layers:
         assert isinstance(layer, DecoderLayer)
         weights += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
         for module in _linears(layer):
-            prepared = _vnni_int4(module)
-            assert prepared is not None and prepared.vnni is not None
-            weights += linear_tensors(prepared.vnni)
+            parts = _vnni_parts(module)
+            assert parts is not None
+            weights += linear_tensors(parts)
+            counts.append(len(parts))
     assert isinstance(model.final_norm, RMSNorm)
     weights.append(model.final_norm.weight)
     arch, first = model.arch, model.layers[0]
@@ -123,6 +137,7 @@ def build_fused_stack(model: StackParts) -> FusedModel:
     assert isinstance(attn, Attention)
     stack = FusedStack(
         weights=tuple(w.detach().contiguous() for w in weights),
+        parts=tuple(counts),
         heads=attn.num_heads,
         kv_heads=attn.num_kv_heads,
         head_dim=arch.head_dim,

@@ -2,7 +2,7 @@
 (``kernels.fused_layers``, chosen by ``runtime.models.fused_stack``).
 
 Which models get it (the default model where the VNNI kernel runs; not with the flag off,
-``--dtype float32`` or linears that are not VNNI int4), that a LoRA-style swap of the linears
+``--dtype float32`` or linears that are not VNNI weights), that a LoRA-style swap of the linears
 sends the model back to its torch layers, and end to end: the same greedy tokens as the
 torch layers on chat prompts, and a prompt alone equals itself inside a batch of 16 at two
 threads (where torch's sdpa is not batch invariant).
@@ -73,7 +73,7 @@ def test_models_it_cannot_run_say_why() -> None:
         sliding_window=None, bos_token_id=None, eos_token_ids=(0,),
     )  # fmt: skip
     model = build_model(arch, torch.device("cpu"), torch.float32, max_position=128)
-    assert fused_stack_reason(model.stack_parts()) == "linears that are not VNNI int4 weights"
+    assert fused_stack_reason(model.stack_parts()) == "linears that are not VNNI weights"
     qk_norm = ModelArch(**{**arch.__dict__, "qk_norm": True})
     model = build_model(qk_norm, torch.device("cpu"), torch.float32, max_position=128)
     assert "q/k norms" in (fused_stack_reason(model.stack_parts()) or "")

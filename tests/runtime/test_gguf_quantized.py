@@ -4,7 +4,8 @@
   MLP; int8: Q8_0 everywhere; llama.cpp's q/k row permutation applied): tokenwire loads them
   kept quantized and its float32 greedy tokens equal HF ``generate()`` on the weights
   de-quantized independently by ``gguf.quants.dequantize``; a file mixing Q4 and Q8 linears
-  has no kept-quantized plan and loads de-quantized, still equal to HF; TP=2 equals TP=1;
+  has no kept-quantized plan and loads de-quantized, still equal to HF; Q4_K_M's mixed q/k/v
+  layer is kept part by part; TP=2 equals TP=1;
 - the default model (SmolLM2-135M Q4_1): kept quantized by default (float32 model, int4
   linears on torch's bf16 int4 kernel); kept quantized with float32 matmuls (exact dense
   copy) equals HF on transformers' de-quantization for 32 tokens; the default bf16-matmul path
@@ -18,113 +19,27 @@ transformers never converts them.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-import gguf
-import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
-from gguf_layout import llama_cpp_permute, random_k_quant, unpermute
-from parity import NEW_TOKENS, distinct_prompts, hf_greedy
-from safetensors.torch import load_file
+from gguf_synthetic import greedy, hf_reference, seed_cache, write_synthetic
+from parity import NEW_TOKENS, distinct_prompts
 from tiny_models import default_gguf_path
 
 from tokenwire.kernels.quant_matmul import prepare_w4a16, w4a16_matmul
 from tokenwire.runtime.llm import LLM
-from tokenwire.runtime.loader.gguf_convert import converted_dir, ensure_converted
-from tokenwire.runtime.sampling_params import SamplingParams
+from tokenwire.runtime.loader.gguf_convert import ensure_converted
 
 PROMPTS = distinct_prompts()[:4]
 LLAMA = {"hidden_size": 128, "intermediate_size": 256}
-HEADS, KV_HEADS = 4, 2
 # The default (bf16-matmul int4) path's greedy tokens must equal the float32 reference's for
 # this many tokens. Measured: all 32 of 32 on four prompts (these two, "Once upon a time" and
 # "Tell me a story about a lighthouse keeper.", ignore_eos); 16 leaves a margin for other CPUs'
 # bf16 kernels.
 BF16_AGREE = 16
-_GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-_BLOCK = {
-    "input_layernorm": "attn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
-
-
-def gguf_name(hf: str) -> str:
-    stem = hf.removesuffix(".weight")
-    if stem in _GLOBAL:
-        return f"{_GLOBAL[stem]}.weight"
-    _, _, layer, part = stem.split(".", 3)
-    return f"blk.{layer}.{_BLOCK[part]}.weight"
-
-
-def write_synthetic(
-    src: Path, out: Path, types: Callable[[str], QT]
-) -> tuple[Path, dict[str, torch.Tensor]]:
-    """GGUF of the tiny HF model at ``src`` (linear ``hf`` stored as ``types(hf)``; K-quants as
-    random super-blocks, gguf-py cannot write them), and the HF-named float32 weights it
-    de-quantizes to (the reference)."""
-    rng = np.random.default_rng(0)
-    writer = gguf.GGUFWriter(out, "llama")
-    writer.add_block_count(2)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
-    reference: dict[str, torch.Tensor] = {}
-    for hf, tensor in load_file(src / "model.safetensors").items():
-        data = tensor.float().numpy()
-        heads = HEADS if ".q_proj." in hf else KV_HEADS if ".k_proj." in hf else 0
-        qtype = types(hf) if "_proj." in hf else QT.F32
-        stored = llama_cpp_permute(data, heads) if heads else data
-        if qtype == QT.F32:
-            writer.add_tensor(gguf_name(hf), stored)
-            back = stored
-        else:
-            k_quant = qtype in (QT.Q4_K, QT.Q6_K)
-            raw = (random_k_quant(stored.shape, qtype, rng) if k_quant
-                   else gguf.quants.quantize(stored, qtype))  # fmt: skip
-            writer.add_tensor(gguf_name(hf), raw, raw_dtype=qtype)
-            back = gguf.quants.dequantize(raw, qtype).astype(np.float32)
-        reference[hf] = torch.from_numpy(unpermute(back, heads) if heads else back.copy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out, reference
-
-
-def seed_cache(gguf_path: Path, src: Path, state: dict[str, torch.Tensor] | None) -> None:
-    """What ``ensure_converted`` would write: config.json, no tokenizer, and the de-quantized
-    weights only when given (a kept-quantized load must not need them)."""
-    from safetensors.torch import save_file
-
-    target = converted_dir(gguf_path)
-    target.mkdir(parents=True)
-    shutil.copy(src / "config.json", target / "config.json")
-    if state is not None:
-        save_file({k: v.contiguous() for k, v in state.items()}, str(target / "model.safetensors"))
-
-
-def hf_reference(src: Path, state: dict[str, torch.Tensor], out: Path) -> list[list[int]]:
-    from safetensors.torch import save_file
-
-    out.mkdir()
-    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
-    shutil.copy(src / "config.json", out / "config.json")
-    return hf_greedy(out, PROMPTS)
-
-
-def greedy(llm: LLM, prompts: list[list[int]] | list[str], n: int) -> list[list[int]]:
-    params = SamplingParams(temperature=0.0, max_tokens=n)
-    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
 def _int4(hf: str) -> QT:
@@ -150,7 +65,13 @@ _LAYERS = {
         "gate_up_proj": "w8a16",
         "down_proj": "w8a16",
     },
-    "q4_k_m": {"qkv_proj": None, "o_proj": "w4a16", "gate_up_proj": "w4a16", "down_proj": "w8a16"},
+    # q/k Q4_K beside a Q6_K v: kept part by part (float32 model: a dense copy of them)
+    "q4_k_m": {
+        "qkv_proj": "kquant",
+        "o_proj": "w4a16",
+        "gate_up_proj": "w4a16",
+        "down_proj": "w8a16",
+    },
 }
 K_QUANT_LLAMA = {"hidden_size": 256, "intermediate_size": 512}  # K-quants: 256 per block
 
@@ -162,7 +83,7 @@ def layer_kinds(llm: LLM) -> dict[str, str | None]:
     for name, module in model.named_modules():
         short = name.rsplit(".", 1)[-1]
         if ".layers.0." in f".{name}." and short in _LAYERS["int4"]:
-            held = [k for k in ("w4a16", "w8a16") if k in module.__dict__]
+            held = [k for k in ("w4a16", "w8a16", "kquant") if k in module.__dict__]
             kinds[short] = held[0] if held else None
     return kinds
 
@@ -200,7 +121,8 @@ def test_synthetic_gguf_greedy_equals_hf(
     float_bytes = 4 * sum(t.numel() for t in reference.values())
     if quantization is not None:  # float32 runs a dense copy beside nothing else: same bytes
         assert facts.weight_bytes <= float_bytes
-    assert greedy(llm, PROMPTS, NEW_TOKENS) == hf_reference(src, reference, tmp_path / "hf")
+    want = hf_reference(src, reference, tmp_path / "hf", PROMPTS)
+    assert greedy(llm, PROMPTS, NEW_TOKENS) == want
 
 
 def test_quantization_gguf_needs_a_gguf_file(tiny_model_factory: Callable[..., Path]) -> None:

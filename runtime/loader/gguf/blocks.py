@@ -35,10 +35,12 @@ class Int4Arrays:
 
 @dataclass(frozen=True)
 class Int8Arrays:
-    """Canonical int8 arrays: qweight int8 [N, K], scales float32 [N, G]."""
+    """Canonical int8 arrays: qweight int8 [N, K], scales float32 [N, G]; Q5_K's ``mins``
+    float32 [N, K // 32] (``w = q * scale + min``), None for the symmetric types."""
 
     qweight: npt.NDArray[np.int8]
     scales: npt.NDArray[np.float32]
+    mins: npt.NDArray[np.float32] | None = None
 
 
 def _blocks(raw: npt.NDArray[np.uint8], qtype: str) -> npt.NDArray[np.uint8]:

@@ -12,7 +12,11 @@ Layouts (little-endian, ggml-common.h ``block_q4_K`` / ``block_q6_K``):
   fp16 ``d``. Element ``e`` of the super-block: ``w = d * scales[e // 16] * (q - 32)``, a
   symmetric int8 group of 16 (codes -32..31, scale ``d * scales[g]``, exact in float32).
 
-Q5_K (asymmetric 5-bit) has no kept layout yet: the reader de-quantizes it to float.
+- Q5_K (176 bytes): fp16 ``d``, fp16 ``dmin``, Q4_K's 12 bytes of 6-bit scales and mins,
+  32 bytes of high bits, 128 bytes of nibbles. Sub-block ``j`` (of 8): ``w = d * sc[j] * q -
+  dmin * m[j]`` with ``q`` (0..31) its Q4_K nibble plus bit ``j`` of high byte ``l`` as bit
+  4: int8 codes with scale ``d * sc[j]`` and minimum ``-(dmin * m[j])`` per 32, both exact in
+  float32, so ``q * scale + min`` is the reference's ``d * sc * q - dmin * m`` bit for bit.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ import numpy.typing as npt
 from tokenwire.runtime.loader.gguf.blocks import Int4Arrays, Int8Arrays, fp16_field
 
 SUPER = 256  # elements per K-quant super-block
-Q4_K_BYTES, Q6_K_BYTES = 144, 210
-Q4_K_GROUP, Q6_K_GROUP = 32, 16
+Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES = 144, 176, 210
+Q4_K_GROUP, Q5_K_GROUP, Q6_K_GROUP = 32, 32, 16
 
 
 def _super_blocks(raw: npt.NDArray[np.uint8], size: int, qtype: str) -> npt.NDArray[np.uint8]:
@@ -103,3 +107,21 @@ def decode_q6_k(raw: npt.NDArray[np.uint8]) -> Int8Arrays:
     qweight = codes.astype(np.int8).reshape(n, -1)
     scales = (d * scales8.astype(np.float32)).reshape(n, -1)
     return Int8Arrays(np.ascontiguousarray(qweight), np.ascontiguousarray(scales))
+
+
+def decode_q5_k(raw: npt.NDArray[np.uint8]) -> Int8Arrays:
+    """Q5_K rows [N, K // 256 * 176] -> int8 codes 0..31 [N, K], scales and mins [N, K // 32]."""
+    blocks = _super_blocks(raw, Q5_K_BYTES, "Q5_K")
+    n, supers = blocks.shape[:2]
+    d = fp16_field(blocks, 0, "scale d")[..., None]
+    dmin = fp16_field(blocks, 2, "minimum dmin")[..., None]
+    sc, m = _q4_k_scales_mins(blocks[..., 4:16])
+    high = blocks[..., 16:48].reshape(n, supers, 1, 32)
+    nibbles = blocks[..., 48:].reshape(n, supers, 4, 1, 32)
+    low = (nibbles >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & np.uint8(0x0F)
+    bit = (high >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & np.uint8(1)
+    codes = low.reshape(n, supers, 8, 32) | (bit << np.uint8(4))
+    scales = (d * sc.astype(np.float32)).reshape(n, -1)
+    mins = -(dmin * m.astype(np.float32)).reshape(n, -1)
+    qweight = np.ascontiguousarray(codes.reshape(n, -1).astype(np.int8))
+    return Int8Arrays(qweight, np.ascontiguousarray(scales), np.ascontiguousarray(mins))

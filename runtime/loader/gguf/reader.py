@@ -1,11 +1,12 @@
-"""Read a GGUF file's tensors under HF names, keeping Q4_0/Q4_1/Q8_0/Q4_K/Q6_K matrices quantized.
+"""Read a GGUF file's tensors under HF names, keeping Q4_0/1, Q8_0 and Q4/5/6_K matrices quantized.
 
 ``iter_gguf_weights(path)`` yields ``(hf_name, weight)`` per tensor, in file order:
 
 - F32 / F16 / BF16 / F64 tensors: a plain float tensor in the file's dtype;
 - Q4_0 / Q4_1 / Q4_K matrices: ``GGUFInt4`` (canonical int4 layout, group 32);
-- Q8_0 matrices: ``GGUFInt8`` (canonical int8 layout, group 32); Q6_K: group 16;
-- any other quantized type that ``gguf.quants`` can de-quantize (Q5_K, Q2_K, Q3_K, IQ*, ...)
+- Q8_0 matrices: ``GGUFInt8`` (canonical int8 layout, group 32); Q6_K: group 16; Q5_K: group
+  32 with per-32 minimums (codes 0..31);
+- any other quantized type that ``gguf.quants`` can de-quantize (Q2_K, Q3_K, IQ*, ...)
   and Q4/Q8 tensors that are not matrices (stacked experts included: each expert's matrix
   is de-quantized, as tokenwire's experts run float): a float32 tensor, as today's
   conversion does; a type it cannot (Q8_1, Q8_K, integer tensors, ...) is a ``ValueError``
@@ -38,7 +39,14 @@ from tokenwire.runtime.loader.gguf.blocks import (
     decode_q4_1,
     decode_q8_0,
 )
-from tokenwire.runtime.loader.gguf.blocks_k import Q4_K_GROUP, Q6_K_GROUP, decode_q4_k, decode_q6_k
+from tokenwire.runtime.loader.gguf.blocks_k import (
+    Q4_K_GROUP,
+    Q5_K_GROUP,
+    Q6_K_GROUP,
+    decode_q4_k,
+    decode_q5_k,
+    decode_q6_k,
+)
 from tokenwire.runtime.loader.gguf.container import open_gguf
 from tokenwire.runtime.loader.gguf.names import (
     IGNORED,
@@ -62,6 +70,7 @@ _INT4: dict[str, tuple[Callable[[npt.NDArray[np.uint8]], Int4Arrays], int]] = {
 _INT8: dict[str, tuple[Callable[[npt.NDArray[np.uint8]], Int8Arrays], int]] = {
     "Q8_0": (decode_q8_0, BLOCK),
     "Q6_K": (decode_q6_k, Q6_K_GROUP),
+    "Q5_K": (decode_q5_k, Q5_K_GROUP),
 }
 
 
@@ -132,7 +141,8 @@ def _convert(
     if qtype in _INT8 and is_matrix:
         decode8, group = _INT8[qtype]
         b = decode8(data)
-        return GGUFInt8(t(b.qweight), t(b.scales), group)
+        mins = None if b.mins is None else t(b.mins)
+        return GGUFInt8(t(b.qweight), t(b.scales), group, mins)
     return torch.from_numpy(_dequantize(data, ggml_type))
 
 

@@ -7,7 +7,7 @@ A linear weight in HF terms is W [N = out_features, K = in_features].
 ``k = 8r + j``; ``scales`` and ``zeros`` [G, N]; ``W[n, k] = (code - zeros[g, n]) * scales[g, n]``.
 
 ``GGUFInt8``: ``qweight`` int8 [N, K], ``scales`` [N, G]; ``W[n, k] = qweight[n, k] *
-scales[n, k // group_size]``.
+scales[n, k // group_size]`` (``+ mins[n, k // 32]`` for Q5_K, whose codes are 0..31).
 
 Scales and zeros are float32 here (GGUF's fp16 block scales convert exactly); the layer that
 takes a record casts them to the model dtype.
@@ -67,11 +67,12 @@ class GGUFInt4:
 
 @dataclass(frozen=True, eq=False)
 class GGUFInt8:
-    """Int8 weight-only weight (from GGUF Q8_0) in the canonical layout."""
+    """Int8 weight-only weight (from GGUF Q8_0 / Q6_K / Q5_K) in the canonical layout."""
 
     qweight: torch.Tensor  # int8 [N, K]
     scales: torch.Tensor  # float32 [N, G]
     group_size: int
+    mins: torch.Tensor | None = None  # float32 [N, K // 32] (Q5_K), added to q * scale
 
     def __post_init__(self) -> None:
         _check(self.qweight.dim() == 2, f"qweight is {self.qweight.dim()}-D, not 2-D")
@@ -79,6 +80,8 @@ class GGUFInt8:
         k, n, group = self.in_features, self.out_features, self.group_size
         _check(group > 0 and k % group == 0, f"K={k} is not a multiple of group {group}")
         _check_tensor("scales", self.scales, (n, k // group), floating=True)
+        if self.mins is not None:
+            _check_tensor("mins", self.mins, (n, k // 32), floating=True)
 
     @property
     def out_features(self) -> int:
@@ -91,4 +94,5 @@ class GGUFInt8:
     def dequantize(self) -> torch.Tensor:
         """W [N, K] in the scales' dtype."""
         scales = self.scales.repeat_interleave(self.group_size, dim=1)
-        return self.qweight.to(self.scales.dtype) * scales
+        w = self.qweight.to(self.scales.dtype) * scales
+        return w if self.mins is None else w + self.mins.repeat_interleave(32, dim=1)

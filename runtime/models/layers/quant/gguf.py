@@ -1,23 +1,28 @@
-"""GGUF checkpoints kept quantized: Q4_0/Q4_1/Q4_K linears as int4 (w4a16), Q8_0/Q6_K as int8.
+"""GGUF checkpoints kept quantized: Q4_0/Q4_1/Q4_K linears as int4 (w4a16), Q8_0/Q6_K as int8,
+Q5_K and mixed fused layers part by part (``gguf_kquant``).
 
 ``runtime.loader.gguf.iter_gguf_weights`` reads a GGUF file into the canonical layouts; here each
 decoder linear's record becomes per-parameter tensors (``<layer>.qweight``, ``.scales``,
-``.zeros`` for int4; ``.qweight``, ``.scales`` for int8, group 32, no ``g_idx``) that
-``load_weights`` cuts like GPTQ's (column-parallel layers split N, row-parallel layers split
-K and the groups). Scales and zeros stay float32 (GGUF's fp16 block scales, exact); the
-kernels cast them once at ``process_weights_after_loading``.
+``.zeros`` for int4; ``.qweight``, ``.scales`` for int8, group 32, no ``g_idx``; ``.qweight``,
+``.scales``, ``.mins`` for a part-by-part layer) that ``load_weights`` cuts like GPTQ's
+(column-parallel layers split N, row-parallel layers split K and the groups). Scales and zeros
+stay float32 (GGUF's fp16 block scales, exact); the kernels cast them once at
+``process_weights_after_loading``.
 
 The scheme is per fused layer (``gguf_linear_plan``): Q4_0 / Q4_1 / Q4_K -> ``int4`` (group
 32), Q8_0 -> ``int8`` (group 32), Q6_K -> ``int8`` (group 16). A fused q/k/v or gate/up layer
-whose parts differ (Q4_K_M's Q4_K q/k beside a Q6_K v), or a layer of any other type (Q5_K,
-F16, ...), runs float: its weights are de-quantized (``iter_gguf_checkpoint``) into an
-unquantized layer. Embeddings and the LM head are always de-quantized to float.
+whose parts differ (Q4_K_M's Q4_K q/k beside a Q6_K v), or with a Q5_K part, is kept part by
+part (``KQuant``: each part int4 or int8 on the VNNI kernel, ``kernels.vnni_parts``). A layer
+of any other type (F16, Q2_K, ...) runs float: its weights are de-quantized
+(``iter_gguf_checkpoint``) into an unquantized layer. Embeddings and the LM head are always
+de-quantized to float.
 
-On CPU int4 runs torch's bf16 int4 kernel for every call, whatever its number of rows, so a
-row's bits do not depend on the batch (``w4a16``; a bf16 de-quantized copy for calls of more
-than 4 rows was faster there but rounded differently, defects #20); Q8_0's per-block scales
-are not what torch's int8 kernel takes (per channel), so an int8 layer runs a dequantized
-copy there.
+On CPU (``vnni``, bf16 compute: the default model's path) int4 runs ``kernels.vnni_matmul``
+(else torch's bf16 int4 kernel) for every call, whatever its number of rows, so a row's bits do
+not depend on the batch; int8 runs the VNNI kernel's int8 layout with float32 scales per 16
+(exact Q8_0 / Q6_K weights) and, without it, a de-quantized copy (torch's int8 kernel takes
+per-channel scales only). Measured, a Q4_K_M file of the default model's shape against the
+default Q4_1 model: docs/quantization.md.
 """
 
 from __future__ import annotations
@@ -46,6 +51,11 @@ from tokenwire.runtime.models.layers.quant.base import (
     QuantConfig,
     local_features,
 )
+from tokenwire.runtime.models.layers.quant.gguf_kquant import (
+    GGUFKQuantMethod,
+    KQuantParts,
+    kquant_tensors,
+)
 
 GGUFKind = Literal["int4", "int8"]
 GROUP = 32  # GGUF Q4_0 / Q4_1 / Q8_0 block size, and Q4_K's sub-block
@@ -60,8 +70,21 @@ KEPT_TYPES: dict[str, tuple[GGUFKind, int]] = {
     "Q8_0": ("int8", GROUP),
     "Q6_K": ("int8", 16),
 }
-# One fused layer's scheme: (kind, group), or None when it runs float (de-quantized).
-LayerScheme = tuple[GGUFKind, int] | None
+# Types a part-by-part layer (``KQuant``) takes, and the kind of each part.
+PART_KINDS: dict[str, Literal["int4", "int8"]] = {
+    "Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4", "Q8_0": "int8", "Q6_K": "int8", "Q5_K": "int8",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class KQuant:
+    """A fused layer kept part by part: ``(rows, kind)`` per part in output order."""
+
+    parts: KQuantParts
+
+
+# One fused layer's scheme: (kind, group), KQuant, or None when it runs float (de-quantized).
+LayerScheme = tuple[GGUFKind, int] | KQuant | None
 GGUFPlan = tuple[tuple[str, LayerScheme], ...]  # (fused layer prefix, scheme), file order
 
 
@@ -78,30 +101,41 @@ def fused_prefix(name: str) -> str:
     return f"{stem}.{_FUSED.get(part, part)}"
 
 
+def _scheme(parts: dict[str, tuple[int, str]]) -> LayerScheme:
+    """One fused layer's scheme from its parts' ``(rows, GGUF type)`` by HF part name."""
+    kept = {KEPT_TYPES.get(qtype) for _, qtype in parts.values()}
+    if len(kept) == 1 and None not in kept:
+        return kept.pop()
+    if any(qtype not in PART_KINDS for _, qtype in parts.values()):
+        return None
+    order = sorted(parts, key=lambda part: _LINEARS.index(part))
+    return KQuant(tuple((parts[p][0], PART_KINDS[parts[p][1]]) for p in order))
+
+
 def gguf_linear_plan(path: Path) -> tuple[GGUFPlan, str]:
     """Each decoder layer's kept scheme, and why some run float ("" when none does).
 
-    A fused layer (q/k/v, gate/up) is kept only when all its parts share a type's layout and
-    group: Q4_K_M stores v (and some down) projections Q6_K beside Q4_K q/k, so its q/k/v
-    layers run float while o / gate-up / down stay quantized."""
-    parts: dict[str, set[LayerScheme]] = {}
+    A fused layer (q/k/v, gate/up) whose parts share a type's layout and group keeps it; one
+    whose parts differ (Q4_K_M stores v, and some down projections, Q6_K beside Q4_K q/k) or
+    with a Q5_K part is kept part by part (``KQuant``); a layer with another type runs float."""
+    layers: dict[str, dict[str, tuple[int, str]]] = {}
     types: dict[str, set[str]] = {}
     for info in open_gguf(path).tensors:
         name = hf_name(info.name) if info.name not in IGNORED else ""
         if not is_linear_weight(name) or len(info.shape) != 2:
             continue
         qtype = info.ggml_type.name
-        parts.setdefault(fused_prefix(name), set()).add(KEPT_TYPES.get(qtype))
+        part = name.split(".")[-2]
+        layers.setdefault(fused_prefix(name), {})[part] = (info.shape[0], qtype)
         types.setdefault(qtype, set()).add(name)
-    plan = tuple((prefix, s.pop() if len(s) == 1 else None) for prefix, s in parts.items())
+    plan = tuple((prefix, _scheme(parts)) for prefix, parts in layers.items())
     floats = sum(scheme is None for _, scheme in plan)
     if not floats:
         return plan, ""
-    kept = ", ".join(sorted(KEPT_TYPES))
+    kept = ", ".join(sorted(PART_KINDS))
     why = (
         f"{floats} of {len(plan)} decoder linear layers run float: the file's linear weights "
-        f"are {', '.join(sorted(types))}; kept quantized are {kept}, a fused q/k/v or gate/up "
-        "layer only when its parts share one layout"
+        f"are {', '.join(sorted(types))}; kept quantized are {kept}"
     )
     return plan, why
 
@@ -113,10 +147,16 @@ def iter_gguf_checkpoint(
     linear record as its canonical per-parameter tensors (float when ``plan`` runs its layer
     float), everything else as float."""
     floats = {prefix for prefix, scheme in plan or () if scheme is None}
+    parted = {prefix for prefix, scheme in plan or () if isinstance(scheme, KQuant)}
     for name, weight in iter_gguf_weights(path):
         prefix = name.removesuffix(".weight")
         linear = is_linear_weight(name) and fused_prefix(name) not in floats
-        if isinstance(weight, GGUFInt4) and linear:
+        if isinstance(weight, GGUFInt4 | GGUFInt8) and linear and fused_prefix(name) in parted:
+            codes, scales, mins = kquant_tensors(weight)
+            yield f"{prefix}.qweight", codes
+            yield f"{prefix}.scales", scales
+            yield f"{prefix}.mins", mins
+        elif isinstance(weight, GGUFInt4) and linear:
             yield f"{prefix}.qweight", weight.qweight
             yield f"{prefix}.scales", weight.scales
             yield f"{prefix}.zeros", weight.zeros
@@ -148,13 +188,16 @@ class GGUFConfig(QuantConfig):
     def method_for(self) -> MethodFor:
         if not self.plan:
             return super().method_for()
-        methods = {
-            scheme: GGUFLinearMethod(scheme[0], self.compute_dtype, scheme[1], vnni=self.vnni)
-            for _, scheme in self.plan
-            if scheme is not None
-        }
+        methods: dict[LayerScheme, LinearMethod] = {}
+        for _, scheme in self.plan:
+            if isinstance(scheme, KQuant):
+                methods[scheme] = GGUFKQuantMethod(scheme.parts, vnni=self.vnni)
+            elif scheme is not None:
+                methods[scheme] = GGUFLinearMethod(
+                    scheme[0], self.compute_dtype, scheme[1], vnni=self.vnni
+                )
         schemes = dict(self.plan)
-        return lambda prefix: methods.get(schemes.get(prefix))  # type: ignore[arg-type]
+        return lambda prefix: methods.get(schemes.get(prefix))
 
 
 class GGUFLinearMethod:
@@ -233,7 +276,8 @@ class GGUFLinearMethod:
             layer.hold("w4a16", prepared)
             return
         prepared8 = prepare_w8a16(
-            qweight, scales, self.group, device, dtype, compute_dtype=self.compute_dtype
-        )
+            qweight, scales, self.group, device, dtype, compute_dtype=self.compute_dtype,
+            vnni=self.vnni,
+        )  # fmt: skip
         layer.drop("qweight", "scales")
         layer.hold("w8a16", prepared8)
