@@ -35,41 +35,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.core.block_pool import BlockPool, KVBlock
 from tokenwire.runtime.core.disk_tier import DiskTier
 from tokenwire.runtime.core.host_tier import HostTier
-from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
 from tokenwire.runtime.core.pending_load import PendingLoad
 from tokenwire.runtime.kv_transfer import DiskRead, KVLoad, KVTransferPlan
 from tokenwire.runtime.stats import KVOffloadStats
-
-
-def check_offloading_supported(config: EngineConfig) -> None:
-    """Refuse the combinations the host tier does not handle yet (docs/kv-tiers.md)."""
-    if not config.cache.kv_offloading_size:
-        return
-    spec = config.speculative_config
-    if spec is not None and spec.method == "draft_model":
-        raise ValueError(
-            "--kv-offloading-size is not supported yet with a draft model (docs/kv-tiers.md)"
-        )
-
-
-def attach_offloading(
-    kv: KVCacheManager,
-    num_slots: int,
-    block_bytes: int,
-    disk_slots: int = 0,
-    disk_entries: Sequence[tuple[bytes, int]] = (),
-) -> OffloadingConnector:
-    """The host tier (and the disk tier under it, seeded with the records a warm restart
-    found) over ``kv``'s pool, its two hooks set (evictions, invariant refs)."""
-    disk = DiskTier(disk_slots, disk_entries) if disk_slots else None
-    connector = OffloadingConnector(kv.block_pool, num_slots, block_bytes, disk=disk)
-    kv.block_pool.on_evict = connector.on_evict
-    kv.external_refs = connector.block_refs
-    return connector
 
 
 class OffloadingConnector:
@@ -83,6 +54,7 @@ class OffloadingConnector:
         block_bytes: int,
         max_held_fraction: float = 0.9,
         disk: DiskTier | None = None,
+        session_fraction: float = 1.0,
     ) -> None:
         self.pool = pool
         self.tier = HostTier(num_slots)
@@ -97,6 +69,9 @@ class OffloadingConnector:
         self._new_loads: list[KVLoad] = []
         self._next_load_id = 0
         self._sessions: dict[str, list[int]] = {}  # Session holder id -> its pinned host slots
+        # Sessions pin at most this many host slots (``session_cache_fraction`` of the tier,
+        # as of the device cache), so prefix traffic always keeps the rest.
+        self.max_session_slots = int(num_slots * session_fraction)
         self._blocks_saved = self._blocks_loaded = 0
         self._load_time = 0.0
 
@@ -133,9 +108,12 @@ class OffloadingConnector:
         """An idle Session's held table is being released under device pressure: save its
         hashed blocks to the host tier (copied before this step's forward), pinned for the
         Session until its next turn is admitted or it closes. False (nothing changes): the
-        host tier cannot hold them all next to what is pinned already."""
+        host tier cannot hold them all next to what is pinned already, or Sessions would pin
+        more than ``max_session_slots``."""
         hashes = [h for _, h in blocks]
         if not hashes or holder_id in self._sessions or not self.tier.can_take(hashes):
+            return False
+        if self._session_slots_with(hashes) > self.max_session_slots:
             return False
         slots: list[int] = []
         for block, block_hash in blocks:
@@ -147,6 +125,14 @@ class OffloadingConnector:
             slots.append(slot)
         self._sessions[holder_id] = slots
         return True
+
+    def _session_slots_with(self, hashes: Sequence[bytes]) -> int:
+        """Host slots Sessions would pin with ``hashes`` held too (a slot two Sessions share,
+        a common prefix, counts once)."""
+        pinned = {slot for slots in self._sessions.values() for slot in slots}
+        slots = {self.tier.peek(h) for h in set(hashes)}
+        new = sum(1 for slot in slots if slot is None or slot not in pinned)
+        return len(pinned) + new
 
     def unhold_session(self, holder_id: str) -> bool:
         """The Session's next turn was admitted (its blocks are on the device), or it closed:
