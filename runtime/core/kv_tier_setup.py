@@ -32,10 +32,12 @@ def attach_offloading(
 ) -> OffloadingConnector:
     """The host tier (and the disk tier under it, seeded with the records a warm restart
     found) over ``kv``'s pool, its two hooks set (evictions, invariant refs)."""
-    disk = DiskTier(disk_slots, disk_entries) if disk_slots else None
+    disk = DiskTier(disk_slots, disk_entries, kv.block_pool.events) if disk_slots else None
     connector = OffloadingConnector(
         kv.block_pool, num_slots, block_bytes, disk=disk, session_fraction=session_fraction
     )
     kv.block_pool.on_evict = connector.on_evict
     kv.external_refs = connector.block_refs
+    if kv.kv_events is not None:
+        connector.announce = kv.record_stored
     return connector
