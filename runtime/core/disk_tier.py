@@ -15,13 +15,23 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from tokenwire.runtime.core.host_tier import HostTier
+from tokenwire.runtime.core.kv_events import MEDIUM_DISK, KVEventRecorder
 from tokenwire.runtime.kv_transfer import DiskWrite
 
 
 class DiskTier:
-    def __init__(self, num_slots: int, entries: Sequence[tuple[bytes, int]] = ()) -> None:
+    def __init__(
+        self,
+        num_slots: int,
+        entries: Sequence[tuple[bytes, int]] = (),
+        events: KVEventRecorder | None = None,
+    ) -> None:
         self.index = HostTier(num_slots)
         self.index.restore(entries)
+        self.events = events  # KV events (medium DISK); None when they are off
+        if events is not None:  # a warm restart's records, in the first step's batch
+            for block_hash, _ in entries:
+                events.tier_stored(block_hash, MEDIUM_DISK)
         self.num_restored = len(entries)
         self._writes: list[DiskWrite] = []
         self._clear = False  # cleared: the worker must zero the file's records (next plan)
@@ -39,10 +49,14 @@ class DiskTier:
     def save(self, block_hash: bytes, host_slot: int = -1, block_id: int = -1) -> None:
         """Queue ``block_hash``'s KV for the disk (from a host slot, else a device block); a
         hash already on disk is only touched, and a save is dropped if every record is pinned."""
-        slot = self.index.put(block_hash)
+        slot, victim = self.index.put_evicting(block_hash)
         if slot is not None:
             self._writes.append(DiskWrite(slot, block_hash, host_slot, block_id))
             self.blocks_saved += 1
+            if self.events is not None:
+                if victim is not None:
+                    self.events.removed(victim, MEDIUM_DISK)
+                self.events.tier_stored(block_hash, MEDIUM_DISK)
 
     def get(self, block_hash: bytes) -> int | None:
         return self.index.get(block_hash)
@@ -59,7 +73,8 @@ class DiskTier:
         self.blocks_loaded += num_blocks - len(bad_hashes)
         self.load_failures += len(bad_hashes)
         for block_hash in bad_hashes:
-            self.index.remove(block_hash)
+            if self.index.remove(block_hash) and self.events is not None:
+                self.events.removed(block_hash, MEDIUM_DISK)
 
     def take_writes(self) -> tuple[list[DiskWrite], bool]:
         """The queued writes, and whether the file's records must be zeroed first."""

@@ -72,6 +72,10 @@ class HostTier:
         evictable = len(self._lru) - len(set(self._pins) | here)
         return missing <= len(self._free) + evictable
 
+    def peek(self, block_hash: bytes) -> int | None:
+        """The slot holding ``block_hash``, or None; the LRU order is left as it is."""
+        return self._lru.get(block_hash)
+
     def get(self, block_hash: bytes) -> int | None:
         """The slot holding ``block_hash`` (touched: most recently used), or None."""
         slot = self._lru.get(block_hash)

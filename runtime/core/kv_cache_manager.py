@@ -296,11 +296,12 @@ class KVCacheManager:
             stored = [
                 i for i in range(start, num_full) if cache_full_block(state.blocks[i], hashes[i])
             ]
-            self._record_stored(request, hashes, stored)
+            self.record_stored(request, hashes, stored)
         state.num_cached_blocks = num_full
 
-    def _record_stored(self, request: Request, hashes: list[bytes], stored: list[int]) -> None:
-        """One ``BlockStored`` per run of consecutive newly cached blocks."""
+    def record_stored(self, request: Request, hashes: Sequence[bytes], stored: list[int]) -> None:
+        """One ``BlockStored`` per run of consecutive newly cached blocks (``stored``: their
+        indices in ``request``'s table; ``hashes``: its chain up to them at least)."""
         assert self.kv_events is not None
         bs = self.block_size
         lora = request.lora_request
@@ -311,7 +312,7 @@ class KVCacheManager:
                 continue
             first, last = stored[run_start], stored[k - 1]
             self.kv_events.stored(
-                hashes[first : last + 1],
+                list(hashes[first : last + 1]),
                 hashes[first - 1] if first > 0 else None,
                 list(request.token_ids[first * bs : (last + 1) * bs]),
                 lora_key,

@@ -33,43 +33,16 @@ in ``core/kv_connector_api.py`` and nothing else, so another store can implement
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.core.block_pool import BlockPool, KVBlock
 from tokenwire.runtime.core.disk_tier import DiskTier
 from tokenwire.runtime.core.host_tier import HostTier
-from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
+from tokenwire.runtime.core.kv_events import MEDIUM_CPU
 from tokenwire.runtime.core.pending_load import PendingLoad
+from tokenwire.runtime.core.request import Request
 from tokenwire.runtime.kv_transfer import DiskRead, KVLoad, KVTransferPlan
 from tokenwire.runtime.stats import KVOffloadStats
-
-
-def check_offloading_supported(config: EngineConfig) -> None:
-    """Refuse the combinations the host tier does not handle yet (docs/kv-tiers.md)."""
-    if not config.cache.kv_offloading_size:
-        return
-    spec = config.speculative_config
-    if spec is not None and spec.method == "draft_model":
-        raise ValueError(
-            "--kv-offloading-size is not supported yet with a draft model (docs/kv-tiers.md)"
-        )
-
-
-def attach_offloading(
-    kv: KVCacheManager,
-    num_slots: int,
-    block_bytes: int,
-    disk_slots: int = 0,
-    disk_entries: Sequence[tuple[bytes, int]] = (),
-) -> OffloadingConnector:
-    """The host tier (and the disk tier under it, seeded with the records a warm restart
-    found) over ``kv``'s pool, its two hooks set (evictions, invariant refs)."""
-    disk = DiskTier(disk_slots, disk_entries) if disk_slots else None
-    connector = OffloadingConnector(kv.block_pool, num_slots, block_bytes, disk=disk)
-    kv.block_pool.on_evict = connector.on_evict
-    kv.external_refs = connector.block_refs
-    return connector
 
 
 class OffloadingConnector:
@@ -83,6 +56,7 @@ class OffloadingConnector:
         block_bytes: int,
         max_held_fraction: float = 0.9,
         disk: DiskTier | None = None,
+        session_fraction: float = 1.0,
     ) -> None:
         self.pool = pool
         self.tier = HostTier(num_slots)
@@ -97,6 +71,12 @@ class OffloadingConnector:
         self._new_loads: list[KVLoad] = []
         self._next_load_id = 0
         self._sessions: dict[str, list[int]] = {}  # Session holder id -> its pinned host slots
+        # KV events on: records the device blocks a load caches, as the KV cache manager
+        # records those a request computes (``KVCacheManager.record_stored``).
+        self.announce: Callable[[Request, Sequence[bytes], list[int]], None] | None = None
+        # Sessions pin at most this many host slots (``session_cache_fraction`` of the tier,
+        # as of the device cache), so prefix traffic always keeps the rest.
+        self.max_session_slots = int(num_slots * session_fraction)
         self._blocks_saved = self._blocks_loaded = 0
         self._load_time = 0.0
 
@@ -120,8 +100,14 @@ class OffloadingConnector:
             if self.disk is not None:
                 self.disk.save(block_hash, block_id=block_id)
             return None
-        if victim is not None and self.disk is not None:
-            self.disk.save(victim, host_slot=slot)  # read before this step's save
+        events = self.pool.events
+        if victim is not None:
+            if events is not None:
+                events.removed(victim, MEDIUM_CPU)
+            if self.disk is not None:
+                self.disk.save(victim, host_slot=slot)  # read before this step's save
+        if events is not None:
+            events.tier_stored(block_hash, MEDIUM_CPU)
         self.tier.pin([slot])  # saved this step: no victim until the plan is built
         self._save_block_ids.append(block_id)
         self._save_slots.append(slot)
@@ -133,9 +119,12 @@ class OffloadingConnector:
         """An idle Session's held table is being released under device pressure: save its
         hashed blocks to the host tier (copied before this step's forward), pinned for the
         Session until its next turn is admitted or it closes. False (nothing changes): the
-        host tier cannot hold them all next to what is pinned already."""
+        host tier cannot hold them all next to what is pinned already, or Sessions would pin
+        more than ``max_session_slots``."""
         hashes = [h for _, h in blocks]
         if not hashes or holder_id in self._sessions or not self.tier.can_take(hashes):
+            return False
+        if self._session_slots_with(hashes) > self.max_session_slots:
             return False
         slots: list[int] = []
         for block, block_hash in blocks:
@@ -147,6 +136,14 @@ class OffloadingConnector:
             slots.append(slot)
         self._sessions[holder_id] = slots
         return True
+
+    def _session_slots_with(self, hashes: Sequence[bytes]) -> int:
+        """Host slots Sessions would pin with ``hashes`` held too (a slot two Sessions share,
+        a common prefix, counts once)."""
+        pinned = {slot for slots in self._sessions.values() for slot in slots}
+        slots = [self.tier.peek(h) for h in set(hashes)]
+        new = {slot for slot in slots if slot is not None and slot not in pinned}
+        return len(pinned) + len(new) + slots.count(None)
 
     def unhold_session(self, holder_id: str) -> bool:
         """The Session's next turn was admitted (its blocks are on the device), or it closed:
@@ -162,8 +159,9 @@ class OffloadingConnector:
         return load is not None and not load.done
 
     def start_load(
-        self, request_id: str, block_hashes: Sequence[bytes], hit_ids: Sequence[int]
+        self, request: Request, block_hashes: Sequence[bytes], hit_ids: Sequence[int]
     ) -> bool:
+        request_id = request.request_id
         if request_id in self._loads:  # loaded already: admit with what is on the device
             return False
         sources = self._lookup(block_hashes[len(hit_ids) :])
@@ -190,7 +188,7 @@ class OffloadingConnector:
         start = len(hit_ids)
         hashes = list(block_hashes[start : start + len(sources)])
         load = PendingLoad(
-            self._next_load_id, request_id, hit_blocks, new_blocks, hashes, slots, disk_slots
+            self._next_load_id, request, hit_blocks, new_blocks, hashes, slots, disk_slots
         )
         self._next_load_id += 1
         self._loads[request_id] = self._in_flight[load.load_id] = load
@@ -230,11 +228,18 @@ class OffloadingConnector:
             load = self._in_flight.pop(load_id)
             self.tier.unpin(load.slots)
             bad: list[bytes] = []
-            for block, block_hash in zip(load.new_blocks, load.block_hashes, strict=True):
+            stored: list[int] = []  # indices in the request's table, newly cached
+            first = len(load.hit_blocks)
+            for j, (block, block_hash) in enumerate(
+                zip(load.new_blocks, load.block_hashes, strict=True)
+            ):
                 if block.block_id in bad_ids:
                     bad.append(block_hash)
-                else:
-                    self.pool.cache_full_block(block, block_hash)
+                elif self.pool.cache_full_block(block, block_hash):
+                    stored.append(first + j)
+            if stored and self.announce is not None:  # KV events: device blocks again
+                chain = [b.block_hash or b"" for b in load.hit_blocks] + load.block_hashes
+                self.announce(load.request, chain, stored)
             if self.disk is not None:
                 self.disk.unpin(load.disk_slots)
                 self.disk.loaded(len(load.disk_slots), bad)

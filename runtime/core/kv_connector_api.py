@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from tokenwire.runtime.core.block_pool import KVBlock
+from tokenwire.runtime.core.request import Request
 from tokenwire.runtime.kv_transfer import KVTransferPlan
 from tokenwire.runtime.stats import KVOffloadStats
 
@@ -29,7 +30,7 @@ class KVConnector(Protocol):
     def waiting_for_load(self, request_id: str) -> bool: ...
 
     def start_load(
-        self, request_id: str, block_hashes: Sequence[bytes], hit_ids: Sequence[int]
+        self, request: Request, block_hashes: Sequence[bytes], hit_ids: Sequence[int]
     ) -> bool:
         """Schedule loads continuing a device prefix hit; True: the request must wait."""
         ...

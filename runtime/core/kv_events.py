@@ -19,6 +19,8 @@ from typing import Any
 import msgspec
 
 MEDIUM_GPU = "GPU"  # vLLM's name for the device tier, whatever the device
+MEDIUM_CPU = "CPU"  # the host tier (vLLM's offloading connector names its CPU tier so)
+MEDIUM_DISK = "DISK"  # the disk tier under it
 
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -101,12 +103,27 @@ class KVEventRecorder:
             )
         )
 
-    def removed(self, block_hash: bytes) -> None:
+    def tier_stored(self, block_hash: bytes, medium: str) -> None:
+        """A KV tier under the device took ``block_hash`` (vLLM's offloading connector form:
+        no tokens, no parent; the device's own event named them). Consecutive stores to one
+        tier merge."""
         events = self._events
-        if events and isinstance(events[-1], BlockRemoved):
-            events[-1].block_hashes.append(external_block_hash(block_hash))
+        last = events[-1] if events else None
+        if isinstance(last, BlockStored) and last.medium == medium and not last.token_ids:
+            last.block_hashes.append(external_block_hash(block_hash))
+            return
+        events.append(
+            BlockStored([external_block_hash(block_hash)], None, [], self.block_size, None,
+                        medium, None)
+        )  # fmt: skip
+
+    def removed(self, block_hash: bytes, medium: str = MEDIUM_GPU) -> None:
+        events = self._events
+        last = events[-1] if events else None
+        if isinstance(last, BlockRemoved) and last.medium == medium:
+            last.block_hashes.append(external_block_hash(block_hash))
         else:
-            events.append(BlockRemoved([external_block_hash(block_hash)], MEDIUM_GPU))
+            events.append(BlockRemoved([external_block_hash(block_hash)], medium))
 
     def cleared(self) -> None:
         self._events.append(AllBlocksCleared())

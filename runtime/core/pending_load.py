@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from tokenwire.runtime.core.block_pool import KVBlock
+from tokenwire.runtime.core.request import Request
 
 
 class PendingLoad:
@@ -18,6 +19,7 @@ class PendingLoad:
         "hit_blocks",
         "load_id",
         "new_blocks",
+        "request",
         "request_id",
         "slots",
         "started",
@@ -26,7 +28,7 @@ class PendingLoad:
     def __init__(
         self,
         load_id: int,
-        request_id: str,
+        request: Request,
         hit_blocks: list[KVBlock],
         new_blocks: list[KVBlock],
         block_hashes: list[bytes],
@@ -34,7 +36,8 @@ class PendingLoad:
         disk_slots: list[int],
     ) -> None:
         self.load_id = load_id
-        self.request_id = request_id
+        self.request = request  # its tokens name the loaded blocks in KV events
+        self.request_id = request.request_id
         self.hit_blocks = hit_blocks  # the device hit, referenced so it is not evicted
         self.new_blocks = new_blocks  # written by the load
         self.block_hashes = block_hashes  # of new_blocks

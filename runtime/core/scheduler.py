@@ -394,7 +394,7 @@ class Scheduler:
                 break
         max_hit_blocks = max(0, request.num_tokens - 1) // bs
         hashes = self.kv.get_block_hashes(request.request_id)[:max_hit_blocks]
-        if not self.connector.start_load(request.request_id, hashes, hit_ids):
+        if not self.connector.start_load(request, hashes, hit_ids):
             return False
         self.kv.prefix_cache_queries -= request.num_tokens
         self.kv.prefix_cache_hits -= num_hit

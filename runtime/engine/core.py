@@ -11,9 +11,9 @@ import time
 
 from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
-from tokenwire.runtime.core.kv_connector import attach_offloading, check_offloading_supported
 from tokenwire.runtime.core.kv_connector_api import KVConnector
 from tokenwire.runtime.core.kv_events import AnyKVEvent, KVEventRecorder
+from tokenwire.runtime.core.kv_tier_setup import attach_offloading, check_offloading_supported
 from tokenwire.runtime.core.request import Request
 from tokenwire.runtime.core.scheduler import Scheduler
 from tokenwire.runtime.core.spec.accept import spec_step_stats
@@ -115,7 +115,7 @@ class EngineCore:
         f = self.facts  # the disk tier (0: off) is seeded with what a warm restart found
         return attach_offloading(
             self.kv_cache_manager, f.num_offload_blocks, f.kv_block_bytes, f.num_disk_blocks,
-            f.disk_entries,
+            f.disk_entries, self.config.cache.session_cache_fraction,
         )  # fmt: skip
 
     def _check_capacity(self, num_blocks: int) -> None:

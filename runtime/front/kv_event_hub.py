@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tokenwire.runtime.core.kv_events import (
+    MEDIUM_GPU,
     AllBlocksCleared,
     AnyKVEvent,
     BlockRemoved,
@@ -86,7 +87,8 @@ class KVEventHub:
         self.data_parallel_rank = data_parallel_rank
         self.last_seq = 0
         self._buffer: deque[SequencedBatch] = deque(maxlen=buffer_steps)
-        self._blocks: dict[int, _CachedBlock] = {}
+        # By (hash, medium): a block may live on the device and in a KV tier at once.
+        self._blocks: dict[tuple[int, str | None], _CachedBlock] = {}
         self._queues: set[asyncio.Queue[SequencedBatch | None]] = set()
         self._sinks: list[Sink] = []
 
@@ -96,7 +98,11 @@ class KVEventHub:
 
     @property
     def cached_block_hashes(self) -> set[int]:
-        return set(self._blocks)
+        """The blocks cached on the device (the KV tiers' are ``tier_block_hashes``)."""
+        return {h for h, medium in self._blocks if medium in (MEDIUM_GPU, None)}
+
+    def tier_block_hashes(self, medium: str) -> set[int]:
+        return {h for h, m in self._blocks if m == medium}
 
     def publish(self, batch: KVEventBatch) -> None:
         """Number one core batch, apply it to the block set and hand it to everyone."""
@@ -123,39 +129,44 @@ class KVEventHub:
             for i, h in enumerate(event.block_hashes):
                 extra = None if event.extra_keys is None else event.extra_keys[i]
                 tokens = event.token_ids[i * bs : (i + 1) * bs]
-                blocks[h] = _CachedBlock(
+                blocks[h, event.medium] = _CachedBlock(
                     parent, tokens, event.lora_id, event.lora_name, extra, event.medium
                 )
                 parent = h
         elif isinstance(event, BlockRemoved):
             for h in event.block_hashes:
-                blocks.pop(h, None)
+                blocks.pop((h, event.medium), None)
         else:
             blocks.clear()
 
     def snapshot(self) -> SequencedBatch:
         """The cached blocks as ``BlockStored`` events, parents before children."""
         events: list[AnyKVEvent] = [AllBlocksCleared()]
-        done: set[int] = set()
-        for h in self._blocks:
-            self._emit(h, done, events)
+        done: set[tuple[int, str | None]] = set()
+        for key in self._blocks:
+            self._emit(key, done, events)
         batch = KVEventBatch(ts=0.0, events=events, data_parallel_rank=self.data_parallel_rank)
         return SequencedBatch(self.last_seq, batch, snapshot=True)
 
-    def _emit(self, h: int, done: set[int], events: list[AnyKVEvent]) -> None:
-        chain: list[int] = []
-        while h not in done and h in self._blocks:  # walk up to a block already emitted
-            chain.append(h)
-            done.add(h)
-            parent = self._blocks[h].parent
+    def _emit(
+        self,
+        key: tuple[int, str | None],
+        done: set[tuple[int, str | None]],
+        events: list[AnyKVEvent],
+    ) -> None:
+        chain: list[tuple[int, str | None]] = []
+        while key not in done and key in self._blocks:  # up to a block already emitted
+            chain.append(key)
+            done.add(key)
+            parent = self._blocks[key].parent
             if parent is None:
                 break
-            h = parent
-        for h in reversed(chain):
-            b = self._blocks[h]
+            key = (parent, key[1])  # a chain stays in its tier
+        for key in reversed(chain):
+            b = self._blocks[key]
             events.append(
                 BlockStored(
-                    [h],
+                    [key[0]],
                     b.parent,
                     b.token_ids,
                     self.block_size,

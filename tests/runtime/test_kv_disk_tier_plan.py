@@ -11,7 +11,8 @@ from test_kv_offload import BLOCK, request
 from tokenwire.runtime.config import SchedulerConfig
 from tokenwire.runtime.core.host_tier import HostTier
 from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
-from tokenwire.runtime.core.kv_connector import OffloadingConnector, attach_offloading
+from tokenwire.runtime.core.kv_connector import OffloadingConnector
+from tokenwire.runtime.core.kv_tier_setup import attach_offloading
 from tokenwire.runtime.core.scheduler import Scheduler
 from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.scheduler_output import SchedulerOutput

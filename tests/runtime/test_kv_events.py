@@ -33,6 +33,7 @@ from tokenwire.runtime.config import (
     ParallelConfig,
     SchedulerConfig,
 )
+from tokenwire.runtime.core.kv_connector import OffloadingConnector
 from tokenwire.runtime.core.kv_events import external_block_hash
 from tokenwire.runtime.engine.async_engine import AsyncEngine
 from tokenwire.runtime.engine.inproc_client import InprocCoreClient
@@ -55,7 +56,7 @@ def recompute_hashes(tokens: list[int], cache_salt: str | None = None) -> list[i
     return out
 
 
-def engine_config(model: Path) -> EngineConfig:
+def engine_config(model: Path, **cache: Any) -> EngineConfig:
     events = KVEventsConfig(
         enable_kv_cache_events=True,
         endpoint="tcp://127.0.0.1:*",
@@ -65,7 +66,10 @@ def engine_config(model: Path) -> EngineConfig:
     return EngineConfig(
         model=ModelConfig(model=str(model), max_model_len=96, served_model_name="tiny"),
         cache=CacheConfig(
-            block_size=BLOCK_SIZE, num_gpu_blocks_override=48, kv_cache_memory=TEST_KV_CACHE_BYTES
+            block_size=BLOCK_SIZE,
+            num_gpu_blocks_override=48,
+            kv_cache_memory=TEST_KV_CACHE_BYTES,
+            **cache,
         ),
         scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64),
         kv_events_config=events,
@@ -104,8 +108,10 @@ def core_blocks(engine: AsyncEngine) -> set[int]:
     return {external_block_hash(h) for h in pool.cached_hashes()}
 
 
-async def scenario(model: Path, check: Callable[[AsyncEngine, Subscriber], Any]) -> None:
-    engine = AsyncEngine(engine_config(model), in_process=True, max_requests=64)
+async def scenario(
+    model: Path, check: Callable[[AsyncEngine, Subscriber], Any], **cache: Any
+) -> None:
+    engine = AsyncEngine(engine_config(model, **cache), in_process=True, max_requests=64)
     await engine.start()
     await engine.warmup()
     ctx: zmq.Context[Any] = zmq.Context()
@@ -181,6 +187,51 @@ def test_router_recomputes_block_hashes(tiny_model_factory: Callable[..., Path])
         assert plain.medium == "GPU" and plain.block_size == BLOCK_SIZE
 
     asyncio.run(scenario(tiny_model_factory("llama"), check))
+
+
+@pytest.mark.parametrize("disk", [False, True], ids=["host-tier", "host-and-disk-tiers"])
+def test_kv_tiers_report_the_blocks_they_hold(
+    tiny_model_factory: Callable[..., Path], tmp_path: Path, disk: bool
+) -> None:
+    """With KV tiers (issue 29 item 6) the host tier's blocks are events with medium "CPU"
+    and the disk tier's "DISK", vLLM's offloading form (no tokens, no parent): a subscriber
+    rebuilds each tier's set, equal to the tier's own index, and the device set as before."""
+
+    async def check(engine: AsyncEngine, sub: Subscriber) -> None:
+        reasons = await workload(engine, random.Random(11), 32, "t")
+        assert "failed" not in reasons
+        await engine.check_idle()
+        await asyncio.to_thread(sub.drain)
+        await asyncio.to_thread(sub.replay_from, 1)
+        connector = core_of(engine).scheduler.connector
+        assert isinstance(connector, OffloadingConnector)
+        host = {external_block_hash(h) for h in connector.tier._lru}
+        assert host and sub.blocks("CPU") == host
+        assert sub.blocks() == core_blocks(engine)
+        stored = [e for b in sub.batches.values() for e in b.events if isinstance(e, BlockStored)]
+        tier_events = [e for e in stored if e.medium != "GPU"]
+        assert all(e.token_ids == [] and e.parent_block_hash is None for e in tier_events)
+        hub = engine.kv_events
+        assert hub is not None and hub.tier_block_hashes("CPU") == host
+        assert hub.cached_block_hashes == core_blocks(engine)
+        if disk:
+            assert connector.disk is not None
+            on_disk = {external_block_hash(h) for h in connector.disk.index._lru}
+            assert on_disk and sub.blocks("DISK") == on_disk == hub.tier_block_hashes("DISK")
+        else:
+            assert sub.blocks("DISK") == set()
+
+    tiny = 64 * 1024 / (1 << 30)  # a few blocks of host tier: it evicts too
+    tiers: dict[str, Any] = {"kv_offloading_size": tiny}
+    if disk:
+        tiers |= {"kv_offloading_disk_path": str(tmp_path), "kv_offloading_disk_size": 1 / 1024}
+    asyncio.run(scenario(tiny_model_factory("llama"), check, **tiers))
+
+
+def core_of(engine: AsyncEngine) -> Any:
+    client = engine.client
+    assert isinstance(client, InprocCoreClient) and client.core is not None
+    return client.core
 
 
 def test_events_off_by_default_cost_nothing(tiny_model_factory: Callable[..., Path]) -> None:

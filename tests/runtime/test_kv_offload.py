@@ -14,12 +14,10 @@ import pytest
 from engine_checks import assert_llm_idle
 
 from tokenwire.runtime.config import SchedulerConfig
+from tokenwire.runtime.core.block_pool import KVBlock
 from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
-from tokenwire.runtime.core.kv_connector import (
-    OffloadingConnector,
-    attach_offloading,
-    check_offloading_supported,
-)
+from tokenwire.runtime.core.kv_connector import OffloadingConnector
+from tokenwire.runtime.core.kv_tier_setup import attach_offloading, check_offloading_supported
 from tokenwire.runtime.core.request import Request, RequestStatus
 from tokenwire.runtime.core.scheduler import Scheduler
 from tokenwire.runtime.engine.core_loop import snapshot
@@ -333,3 +331,36 @@ def test_a_session_turn_makes_room_for_its_load_by_moving_other_sessions_down() 
         sched.release_holder(s)
     kv.check_invariants(idle=True)
     connector.check_invariants(idle=True)
+
+
+def test_sessions_pin_at_most_their_share_of_the_host_tier() -> None:
+    """``session_cache_fraction`` bounds the host slots Sessions pin (here 4 of 8): a Session
+    that would pass it is refused (CONTEXT_EVICTED) though slots are free, a prefix two
+    Sessions share counts once, and prefix blocks can still be saved past the Sessions."""
+    kv = KVCacheManager(16, BLOCK, True)
+    connector = attach_offloading(kv, num_slots=8, block_bytes=1, session_fraction=0.5)
+    assert connector.max_session_slots == 4
+    blocks = kv.block_pool.blocks
+
+    def table(*ids: int) -> list[tuple[KVBlock, bytes]]:
+        return [(blocks[i], f"h{i}".encode()) for i in ids]
+
+    assert connector.hold_session("s1", table(1, 2, 3))
+    assert not connector.hold_session("s2", table(4, 5))  # 5 slots > 4: refused
+    assert connector.hold_session("s3", table(1, 4))  # shares h1: 4 slots in all
+    assert connector.stats().session_blocks == 5  # two Sessions hold h1's slot
+    assert not connector.hold_session("s4", table(6))
+    connector.build_plan()  # the saves ride in a step; nothing else is pinned now
+    for i in (6, 7, 8, 9):  # ordinary prefix saves still find room beside them
+        connector.on_evict(cached(blocks[i], f"p{i}".encode()))
+    assert connector.unhold_session("s1")
+    assert connector.hold_session("s2", table(4, 5))  # h1 is s3's alone now: 3 slots
+    for holder in ("s2", "s3"):
+        connector.unhold_session(holder)
+    connector.build_plan()
+    connector.check_invariants(idle=True)
+
+
+def cached(block: KVBlock, block_hash: bytes) -> KVBlock:
+    block.block_hash = block_hash
+    return block

@@ -13,9 +13,13 @@ from vllm_kv_schema import KVEventBatch
 TOPIC = b"kv"
 
 
-def apply(blocks: set[int], batch: Any) -> None:
+def apply(blocks: set[int], batch: Any, medium: str = "GPU") -> None:
+    """Apply ``batch`` to the blocks of one tier (``medium``; None on the wire is the GPU)."""
     for event in batch.events:
-        if type(event).__name__ == "BlockStored":
+        kind = type(event).__name__
+        if kind != "AllBlocksCleared" and (event.medium or "GPU") != medium:
+            continue
+        if kind == "BlockStored":
             blocks.update(event.block_hashes)
         elif type(event).__name__ == "BlockRemoved":
             blocks.difference_update(event.block_hashes)
@@ -56,10 +60,10 @@ class Subscriber:
             seqs.append(seq)
             self.batches[seq] = self.decoder.decode(payload)
 
-    def blocks(self) -> set[int]:
+    def blocks(self, medium: str = "GPU") -> set[int]:
         blocks: set[int] = set()
         seqs = sorted(self.batches)
         assert seqs == list(range(1, len(seqs) + 1)), "a gap the replay did not fill"
         for seq in seqs:
-            apply(blocks, self.batches[seq])
+            apply(blocks, self.batches[seq], medium)
         return blocks

@@ -1,0 +1,43 @@
+"""Setting the KV tiers up (docs/kv-tiers.md): which configurations they support, and the
+host tier (with the disk tier under it) attached to the KV cache manager's pool."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tokenwire.runtime.config import EngineConfig
+from tokenwire.runtime.core.disk_tier import DiskTier
+from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
+from tokenwire.runtime.core.kv_connector import OffloadingConnector
+
+
+def check_offloading_supported(config: EngineConfig) -> None:
+    """Refuse the combinations the host tier does not handle yet (docs/kv-tiers.md)."""
+    if not config.cache.kv_offloading_size:
+        return
+    spec = config.speculative_config
+    if spec is not None and spec.method == "draft_model":
+        raise ValueError(
+            "--kv-offloading-size is not supported yet with a draft model (docs/kv-tiers.md)"
+        )
+
+
+def attach_offloading(
+    kv: KVCacheManager,
+    num_slots: int,
+    block_bytes: int,
+    disk_slots: int = 0,
+    disk_entries: Sequence[tuple[bytes, int]] = (),
+    session_fraction: float = 1.0,
+) -> OffloadingConnector:
+    """The host tier (and the disk tier under it, seeded with the records a warm restart
+    found) over ``kv``'s pool, its two hooks set (evictions, invariant refs)."""
+    disk = DiskTier(disk_slots, disk_entries, kv.block_pool.events) if disk_slots else None
+    connector = OffloadingConnector(
+        kv.block_pool, num_slots, block_bytes, disk=disk, session_fraction=session_fraction
+    )
+    kv.block_pool.on_evict = connector.on_evict
+    kv.external_refs = connector.block_refs
+    if kv.kv_events is not None:
+        connector.announce = kv.record_stored
+    return connector
