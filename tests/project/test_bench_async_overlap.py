@@ -16,7 +16,11 @@ def test_compare_async_reports_both_variants_and_the_share() -> None:
     assert result["bench"] == "overhead_async" and result["num_seqs"] == 4
     for key in ("step_interval_ms_sync", "step_interval_ms_async", "forward_ms_sync"):
         assert result[key] > 0
-    # A synchronous step's interval holds its whole forward (and its bookkeeping).
-    assert result["step_interval_ms_sync"] > result["forward_ms_sync"]
+    # What is exposed is the interval less the forward and sampling (medians of each: on a
+    # loaded box the median interval need not exceed the median forward, so no order is
+    # asserted between those two).
+    for mode in ("sync", "async"):
+        left = result[f"step_interval_ms_{mode}"] - result[f"forward_ms_{mode}"]
+        assert result[f"exposed_ms_{mode}"] <= left + 2e-3
     share = 1 - result["exposed_ms_async"] / result["exposed_ms_sync"]
     assert math.isclose(result["hidden_share"], share, abs_tol=2e-3)
