@@ -246,6 +246,8 @@ class OffloadingConnector:
             load.done = True
             self._blocks_loaded += len(load.new_blocks) - len(bad)
             self._load_time += now - load.started
+            load.request.tier_loaded_blocks += len(load.new_blocks) - len(bad)
+            load.request.tier_load_time += now - load.started
             if load.cancelled:
                 self._release(load)
 
