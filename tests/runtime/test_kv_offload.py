@@ -346,7 +346,7 @@ def test_sessions_pin_at_most_their_share_of_the_host_tier() -> None:
     Sessions share counts once, and prefix blocks can still be saved past the Sessions."""
     kv = KVCacheManager(16, BLOCK, True)
     connector = attach_offloading(kv, num_slots=8, block_bytes=1, session_fraction=0.5)
-    assert connector.max_session_slots == 4
+    assert connector.sessions.max_host_slots == 4
     blocks = kv.block_pool.blocks
 
     def table(*ids: int) -> list[tuple[KVBlock, bytes]]:
