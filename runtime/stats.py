@@ -73,6 +73,10 @@ class RequestStats:
     num_draft_tokens: int = 0  # speculative decoding: drafts verified for it
     num_accepted_tokens: int = 0  # and accepted
     dp_rank: int = 0  # --data-parallel-size: the engine core that served it
+    # KV tiers: prompt tokens whose KV came back from the host/disk tiers, and how long the
+    # loads took (seconds from scheduling to acknowledgement, summed).
+    num_tier_loaded_tokens: int = 0
+    tier_load_time: float = 0.0
 
 
 class EngineObserver(Protocol):

@@ -41,6 +41,7 @@ from tokenwire.runtime.core.host_tier import HostTier
 from tokenwire.runtime.core.kv_events import MEDIUM_CPU
 from tokenwire.runtime.core.pending_load import PendingLoad
 from tokenwire.runtime.core.request import Request
+from tokenwire.runtime.core.tier_sessions import SessionPins
 from tokenwire.runtime.kv_transfer import DiskRead, KVLoad, KVTransferPlan
 from tokenwire.runtime.stats import KVOffloadStats
 
@@ -70,13 +71,12 @@ class OffloadingConnector:
         self._save_slots: list[int] = []
         self._new_loads: list[KVLoad] = []
         self._next_load_id = 0
-        self._sessions: dict[str, list[int]] = {}  # Session holder id -> its pinned host slots
         # KV events on: records the device blocks a load caches, as the KV cache manager
         # records those a request computes (``KVCacheManager.record_stored``).
         self.announce: Callable[[Request, Sequence[bytes], list[int]], None] | None = None
-        # Sessions pin at most this many host slots (``session_cache_fraction`` of the tier,
-        # as of the device cache), so prefix traffic always keeps the rest.
-        self.max_session_slots = int(num_slots * session_fraction)
+        # Idle Sessions' pinned slots; at most ``session_cache_fraction`` of the host tier's
+        # (as of the device cache), so prefix traffic always keeps the rest.
+        self.sessions = SessionPins(self.tier, disk, int(num_slots * session_fraction))
         self._blocks_saved = self._blocks_loaded = 0
         self._load_time = 0.0
 
@@ -117,41 +117,35 @@ class OffloadingConnector:
     # ------------------------------------------------------------------ sessions
     def hold_session(self, holder_id: str, blocks: Sequence[tuple[KVBlock, bytes]]) -> bool:
         """An idle Session's held table is being released under device pressure: save its
-        hashed blocks to the host tier (copied before this step's forward), pinned for the
-        Session until its next turn is admitted or it closes. False (nothing changes): the
-        host tier cannot hold them all next to what is pinned already, or Sessions would pin
-        more than ``max_session_slots``."""
+        hashed blocks to the host tier, or when it does not fit there (``SessionPins``) to the
+        disk tier (copied before this step's forward either way), pinned for the Session until
+        its next turn is admitted or it closes. False (nothing changes): no tier fits it."""
         hashes = [h for _, h in blocks]
-        if not hashes or holder_id in self._sessions or not self.tier.can_take(hashes):
+        if not hashes or holder_id in self.sessions:
             return False
-        if self._session_slots_with(hashes) > self.max_session_slots:
+        if self.sessions.fits_host(hashes):
+            slots: list[int] = []
+            for block, block_hash in blocks:
+                slot = self._save(block.block_id, block_hash)
+                assert slot is not None  # ``can_take``: a free or unpinned slot each
+                slots.append(slot)
+            self.sessions.add_host(holder_id, slots)
+            return True
+        if self.disk is None or not self.sessions.fits_disk(hashes):
             return False
-        slots: list[int] = []
+        records: list[int] = []
         for block, block_hash in blocks:
-            slot = self._save(block.block_id, block_hash)
-            if slot is None:  # not reached after ``can_take``; never a half-held Session
-                self.tier.unpin(slots)
-                return False
-            self.tier.pin([slot])
-            slots.append(slot)
-        self._sessions[holder_id] = slots
+            self.disk.save(block_hash, block_id=block.block_id)  # only touched if there
+            record = self.disk.index.peek(block_hash)
+            assert record is not None  # ``can_take`` on the disk tier's index
+            records.append(record)
+        self.sessions.add_disk(holder_id, records)
         return True
-
-    def _session_slots_with(self, hashes: Sequence[bytes]) -> int:
-        """Host slots Sessions would pin with ``hashes`` held too (a slot two Sessions share,
-        a common prefix, counts once)."""
-        pinned = {slot for slots in self._sessions.values() for slot in slots}
-        slots = [self.tier.peek(h) for h in set(hashes)]
-        new = {slot for slot in slots if slot is not None and slot not in pinned}
-        return len(pinned) + len(new) + slots.count(None)
 
     def unhold_session(self, holder_id: str) -> bool:
         """The Session's next turn was admitted (its blocks are on the device), or it closed:
-        its host slots become ordinary LRU entries. False: it held none."""
-        slots = self._sessions.pop(holder_id, None)
-        if slots is not None:
-            self.tier.unpin(slots)
-        return slots is not None
+        its slots become ordinary LRU entries. False: it held none."""
+        return self.sessions.release(holder_id)
 
     # ------------------------------------------------------------------ load
     def waiting_for_load(self, request_id: str) -> bool:
@@ -246,6 +240,8 @@ class OffloadingConnector:
             load.done = True
             self._blocks_loaded += len(load.new_blocks) - len(bad)
             self._load_time += now - load.started
+            load.request.tier_loaded_blocks += len(load.new_blocks) - len(bad)
+            load.request.tier_load_time += now - load.started
             if load.cancelled:
                 self._release(load)
 
@@ -321,13 +317,13 @@ class OffloadingConnector:
             bytes_loaded=self._blocks_loaded * self.block_bytes,
             loads_in_flight=len(self._in_flight),
             load_time=self._load_time,
-            session_blocks=sum(len(slots) for slots in self._sessions.values()),
+            session_blocks=self.sessions.num_blocks,
         )
 
     def reset(self) -> bool:
         """Forget every tier's hashes (``reset_prefix_cache``); refused (nothing changes) while
         loads run or a Session holds host slots."""
-        if self._loads or self._in_flight or self._sessions:
+        if self._loads or self._in_flight or self.sessions.holders():
             return False
         return self.tier.clear() and (self.disk is None or self.disk.clear())
 
@@ -344,7 +340,8 @@ class OffloadingConnector:
             _check(not self._loads, f"idle but loads remain for {sorted(self._loads)}")
             _check(not self._in_flight, "idle but loads are in flight")
             _check(not self._save_block_ids and not self._new_loads, "idle but copies queued")
-            _check(not self._sessions, f"idle but Sessions hold slots: {sorted(self._sessions)}")
+            holders = self.sessions.holders()
+            _check(not holders, f"idle but Sessions hold slots: {holders}")
 
 
 def _check(condition: bool, message: str) -> None:

@@ -57,6 +57,8 @@ class Request:
         "status",
         "stop_reason",
         "stop_token_ids",
+        "tier_load_time",
+        "tier_loaded_blocks",
         "token_ids",
     )
 
@@ -106,6 +108,10 @@ class Request:
         self.num_preemptions = 0
         self.num_draft_tokens = 0  # speculative decoding: drafts verified, and accepted
         self.num_accepted_tokens = 0
+        # KV tiers: blocks loaded back for it from the host/disk tiers, and the load's time
+        # (scheduled to acknowledged, seconds; summed over its loads).
+        self.tier_loaded_blocks = 0
+        self.tier_load_time = 0.0
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None
         self.first_scheduled_time: float | None = None

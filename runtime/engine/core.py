@@ -385,5 +385,7 @@ class EngineCore:
                 num_draft_tokens=request.num_draft_tokens,
                 num_accepted_tokens=request.num_accepted_tokens,
                 dp_rank=self.config.parallel.data_parallel_rank,
+                num_tier_loaded_tokens=request.tier_loaded_blocks * self.config.cache.block_size,
+                tier_load_time=request.tier_load_time,
             )
         )

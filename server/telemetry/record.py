@@ -44,6 +44,8 @@ class RequestSummary:
     e2e: float
     draft_tokens: int = 0  # speculative decoding: drafts verified, and accepted
     accepted_tokens: int = 0
+    tier_loaded_tokens: int = 0  # KV tiers: prompt tokens loaded back, and the loads' time
+    tier_load_time: float = 0.0
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -71,6 +73,8 @@ def summarize(stats: list[RequestStats]) -> RequestSummary:
         e2e=finished - arrival,
         draft_tokens=sum(s.num_draft_tokens for s in stats),
         accepted_tokens=sum(s.num_accepted_tokens for s in stats),
+        tier_loaded_tokens=max(s.num_tier_loaded_tokens for s in stats),
+        tier_load_time=max(s.tier_load_time for s in stats),
     )
 
 

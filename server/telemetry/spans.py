@@ -194,6 +194,8 @@ def summary_attributes(summary: RequestSummary) -> dict[str, int | float | tuple
         ("gen_ai.server.time_to_first_token", summary.ttft),
         ("gen_ai.server.time_per_output_token", summary.tpot),
         ("tokenwire.spec.acceptance_rate", summary.acceptance_rate),
+        ("tokenwire.kv_tier.loaded_tokens", summary.tier_loaded_tokens or None),
+        ("tokenwire.kv_tier.load_time_s", summary.tier_load_time or None),
     ):
         if value is not None:
             attrs[key] = value

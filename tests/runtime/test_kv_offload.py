@@ -27,6 +27,7 @@ from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.outputs import RequestOutput
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.scheduler_output import SchedulerOutput
+from tokenwire.runtime.stats import StepRecorder
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, logprobs=3, ignore_eos=True)
 A = [(i * 7 + 3) % 400 + 3 for i in range(30)]  # 7 full blocks of 4 can hit
@@ -48,6 +49,7 @@ def small_llm(model_dir: Path, offload: float | None) -> LLM:
         block_size=4,
         num_gpu_blocks_override=17,
         kv_offloading_size=offload,
+        observer=StepRecorder(),
     )
 
 
@@ -95,6 +97,11 @@ def test_prefix_restored_from_host_tier_matches_a_run_that_never_evicted(
     assert_same_choice(first, never_evicted)
     assert_same_choice(again, never_evicted)
     assert_tier_idle(llm)
+    recorder = llm.engine.observer
+    assert isinstance(recorder, StepRecorder)
+    *earlier, last = recorder.requests  # what the request's span reports (docs/observability)
+    assert last.num_tier_loaded_tokens == 28 and last.tier_load_time > 0
+    assert all(r.num_tier_loaded_tokens == 0 and r.tier_load_time == 0 for r in earlier)
     assert snapshot(llm.engine, 0).kv_offload == connector.stats()  # what metrics read
 
 
@@ -339,7 +346,7 @@ def test_sessions_pin_at_most_their_share_of_the_host_tier() -> None:
     Sessions share counts once, and prefix blocks can still be saved past the Sessions."""
     kv = KVCacheManager(16, BLOCK, True)
     connector = attach_offloading(kv, num_slots=8, block_bytes=1, session_fraction=0.5)
-    assert connector.max_session_slots == 4
+    assert connector.sessions.max_host_slots == 4
     blocks = kv.block_pool.blocks
 
     def table(*ids: int) -> list[tuple[KVBlock, bytes]]:

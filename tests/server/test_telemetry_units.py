@@ -149,3 +149,28 @@ def test_encoder_metrics_and_attributes() -> None:
     steps = [s for s in spans if s.attributes and s.attributes.get("tokenwire.step.id") == 7]
     assert steps and steps[0].attributes["tokenwire.step.images_encoded"] == 2
     assert steps[0].attributes["tokenwire.step.encoder_ms"] == 250.0
+
+
+def test_kv_tier_loads_are_request_span_attributes() -> None:
+    """A request whose prefix came back from a KV tier carries the tokens loaded and the
+    loads' time on its span; one that loaded nothing carries neither."""
+    from dataclasses import replace
+
+    telemetry, exporter = make()
+    for rid, loaded in (("r5", 28), ("r6", 0)):
+        record = telemetry.begin(rid, f"anon/{rid}", "generate")
+        telemetry.admit(record, 1)
+        done = finished(f"anon/{rid}", time.monotonic())
+        telemetry.on_request_finished(
+            replace(done, num_tier_loaded_tokens=loaded, tier_load_time=0.004 if loaded else 0.0)
+        )
+        telemetry.end(record, "OK")
+    spans = {
+        s.attributes["tokenwire.request_id"]: s.attributes
+        for s in exporter.get_finished_spans()
+        if s.name == "tokenwire.request" and s.attributes
+    }
+    assert spans["r5"]["tokenwire.kv_tier.loaded_tokens"] == 28
+    assert abs(float(spans["r5"]["tokenwire.kv_tier.load_time_s"]) - 0.004) < 1e-12
+    assert "tokenwire.kv_tier.loaded_tokens" not in spans["r6"]
+    assert "tokenwire.kv_tier.load_time_s" not in spans["r6"]

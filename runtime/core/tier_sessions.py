@@ -1,0 +1,67 @@
+"""Which KV-tier slots idle Sessions pin (docs/kv-tiers.md "Sessions on the tiers").
+
+An idle Session's held table that leaves the device moves to the host tier while it fits
+there next to what is pinned already and within the Sessions' share of it
+(``session_cache_fraction`` of the slots; a slot two Sessions share counts once), else to the
+disk tier while it fits there; its slots stay pinned until its next turn is admitted or it
+closes. The scheduler thread owns it; the connector does the saves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tokenwire.runtime.core.disk_tier import DiskTier
+from tokenwire.runtime.core.host_tier import HostTier
+
+
+class SessionPins:
+    def __init__(self, host: HostTier, disk: DiskTier | None, max_host_slots: int) -> None:
+        self.host = host
+        self.disk = disk
+        self.max_host_slots = max_host_slots
+        self._host: dict[str, list[int]] = {}  # holder id -> its pinned host slots
+        self._disk: dict[str, list[int]] = {}  # holder id -> its pinned disk records
+
+    def __contains__(self, holder_id: str) -> bool:
+        return holder_id in self._host or holder_id in self._disk
+
+    def holders(self) -> list[str]:
+        return sorted([*self._host, *self._disk])
+
+    @property
+    def num_blocks(self) -> int:
+        """Slots pinned, per Session (a shared slot counts for each)."""
+        return sum(map(len, self._host.values())) + sum(map(len, self._disk.values()))
+
+    def fits_host(self, hashes: Sequence[bytes]) -> bool:
+        return self.host.can_take(hashes) and self._host_slots_with(hashes) <= self.max_host_slots
+
+    def fits_disk(self, hashes: Sequence[bytes]) -> bool:
+        return self.disk is not None and self.disk.index.can_take(hashes)
+
+    def _host_slots_with(self, hashes: Sequence[bytes]) -> int:
+        """Host slots Sessions would pin with ``hashes`` held too."""
+        pinned = {slot for slots in self._host.values() for slot in slots}
+        slots = [self.host.peek(h) for h in set(hashes)]
+        new = {slot for slot in slots if slot is not None and slot not in pinned}
+        return len(pinned) + len(new) + slots.count(None)
+
+    def add_host(self, holder_id: str, slots: list[int]) -> None:
+        self.host.pin(slots)
+        self._host[holder_id] = slots
+
+    def add_disk(self, holder_id: str, slots: list[int]) -> None:
+        assert self.disk is not None
+        self.disk.pin(slots)
+        self._disk[holder_id] = slots
+
+    def release(self, holder_id: str) -> bool:
+        """Unpin the Session's slots (they become ordinary LRU entries); False: none held."""
+        host = self._host.pop(holder_id, None)
+        if host is not None:
+            self.host.unpin(host)
+        disk = self._disk.pop(holder_id, None)
+        if disk is not None and self.disk is not None:
+            self.disk.unpin(disk)
+        return host is not None or disk is not None
