@@ -100,6 +100,7 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
         "-m",
         "gpu",
         "tests/kernels/test_kernels_triton.py",
+        "tests/kernels/test_kernels_mla_decode.py",
         "tests/runtime/test_sampler.py",
     ]
     if args.smoke:  # the compiled kernel tests skip without CUDA; keep the smoke run short
@@ -140,7 +141,13 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
             ),
         ]
     # Priority order: the rest of the (compiled) kernel tests run last, in the time left.
-    all_kernel_tests = [*pytest, "-m", "not gpu", "tests/kernels/test_kernels_triton.py"]
+    all_kernel_tests = [
+        *pytest,
+        "-m",
+        "not gpu",
+        "tests/kernels/test_kernels_triton.py",
+        "tests/kernels/test_kernels_mla_decode.py",
+    ]
     return [
         Stage("kernels", gpu_tests, 50),
         stage("attn_bw", 20),
