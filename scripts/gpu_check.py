@@ -310,7 +310,7 @@ def write_tiny_family_config(folder: Path, family: str) -> None:
     """A bundled config (``SMOKE_FAMILIES``) shrunk to the smoke runs' sizes, its family's
     features kept (MLA, DeepSeekMoE routing, sinks, windows)."""
     sys.path.insert(0, str(REPO / "scripts"))
-    from gpu_check_stages import tiny_family_config
+    from gpu_check_families import tiny_family_config
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(tiny_family_config(family)))
