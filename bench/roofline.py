@@ -145,18 +145,35 @@ def _mlp_params(arch: ModelArch, layer: int) -> tuple[int, int, int]:
     return common + routed, common + expert * moe.top_k, routed
 
 
+def _attention_params(arch: ModelArch) -> int:
+    """One layer's attention parameters (projections, their biases, q/k norms; gpt-oss's
+    sinks); MLA's are its low-rank projections and their norms."""
+    hidden, heads, mla = arch.hidden_size, arch.num_attention_heads, arch.mla
+    if mla is not None:
+        q_out = heads * mla.qk_head_dim
+        rank = mla.q_lora_rank
+        params = hidden * q_out if rank is None else hidden * rank + rank + rank * q_out
+        params += hidden * mla.latent_dim + mla.kv_lora_rank  # kv_a_proj_with_mqa + its norm
+        params += mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+        return params + heads * mla.v_head_dim * hidden  # o_proj
+    q, kv = arch.q_size, arch.kv_size
+    params = hidden * (q + 2 * kv) + q * hidden + (2 * arch.head_dim if arch.qk_norm else 0)
+    params += (q + 2 * kv) if arch.attention_bias else 0
+    params += hidden if arch.o_proj_bias else 0
+    return params + (heads if arch.attention_sinks else 0)
+
+
 def model_cost(arch: ModelArch, dtype_bytes: int) -> ModelCost:
-    hidden, q, kv = arch.hidden_size, arch.q_size, arch.kv_size
-    per_layer = hidden * (q + 2 * kv) + q * hidden
-    per_layer += 2 * hidden + (2 * arch.head_dim if arch.qk_norm else 0)  # norms
-    per_layer += (q + 2 * kv) if arch.attention_bias else 0
-    per_layer += hidden if arch.o_proj_bias else 0
+    """Weight, KV and matmul sizes; MLA caches ``kv_lora_rank + rope`` features per token and
+    layer (``kv_cache_parts`` = 1: keys and values are one latent)."""
+    hidden = arch.hidden_size
+    per_layer = _attention_params(arch) + 2 * hidden  # + the two layer norms
     mlps = [_mlp_params(arch, i) for i in range(arch.num_hidden_layers)]
     body = arch.num_hidden_layers * per_layer + hidden  # + final norm
     active = body + sum(m[1] for m in mlps)
     body += sum(m[0] for m in mlps)
     lm_head = arch.vocab_size * hidden
-    kv_token = 2 * arch.num_hidden_layers * arch.num_key_value_heads * arch.head_dim
+    kv_token = arch.kv_cache_parts * arch.num_hidden_layers * arch.kv_size
     moe = arch.moe
     return ModelCost(
         weight_bytes=(body + lm_head) * dtype_bytes,

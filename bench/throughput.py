@@ -149,6 +149,8 @@ def floor_figures(
         "floor_seconds": None,
         "tpot_floor_ms": None,
         "weight_bytes_per_step": cost.weight_bytes,
+        # Batch 1 (the TPOT floor's): MoE reads only its active experts' bytes.
+        "weight_bytes_batch1": round(cost.step_weight_bytes(1)),
         "kv_bytes_per_token": cost.kv_bytes_per_token,
     }
     if ceilings is None:

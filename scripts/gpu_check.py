@@ -35,6 +35,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES_PY = REPO / "scripts" / "gpu_check_stages.py"
+# Smoke stand-ins (tiny-<family>) of the bundled configs the full run benches.
+SMOKE_FAMILIES = ("mla", "gpt-oss")
 # Namespace package -> repo folder (pyproject's package-dir map).
 PACKAGE_DIRS = {
     "runtime": "runtime",
@@ -98,6 +100,7 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
         "-m",
         "gpu",
         "tests/kernels/test_kernels_triton.py",
+        "tests/kernels/test_kernels_mla_decode.py",
         "tests/runtime/test_sampler.py",
     ]
     if args.smoke:  # the compiled kernel tests skip without CUDA; keep the smoke run short
@@ -122,6 +125,9 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
             ),
             stage("lora:tiny", 60, "--model", tiny),
             stage("bench:tiny-moe", 30, "--model", tiny_moe, "--label", "tiny-moe"),
+            # Issue 32's families: the bundled configs shrunk (MLA + DeepSeekMoE; sinks,
+            # windows and gpt-oss's MoE).
+            *(stage(f"bench:tiny-{f}", 30, *_family_args(results, f)) for f in SMOKE_FAMILIES),
             stage("spec:tiny", 30, "--model", tiny),
             stage(
                 "bench:tiny+async",
@@ -135,7 +141,13 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
             ),
         ]
     # Priority order: the rest of the (compiled) kernel tests run last, in the time left.
-    all_kernel_tests = [*pytest, "-m", "not gpu", "tests/kernels/test_kernels_triton.py"]
+    all_kernel_tests = [
+        *pytest,
+        "-m",
+        "not gpu",
+        "tests/kernels/test_kernels_triton.py",
+        "tests/kernels/test_kernels_mla_decode.py",
+    ]
     return [
         Stage("kernels", gpu_tests, 50),
         stage("attn_bw", 20),
@@ -167,8 +179,18 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
         # the fused-MoE Triton kernel), mixed + TPOT next to their floors. The longest extra
         # stage (its weights alone take a while to draw), so after the cheaper ones.
         stage("bench:mixtral-8x7b", 150, "--model", "mixtral-8x7b"),
+        # Issue 32: MLA (the Triton MLA decode kernel over the latent cache) + DeepSeekMoE, and
+        # gpt-oss (sinks, alternating 128-token windows, 32 experts top 4; bf16 experts): mixed
+        # + TPOT next to their floors (batch-1 floor: the active weights' bytes).
+        stage("bench:deepseek-v2-lite", 120, "--model", "deepseek-v2-lite"),
+        stage("bench:gpt-oss-20b", 120, "--model", "gpt-oss-20b"),
         Stage("kernels-all", all_kernel_tests, 120),
     ]
+
+
+def _family_args(results: Path, family: str) -> list[str]:
+    """Bench arguments for the smoke stand-in of a ``SMOKE_FAMILIES`` bundled config."""
+    return ["--model", str(results.parent / f"tiny-{family}"), "--label", f"tiny-{family}"]
 
 
 def _eight_b(tag: str, **flags: str) -> list[str]:
@@ -227,11 +249,11 @@ def read_records(results: Path, stages: list[Stage]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, tiny request counts")
-    p.add_argument("--budget-s", type=float, default=None, help="total time (default 480/150)")
+    p.add_argument("--budget-s", type=float, default=None, help="total time (default 480/240)")
     p.add_argument("--out", default=os.environ.get("OUT"), help="folder for JSON and logs")
     p.add_argument("--only", default=None, help="comma-separated stage names to run")
     args = p.parse_args(argv)
-    budget = args.budget_s or (150.0 if args.smoke else 480.0)
+    budget = args.budget_s or (240.0 if args.smoke else 480.0)
     deadline = time.monotonic() + budget
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         work = Path(tmp)
@@ -242,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.smoke:
             write_tiny_config(work / "tiny-config")
             write_tiny_config(work / "tiny-moe-config", moe=True)
+            for family in SMOKE_FAMILIES:
+                write_tiny_family_config(work / f"tiny-{family}", family)
         env = python_env(work)
         stages = plan(args, results)
         if args.only:
@@ -280,6 +304,16 @@ def write_tiny_config(folder: Path, moe: bool = False) -> None:
         )  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
+
+
+def write_tiny_family_config(folder: Path, family: str) -> None:
+    """A bundled config (``SMOKE_FAMILIES``) shrunk to the smoke runs' sizes, its family's
+    features kept (MLA, DeepSeekMoE routing, sinks, windows)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from gpu_check_families import tiny_family_config
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(tiny_family_config(family)))
 
 
 if __name__ == "__main__":

@@ -226,7 +226,8 @@ def stage_bench(args: argparse.Namespace, record: Recorder) -> None:
                floor_output_tok_s=floor["floor_output_tok_s"])  # fmt: skip
     tpot = measure_tpot_ms(llm, steps, 16 if args.smoke else 256)
     record(kind="tpot", model=label, tpot_ms=round(tpot, 4),
-           tpot_floor_ms=floor["tpot_floor_ms"])  # fmt: skip
+           tpot_floor_ms=floor["tpot_floor_ms"],
+           weight_bytes_batch1=floor.get("weight_bytes_batch1"))  # fmt: skip
     if args.hf:
         model_path, vocab = Path(facts.model_path), engine.vocab_size
         llm.shutdown()

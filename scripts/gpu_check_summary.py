@@ -70,7 +70,9 @@ def _bench_rows(stages: Sequence[StageLike], model: str, label: str) -> list[dic
     if tpot or want_ms:
         value = tpot["tpot_ms"] if tpot else None
         floor_ms = tpot.get("tpot_floor_ms") if tpot else None  # null: device not in the table
+        weights = tpot.get("weight_bytes_batch1") if tpot else None  # active bytes (MoE)
         ref = f"floor {floor_ms:.2f} ms" if floor_ms else "-"
+        ref += f" ({weights / 1e9:.3g} GB/step)" if weights else ""
         ok = None if value is None or want_ms is None else value <= want_ms
         rows.append(_row(f"TPOT batch 1 {label} (ms)", value, f"<= {want_ms or '-'}", ref, ok))
     return rows

@@ -4,7 +4,11 @@
 model hub: ``tokenwire bench throughput llama-3.2-1b --load-format dummy``. The files under
 ``model_configs/<name>/config.json`` are copies of the published Hugging Face configs (Phi-3's
 without its ``auto_map`` / ``_name_or_path``: transformers has the architecture built in) and
-ship as package data. A dummy model has no tokenizer: it takes token-id prompts only.
+ship as package data. DeepSeek-V2-Lite's and gpt-oss-20b's were written from the published
+config.json files' numbers (no hub access here; ``model_configs/README.md``): DeepSeek's
+without ``auto_map``, gpt-oss's without ``quantization_config`` (dummy experts are bf16;
+the loader refuses MXFP4 checkpoints). A dummy model has no tokenizer: it takes token-id
+prompts only.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ BUNDLED_CONFIGS: dict[str, str] = {
     # Mixture of experts: ~93 GB (Mixtral) / ~61 GB (Qwen3-MoE) of bf16 weights, one H200.
     "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
     "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+    # MLA + DeepSeekMoE (~31 GB bf16) and gpt-oss (~42 GB bf16: MXFP4 experts de-quantized).
+    "deepseek-v2-lite": "deepseek-ai/DeepSeek-V2-Lite",
+    "gpt-oss-20b": "openai/gpt-oss-20b",
 }
 
 

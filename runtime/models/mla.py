@@ -9,8 +9,10 @@ Attention runs in the absorbed form for every row, prefill and decode alike: wit
 ``kv_b_proj`` = per head ``[W_uk; W_uv]`` (``[nope + v, kv_lora_rank]``), a head's score is
 ``q_nope . (W_uk c) + q_pe . k_pe = (W_uk^T q_nope) . c + q_pe . k_pe``, so the query
 ``[W_uk^T q_nope, q_pe]`` attends the cached ``[c, k_pe]`` as an MQA head of
-``kv_lora_rank + qk_rope_head_dim`` features (``kernels.paged_attention``, values = keys),
-and the head's output is ``W_uv`` times the first ``kv_lora_rank`` features of the result.
+``kv_lora_rank + qk_rope_head_dim`` features (``kernels.mla_attention``, values = keys:
+the torch paged reference on CPU; on CUDA a Triton MLA decode kernel for decode rows and the
+generic Triton prefill kernel for the rest), and the head's output is ``W_uv`` times the
+first ``kv_lora_rank`` features of the result.
 Why not the expanded form for prefill: it would need the prefix's latents read back and
 expanded into per-head K/V (a second attention path over the paged cache); the absorbed form
 is one path that is exact in real arithmetic and reuses the existing paged kernels. Its cost
@@ -31,7 +33,7 @@ from torch import nn
 
 from tokenwire.kernels.attention_metadata import AttentionMetadata
 from tokenwire.kernels.kv_quant import LayerKVCache
-from tokenwire.kernels.paged_attention import paged_attention
+from tokenwire.kernels.mla_attention import mla_attention
 from tokenwire.kernels.rotary import apply_rotary
 from tokenwire.kernels.store_kv import store_kv
 from tokenwire.runtime.distributed.group import TPGroup
@@ -123,7 +125,7 @@ class MLAttention(nn.Module):
         q_latent = torch.einsum("thn,hnl->thl", q_nope, w_uk)
         query = torch.cat([q_latent, q_pe], dim=-1)
         key = torch.cat([latent.reshape(num_tokens, 1, -1), k_pe], dim=-1)
-        out = self.attend(query, key, kv_cache, meta)[..., : mla.kv_lora_rank]
+        out = self.attend(query, key, kv_cache, meta)
         values = torch.einsum("thl,hvl->thv", out, w_uv)
         result: torch.Tensor = self.o_proj(values.reshape(num_tokens, -1))
         return result
@@ -135,11 +137,10 @@ class MLAttention(nn.Module):
         kv_cache: LayerKVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        """Store the step's latents (K and V caches are one tensor), then attend them."""
+        """Store the step's latents (K and V caches are one tensor), then attend them:
+        [T, heads, kv_lora_rank] (``kernels.mla_attention``: the Triton MLA decode kernel on
+        CUDA, the torch reference on CPU)."""
         # One tensor, so one scale (an fp8 cache's K scale) for storing and reading it.
         k_cache, v_cache, k_scale, _ = kv_cache
         store_kv(key, key, k_cache, v_cache, meta.slot_mapping, k_scale, k_scale)
-        out: torch.Tensor = paged_attention(
-            query, key, key, k_cache, v_cache, meta, self.scale, k_scale, k_scale
-        )
-        return out
+        return mla_attention(query, k_cache, meta, self.scale, self.mla.kv_lora_rank, k_scale)

@@ -1,7 +1,8 @@
 """DeepSeek's MLA and DeepSeekMoE through the Triton kernels (the CUDA path), under the CPU
-interpreter: the existing paged-attention kernels attend the latent cache as one MQA head of
-``kv_lora_rank + qk_rope_head_dim`` features (values = keys), and a tiny DeepSeek-V3's
-forward with every kernel in Triton equals the torch path."""
+interpreter: decode rows through the MLA decode kernel over the latent cache, prefill rows
+through the generic paged prefill kernel (one MQA head of ``kv_lora_rank + qk_rope_head_dim``
+features, values = keys), and a tiny DeepSeek-V3's forward with every kernel in Triton equals
+the torch path."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from forward_inputs import Chunk, run_step, tokens_for
 from kernel_inputs import ON_CUDA
 from tiny_deepseek import V3, build_tiny_deepseek
 
-from tokenwire.kernels import paged_attention_triton
+from tokenwire.kernels import mla_decode_triton
 from tokenwire.kernels.kv_quant import LayerKVCache
 from tokenwire.runtime.config import ModelConfig
 from tokenwire.runtime.loader.model_loader import load_model
@@ -45,16 +46,22 @@ def test_deepseek_v3_forward_in_triton_equals_the_torch_path(
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     ref = run()
-    calls: list[int] = []
-    triton_attention = paged_attention_triton.paged_attention_triton
-
-    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
-        calls.append(args[0].shape[-1])
-        out: torch.Tensor = triton_attention(*args, **kwargs)
-        return out
-
-    monkeypatch.setattr(paged_attention_triton, "paged_attention_triton", counted)
+    calls: list[tuple[str, int]] = []
+    for module, name in (
+        (mla_decode_triton, "mla_decode_attention"),
+        (mla_decode_triton, "prefill_attention"),
+    ):
+        monkeypatch.setattr(module, name, _counted(getattr(module, name), name, calls))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     got = run()
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
-    assert calls and set(calls) == {32 + 8}  # the latent attention ran in Triton
+    # Both kernels ran over the latent cache (32 + 8 features per token).
+    assert set(calls) == {("mla_decode_attention", 32 + 8), ("prefill_attention", 32 + 8)}
+
+
+def _counted(fn: Any, name: str, calls: list[tuple[str, int]]) -> Any:
+    def counted(*args: Any, **kwargs: Any) -> None:
+        calls.append((name, args[1].shape[-1]))
+        fn(*args, **kwargs)
+
+    return counted

@@ -39,6 +39,7 @@ def capture_launches() -> list[Launch]:
         lambda *args, **kwargs: launches.append((self, args, kwargs))
     )
     _attention_launches()
+    _mla_launches()
     _elementwise_launches()
     _moe_launches()
     return launches
@@ -76,6 +77,36 @@ def _attention_launches() -> None:
         cache = torch.empty(8, 16, hkv, d, dtype=cache_dtype)
         query = torch.empty(12, hq, d, dtype=dtype)
         paged_attention_triton(query, cache, cache, meta, 0.1, **extra)
+
+
+def _mla_launches() -> None:
+    """MLA over the latent cache (decode kernel + the generic prefill at 576 features):
+    DeepSeek-V2-Lite (16 heads), V3 under TP=2 (64 heads; 128: two head groups), an fp8
+    cache, and the float32 tiny DeepSeek of the interpreter tests (32 + 8 features)."""
+    from tokenwire.kernels.attention_metadata import AttentionMetadata
+    from tokenwire.kernels.mla_decode_triton import mla_attention_triton
+
+    qsl = torch.tensor([0, 1, 2, 12], dtype=torch.int32)
+    meta = AttentionMetadata(
+        num_tokens=12, num_seqs=3, num_decodes=2, block_size=64,
+        slot_mapping=torch.arange(12), query_start_loc=qsl,
+        seq_lens=torch.tensor([5, 40, 30], dtype=torch.int32),
+        block_tables=torch.ones(3, 4, dtype=torch.int32), max_query_len=10, max_seq_len=40,
+        query_start_loc_np=qsl.numpy(), seq_lens_np=qsl.numpy(),
+    )  # fmt: skip
+    bf16 = torch.bfloat16
+    cases = [
+        (16, 512, 64, bf16, bf16),
+        (64, 512, 64, bf16, bf16),
+        (128, 512, 64, bf16, bf16),
+        (16, 512, 64, bf16, torch.float8_e4m3fn),
+        (4, 32, 8, torch.float32, torch.float32),
+    ]
+    for heads, lora, rope, dtype, cache_dtype in cases:
+        cache = torch.empty(8, 64, 1, lora + rope, dtype=cache_dtype)
+        query = torch.empty(12, heads, lora + rope, dtype=dtype)
+        scale = torch.ones(1) if cache_dtype == torch.float8_e4m3fn else None
+        mla_attention_triton(query, cache, meta, 0.1, lora, scale)
 
 
 def _elementwise_launches() -> None:
@@ -152,6 +183,7 @@ def compile_launch(launch: Launch, target: GPUTarget) -> None:
 # matmuls have their own compile checks in their test modules).
 COVERED_MODULES = (
     "activation_triton",
+    "mla_decode_triton",
     "moe_triton",
     "paged_attention_triton_decode",
     "paged_attention_triton_prefill",

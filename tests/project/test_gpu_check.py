@@ -31,7 +31,7 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=200,
+        timeout=320,
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -39,7 +39,7 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
     stages = {s["name"]: s for s in report["stages"]}
     assert list(stages) == [
         "kernels", "attn_bw", "parity", "bench:tiny", "serve:tiny", "bench:tiny+kvfp8", "lora:tiny",
-        "bench:tiny-moe", "spec:tiny", "bench:tiny+async",
+        "bench:tiny-moe", "bench:tiny-mla", "bench:tiny-gpt-oss", "spec:tiny", "bench:tiny+async",
     ]  # fmt: skip
     assert all(s["status"] == "ok" for s in stages.values())
     kinds = {r.get("kind") for r in stages["bench:tiny"]["records"]}
@@ -54,6 +54,12 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
     assert figures["LoRA x4 mixed / base, tiny"]["value"] > 0
     assert figures["mixed tiny-moe output tok/s"]["value"] > 0  # a Mixtral config runs
     assert figures["TPOT batch 1 tiny+async (ms)"]["value"] > 0  # --async-scheduling reaches it
+    # Issue 32's families (shrunken bundled configs): MLA + DeepSeekMoE, gpt-oss; the TPOT row
+    # names the active weights one batch-1 step reads (the floor's numerator).
+    for family in ("mla", "gpt-oss"):
+        assert figures[f"mixed tiny-{family} output tok/s"]["value"] > 0
+        tpot_row = figures[f"TPOT batch 1 tiny-{family} (ms)"]
+        assert tpot_row["value"] > 0 and "GB/step" in tpot_row["reference"]
     spec = stages["spec:tiny"]["records"]
     assert {(r["method"], r["streams"]) for r in spec} == {
         (m, n) for m in ("plain", "ngram") for n in (1, 2)

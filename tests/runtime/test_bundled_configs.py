@@ -36,7 +36,21 @@ EXPECTED = {
     "phi-3-mini-4k": ("Phi3ForCausalLM", 3072, 32, 32, 32, 96, 32064, False),
     "mixtral-8x7b": ("MixtralForCausalLM", 4096, 32, 32, 8, 128, 32000, False),
     "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", 2048, 48, 32, 4, 128, 151936, False),
+    # MLA: one latent "KV head" of kv_lora_rank + qk_rope_head_dim = 512 + 64 features.
+    "deepseek-v2-lite": ("DeepseekV2ForCausalLM", 2048, 27, 16, 1, 576, 102400, False),
+    "gpt-oss-20b": ("GptOssForCausalLM", 2880, 24, 64, 8, 64, 201088, False),
 }
+# Tiny sizes per family for the dummy-engine run (family flags of the bundled config kept).
+_TINY_MLA = {
+    "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+    "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    "num_key_value_heads": 4,
+}  # fmt: skip
+_TINY_GPT_OSS = {
+    "num_local_experts": 4, "num_experts_per_tok": 2, "experts_per_token": 2,
+    "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8,
+}  # fmt: skip
+_TINY_FAMILY = {"deepseek-v2-lite": _TINY_MLA, "gpt-oss-20b": _TINY_GPT_OSS}
 
 
 def _arch(name: str) -> ModelArch:
@@ -58,10 +72,35 @@ def test_bundled_config_loads_into_arch(name: str) -> None:
         assert dict(a.rope_scaling or ())["rope_type"] == "llama3"
 
 
+def test_new_families_arch_facts() -> None:
+    """DeepSeek-V2-Lite: MLA without q_lora, KV bytes per token = layers x (kv_lora_rank +
+    qk_rope_head_dim) x 2 bytes (one latent, no separate V); 64 routed experts (top 6), 2
+    shared, the first layer dense. gpt-oss-20b: sinks, alternating 128-token windows, 32
+    experts top 4. Both: roofline weights near the published sizes (15.7B / 20.9B params;
+    bf16 dummy weights) and the per-token (batch-1) reads near the active parameters."""
+    lite, oss = _arch("deepseek-v2-lite"), _arch("gpt-oss-20b")
+    mla, moe = lite.mla, lite.moe
+    assert mla is not None and moe is not None and mla.q_lora_rank is None
+    assert (mla.kv_lora_rank, mla.qk_rope_head_dim, lite.kv_cache_parts) == (512, 64, 1)
+    assert (moe.num_experts, moe.top_k, moe.sparse_layers[:2]) == (64, 6, (False, True))
+    lite_cost = model_cost(lite, 2)
+    assert lite_cost.kv_bytes_per_token == 27 * (512 + 64) * 2
+    assert lite_cost.weight_bytes / 2 == pytest.approx(15.7e9, rel=0.03)
+    assert lite_cost.step_weight_bytes(1) / 2 == pytest.approx(2.4e9, rel=0.05)
+    assert oss.attention_sinks and oss.moe is not None and oss.moe.top_k == 4
+    assert (oss.layer_window(0), oss.layer_window(1), oss.kv_cache_parts) == (128, None, 2)
+    oss_cost = model_cost(oss, 2)
+    assert oss_cost.kv_bytes_per_token == 2 * 24 * 8 * 64 * 2
+    assert oss_cost.weight_bytes / 2 == pytest.approx(20.9e9, rel=0.05)
+    assert oss_cost.step_weight_bytes(1) / 2 == pytest.approx(3.6e9, rel=0.05)
+
+
 def test_names_and_hf_ids_resolve() -> None:
     assert canonical_name("meta-llama/Llama-3.2-1B") == "llama-3.2-1b"
     assert canonical_name("Qwen3-0.6B") == "qwen3-0.6b"
     assert canonical_name("llama-3.1-8b") == "llama-3.1-8b"
+    assert canonical_name("deepseek-ai/DeepSeek-V2-Lite") == "deepseek-v2-lite"
+    assert canonical_name("openai/gpt-oss-20b") == "gpt-oss-20b"
     assert canonical_name("gpt2") is None
 
 
@@ -87,6 +126,7 @@ def _shrunk(name: str, out: Path) -> Path:
         num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=1024,
         bos_token_id=1, eos_token_id=2,
     )  # fmt: skip
+    cfg.update(_TINY_FAMILY.get(name, {}))
     (out / "config.json").write_text(json.dumps(cfg))
     return out
 
