@@ -44,7 +44,6 @@ from tokenwire.runtime.loader.default_model import default_gguf_path
 
 EXE = shutil.which("tokenwire", path=os.path.dirname(sys.executable)) or "tokenwire"
 IMAGE, START, END, VIDEO = 4, 5, 6, 7  # SmolLM2 special tokens no user text produces
-LOG: list[str] = []  # the server's output after its startup line (printed on a failure)
 SIDE = 448  # pixels: 32 x 32 patches of 14, 16 x 16 = 256 placeholder tokens
 
 
@@ -85,7 +84,8 @@ def data_url(seed: int) -> str:
     return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
 
 
-def start_server(model: Path) -> tuple[subprocess.Popen[str], str]:
+def start_server(model: Path, log: list[str]) -> tuple[subprocess.Popen[str], str]:
+    """The server and its REST URL; ``log`` gets its output after the startup line."""
     proc = subprocess.Popen(
         [EXE, "serve", str(model), "--device", "cpu", "--port", "0", "--grpc-port", "0",
          "--max-model-len", "1024"],
@@ -96,8 +96,7 @@ def start_server(model: Path) -> tuple[subprocess.Popen[str], str]:
     for line in proc.stdout:
         match = re.search(r"serving model=.* grpc=(\S+:\d+) rest=(\S+)", line)
         if match:
-            out = proc.stdout
-            threading.Thread(target=lambda: LOG.extend(out), daemon=True).start()
+            threading.Thread(target=log.extend, args=(proc.stdout,), daemon=True).start()
             return proc, match.group(2).rstrip("/")
     raise RuntimeError(f"tokenwire serve exited ({proc.wait()}) before serving")
 
@@ -128,7 +127,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         save_model(Path(tmp))
-        proc, url = start_server(Path(tmp))
+        log: list[str] = []
+        proc, url = start_server(Path(tmp), log)
         try:
             with httpx.Client(timeout=600) as client:
                 repeat_image = data_url(0)
@@ -141,7 +141,7 @@ def main() -> None:
                         text = f"Request {kind} {r}: look at this: "
                         times[kind].append(ttft(client, url, text, image))
         except Exception:
-            print("".join(LOG[-40:]), file=sys.stderr)
+            print("".join(log[-40:]), file=sys.stderr)
             raise
         finally:
             proc.terminate()

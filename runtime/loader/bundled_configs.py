@@ -23,6 +23,9 @@ BUNDLED_CONFIGS: dict[str, str] = {
     # Mixture of experts: ~93 GB (Mixtral) / ~61 GB (Qwen3-MoE) of bf16 weights, one H200.
     "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
     "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+    # Vision-language (issue 33): serve it from a folder with this config.json and an image
+    # processor's preprocessor_config.json (``scripts/gpu_check_vlm.py`` writes one).
+    "qwen2.5-vl-3b": "Qwen/Qwen2.5-VL-3B-Instruct",
 }
 
 
