@@ -139,6 +139,8 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
                 "--async-scheduling",
                 "--tpot-only",
             ),
+            # Issue 33: the VLM stage on a tiny Qwen2.5-VL stand-in (64-pixel images).
+            stage("vlm:tiny-vlm", 40, "--label", "tiny-vlm", "--image-side", "64"),
         ]
     # Priority order: the rest of the (compiled) kernel tests run last, in the time left.
     all_kernel_tests = [
@@ -175,6 +177,9 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
         stage("lora:llama-3.2-1b", 90, "--model", "llama-3.2-1b"),
         # Issue 16: n-gram speculation vs plain, 1 and 64 streams (a copying dummy model).
         stage("spec:llama-3.2-1b", 60, "--model", "llama-3.2-1b"),
+        # Issue 33: Qwen2.5-VL-3B (dummy bf16), 448-pixel images (256 image tokens each):
+        # image+text throughput, TTFT of a repeated image (encoder-output cache) vs a new one.
+        stage("vlm:qwen2.5-vl-3b", 80, "--model", "qwen2.5-vl-3b"),
         # Issue 17: Mixtral-8x7B (~93 GB of bf16 dummy weights, top-2 of 8 experts through
         # the fused-MoE Triton kernel), mixed + TPOT next to their floors. The longest extra
         # stage (its weights alone take a while to draw), so after the cheaper ones.
@@ -249,11 +254,11 @@ def read_records(results: Path, stages: list[Stage]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, tiny request counts")
-    p.add_argument("--budget-s", type=float, default=None, help="total time (default 480/240)")
+    p.add_argument("--budget-s", type=float, default=None, help="total time (default 480/300)")
     p.add_argument("--out", default=os.environ.get("OUT"), help="folder for JSON and logs")
     p.add_argument("--only", default=None, help="comma-separated stage names to run")
     args = p.parse_args(argv)
-    budget = args.budget_s or (240.0 if args.smoke else 480.0)
+    budget = args.budget_s or (300.0 if args.smoke else 480.0)
     deadline = time.monotonic() + budget
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         work = Path(tmp)

@@ -401,9 +401,19 @@ def stage_serve(args: argparse.Namespace, record: Recorder) -> None:
             proc.kill()
 
 
+def _stage_vlm(args: argparse.Namespace, record: Recorder) -> None:
+    """Issue 33: a 3B-class VLM's image+text throughput and repeated-image TTFT
+    (``gpu_check_vlm.py``, beside this file; PYTHONSAFEPATH keeps it off sys.path)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from gpu_check_vlm import stage_vlm
+
+    with tempfile.TemporaryDirectory(prefix="gpu-check-vlm-") as tmp:
+        stage_vlm(args, record, Path(tmp))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("stage", choices=["attn_bw", "parity", "bench", "serve", "lora", "spec"])
+    p.add_argument("stage", choices=["attn_bw", "parity", "bench", "serve", "lora", "spec", "vlm"])
     p.add_argument("--results", type=Path, required=True)
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--model", default="llama-3.2-1b", help="bundled name or config dir")
@@ -416,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label", default=None, help="bench: name recorded (default: --model)")
     p.add_argument("--tpot-only", action="store_true", help="bench: skip the mixed workload")
     p.add_argument("--async-scheduling", action="store_true", help="bench: async steps (43)")
+    p.add_argument("--image-side", type=int, default=448, help="vlm: image pixels, square")
+    p.add_argument("--vlm-requests", type=int, default=64, help="vlm: image+text requests")
+    p.add_argument("--vlm-rounds", type=int, default=8, help="vlm: TTFT rounds (new, repeat)")
     args = p.parse_args(argv)
     stages = {
         "attn_bw": stage_attn_bw,
@@ -424,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         "serve": stage_serve,
         "lora": stage_lora,
         "spec": stage_spec,
+        "vlm": _stage_vlm,
     }
     stages[args.stage](args, Recorder(args.results, args.stage))
     return 0

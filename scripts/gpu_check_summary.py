@@ -101,6 +101,7 @@ def summary_rows(stages: Sequence[StageLike]) -> list[dict[str, Any]]:
             rows += _bench_rows([s], _model_key(s, label), label)
     rows += _lora_rows(stages)
     rows += _spec_rows(stages)
+    rows += _vlm_rows(stages)
     rows.append(_serve_row(stages))
     rows += _quant_rows(stages)
     rows += _async_rows(stages)
@@ -182,6 +183,34 @@ def _quant_rows(stages: Sequence[StageLike]) -> list[dict[str, Any]]:
         ratio = kv8["kv_blocks"] / kv16["kv_blocks"] if kv16 and kv8 else None
         ref = f"bf16 KV {kv16['kv_blocks']:,} blocks" if kv16 else "-"
         rows.append(_row("KV blocks 8B FP8 / bf16 cache", ratio, "~2x", ref, None, "x"))
+    return rows
+
+
+def _vlm_rows(stages: Sequence[StageLike]) -> list[dict[str, Any]]:
+    """Issue 33: image+text requests/s (no target: a figure) and TTFT of a repeated image
+    (encoder-output cache hit) over a new one, which must be below 1."""
+    rows: list[dict[str, Any]] = []
+    for s in stages:
+        if not s.name.startswith("vlm:"):
+            continue
+        label = s.name.split(":")[1]
+        run = _find([s], "vlm_throughput")
+        ref = "-" if run is None else (
+            f"{run['output_tok_s']:,.0f} out tok/s, {run['requests']} x {run['image_tokens']} "
+            f"image tokens, encoder {run['encoder_share']:.0%} of the run"
+        )  # fmt: skip
+        rows.append(_row(f"VLM {label} image+text requests/s",
+                         None if run is None else run["requests_s"], "-", ref, None))  # fmt: skip
+        if run is not None:
+            rows[-1]["verdict"] = "figure"
+        ttft = _find([s], "vlm_ttft")
+        ratio = None if ttft is None else ttft["ratio"]
+        ref = "-" if ttft is None else (
+            f"repeated {ttft['repeat_ms']:,.1f} ms vs new {ttft['new_ms']:,.1f} ms, "
+            f"{ttft['encoder_cache_hits']} cache hits"
+        )  # fmt: skip
+        ok = None if ratio is None else ratio < 1.0
+        rows.append(_row(f"VLM {label} TTFT repeated / new image", ratio, "< 1.00", ref, ok))
     return rows
 
 

@@ -30,6 +30,9 @@ BUNDLED_CONFIGS: dict[str, str] = {
     # MLA + DeepSeekMoE (~31 GB bf16) and gpt-oss (~42 GB bf16: MXFP4 experts de-quantized).
     "deepseek-v2-lite": "deepseek-ai/DeepSeek-V2-Lite",
     "gpt-oss-20b": "openai/gpt-oss-20b",
+    # Vision-language (issue 33): serve it from a folder with this config.json and an image
+    # processor's preprocessor_config.json (``scripts/gpu_check_vlm.py`` writes one).
+    "qwen2.5-vl-3b": "Qwen/Qwen2.5-VL-3B-Instruct",
 }
 
 

@@ -74,7 +74,11 @@ def qwen_vl_spec(config: Mapping[str, Any]) -> QwenVLSpec:
 
 def qwen_vl_text_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The language model's config: a ``Qwen2ForCausalLM`` config.json dict."""
-    text: dict[str, Any] = hf_qwen_vl_config(config).text_config.to_dict()
+    hf = hf_qwen_vl_config(config)
+    text: dict[str, Any] = hf.text_config.to_dict()
+    # Tying is the top-level config's (Qwen2.5-VL-3B ties, 7B does not; the text config
+    # has no such field): a tied checkpoint has no lm_head weight.
+    text["tie_word_embeddings"] = bool(hf.tie_word_embeddings)
     text["architectures"] = ["Qwen2ForCausalLM"]
     text["model_type"] = "qwen2"
     return text

@@ -2,10 +2,11 @@
 
 ``message_content`` turns a message's parts into the runtime's content list (text parts and
 ``{"type": "image", "data", "part"}``, see ``runtime/front/chat_images.py``); only user
-messages carry images. ``check_images`` applies the cheap limits before any decoding: the
-number of images in a request (``--max-images-per-request``) and each image's encoded size
-(``--max-image-bytes``); the pixel limit (``--max-image-pixels``) is checked against the
-image's header on the tokenizer pool's thread, before the image is decompressed.
+messages and tool messages (a Responses ``function_call_output``'s images) carry images.
+``check_images`` applies the cheap limits before any decoding: the number of images in a
+request (``--max-images-per-request``) and each image's encoded size (``--max-image-bytes``);
+the pixel limit (``--max-image-pixels``) is checked against the image's header on the
+tokenizer pool's thread, before the image is decompressed.
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ def message_content(m: common_pb2.ChatMessage, index: int) -> str | list[dict[st
         if kind == "text":
             out.append({"type": "text", "text": part.text})
         elif kind == "image":
-            if m.role != "user":
-                raise ParameterError(f"{where}.parts[{j}].image", "only user messages hold images")
+            if m.role not in ("user", "tool"):
+                raise ParameterError(
+                    f"{where}.parts[{j}].image", "only user and tool messages hold images"
+                )
             out.append({"type": "image", "data": part.image.data, "part": f"{where}.parts[{j}]"})
         else:
             raise ParameterError(f"{where}.parts[{j}]", "a part needs text or image")

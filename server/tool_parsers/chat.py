@@ -5,7 +5,8 @@ OpenAI-shaped messages and ``tools`` as they are (tool-call arguments as objects
 templates expect). A template that does not (SmolLM2's) would silently drop them, so they are
 written into the conversation in the Hermes format instead: the tools as a ``<tools>`` block
 in the system message, an assistant's calls as ``<tool_call>`` blocks, a tool's answer as a
-user ``<tool_response>`` — the convention the ``hermes`` parser reads back.
+user ``<tool_response>`` (around a tool's image parts too) — the convention the ``hermes``
+parser reads back.
 """
 
 from __future__ import annotations
@@ -88,6 +89,10 @@ def _native(message: Message) -> Message:
 
 def _hermes(message: Message) -> Message:
     role, content = message["role"], message.get("content") or ""
+    if role == "tool" and isinstance(content, list):  # text and image parts, kept in order
+        head, tail = "<tool_response>\n", "\n</tool_response>"
+        wrapped = [{"type": "text", "text": head}, *content, {"type": "text", "text": tail}]
+        return {"role": "user", "content": wrapped}
     if role == "tool":
         return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
     calls = message.get("tool_calls") or []

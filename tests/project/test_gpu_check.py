@@ -31,7 +31,7 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=320,
+        timeout=380,
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -40,6 +40,7 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
     assert list(stages) == [
         "kernels", "attn_bw", "parity", "bench:tiny", "serve:tiny", "bench:tiny+kvfp8", "lora:tiny",
         "bench:tiny-moe", "bench:tiny-mla", "bench:tiny-gpt-oss", "spec:tiny", "bench:tiny+async",
+        "vlm:tiny-vlm",
     ]  # fmt: skip
     assert all(s["status"] == "ok" for s in stages.values())
     kinds = {r.get("kind") for r in stages["bench:tiny"]["records"]}
@@ -66,6 +67,16 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
     }
     assert sum(r["accepted_tokens"] for r in spec) > 0  # the copying model's drafts land
     assert figures["ngram / plain, 1 stream(s), tiny (copying)"]["value"] > 0
+    # Issue 33: the VLM stage's image+text batch encodes each request's image once, and the
+    # repeated image's TTFT rounds are encoder-cache hits.
+    vlm = {r["kind"]: r for r in stages["vlm:tiny-vlm"]["records"]}
+    run, ttft = vlm["vlm_throughput"], vlm["vlm_ttft"]
+    assert run["images_encoded"] == run["requests"] == 2 and run["output_tokens"] == 8
+    assert run["image_tokens"] == 64 and 0 < run["encoder_share"] < 1  # 64 px / (4 x 2)
+    assert ttft["encoder_cache_hits"] == ttft["rounds"] == 2
+    assert ttft["new_ms"] > 0 and ttft["repeat_ms"] > 0
+    assert figures["VLM tiny-vlm image+text requests/s"]["value"] > 0
+    assert figures["VLM tiny-vlm TTFT repeated / new image"]["value"] > 0
     # The summary table is the last thing printed.
     tail = proc.stdout.strip().splitlines()
     assert tail[-1].startswith("served / offline")

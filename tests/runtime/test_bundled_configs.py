@@ -26,6 +26,7 @@ from tokenwire.runtime.loader.bundled_configs import (
     canonical_name,
 )
 from tokenwire.runtime.models.arch import ModelArch
+from tokenwire.runtime.models.qwen_vl_config import is_qwen_vl, qwen_vl_text_config
 
 # name -> (architecture, hidden, layers, q heads, kv heads, head_dim, vocab, tied)
 EXPECTED = {
@@ -39,6 +40,8 @@ EXPECTED = {
     # MLA: one latent "KV head" of kv_lora_rank + qk_rope_head_dim = 512 + 64 features.
     "deepseek-v2-lite": ("DeepseekV2ForCausalLM", 2048, 27, 16, 1, 576, 102400, False),
     "gpt-oss-20b": ("GptOssForCausalLM", 2880, 24, 64, 8, 64, 201088, False),
+    # Its language model (a Qwen2 with M-RoPE) is what the arch describes.
+    "qwen2.5-vl-3b": ("Qwen2ForCausalLM", 2048, 36, 16, 2, 128, 151936, True),
 }
 # Tiny sizes per family for the dummy-engine run (family flags of the bundled config kept).
 _TINY_MLA = {
@@ -51,12 +54,20 @@ _TINY_GPT_OSS = {
     "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8,
 }  # fmt: skip
 _TINY_FAMILY = {"deepseek-v2-lite": _TINY_MLA, "gpt-oss-20b": _TINY_GPT_OSS}
+# The vision tower of a vision-language config, as published.
+EXPECTED_VISION = {
+    "qwen2.5-vl-3b": dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16,
+                          patch_size=14, spatial_merge_size=2, out_hidden_size=2048),
+}  # fmt: skip
 
 
 def _arch(name: str) -> ModelArch:
     path = bundled_config_path(name)
     assert path is not None
-    return ModelArch.from_hf_config(json.loads(path.read_text()))
+    config = json.loads(path.read_text())
+    if is_qwen_vl(config):  # the language model's shape, as the loader builds it
+        config = qwen_vl_text_config(config)
+    return ModelArch.from_hf_config(config)
 
 
 @pytest.mark.parametrize("name", list(BUNDLED_CONFIGS))
@@ -70,6 +81,13 @@ def test_bundled_config_loads_into_arch(name: str) -> None:
     assert a.qk_norm == name.startswith("qwen3")
     if name.startswith("llama"):
         assert dict(a.rope_scaling or ())["rope_type"] == "llama3"
+    path = bundled_config_path(name)
+    assert path is not None
+    vision = json.loads(path.read_text()).get("vision_config")
+    if name in EXPECTED_VISION:
+        assert {k: vision[k] for k in EXPECTED_VISION[name]} == EXPECTED_VISION[name]
+    else:
+        assert vision is None
 
 
 def test_new_families_arch_facts() -> None:
@@ -127,6 +145,17 @@ def _shrunk(name: str, out: Path) -> Path:
         bos_token_id=1, eos_token_id=2,
     )  # fmt: skip
     cfg.update(_TINY_FAMILY.get(name, {}))
+    if "vision_config" in cfg:  # a tiny tower whose output is the tiny text width
+        cfg["vision_config"].update(
+            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+            fullatt_block_indexes=[1],
+        )  # fmt: skip
+        cfg["rope_scaling"]["mrope_section"] = [2, 3, 3]  # head_dim 16
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+            Qwen2VLImageProcessorPil,
+        )
+
+        Qwen2VLImageProcessorPil().save_pretrained(out)  # a VLM's folder needs its processor
     (out / "config.json").write_text(json.dumps(cfg))
     return out
 

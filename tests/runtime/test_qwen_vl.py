@@ -5,7 +5,8 @@ saved with ``save_pretrained`` and loaded by path, with synthetic images of two 
 30 placeholder tokens); one and two images per prompt, batched with a text-only prompt, whole
 and under chunked prefill that splits image runs (the runs attend causally, so a chunk may end
 inside one); a prefix-cache hit on a shared image; preemption and recompute, and async
-scheduling, whose decode positions are text position + the request's rope delta; TP=2."""
+scheduling, whose decode positions are text position + the request's rope delta; TP=2; a
+checkpoint with tied embeddings."""
 
 from __future__ import annotations
 
@@ -133,6 +134,17 @@ def test_greedy_and_logprobs_match_hf_batched_with_text(
     if chunk is not None:  # a step ended inside the 30-token run (positions [21, 51))
         assert any(21 < end < 51 for end in _chunk_ends(recorder, outputs[0].request_id))
     assert_llm_idle(llm)
+
+
+def test_tied_embeddings_checkpoint_matches_hf(tmp_path: Path) -> None:
+    """A Qwen2.5-VL whose top-level config ties the output projection to the embedding (the
+    text config has no such field; Qwen2.5-VL-3B's shape): no ``lm_head`` weight is saved,
+    and the engine's language model ties it too."""
+    path = save_tiny_qwen_vl(tmp_path, tied=True)
+    want = _hf(path, CASES[0])
+    llm = LLM(str(path), device="cpu")
+    _assert_matches(_result(_generate(llm, CASES[:1])[0]), want)
+    llm.shutdown()
 
 
 def _chunk_ends(recorder: StepRecorder, request_id: str) -> list[int]:

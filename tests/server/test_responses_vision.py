@@ -3,7 +3,8 @@
 LLaVA behind the gRPC server and the REST shim. The answer equals chat's for the same text and
 image (chat's equals the offline engine's: ``test_vision_serve.py``); a continued response keeps
 the image in its conversation and hits the image's KV blocks; the limits, undecodable bytes,
-remote URLs, ``file_id`` and images outside user messages are 400s naming the part
+remote URLs, ``file_id`` and images outside user messages are 400s naming the part; a
+``function_call_output`` may hold ``input_image`` parts (OpenAI's schema allows them);
 (``input.<item>.content.<part>``, counted past ``instructions`` and the stored history) and the
 limit, as chat's are."""
 
@@ -134,6 +135,56 @@ def test_a_continued_response_keeps_the_image(
     openai_client.responses.delete(follow.id)
     openai_client.responses.delete(first.id)
     harness.assert_idle()
+
+
+def _tool_turn(output: Any) -> list[dict[str, Any]]:
+    """A user asks, the model called ``screenshot``, and ``output`` is its result."""
+    return [
+        {"role": "user", "content": "What is on the screen?"},
+        {"type": "function_call", "call_id": "call_1", "name": "screenshot", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": output},
+    ]
+
+
+def test_a_function_call_output_holds_an_image(
+    openai_client: openai.OpenAI, harness: ServerHarness
+) -> None:
+    """OpenAI's schema lets a tool's output be ``input_text`` and ``input_image`` parts: the
+    image's run of placeholders lands in the tool message, and its pixels count (another
+    image, other hashes: no cache hit past the text before it)."""
+    text = [{"type": "input_text", "text": "Here it is."}]
+
+    def image(seed: int) -> dict[str, Any]:
+        return {"type": "input_image", "image_url": _data_url(_image(seed))}
+
+    plain = _create(openai_client, _tool_turn(text), store=False)
+    first = _create(openai_client, _tool_turn([*text, image(1)]), store=False)
+    again = _create(openai_client, _tool_turn([*text, image(1)]), store=False)
+    other = _create(openai_client, _tool_turn([*text, image(7)]), store=False)
+    # one <image> token where the part stood, expanded to the image's 16 placeholders
+    assert first.usage.input_tokens == plain.usage.input_tokens + PATCHES
+    assert again.output_text == first.output_text and first.output_text
+    assert again.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 16
+    assert other.usage.input_tokens == first.usage.input_tokens
+    assert (
+        other.usage.input_tokens_details.cached_tokens
+        < again.usage.input_tokens_details.cached_tokens
+    )
+    harness.assert_idle()
+
+
+def test_a_bad_image_in_a_function_call_output_names_its_part(rest: RestHarness) -> None:
+    bad = {"type": "input_image", "image_url": _data_url(b"not an image at all")}
+    body = {"model": "tiny", "input": _tool_turn([{"type": "input_text", "text": "x"}, bad])}
+    r = httpx.post(f"{rest.url}/v1/responses", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "input.2.output.1" and "not a decodable image" in error["message"]
+    # chat's tool messages stay text-only, as OpenAI's chat schema has them
+    tool = {"role": "tool", "tool_call_id": "call_1", "content": [bad]}
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}, tool]}
+    r = httpx.post(f"{rest.url}/v1/chat/completions", json=chat, timeout=60)
+    assert r.status_code == 400 and "messages.1.content" in r.json()["error"]["message"], r.text
 
 
 def _bomb() -> bytes:

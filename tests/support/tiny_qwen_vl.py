@@ -31,9 +31,11 @@ def save_tiny_qwen_vl(
     qwen2_5: bool = True,
     vocab_size: int = 128,
     tokens: tuple[int, int, int, int] = (IMAGE_TOKEN, VISION_START, VISION_END, VIDEO_TOKEN),
+    tied: bool = False,
 ) -> Path:
     """The checkpoint and its image processor in ``path`` (no tokenizer: callers add theirs);
-    ``tokens``: the image, vision start, vision end and video token ids."""
+    ``tokens``: the image, vision start, vision end and video token ids; ``tied``: the output
+    projection is the embedding (as Qwen2.5-VL-3B: the checkpoint has no ``lm_head``)."""
     text: dict[str, Any] = {
         "vocab_size": vocab_size, "hidden_size": 64, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -58,7 +60,7 @@ def save_tiny_qwen_vl(
         vision |= {"mlp_ratio": 2, "hidden_size": 64}  # Qwen2-VL: the merger's output
         config = Qwen2VLConfig(text_config=text, vision_config=vision, **ids)
         cls = Qwen2VLForConditionalGeneration
-    config.tie_word_embeddings = False
+    config.tie_word_embeddings = tied
     torch.manual_seed(0)
     model = cls(config).eval()
     with torch.no_grad():  # larger weights than the 0.02 init: images move the argmax

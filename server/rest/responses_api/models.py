@@ -10,9 +10,10 @@ The sampling and stopping fields, vLLM's extras included, are chat's (``Sampling
 ``input`` is a string (one user message) or a list of items: messages (``type`` "message" or
 no type; roles user, assistant, system, developer; content a string or ``input_text`` /
 ``output_text`` parts, and ``input_image`` parts in user messages: a base64 ``data:`` URL in
-``image_url``, as chat's ``image_url`` parts), ``function_call`` (an earlier call of the model) and
-``function_call_output`` (its result), and ``reasoning`` items (an earlier turn's reasoning:
-accepted and not shown to the model, as chat templates drop it).
+``image_url``, as chat's ``image_url`` parts), ``function_call`` (an earlier call of the model)
+and ``function_call_output`` (its result: text, or text and ``input_image`` parts), and
+``reasoning`` items (an earlier turn's reasoning: accepted and not shown to the model, as chat
+templates drop it).
 """
 
 from __future__ import annotations
@@ -77,16 +78,24 @@ class FunctionCallItem(_Strict):
 
 
 class FunctionCallOutputItem(_Strict):
+    """A tool's result: text, or ``input_text`` and ``input_image`` parts (OpenAI's schema
+    allows images there: a screenshot tool's output); the image lands in the tool message."""
+
     type: Literal["function_call_output"]
     call_id: Annotated[str, Field(min_length=1)]
-    output: str | list[InputText]
+    output: str | list[MessagePart]
     id: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
     def text(self) -> str:
         if isinstance(self.output, str):
             return self.output
-        return "".join(part.text for part in self.output)
+        return "".join(part.text for part in self.output if isinstance(part, InputText))
+
+    def has_images(self) -> bool:
+        return not isinstance(self.output, str) and any(
+            isinstance(part, InputImage) for part in self.output
+        )
 
 
 class ReasoningItem(_Strict):

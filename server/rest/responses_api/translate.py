@@ -22,6 +22,7 @@ from tokenwire.server.rest.responses_api.models import (
     FunctionCallOutputItem,
     InputImage,
     InputItem,
+    InputText,
     MessageItem,
     ResponsesRequest,
 )
@@ -55,17 +56,16 @@ class Translated:
     params: dict[str, str] = field(default_factory=dict)  # proto -> Responses API names
 
 
-def _with_images(item: MessageItem, role: str, index: int) -> common_pb2.ChatMessage:
-    """A message with ``input_image`` parts: its parts in order, as chat's ``image_url``."""
-    if role != "user":
-        raise invalid(f"input.{index}.role", "only user messages can hold input_image parts")
-    message = common_pb2.ChatMessage(role=role)
-    parts = [] if isinstance(item.content, str) else item.content
+def _with_images(
+    message: common_pb2.ChatMessage, parts: Sequence[InputText | InputImage], parts_field: str
+) -> common_pb2.ChatMessage:
+    """``message`` with ``parts`` in order (``input_image`` as chat's ``image_url``);
+    ``parts_field``: the parts' request field (``input.<i>.content`` or ``input.<i>.output``)."""
     for j, part in enumerate(parts):
         if not isinstance(part, InputImage):
             message.parts.append(common_pb2.ContentPart(text=part.text))
             continue
-        param = f"input.{index}.content.{j}"
+        param = f"{parts_field}.{j}"
         if part.file_id is not None:
             raise invalid(
                 f"{param}.file_id",
@@ -81,25 +81,36 @@ def _with_images(item: MessageItem, role: str, index: int) -> common_pb2.ChatMes
 
 def _message(item: MessageItem, index: int) -> common_pb2.ChatMessage:
     role = "system" if item.role == "developer" else item.role
-    if item.has_images():
-        return _with_images(item, role, index)
-    return common_pb2.ChatMessage(role=role, content=item.text())
+    if not item.has_images() or isinstance(item.content, str):
+        return common_pb2.ChatMessage(role=role, content=item.text())
+    if role != "user":
+        raise invalid(f"input.{index}.role", "only user messages can hold input_image parts")
+    return _with_images(common_pb2.ChatMessage(role=role), item.content, f"input.{index}.content")
+
+
+def _tool_message(item: FunctionCallOutputItem, index: int) -> common_pb2.ChatMessage:
+    message = common_pb2.ChatMessage(role="tool", tool_call_id=item.call_id)
+    if not item.has_images() or isinstance(item.output, str):
+        message.content = item.text()
+        return message
+    return _with_images(message, item.output, f"input.{index}.output")
 
 
 def input_messages(
     items: str | Sequence[InputItem],
-) -> tuple[list[common_pb2.ChatMessage], dict[int, int]]:
+) -> tuple[list[common_pb2.ChatMessage], dict[int, str]]:
     """Input items as chat messages: function calls join the assistant message before
     them (or start one), outputs become tool messages, reasoning items are dropped. With
-    them, the input index of each message holding images (by message index), for errors."""
+    them, the request field of each message's parts holding images (by message index:
+    ``input.<i>.content``, a function call output's ``input.<i>.output``), for errors."""
     if isinstance(items, str):
         return [common_pb2.ChatMessage(role="user", content=items)], {}
     messages: list[common_pb2.ChatMessage] = []
-    image_items: dict[int, int] = {}
+    image_items: dict[int, str] = {}
     for index, item in enumerate(items):
         if isinstance(item, MessageItem):
             if item.has_images():
-                image_items[len(messages)] = index
+                image_items[len(messages)] = f"input.{index}.content"
             messages.append(_message(item, index))
         elif isinstance(item, FunctionCallItem):
             if not messages or messages[-1].role != "assistant":
@@ -107,22 +118,23 @@ def input_messages(
             call = common_pb2.FunctionCall(name=item.name, arguments=item.arguments)
             messages[-1].tool_calls.append(common_pb2.ToolCall(id=item.call_id, function=call))
         elif isinstance(item, FunctionCallOutputItem):
-            messages.append(
-                common_pb2.ChatMessage(role="tool", content=item.text(), tool_call_id=item.call_id)
-            )
+            if item.has_images():
+                image_items[len(messages)] = f"input.{index}.output"
+            messages.append(_tool_message(item, index))
     if not messages:
         raise invalid("input", "input needs at least one message or function_call_output")
     return messages, image_items
 
 
 def _part_params(
-    messages: Sequence[common_pb2.ChatMessage], image_items: dict[int, int], offset: int
+    messages: Sequence[common_pb2.ChatMessage], image_items: dict[int, str], offset: int
 ) -> dict[str, str]:
-    """``chat.messages[i].parts[j]`` (the gRPC server's names) -> ``input.k.content.j``."""
+    """``chat.messages[i].parts[j]`` (the gRPC server's names) -> ``input.k.content.j``
+    (``input.k.output.j`` for a function call output)."""
     params: dict[str, str] = {}
-    for at, index in image_items.items():
+    for at, parts_field in image_items.items():
         for j in range(len(messages[at].parts)):
-            param = f"input.{index}.content.{j}"
+            param = f"{parts_field}.{j}"
             params[f"chat.messages[{offset + at}].parts[{j}]"] = param
             params[f"chat.messages[{offset + at}].parts[{j}].image"] = param
     return params
