@@ -47,10 +47,12 @@ class NgramIndex:
         if stop < self.seen or (self.seen and tokens[self.seen - 1] != self.tail):
             self.latest.clear()  # not the list that was indexed: start over
             self.seen = 0
-        latest, n_min, n_max = self.latest, self.n_min, self.n_max
-        for end in range(max(self.seen + 1, n_min), stop + 1):
-            for n in range(n_min, min(n_max, end) + 1):
-                latest[tuple(tokens[end - n : end])] = end - n
+        for n in range(self.n_min, self.n_max + 1):
+            # The n-grams starting at first .. last, in order (a later start overwrites).
+            first, last = max(self.seen + 1 - n, 0), stop - n
+            if last >= first:
+                grams = zip(*(tokens[first + j : last + 1 + j] for j in range(n)), strict=True)
+                self.latest.update(zip(grams, range(first, last + 1), strict=True))
         if stop > self.seen:
             self.seen = stop
             self.tail = tokens[stop - 1]
