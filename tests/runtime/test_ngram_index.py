@@ -44,13 +44,15 @@ def test_index_equals_the_scan_as_tokens_grow(n_min: int, n_max: int, vocab: int
     for _ in range(8):
         stream = _stream(rng, vocab, rng.randint(1, 160))
         index = NgramIndex(n_min, n_max)
-        length = rng.randint(0, 4)  # start short: contexts shorter than n_max
+        # Start short (contexts shorter than n_max) or with a prompt; grow by a token, by
+        # accepted drafts, or by many at once (the index's bulk path).
+        length = rng.choice([0, 1, 2, 3, 4, 40])
         while length <= len(stream):
             tokens, k = stream[:length], rng.randint(1, 6)
             expected = _reference(tokens, n_min, n_max, k)
             assert index.draft(tokens, k) == expected, (tokens, n_min, n_max, k)
             drafted += bool(expected)
-            length += rng.choice([1, 1, 1, 2, 4])  # one token, or accepted drafts
+            length += rng.choice([1, 1, 1, 2, 4, 17, 30])
     assert drafted > 0  # the streams do exercise matches
 
 

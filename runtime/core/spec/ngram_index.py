@@ -15,6 +15,10 @@ Memory: about ``n_max - n_min + 1`` dict entries (small tuples) per token of the
 
 from __future__ import annotations
 
+# Up to this many new tokens are indexed with a plain loop, more with ``zip`` (cheaper per
+# n-gram, dearer to set up).
+_FEW = 16
+
 
 class NgramIndex:
     """The latest start of each ``n_min`` .. ``n_max`` token n-gram of a token list that ends
@@ -47,12 +51,18 @@ class NgramIndex:
         if stop < self.seen or (self.seen and tokens[self.seen - 1] != self.tail):
             self.latest.clear()  # not the list that was indexed: start over
             self.seen = 0
-        for n in range(self.n_min, self.n_max + 1):
-            # The n-grams starting at first .. last, in order (a later start overwrites).
-            first, last = max(self.seen + 1 - n, 0), stop - n
-            if last >= first:
-                grams = zip(*(tokens[first + j : last + 1 + j] for j in range(n)), strict=True)
-                self.latest.update(zip(grams, range(first, last + 1), strict=True))
+        latest, n_min, n_max = self.latest, self.n_min, self.n_max
+        if stop - self.seen <= _FEW:  # a decode step's tokens: a plain loop is cheapest
+            for end in range(max(self.seen + 1, n_min), stop + 1):
+                for n in range(n_min, min(n_max, end) + 1):
+                    latest[tuple(tokens[end - n : end])] = end - n
+        else:  # a prompt: build the tuples in C
+            for n in range(n_min, n_max + 1):
+                # The n-grams starting at first .. last, in order (a later start overwrites).
+                first, last = max(self.seen + 1 - n, 0), stop - n
+                if last >= first:
+                    grams = zip(*(tokens[first + j : last + 1 + j] for j in range(n)), strict=True)
+                    latest.update(zip(grams, range(first, last + 1), strict=True))
         if stop > self.seen:
             self.seen = stop
             self.tail = tokens[stop - 1]
