@@ -1,11 +1,12 @@
 """An incremental n-gram index of one request's tokens, for prompt-lookup drafts (no torch).
 
 ``ngram.find_draft`` scans the whole context for each suffix length at every step (a few
-numpy passes per row: ~50-60 us a row at ~100 tokens, most of the scheduler's time with n-gram speculation at
-64 rows). The index maps every n-gram (``n_min`` .. ``n_max`` tokens) that ends before the
-last token to the start of its latest occurrence, and takes only the tokens appended since
-the previous step; a lookup is then at most ``n_max - n_min + 1`` dict probes. It proposes
-exactly what ``find_draft`` proposes (tests/runtime/test_ngram_index.py compares them).
+numpy passes per row: ~50-60 us a row at ~100 tokens, most of the scheduler's time with
+n-gram speculation at 64 rows). The index maps every n-gram (``n_min`` .. ``n_max``
+tokens) that ends before the last token to the start of its latest occurrence, and takes
+only the tokens appended since the previous step; a lookup is then at most
+``n_max - n_min + 1`` dict probes. It proposes exactly what ``find_draft`` proposes
+(tests/runtime/test_ngram_index.py compares them).
 
 A request's tokens only grow (output tokens and accepted drafts are appended; preemption
 keeps them), so the index is extended, never rebuilt; should the list be shorter than what
