@@ -32,6 +32,7 @@ class Request:
     """One sequence being generated. Token counts are in tokens, times in ``time.monotonic``."""
 
     __slots__ = (
+        "__weakref__",  # the n-gram proposer keeps its index of a request weakly
         "arrival_time",
         "cache_salt",
         "eos_token_ids",

@@ -13,17 +13,21 @@ conditions — is verified exactly (``verify``).
 
 from __future__ import annotations
 
+from weakref import WeakKeyDictionary
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from tokenwire.runtime.config import SpeculativeConfig
 from tokenwire.runtime.core.request import Request
 from tokenwire.runtime.core.spec.grammar_drafts import grammar_prefix
+from tokenwire.runtime.core.spec.ngram_index import NgramIndex
 
 
 def find_draft(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> list[int]:
     """Up to ``k`` tokens that followed the latest earlier occurrence of the longest
-    matching suffix (``n_max`` .. ``n_min`` tokens); [] when none occurs."""
+    matching suffix (``n_max`` .. ``n_min`` tokens); [] when none occurs. A scan of the whole
+    context: the reference for ``NgramIndex``, which the proposer uses."""
     length = len(tokens)
     for n in range(min(n_max, length - 1), n_min - 1, -1):
         suffix = tokens[length - n :]
@@ -46,6 +50,8 @@ class NgramProposer:
     def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
         self.config = config
         self.max_model_len = max_model_len
+        # Each running request's index, dropped with the request (tokens only grow).
+        self._indexes: WeakKeyDictionary[Request, NgramIndex] = WeakKeyDictionary()
 
     def active(self, num_running: int) -> NgramProposer | None:
         """Itself, unless ``num_running`` reaches ``disable_by_batch_size``."""
@@ -58,10 +64,12 @@ class NgramProposer:
         room = draft_room(self.config, self.max_model_len, request, budget)
         if room <= 0:
             return []
-        tokens = np.asarray(request.token_ids, dtype=np.int64)
-        cfg = self.config
-        draft = find_draft(tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max, room)
-        return grammar_prefix(request, draft)
+        index = self._indexes.get(request)
+        if index is None:
+            cfg = self.config
+            index = NgramIndex(cfg.prompt_lookup_min, cfg.prompt_lookup_max)
+            self._indexes[request] = index
+        return grammar_prefix(request, index.draft(request.token_ids, room))
 
 
 def draft_room(
