@@ -62,6 +62,13 @@ def qwen_vl_spec(config: Mapping[str, Any]) -> QwenVLSpec:
     section = hf.text_config.rope_parameters.get("mrope_section")
     if section is None or len(section) != 3:
         raise ValueError(f"a Qwen-VL config needs a 3-part mrope_section, got {section!r}")
+    text = hf.text_config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    if 2 * sum(section) != head_dim:  # one rotary frequency per pair of head features
+        raise ValueError(
+            f"mrope_section {list(section)} must sum to head_dim / 2 = {head_dim // 2}, "
+            f"got {sum(section)}"
+        )
     return QwenVLSpec(
         architecture=str(qwen_vl_architecture(config)),
         image_token_index=int(hf.image_token_id),

@@ -17,6 +17,7 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRotaryE
 
 from tokenwire.kernels.rotary import build_cos_sin_cache, compute_inv_freq
 from tokenwire.runtime.models.mrope import mrope_table, prompt_positions, step_positions
+from tokenwire.runtime.models.qwen_vl_config import qwen_vl_spec
 
 MERGE = 2
 SECTION = (2, 3, 3)
@@ -95,3 +96,24 @@ def test_mrope_table_equals_hf_rotary() -> None:
     half = head_dim // 2
     assert torch.equal(table[:, :half], cos[0, :, :half])
     assert torch.equal(table[:, half:], sin[0, :, :half])
+
+
+@pytest.mark.parametrize("section", [[2, 3, 4], [1, 3, 3]])
+def test_a_mrope_section_that_does_not_cover_the_head_is_a_startup_error(
+    section: list[int],
+) -> None:
+    """head_dim 16 needs sections summing to 8 (one frequency per feature pair); any other sum
+    is refused when the model is built, naming the field, not at the first image request."""
+    text = {
+        "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+        "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rope_parameters": {"rope_type": "default", "mrope_section": section},
+    }  # fmt: skip
+    config = Qwen2_5_VLConfig(text_config=text, vision_config={"depth": 1}).to_dict()
+    config["architectures"] = ["Qwen2_5_VLForConditionalGeneration"]
+    with pytest.raises(ValueError, match=r"mrope_section .* head_dim / 2 = 8"):
+        qwen_vl_spec(config)
+    text["rope_parameters"] = {"rope_type": "default", "mrope_section": [2, 3, 3]}
+    good = Qwen2_5_VLConfig(text_config=text, vision_config={"depth": 1}).to_dict()
+    good["architectures"] = ["Qwen2_5_VLForConditionalGeneration"]
+    assert qwen_vl_spec(good).mrope_section == (2, 3, 3)
