@@ -41,7 +41,7 @@ from tokenwire.runtime.core.host_tier import HostTier
 from tokenwire.runtime.core.kv_events import MEDIUM_CPU
 from tokenwire.runtime.core.pending_load import PendingLoad
 from tokenwire.runtime.core.request import Request
-from tokenwire.runtime.core.tier_sessions import SessionPins
+from tokenwire.runtime.core.tier_sessions import SessionPins, save_pinned
 from tokenwire.runtime.kv_transfer import DiskRead, KVLoad, KVTransferPlan
 from tokenwire.runtime.stats import KVOffloadStats
 
@@ -124,23 +124,22 @@ class OffloadingConnector:
         if not hashes or holder_id in self.sessions:
             return False
         if self.sessions.fits_host(hashes):
-            slots: list[int] = []
-            for block, block_hash in blocks:
-                slot = self._save(block.block_id, block_hash)
-                assert slot is not None  # ``can_take``: a free or unpinned slot each
-                slots.append(slot)
-            self.sessions.add_host(holder_id, slots)
-            return True
-        if self.disk is None or not self.sessions.fits_disk(hashes):
+            slots = save_pinned(self.tier, blocks, self._save)
+            if slots is not None:
+                self.sessions.add_host(holder_id, slots)
+            return slots is not None
+        disk = self.disk
+        if disk is None or not self.sessions.fits_disk(hashes):
             return False
-        records: list[int] = []
-        for block, block_hash in blocks:
-            self.disk.save(block_hash, block_id=block.block_id)  # only touched if there
-            record = self.disk.index.peek(block_hash)
-            assert record is not None  # ``can_take`` on the disk tier's index
-            records.append(record)
-        self.sessions.add_disk(holder_id, records)
-        return True
+
+        def save_to_disk(block_id: int, block_hash: bytes) -> int | None:
+            disk.save(block_hash, block_id=block_id)  # only touched if it is there
+            return disk.index.peek(block_hash)
+
+        records = save_pinned(disk.index, blocks, save_to_disk)
+        if records is not None:
+            self.sessions.add_disk(holder_id, records)
+        return records is not None
 
     def unhold_session(self, holder_id: str) -> bool:
         """The Session's next turn was admitted (its blocks are on the device), or it closed:

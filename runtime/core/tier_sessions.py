@@ -9,8 +9,9 @@ closes. The scheduler thread owns it; the connector does the saves.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from tokenwire.runtime.core.block_pool import KVBlock
 from tokenwire.runtime.core.disk_tier import DiskTier
 from tokenwire.runtime.core.host_tier import HostTier
 
@@ -48,13 +49,12 @@ class SessionPins:
         return len(pinned) + len(new) + slots.count(None)
 
     def add_host(self, holder_id: str, slots: list[int]) -> None:
-        self.host.pin(slots)
+        """The Session holds ``slots``, which the caller has pinned once each for it."""
         self._host[holder_id] = slots
 
-    def add_disk(self, holder_id: str, slots: list[int]) -> None:
-        assert self.disk is not None
-        self.disk.pin(slots)
-        self._disk[holder_id] = slots
+    def add_disk(self, holder_id: str, records: list[int]) -> None:
+        """The Session holds ``records``, which the caller has pinned once each for it."""
+        self._disk[holder_id] = records
 
     def release(self, holder_id: str) -> bool:
         """Unpin the Session's slots (they become ordinary LRU entries); False: none held."""
@@ -65,3 +65,27 @@ class SessionPins:
         if disk is not None and self.disk is not None:
             self.disk.unpin(disk)
         return host is not None or disk is not None
+
+
+def save_pinned(
+    tier: HostTier,
+    blocks: Sequence[tuple[KVBlock, bytes]],
+    save: Callable[[int, bytes], int | None],
+) -> list[int] | None:
+    """Save a Session's ``blocks`` into ``tier`` (``save(block_id, hash)``: the slot holding
+    it after) and pin each slot once; the slots already holding one of them are pinned first,
+    so no save of this table evicts another of its blocks (what ``can_take`` counted on).
+    None (nothing stays pinned): a save found no slot."""
+    here = [s for s in (tier.peek(h) for _, h in blocks) if s is not None]
+    tier.pin(here)
+    slots: list[int] = []
+    for block, block_hash in blocks:
+        slot = save(block.block_id, block_hash)
+        if slot is None:  # not expected after ``can_take``; never a half-held Session
+            tier.unpin(slots)
+            slots = []
+            break
+        tier.pin([slot])
+        slots.append(slot)
+    tier.unpin(here)
+    return slots or None

@@ -371,3 +371,23 @@ def test_sessions_pin_at_most_their_share_of_the_host_tier() -> None:
 def cached(block: KVBlock, block_hash: bytes) -> KVBlock:
     block.block_hash = block_hash
     return block
+
+
+def test_a_session_moved_down_holds_every_block_of_its_table() -> None:
+    """A full host tier whose least recently used entry is one of the Session's own blocks:
+    the move evicts other entries, never that one, and every block of the table ends in a
+    slot pinned for the Session."""
+    kv = KVCacheManager(16, BLOCK, True)
+    connector = attach_offloading(kv, num_slots=3, block_bytes=1, session_fraction=1.0)
+    blocks = kv.block_pool.blocks
+    for i, name in ((7, b"own"), (8, b"x1"), (9, b"x2")):  # "own" least recently used
+        connector.on_evict(cached(blocks[i], name))
+    connector.build_plan()
+    table = [(blocks[1], b"new"), (blocks[7], b"own")]
+    assert connector.hold_session("s", table)
+    slots = {connector.tier.peek(h) for _, h in table}
+    assert None not in slots and len(slots) == 2
+    assert not connector.tier.can_take([b"a", b"b"])  # both Session slots are pinned
+    connector.unhold_session("s")
+    connector.build_plan()
+    connector.check_invariants(idle=True)
