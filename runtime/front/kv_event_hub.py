@@ -179,25 +179,40 @@ class KVEventHub:
 
     async def subscribe(self, start_sequence_number: int = 0) -> AsyncIterator[SequencedBatch]:
         """Replay or snapshot, then live batches until the consumer stops iterating."""
-        if start_sequence_number < 0:
-            raise ValueError(f"start_sequence_number must be >= 0, got {start_sequence_number}")
-        queue: asyncio.Queue[SequencedBatch | None] = asyncio.Queue()
-        self._queues.add(queue)  # before the backlog: no batch falls between the two
-        try:
-            for item in self._backlog(start_sequence_number):
-                yield item
-            while True:
-                live = await queue.get()
-                if live is None:
-                    raise SubscriberLagged(
-                        f"subscriber fell {self.buffer_steps} batches behind; resubscribe"
-                    )
-                yield live
-        finally:
-            self._queues.discard(queue)
+        async for item in serve_subscriber(
+            self._queues, self._backlog, start_sequence_number, self.buffer_steps
+        ):
+            yield item
 
     def _backlog(self, start: int) -> list[SequencedBatch]:
         oldest = self._buffer[0].seq if self._buffer else self.last_seq + 1
         if start == 0 or start < oldest:
             return [self.snapshot()]  # from the current state (older batches are gone)
         return [item for item in self._buffer if item.seq >= start]
+
+
+async def serve_subscriber(
+    queues: set[asyncio.Queue[SequencedBatch | None]],
+    backlog: Callable[[int], list[SequencedBatch]],
+    start: int,
+    buffer_steps: int,
+) -> AsyncIterator[SequencedBatch]:
+    """One subscriber of a hub (or of the data-parallel merge): its queue joins ``queues``
+    before ``backlog(start)`` is read, so no batch falls between the two; then live batches,
+    until it lags (``None`` in its queue) or the consumer stops iterating."""
+    if start < 0:
+        raise ValueError(f"start_sequence_number must be >= 0, got {start}")
+    queue: asyncio.Queue[SequencedBatch | None] = asyncio.Queue()
+    queues.add(queue)
+    try:
+        for item in backlog(start):
+            yield item
+        while True:
+            live = await queue.get()
+            if live is None:
+                raise SubscriberLagged(
+                    f"subscriber fell {buffer_steps} batches behind; resubscribe"
+                )
+            yield live
+    finally:
+        queues.discard(queue)

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 
 from tokenwire.runtime.core.kv_events import KVEventBatch
-from tokenwire.runtime.front.kv_event_hub import KVEventHub, SequencedBatch, SubscriberLagged
+from tokenwire.runtime.front.kv_event_hub import KVEventHub, SequencedBatch, serve_subscriber
 
 
 class MergedKVEvents:
@@ -68,22 +68,10 @@ class MergedKVEvents:
 
     async def subscribe(self, start_sequence_number: int = 0) -> AsyncIterator[SequencedBatch]:
         """Replay or snapshot, then live batches until the consumer stops iterating."""
-        if start_sequence_number < 0:
-            raise ValueError(f"start_sequence_number must be >= 0, got {start_sequence_number}")
-        queue: asyncio.Queue[SequencedBatch | None] = asyncio.Queue()
-        self._queues.add(queue)  # before the backlog: no batch falls between the two
-        try:
-            for item in self._backlog(start_sequence_number):
-                yield item
-            while True:
-                live = await queue.get()
-                if live is None:
-                    raise SubscriberLagged(
-                        f"subscriber fell {self.buffer_steps} batches behind; resubscribe"
-                    )
-                yield live
-        finally:
-            self._queues.discard(queue)
+        async for item in serve_subscriber(
+            self._queues, self._backlog, start_sequence_number, self.buffer_steps
+        ):
+            yield item
 
     def _backlog(self, start: int) -> list[SequencedBatch]:
         oldest = self._buffer[0].seq if self._buffer else self.last_seq + 1
