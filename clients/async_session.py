@@ -24,6 +24,7 @@ import grpc
 
 from tokenwire.clients import convert
 from tokenwire.clients import results as r
+from tokenwire.clients.content import Content
 from tokenwire.clients.convert import GenerationOptions
 from tokenwire.clients.errors import TokenwireError, UnavailableError, from_rpc_error, from_status
 from tokenwire.clients.session_transcript import Transcript
@@ -137,7 +138,7 @@ class AsyncSession:
 
     def send(
         self,
-        user_message: str | None = None,
+        user_message: Content | None = None,
         *,
         text: str | None = None,
         token_ids: Sequence[int] | None = None,

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypedDict
 
 from tokenwire.clients import results as r
-from tokenwire.clients.content import Messages, chat_input
+from tokenwire.clients.content import Content, Messages, chat_input, message_proto
 from tokenwire.v1 import common_pb2 as pb
 from tokenwire.v1 import generation_pb2 as gen
 
@@ -143,12 +143,13 @@ def session_open(
 
 
 def session_turn(
-    user_message: str | None,
+    user_message: Content | None,
     text: str | None,
     token_ids: Sequence[int] | None,
     options: Mapping[str, Any],
 ) -> gen.SessionRequest:
-    """Build a Turn; exactly one of ``user_message`` (chat), ``text`` and ``token_ids``."""
+    """Build a Turn; exactly one of ``user_message`` (chat: a string, or ordered parts with
+    images), ``text`` and ``token_ids``."""
     check_options(options)
     if sum(x is not None for x in (user_message, text, token_ids)) != 1:
         raise ValueError("pass exactly one of user_message, text and token_ids")
@@ -157,8 +158,13 @@ def session_turn(
         stopping=stopping_options(options),
         output=output_options(options),
     )
-    if user_message is not None:
+    if isinstance(user_message, str):
         turn.user_message = user_message
+    elif user_message is not None:
+        parts = message_proto({"role": "user", "content": user_message}).parts
+        if not parts:
+            raise ValueError("user_message has no parts")
+        turn.user_content.parts.extend(parts)
     elif text is not None:
         turn.text = text
     else:

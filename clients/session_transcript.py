@@ -44,6 +44,9 @@ class Transcript:
         kind = turn.WhichOneof("input")
         if kind == "user_message":
             self.messages.append(pb.ChatMessage(role="user", content=turn.user_message))
+        elif kind == "user_content":  # its images too: the reopened session holds them
+            self.messages.append(pb.ChatMessage(role="user", parts=turn.user_content.parts))
+        if kind in ("user_message", "user_content"):
             self.messages.append(
                 pb.ChatMessage(role="assistant", content="".join(self._reply_text))
             )

@@ -15,6 +15,7 @@ import grpc
 
 from tokenwire.clients import convert
 from tokenwire.clients import results as r
+from tokenwire.clients.content import Content
 from tokenwire.clients.convert import GenerationOptions
 from tokenwire.clients.errors import TokenwireError, UnavailableError, from_rpc_error, from_status
 from tokenwire.v1 import generation_pb2 as gen
@@ -92,7 +93,7 @@ class SyncSession:
 
     def send(
         self,
-        user_message: str | None = None,
+        user_message: Content | None = None,
         *,
         text: str | None = None,
         token_ids: Sequence[int] | None = None,
@@ -101,7 +102,8 @@ class SyncSession:
         """Run one turn: yields TurnStart, TextDelta*, one TurnEnd per choice (and any
         Notice). A failed turn raises its ``TokenwireError``; the session stays usable.
 
-        ``user_message`` is a chat message; ``text``/``token_ids`` append raw input.
+        ``user_message`` is a chat message (a string, or ordered parts: strings and
+        ``ImagePart``s, for a vision-language model); ``text``/``token_ids`` append raw input.
         ``options`` override the session defaults for this turn only.
         """
         request = convert.session_turn(user_message, text, token_ids, options)

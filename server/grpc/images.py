@@ -11,6 +11,7 @@ tokenizer pool's thread, before the image is decompressed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,13 +49,21 @@ def message_content(m: common_pb2.ChatMessage, index: int) -> str | list[dict[st
         return m.content
     if m.content:
         raise ParameterError(where, "content and parts are exclusive: send one of them")
+    return parts_content(m.parts, m.role, where)
+
+
+def parts_content(
+    parts: Sequence[common_pb2.ContentPart], role: str, where: str
+) -> str | list[dict[str, Any]]:
+    """Ordered parts of a ``role`` message (errors name ``where.parts[j]``): their text
+    joined when there is no image, else the runtime's part list."""
     out: list[dict[str, Any]] = []
-    for j, part in enumerate(m.parts):
+    for j, part in enumerate(parts):
         kind = part.WhichOneof("part")
         if kind == "text":
             out.append({"type": "text", "text": part.text})
         elif kind == "image":
-            if m.role not in ("user", "tool"):
+            if role not in ("user", "tool"):
                 raise ParameterError(
                     f"{where}.parts[{j}].image", "only user and tool messages hold images"
                 )

@@ -256,7 +256,7 @@ class _Session:
                 telemetry.select_model(record, state.lora.lora_name)
                 if engine.get_lora(state.lora.lora_name) != state.lora:  # unloaded since Open
                     raise model_not_found(state.lora.lora_name)
-            prompt, messages = await state.prompt_for(self.handler.tokenizers, turn)
+            prompt, messages, images = await state.prompt_for(self.handler.tokenizers, turn)
             params = convert.sampling_params(
                 *state.options(turn), self.handler.limits, engine.info.default_sampling
             )
@@ -271,6 +271,7 @@ class _Session:
                 cache_salt=who.cache_salt(state.open.cache_salt or None),
                 hold_as=state.holder_id,
                 lora_request=state.lora,
+                images=images,
             )
             telemetry.admit(record, params.n)
         except Exception as exc:
@@ -302,7 +303,7 @@ class _Session:
         stream: Any,
         number: int,
         prompt: list[int],
-        messages: list[dict[str, str]] | None,
+        messages: list[dict[str, Any]] | None,
         num_top: int | None,
         lease: Lease,
     ) -> None:

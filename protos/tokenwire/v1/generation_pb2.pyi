@@ -186,11 +186,18 @@ class SessionOpen(_message.Message):
     history_token_ids: _common_pb2.TokenIds
     def __init__(self, model: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingOptions, _Mapping]] = ..., stopping: _Optional[_Union[_common_pb2.StoppingOptions, _Mapping]] = ..., output: _Optional[_Union[_common_pb2.OutputOptions, _Mapping]] = ..., system_prompt: _Optional[str] = ..., cache_salt: _Optional[str] = ..., history: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., history_token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ...) -> None: ...
 
+class UserContent(_message.Message):
+    __slots__ = ("parts",)
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    parts: _containers.RepeatedCompositeFieldContainer[_common_pb2.ContentPart]
+    def __init__(self, parts: _Optional[_Iterable[_Union[_common_pb2.ContentPart, _Mapping]]] = ...) -> None: ...
+
 class SessionTurn(_message.Message):
-    __slots__ = ("text", "token_ids", "user_message", "sampling", "stopping", "output", "traceparent", "tracestate")
+    __slots__ = ("text", "token_ids", "user_message", "user_content", "sampling", "stopping", "output", "traceparent", "tracestate")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     USER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    USER_CONTENT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     STOPPING_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
@@ -199,12 +206,13 @@ class SessionTurn(_message.Message):
     text: str
     token_ids: _common_pb2.TokenIds
     user_message: str
+    user_content: UserContent
     sampling: _common_pb2.SamplingOptions
     stopping: _common_pb2.StoppingOptions
     output: _common_pb2.OutputOptions
     traceparent: str
     tracestate: str
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., user_message: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingOptions, _Mapping]] = ..., stopping: _Optional[_Union[_common_pb2.StoppingOptions, _Mapping]] = ..., output: _Optional[_Union[_common_pb2.OutputOptions, _Mapping]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., user_message: _Optional[str] = ..., user_content: _Optional[_Union[UserContent, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingOptions, _Mapping]] = ..., stopping: _Optional[_Union[_common_pb2.StoppingOptions, _Mapping]] = ..., output: _Optional[_Union[_common_pb2.OutputOptions, _Mapping]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
 
 class SessionCancelTurn(_message.Message):
     __slots__ = ()
