@@ -141,6 +141,8 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
             ),
             # Issue 33: the VLM stage on a tiny Qwen2.5-VL stand-in (64-pixel images).
             stage("vlm:tiny-vlm", 40, "--label", "tiny-vlm", "--image-side", "64"),
+            # Issue 29: the host KV tier's figures on the bench script's tiny Llama.
+            stage("kvtier:tiny", 30, "--label", "tiny"),
         ]
     # Priority order: the rest of the (compiled) kernel tests run last, in the time left.
     all_kernel_tests = [
@@ -180,6 +182,10 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
         # Issue 33: Qwen2.5-VL-3B (dummy bf16), 448-pixel images (256 image tokens each):
         # image+text throughput, TTFT of a repeated image (encoder-output cache) vs a new one.
         stage("vlm:qwen2.5-vl-3b", 80, "--model", "qwen2.5-vl-3b"),
+        # Issue 29: the host KV tier on Llama-3.2-1B (dummy bf16): 64 conversations x 5 turns
+        # with the device cache at ~1/4 of them, tier off vs on (prefill tokens, TTFT); 256
+        # unique prompts, throughput on / off.
+        stage("kvtier:llama-3.2-1b", 120, "--model", "llama-3.2-1b"),
         # Issue 17: Mixtral-8x7B (~93 GB of bf16 dummy weights, top-2 of 8 experts through
         # the fused-MoE Triton kernel), mixed + TPOT next to their floors. The longest extra
         # stage (its weights alone take a while to draw), so after the cheaper ones.

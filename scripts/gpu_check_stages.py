@@ -411,9 +411,18 @@ def _stage_vlm(args: argparse.Namespace, record: Recorder) -> None:
         stage_vlm(args, record, Path(tmp))
 
 
+def _stage_kvtier(args: argparse.Namespace, record: Recorder) -> None:
+    """Issue 29: the host KV tier's multi-turn and no-reuse figures (``gpu_check_kvtier.py``)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from gpu_check_kvtier import stage_kvtier
+
+    stage_kvtier(args, record)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("stage", choices=["attn_bw", "parity", "bench", "serve", "lora", "spec", "vlm"])
+    kinds = ["attn_bw", "parity", "bench", "serve", "lora", "spec", "vlm", "kvtier"]
+    p.add_argument("stage", choices=kinds)
     p.add_argument("--results", type=Path, required=True)
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--model", default="llama-3.2-1b", help="bundled name or config dir")
@@ -438,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         "lora": stage_lora,
         "spec": stage_spec,
         "vlm": _stage_vlm,
+        "kvtier": _stage_kvtier,
     }
     stages[args.stage](args, Recorder(args.results, args.stage))
     return 0

@@ -102,6 +102,7 @@ def summary_rows(stages: Sequence[StageLike]) -> list[dict[str, Any]]:
     rows += _lora_rows(stages)
     rows += _spec_rows(stages)
     rows += _vlm_rows(stages)
+    rows += _kvtier_rows(stages)
     rows.append(_serve_row(stages))
     rows += _quant_rows(stages)
     rows += _async_rows(stages)
@@ -211,6 +212,41 @@ def _vlm_rows(stages: Sequence[StageLike]) -> list[dict[str, Any]]:
         )  # fmt: skip
         ok = None if ratio is None else ratio < 1.0
         rows.append(_row(f"VLM {label} TTFT repeated / new image", ratio, "< 1.00", ref, ok))
+    return rows
+
+
+def _kvtier_rows(stages: Sequence[StageLike]) -> list[dict[str, Any]]:
+    """Issue 29: the host KV tier on vs off: prefill tokens (>= 3x fewer), TTFT p50 (<= 0.5x)
+    on the multi-turn workload, output throughput with no reuse (>= 0.97)."""
+    rows: list[dict[str, Any]] = []
+    for s in stages:
+        if not s.name.startswith("kvtier:"):
+            continue
+        label = s.name.split(":")[1]
+        turns = _find([s], "kv_tier_multi_turn")
+        ref = "-" if turns is None else (
+            f"{turns['prefill_tokens_off']:,} / {turns['prefill_tokens_on']:,} tokens, "
+            f"{turns['blocks_saved']} blocks saved, {turns['blocks_loaded']} loaded"
+        )  # fmt: skip
+        value = None if turns is None else turns["prefill_ratio"]
+        ok = None if value is None else value >= 3.0
+        figure = f"KV tier {label} prefill tokens off / on"
+        rows.append(_row(figure, value, ">= 3.00", ref, ok, "x"))
+        value = None if turns is None else turns["ttft_p50_ratio"]
+        ref = "-" if turns is None else (
+            f"p50 {turns['ttft_p50_ms_on']:,.1f} vs {turns['ttft_p50_ms_off']:,.1f} ms, "
+            f"p99 {turns['ttft_p99_ms_on']:,.1f} vs {turns['ttft_p99_ms_off']:,.1f} ms"
+        )  # fmt: skip
+        ok = None if value is None else value <= 0.5
+        rows.append(_row(f"KV tier {label} TTFT p50 on / off", value, "<= 0.50", ref, ok))
+        plain = _find([s], "kv_tier_no_reuse")
+        value = None if plain is None else plain["throughput_ratio"]
+        ref = "-" if plain is None else (
+            f"{plain['output_tok_s_on']:,.0f} vs {plain['output_tok_s_off']:,.0f} out tok/s"
+        )  # fmt: skip
+        ok = None if value is None else value >= 0.97
+        figure = f"KV tier {label} no-reuse throughput on / off"
+        rows.append(_row(figure, value, ">= 0.97", ref, ok))
     return rows
 
 

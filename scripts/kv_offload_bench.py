@@ -25,6 +25,7 @@ import statistics
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +60,9 @@ def make_engine(
 ) -> EngineCore:
     config = EngineArgs(
         model=model,
-        device="cpu",
-        load_format="dummy" if args.model is None else "auto",
+        device=args.device,
+        dtype=args.dtype,
+        load_format="dummy" if args.model is None or args.dummy else "auto",
         max_model_len=args.max_model_len,
         num_gpu_blocks_override=args.device_blocks + 1,
         max_num_seqs=args.concurrency,
@@ -149,9 +151,12 @@ def summarize(core: EngineCore, wall: float, skip_turn0: bool) -> dict[str, Any]
     }
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="HF model dir (default: random dummy Llama)")
+    p.add_argument("--dummy", action="store_true", help="--model (a bundled name) dummy weights")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (the GPU check's kvtier stage)")
+    p.add_argument("--dtype", default="auto")
     p.add_argument("--conversations", type=int, default=16)
     p.add_argument("--turns", type=int, default=5)
     p.add_argument("--system-tokens", type=int, default=96)
@@ -167,8 +172,18 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3, help="no-reuse runs per mode (best kept)")
     p.add_argument("--unique-prompt-tokens", type=int, default=160)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = parser().parse_args()
     torch.set_num_threads(args.threads)
+    report(measure(args), args)
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Every mode of the run (multi-turn off / on / disk, then no reuse off and on
+    alternating ``--reps`` times, the best of each kept); ratios added."""
     final_len = args.system_tokens + args.turns * (args.user_tokens + args.output_tokens)
     if not args.device_blocks:  # the device cache holds ~1/4 of the conversations
         per_conv = -(-final_len // 16)
@@ -183,17 +198,16 @@ def main() -> None:
             "final_transcript": final_len,
         }
         for name, offload in (("off", None), ("on", args.offload_gib)):
-            results[f"multi_turn_{name}"] = multi_turn(make_engine(args, model, offload), args)
+            results[f"multi_turn_{name}"] = _once(multi_turn, args, model, offload)
         if args.disk_gib > 0:
             (Path(tmp) / "kv").mkdir()
-            core = make_engine(args, model, args.disk_host_gib, str(Path(tmp) / "kv"))
-            results["multi_turn_disk"] = multi_turn(core, args)
-            core.shutdown()
+            disk = str(Path(tmp) / "kv")
+            results["multi_turn_disk"] = _once(multi_turn, args, model, args.disk_host_gib, disk)
         # Alternating repetitions, the best of each kept: this shared box's load swings more
         # than the difference being measured.
         for _ in range(args.reps):
             for name, offload in (("off", None), ("on", args.offload_gib)):
-                run = no_reuse(make_engine(args, model, offload), args)
+                run = _once(no_reuse, args, model, offload)
                 results.setdefault(f"no_reuse_{name}_tok_per_s", []).append(run["output_tok_per_s"])
                 results.setdefault(f"no_reuse_{name}_tok_per_cpu_s", []).append(
                     run["output_tok_per_cpu_s"]
@@ -201,7 +215,25 @@ def main() -> None:
                 best = results.get(f"no_reuse_{name}")
                 if best is None or run["output_tok_per_s"] > best["output_tok_per_s"]:
                     results[f"no_reuse_{name}"] = run
-    report(results, args)
+    add_ratios(results)
+    if args.reps:
+        add_no_reuse_ratios(results)
+    return results
+
+
+def _once(
+    workload: Callable[[EngineCore, argparse.Namespace], dict[str, Any]],
+    args: argparse.Namespace,
+    model: str,
+    offload: float | None,
+    disk: str | None = None,
+) -> dict[str, Any]:
+    """``workload`` on a fresh engine, shut down after (its device memory freed)."""
+    core = make_engine(args, model, offload, disk)
+    try:
+        return workload(core, args)
+    finally:
+        core.shutdown()
 
 
 def add_ratios(results: dict[str, Any]) -> None:
@@ -218,7 +250,6 @@ def add_ratios(results: dict[str, Any]) -> None:
 
 
 def report(results: dict[str, Any], args: argparse.Namespace) -> None:
-    add_ratios(results)
     modes = ["multi_turn_off", "multi_turn_on", "multi_turn_disk", "no_reuse_off", "no_reuse_on"]
     for key in [m for m in modes if m in results]:
         r = results[key]
@@ -243,13 +274,16 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
     print(json.dumps(results))
 
 
-def print_no_reuse(results: dict[str, Any], args: argparse.Namespace) -> None:
+def add_no_reuse_ratios(results: dict[str, Any]) -> None:
     tput_off = results["no_reuse_off"]["output_tok_per_s"]
     tput_on = results["no_reuse_on"]["output_tok_per_s"]
     results["no_reuse_throughput_on_over_off"] = tput_on / tput_off
     cpu_off = statistics.median(results["no_reuse_off_tok_per_cpu_s"])
     cpu_on = statistics.median(results["no_reuse_on_tok_per_cpu_s"])
     results["no_reuse_cpu_throughput_on_over_off"] = cpu_on / cpu_off
+
+
+def print_no_reuse(results: dict[str, Any], args: argparse.Namespace) -> None:
     print(
         f"no-reuse throughput on/off = {results['no_reuse_throughput_on_over_off']:.3f} (wall, "
         f"best of {args.reps}), {results['no_reuse_cpu_throughput_on_over_off']:.3f} (per "

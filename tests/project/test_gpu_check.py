@@ -40,7 +40,7 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
     assert list(stages) == [
         "kernels", "attn_bw", "parity", "bench:tiny", "serve:tiny", "bench:tiny+kvfp8", "lora:tiny",
         "bench:tiny-moe", "bench:tiny-mla", "bench:tiny-gpt-oss", "spec:tiny", "bench:tiny+async",
-        "vlm:tiny-vlm",
+        "vlm:tiny-vlm", "kvtier:tiny",
     ]  # fmt: skip
     assert all(s["status"] == "ok" for s in stages.values())
     kinds = {r.get("kind") for r in stages["bench:tiny"]["records"]}
@@ -77,6 +77,15 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
     assert ttft["new_ms"] > 0 and ttft["repeat_ms"] > 0
     assert figures["VLM tiny-vlm image+text requests/s"]["value"] > 0
     assert figures["VLM tiny-vlm TTFT repeated / new image"]["value"] > 0
+    # Issue 29: with the device cache under the conversations' transcripts, the host tier
+    # saves blocks and loads them back, so fewer prompt tokens are computed.
+    tier = {r["kind"]: r for r in stages["kvtier:tiny"]["records"]}
+    turns = tier["kv_tier_multi_turn"]
+    assert turns["blocks_saved"] > 0 and turns["blocks_loaded"] > 0
+    assert turns["prefill_tokens_on"] < turns["prefill_tokens_off"]
+    assert tier["kv_tier_no_reuse"]["output_tok_s_on"] > 0
+    assert figures["KV tier tiny prefill tokens off / on"]["value"] > 1
+    assert figures["KV tier tiny no-reuse throughput on / off"]["value"] > 0
     # The summary table is the last thing printed.
     tail = proc.stdout.strip().splitlines()
     assert tail[-1].startswith("served / offline")
