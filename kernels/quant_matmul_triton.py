@@ -121,6 +121,7 @@ def _w8a16_kernel(  # type: ignore[no-untyped-def]
     x_ptr,  # [M, K], unit column stride
     qw_ptr,  # int8 [N, K], unit column stride
     s_ptr,  # [N, G], unit column stride
+    min_ptr,  # [N, K // MIN_GROUP], unit column stride, read only when HAS_MIN
     bias_ptr,  # [N], read only when HAS_BIAS
     out_ptr,  # [splits, M, N]
     M,
@@ -130,9 +131,12 @@ def _w8a16_kernel(  # type: ignore[no-untyped-def]
     stride_xm,
     stride_qn,
     stride_sn,
+    stride_mn,
     stride_om,
     stride_split,
     GROUP_SIZE: tl.constexpr,
+    MIN_GROUP: tl.constexpr,
+    HAS_MIN: tl.constexpr,  # W = code * scale + min (GGUF K-quants); never BLOCK_GROUPED
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -167,7 +171,11 @@ def _w8a16_kernel(  # type: ignore[no-untyped-def]
         else:
             s_off = offs_n[None, :] * stride_sn + (offs_k // GROUP_SIZE)[:, None]
             scale = tl.load(s_ptr + s_off, mask=w_mask, other=0.0).to(tl.float32)
-            w = (codes.to(tl.float32) * scale).to(DOT_DTYPE)
+            w = codes.to(tl.float32) * scale
+            if HAS_MIN:
+                m_off = offs_n[None, :] * stride_mn + (offs_k // MIN_GROUP)[:, None]
+                w += tl.load(min_ptr + m_off, mask=w_mask, other=0.0).to(tl.float32)
+            w = w.to(DOT_DTYPE)
             acc += tl.dot(x, w, input_precision=DOT_PRECISION)
     _store_tile(acc, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, stride_split, HAS_BIAS)
 
@@ -293,23 +301,31 @@ def w8a16_matmul_triton(
     group_size: int,
     bias: torch.Tensor | None = None,
     *,
+    mins: torch.Tensor | None = None,
+    min_group: int = 32,
     compute_dtype: torch.dtype | None = None,
     tiles: Tiles | None = None,
 ) -> torch.Tensor:
-    """``x [M, K] @ W.T (+ bias) -> [M, N]`` in ``x.dtype``; ``W`` in the canonical int8 layout."""
+    """``x [M, K] @ W.T (+ bias) -> [M, N]`` in ``x.dtype``; ``W`` in the canonical int8 layout
+    (``mins`` ``[N, K // min_group]``: ``W = code * scale + min``, GGUF's K-quant form)."""
     m, k = x.shape
     n = qweight.shape[0]
     if m == 0:
         return x.new_empty((0, n))
     qweight, scales = (t if t.is_contiguous() else t.contiguous() for t in (qweight, scales))
+    mins = None if mins is None else mins.contiguous()
     x, out, tiles, k_per_split, meta = _launch_setup(x, n, tiles, compute_dtype)
-    grouped = group_size % tiles.block_k == 0 or group_size >= k
+    grouped = mins is None and (group_size % tiles.block_k == 0 or group_size >= k)
     _w8a16_kernel[_grid(m, n, out, tiles)](
         x, qweight, scales,
+        scales if mins is None else mins,
         x if bias is None else bias,
         out, m, n, k, k_per_split,
-        x.stride(0), qweight.stride(0), scales.stride(0), out.stride(1), out.stride(0),
+        x.stride(0), qweight.stride(0), scales.stride(0),
+        0 if mins is None else mins.stride(0), out.stride(1), out.stride(0),
         GROUP_SIZE=group_size,
+        MIN_GROUP=min_group,
+        HAS_MIN=mins is not None,
         BLOCK_GROUPED=grouped,
         HAS_BIAS=bias is not None,
         **meta,

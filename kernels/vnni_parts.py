@@ -11,8 +11,12 @@ Canonical layout (the loader's, ``runtime.models.layers.quant.gguf_kquant``): ``
 ``[N, K]``, float32 ``scales`` per 16 inputs ``[N, K / 16]`` and ``mins`` per 32 ``[N, K /
 32]``: ``W = code * scale + min``. ``parts``: ``(rows, kind)`` along N, ``int4`` (codes 0..15;
 ``kernels.vnni_matmul.pack_int4_vnni``, fp16 scales and minimums as every kept Q4 layer) or
-``int8`` (``pack_int8k_vnni``, float32: exact). Without the VNNI kernel the layer keeps a
-de-quantized float copy (``dense``).
+``int8`` (``pack_int8k_vnni``, float32: exact). On CUDA (or the Triton interpreter) the
+canonical layout itself is kept and ``kernels.quant_matmul_triton``'s int8 kernel de-quantizes
+``code * scale + min`` per tile in float32 (exact before the dot): 8 bits a weight plus its
+scales and minimums (11 bits), against 16 for a bf16 copy; the int4 parts' codes take a byte
+each there (packing them is left for later). Otherwise the layer keeps a de-quantized float
+copy (``dense``).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ class VnniParts:
     in_features: int
     parts: tuple[VnniWeights, ...]
     dense: torch.Tensor | None = None  # [N, K] in the model dtype, when not VNNI
+    # The canonical (codes, scales, mins) for the Triton kernel (CUDA, or the interpreter).
+    canonical: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 def dequantize_kquant(
@@ -73,11 +79,16 @@ def prepare_vnni_parts(
     *,
     vnni: bool,
     dtype: torch.dtype,
+    triton: bool = False,
 ) -> VnniParts:
-    """Pack the canonical weight once: per part range when ``vnni``, else a dense copy."""
+    """Pack the canonical weight once: per part range when ``vnni``, kept as it is for the
+    Triton kernel when ``triton``, else a dense copy."""
     n, k = codes.shape
     if sum(rows for rows, _ in parts) != n:
         raise ValueError(f"qweight: parts of {[r for r, _ in parts]} rows do not make {n}")
+    if triton:
+        kept = (codes.contiguous(), scales.float().contiguous(), mins.float().contiguous())
+        return VnniParts(n, k, (), canonical=kept)
     if not vnni:
         return VnniParts(n, k, (), dequantize_kquant(codes, scales, mins).to(dtype))
     packed: list[VnniWeights] = []
@@ -97,6 +108,13 @@ def vnni_parts_matmul(
     x: torch.Tensor, w: VnniParts, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``x [..., K] @ W.T (+ bias) -> [..., N]`` in ``x.dtype``."""
+    if w.canonical is not None:
+        from tokenwire.kernels.quant_matmul_triton import w8a16_matmul_triton
+
+        codes, scales, mins = w.canonical
+        x2 = x.reshape(-1, w.in_features)
+        y = w8a16_matmul_triton(x2, codes, scales, 16, bias, mins=mins, min_group=32)
+        return y.reshape(*x.shape[:-1], w.out_features)
     if w.dense is not None:
         y = F.linear(x.to(w.dense.dtype), w.dense).to(x.dtype)
     else:

@@ -384,6 +384,28 @@ def test_triton_w8a16_matches_dequantize_linear(group_size: int) -> None:
 
 
 @pytest.mark.usefixtures("interpret")
+def test_triton_w8a16_with_minimums() -> None:
+    """GGUF K-quants' ``W = code * scale + min`` (scales per 16, minimums per 32, codes 0..31
+    as Q5_K's): against the float32 linear over the de-quantized weight, decode and a ragged
+    M tile with split-K."""
+    k, n = 256, 40
+    gen = torch.Generator().manual_seed(3)
+    codes = torch.randint(0, 32, (n, k), generator=gen, dtype=torch.int8)
+    scales = torch.rand(n, k // 16, generator=gen) * 0.01
+    mins = -torch.rand(n, k // 32, generator=gen) * 0.1
+    weight = codes.float().view(n, k // 16, 16) * scales[..., None]
+    weight = (weight.view(n, k // 32, 32) + mins[..., None]).view(n, k)
+    bias = torch.randn(n)
+    for m, tiles in ((1, SMALL), (17, Tiles(16, 16, 128, split_k=2))):
+        x = activations(m, k, seed=m)
+        out = w8a16_matmul_triton(
+            x.to(DEVICE), codes.to(DEVICE), scales.to(DEVICE), 16, bias.to(DEVICE),
+            mins=mins.to(DEVICE), tiles=tiles,
+        )  # fmt: skip
+        assert_matches(out.cpu(), linear_ref(x, weight, bias, f32), f32)
+
+
+@pytest.mark.usefixtures("interpret")
 def test_triton_w8a16_fp16_through_prepare() -> None:
     k, n = 256, 32
     codes, scales = int8_weight(k, n, 64)
@@ -428,13 +450,18 @@ for m in (1, 64, 256):  # the three tile buckets
 w4a16_matmul_triton(x[:1], qw, s, s, torch.empty(k, dtype=torch.int32), 128, None)
 w8a16_matmul_triton(x[:1], q8, torch.empty(n, 128, dtype=bf16), 32, x[0, :n])
 w4a16_matmul_triton(torch.empty(3, k), qw, s, s, None, 32, None)  # float32: IEEE dots
+f32 = torch.float32  # GGUF K-quants: float32 scales per 16 and minimums per 32
+for m in (1, 64):
+    w8a16_matmul_triton(torch.empty(m, k, dtype=bf16), q8, torch.empty(n, k // 16, dtype=f32),
+                        16, None, mins=torch.empty(n, k // 32, dtype=f32))
 for launch in launches:
     check.compile_launch(launch, GPUTarget("cuda", 90, 32))
 """
 
 
 def test_triton_kernels_compile_for_sm90() -> None:
-    """bf16 decode/prefill tiles, g_idx, per-row and per-tile scales, float32 IEEE dots: each
+    """bf16 decode/prefill tiles, g_idx, per-row and per-tile scales, float32 IEEE dots, GGUF
+    K-quant minimums: each
     launch lowers to a cubin for sm_90 (the compile helper of ``triton_compile_check.py``)."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     helper = str(Path(__file__).with_name("triton_compile_check.py"))

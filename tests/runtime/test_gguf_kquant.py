@@ -21,13 +21,14 @@ import gguf
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from gguf import GGMLQuantizationType as QT
 from gguf_layout import random_k_quant
 from gguf_synthetic import greedy, hf_reference, seed_cache, write_synthetic
 from parity import NEW_TOKENS, distinct_prompts
 
 from tokenwire.kernels.vnni_matmul import dequantize_vnni, pack_int8k_vnni, vnni_status
-from tokenwire.kernels.vnni_parts import VnniParts
+from tokenwire.kernels.vnni_parts import VnniParts, prepare_vnni_parts, vnni_parts_matmul
 from tokenwire.runtime.llm import LLM
 from tokenwire.runtime.loader.gguf.blocks import decode_q8_0
 from tokenwire.runtime.loader.gguf.blocks_k import decode_q4_k, decode_q5_k, decode_q6_k
@@ -81,6 +82,54 @@ def test_q4_k_dequantizes_within_its_stated_bound() -> None:
 
         packed = dequantize_vnni(pack_int4_vnni(codes.to(torch.uint8), scales[:, ::2], mins))
         assert ((packed - want).abs() <= 2.0**-11 * 16 * want.abs().max()).all()
+
+
+def _canonical(qtype: QT) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random blocks of ``qtype`` as the canonical (codes, scales, mins) and the reference
+    weight (``gguf.quants.dequantize``)."""
+    raw = _blocks(qtype)
+    want = torch.from_numpy(gguf.quants.dequantize(raw, qtype).astype(np.float32))
+    if qtype == QT.Q4_K:
+        a4 = decode_q4_k(raw)
+        record: GGUFInt4 | GGUFInt8 = GGUFInt4(
+            *(torch.from_numpy(x) for x in (a4.qweight, a4.scales, a4.zeros)), 32
+        )
+    else:
+        a = decode_q6_k(raw) if qtype == QT.Q6_K else decode_q5_k(raw)
+        mins = None if a.mins is None else torch.from_numpy(a.mins)
+        group = 16 if qtype == QT.Q6_K else 32
+        record = GGUFInt8(torch.from_numpy(a.qweight), torch.from_numpy(a.scales), group, mins)
+    return (*kquant_tensors(record), want)
+
+
+def test_triton_kernel_runs_the_canonical_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA (here: the Triton interpreter) a K-quant layer keeps the canonical layout and
+    the int8 Triton kernel de-quantizes ``code * scale + min`` per tile: a Q4_K_M-style
+    fused q/k/v (Q4_K rows beside Q6_K rows) and a Q5_K layer equal a float32 linear over the
+    reference weights (``gguf.quants.dequantize``) within float32 accumulation error."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    q4, q6, q5 = (_canonical(t) for t in (QT.Q4_K, QT.Q6_K, QT.Q5_K))
+    fused = tuple(torch.cat([a, b]) for a, b in zip(q4, q6, strict=True))
+    torch.manual_seed(0)
+    x = torch.randn(3, SHAPE[1])
+    bias = torch.randn(2 * SHAPE[0])
+    for (codes, scales, mins, want), parts, b in (
+        (fused, ((SHAPE[0], "int4"), (SHAPE[0], "int8")), bias),
+        (q5, ((SHAPE[0], "int8"),), None),
+    ):
+        prepared = prepare_vnni_parts(
+            codes,
+            scales,
+            mins,
+            parts,
+            vnni=False,
+            dtype=torch.float32,
+            triton=True,  # type: ignore[arg-type]
+        )
+        assert prepared.canonical is not None and prepared.dense is None
+        out = vnni_parts_matmul(x, prepared, b)
+        ref = F.linear(x.double(), want.double(), None if b is None else b.double())
+        torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
 
 
 def _q4_k_m(hf: str) -> QT:

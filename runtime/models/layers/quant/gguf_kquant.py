@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from tokenwire.kernels.dispatch import use_triton
 from tokenwire.kernels.vnni_matmul import vnni_supported
 from tokenwire.kernels.vnni_parts import PartKind, prepare_vnni_parts, vnni_parts_matmul
 from tokenwire.kernels.w4a16 import unpack_int4
@@ -94,13 +95,16 @@ class GGUFKQuantMethod:
     def process_weights_after_loading(self, layer: LinearLayer) -> None:
         codes, scales, mins = layer.param("qweight"), layer.param("scales"), layer.param("mins")
         n, k = codes.shape
-        vnni = self.vnni and codes.device.type == "cpu" and vnni_supported(k, 32)
+        triton = use_triton(codes)  # CUDA, or the interpreter
+        vnni = not triton and self.vnni and codes.device.type == "cpu" and vnni_supported(k, 32)
         prepared = prepare_vnni_parts(
             codes.detach(), scales.detach(), mins.detach(), self._local_parts(n),
-            vnni=vnni, dtype=self.dtype,
+            vnni=vnni, dtype=self.dtype, triton=triton,
         )  # fmt: skip
         layer.drop("qweight", "scales", "mins")
         layer.hold("kquant", prepared)
+        for i, tensor in enumerate(prepared.canonical or ()):
+            layer.register_buffer(f"kquant_canonical_{i}", tensor, persistent=False)
         for i, part in enumerate(prepared.parts):  # the weight-byte count sees the parts too
             for field in ("weight", "scales", "mins"):
                 tensor = getattr(part, field)
