@@ -6,12 +6,8 @@ ones; each later step ``allocate_slots`` grows the table for the next chunk or d
 ``free`` releases everything (finish, abort, preempt). Every request that reached this manager
 (even one whose allocation failed) must be ``free``d once it leaves the scheduler.
 
-Block hashes are chained: ``h_i = sha256(h_{i-1} + tokens_i + extra_i)`` with ``h_{-1} = b""``,
-tokens encoded as little-endian uint32 and ``extra_0`` carrying the ``cache_salt`` (the chain
-carries it on), so requests with different salts never share blocks; ``extra_i`` of a block
-that an image's placeholder run overlaps also carries the image's content hash
-(``multimodal.image_extra_keys``), so prompts that differ only in an image never share the
-blocks from the image on. Only full blocks are
+Block hashes are chained (``block_hashes``): requests with different salts or adapters never
+share blocks, nor do prompts that differ only in an image from the image on. Only full blocks are
 hashed, incrementally as tokens arrive. Full blocks are cached when *allocated*, before the
 forward runs (as vLLM v1): a request scheduled later in the same step may hit them, which is
 correct because every layer writes its K/V before attention reads it.
@@ -25,70 +21,14 @@ long request holds about one window of blocks, not its whole context. They stay 
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from collections.abc import Callable, Sequence
 
+from tokenwire.runtime.core.block_hashes import block_extra_pieces, extend_block_hashes
 from tokenwire.runtime.core.block_pool import BlockPool, KVBlock
 from tokenwire.runtime.core.kv_events import KVEventRecorder
 from tokenwire.runtime.core.request import Request
-from tokenwire.runtime.multimodal import image_extra_keys, image_extra_pieces
-
-
-def hash_block_tokens(parent_hash: bytes, token_bytes: bytes, extra_keys: bytes) -> bytes:
-    """Chained sha256 of one full block (32 bytes). Collisions are cryptographically unlikely."""
-    return hashlib.sha256(parent_hash + token_bytes + extra_keys).digest()
-
-
-def request_extra_keys(request: Request) -> bytes:
-    """Extra keys of a request's first block: its cache salt and its LoRA adapter, so
-    requests of different salts or adapters never share blocks (the chain carries it on)."""
-    extra = salt_extra_keys(request.cache_salt)
-    if request.lora_request is not None:
-        extra += request.lora_request.cache_key
-    return extra
-
-
-def request_extra_pieces(request: Request) -> tuple[str, ...]:
-    """``request_extra_keys`` as the UTF-8 text pieces KV events publish (same bytes)."""
-    pieces = [] if request.cache_salt is None else ["salt:" + request.cache_salt]
-    if request.lora_request is not None:
-        pieces.append(request.lora_request.cache_key.decode())
-    return tuple(pieces)
-
-
-def block_extra_pieces(request: Request, index: int, block_size: int) -> tuple[object, ...] | None:
-    """Block ``index``'s extra keys as KV events publish them, in hash order (None if none)."""
-    first = request_extra_pieces(request) if index == 0 else ()
-    start = index * block_size
-    pieces = (*first, *image_extra_pieces(request.images, start, start + block_size))
-    return pieces or None
-
-
-def salt_extra_keys(cache_salt: str | None) -> bytes:
-    """Extra keys of a request's first block; ``None`` and ``""`` hash differently."""
-    return b"" if cache_salt is None else b"salt:" + cache_salt.encode("utf-8")
-
-
-class _RequestBlocks:
-    """What the manager keeps for one request, keyed by its ``request_id``."""
-
-    __slots__ = ("block_hashes", "block_ids", "blocks", "num_cached_blocks", "num_skipped")
-
-    def __init__(self) -> None:
-        self.blocks: list[KVBlock] = []
-        self.block_ids: list[int] = []  # same order as ``blocks``: the block_table row
-        # Hashes of the request's full blocks computed so far (may run ahead of ``blocks``).
-        self.block_hashes: list[bytes] = []
-        # Leading table blocks already offered to the prefix cache (cached, or skipped as
-        # duplicates of a block another request cached first).
-        self.num_cached_blocks = 0
-        # Leading table entries freed as out of every layer's window (now the null block).
-        self.num_skipped = 0
-
-    def owned(self) -> list[KVBlock]:
-        """The blocks this table holds a reference on (skipped entries excluded)."""
-        return self.blocks[self.num_skipped :]
+from tokenwire.runtime.core.request_blocks import RequestBlocks, check, check_tables
 
 
 class KVCacheManager:
@@ -115,9 +55,9 @@ class KVCacheManager:
         self.block_pool = BlockPool(num_blocks, enable_prefix_caching, kv_events)
         self.kv_events = kv_events
         self._pack_block = struct.Struct(f"<{block_size}I").pack
-        self._requests: dict[str, _RequestBlocks] = {}
+        self._requests: dict[str, RequestBlocks] = {}
         # Tables of finished requests kept referenced for a holder (a session), by holder id.
-        self._held: dict[str, _RequestBlocks] = {}
+        self._held: dict[str, RequestBlocks] = {}
         # Monotonic counters, in tokens: queried by get_computed_blocks, and found cached.
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
@@ -162,9 +102,11 @@ class KVCacheManager:
             return [], 0
         state = self._requests.get(request.request_id)
         if state is None:
-            state = self._requests[request.request_id] = _RequestBlocks()
+            state = self._requests[request.request_id] = RequestBlocks()
         max_hit_blocks = max(0, request.num_tokens - 1) // self.block_size
-        hashes = self._extend_block_hashes(request, state, max_hit_blocks)
+        hashes = extend_block_hashes(
+            state.block_hashes, request, max_hit_blocks, self.block_size, self._pack_block
+        )
         hit_ids: list[int] = []
         for i in range(max_hit_blocks):
             block = self.block_pool.get_cached_block(hashes[i])
@@ -218,7 +160,7 @@ class KVCacheManager:
         if num_needed > self.block_pool.num_free_blocks - num_evictable_hits:
             return None
         if state is None:
-            state = self._requests[request.request_id] = _RequestBlocks()
+            state = self._requests[request.request_id] = RequestBlocks()
         added: list[int] = []
         if hit_blocks:
             live_hits = hit_blocks[num_dead_hits:]
@@ -236,7 +178,7 @@ class KVCacheManager:
         return added
 
     def _hit_blocks(
-        self, state: _RequestBlocks | None, block_ids: Sequence[int], num_tokens: int
+        self, state: RequestBlocks | None, block_ids: Sequence[int], num_tokens: int
     ) -> list[KVBlock]:
         """Validate a prefix hit from ``get_computed_blocks`` and return its blocks."""
         if not block_ids:
@@ -257,7 +199,7 @@ class KVCacheManager:
                 raise ValueError(f"stale prefix hit: {block!r} at position {i}")
         return blocks
 
-    def _skip_out_of_window(self, request: Request, state: _RequestBlocks, window: int) -> None:
+    def _skip_out_of_window(self, request: Request, state: RequestBlocks, window: int) -> None:
         """Free the leading blocks no query at or after ``num_computed_tokens`` can see.
 
         The next query sits at position ``num_computed`` or later and sees keys
@@ -277,14 +219,16 @@ class KVCacheManager:
         self.block_pool.free_blocks(reversed(dead))
 
     @staticmethod
-    def _append(state: _RequestBlocks, blocks: list[KVBlock], added: list[int]) -> None:
+    def _append(state: RequestBlocks, blocks: list[KVBlock], added: list[int]) -> None:
         for block in blocks:
             state.blocks.append(block)
             state.block_ids.append(block.block_id)
             added.append(block.block_id)
 
-    def _cache_full_blocks(self, request: Request, state: _RequestBlocks, num_full: int) -> None:
-        hashes = self._extend_block_hashes(request, state, num_full)
+    def _cache_full_blocks(self, request: Request, state: RequestBlocks, num_full: int) -> None:
+        hashes = extend_block_hashes(
+            state.block_hashes, request, num_full, self.block_size, self._pack_block
+        )
         cache_full_block = self.block_pool.cache_full_block
         # A block skipped before it could be hashed (its tokens arrived late, e.g. accepted
         # speculative tokens) is simply never cached.
@@ -319,24 +263,6 @@ class KVCacheManager:
                 [block_extra_pieces(request, i, bs) for i in range(first, last + 1)],
             )
             run_start = k
-
-    def _extend_block_hashes(
-        self, request: Request, state: _RequestBlocks, num_full: int
-    ) -> list[bytes]:
-        """Hash full blocks up to ``num_full`` (incrementally: earlier hashes are kept)."""
-        hashes = state.block_hashes
-        bs = self.block_size
-        tokens = request.token_ids
-        parent = hashes[-1] if hashes else b""
-        for i in range(len(hashes), num_full):
-            extra = request_extra_keys(request) if i == 0 else b""
-            if request.images:  # blocks overlapping an image carry its content hash
-                extra += image_extra_keys(request.images, i * bs, i * bs + bs)
-            parent = hash_block_tokens(
-                parent, self._pack_block(*tokens[i * bs : i * bs + bs]), extra
-            )
-            hashes.append(parent)
-        return hashes
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first, and forget it. Idempotent."""
@@ -394,41 +320,16 @@ class KVCacheManager:
         With ``idle``: additionally no request is known and every block is free (possibly
         cached and evictable).
         """
-        ref_cnts: dict[int, int] = {}
         tables = [*self._requests.items(), *(("held:" + h, st) for h, st in self._held.items())]
-        null_id = self.block_pool.null_block.block_id
-        for request_id, state in tables:
-            _check([b.block_id for b in state.blocks] == state.block_ids, f"{request_id}: mismatch")
-            skipped, ids = (
-                state.block_ids[: state.num_skipped],
-                state.block_ids[state.num_skipped :],
-            )
-            _check(all(i == null_id for i in skipped), f"{request_id}: skipped entry not null")
-            _check(len(set(ids)) == len(ids), f"{request_id}: block twice in a table {ids}")
-            num_entries = len(state.block_ids)
-            _check(state.num_cached_blocks <= num_entries, f"{request_id}: cached past the table")
-            for i in range(state.num_cached_blocks):
-                block_hash = state.blocks[i].block_hash
-                _check(
-                    block_hash is None or block_hash == state.block_hashes[i],
-                    f"{request_id}: block {state.block_ids[i]} at position {i} caches other tokens",
-                )
-            for block_id in ids:
-                ref_cnts[block_id] = ref_cnts.get(block_id, 0) + 1
+        ref_cnts = check_tables(tables, self.block_pool.null_block.block_id)
         if self.external_refs is not None:  # KV tiers: the connector's references
             for block_id, count in self.external_refs().items():
                 ref_cnts[block_id] = ref_cnts.get(block_id, 0) + count
         self.block_pool.check_invariants(ref_cnts)
         if idle:
-            _check(not self._requests, f"idle but requests remain: {sorted(self._requests)}")
-            _check(not self._held, f"idle but tables are held: {sorted(self._held)}")
-            _check(
+            check(not self._requests, f"idle but requests remain: {sorted(self._requests)}")
+            check(not self._held, f"idle but tables are held: {sorted(self._held)}")
+            check(
                 self.block_pool.num_free_blocks == self.num_blocks,
                 f"idle but only {self.block_pool.num_free_blocks}/{self.num_blocks} blocks free",
             )
-
-
-def _check(condition: bool, message: str) -> None:
-    # Explicit raise instead of ``assert`` so the checks survive ``python -O``.
-    if not condition:
-        raise AssertionError(message)
