@@ -4,12 +4,14 @@ The de-quantizer (``runtime/models/mxfp4.py``) is bit-exact against transformers
 ``convert_moe_packed_tensors`` and against an independent oracle written from the OCP MX spec
 (E2M1 decoded from its sign/exponent/mantissa bits, E8M0 as ``2.0 ** (s - 127)`` in float64),
 random codes and every scale incl. the extremes; NaN scales, overflowing blocks and malformed
-pairs are errors naming the tensor. End to end: a tiny random gpt-oss whose experts are
-quantized to MXFP4 (``tests/support/mxfp4_checkpoint.py``) loads with its
-``quantization_config`` into exactly the weights of the same model saved de-quantized (float32
-and bfloat16), which is also what transformers' own ``Mxfp4Config(dequantize=True)`` loads;
-engine greedy tokens equal HF ``generate()`` on the de-quantized model, logprobs within 1e-3;
-TP=2 gloo ranks equal TP=1; a missing ``*_scales`` tensor is a load error naming it.
+pairs are errors naming the tensor; the kept-quantized linear reference (per-block dot
+products, scaled afterwards) equals the de-quantized matmul. End to end: a tiny random
+gpt-oss whose experts are quantized to MXFP4 (``tests/support/mxfp4_checkpoint.py``) loads
+with its ``quantization_config`` into exactly the weights of the same model saved
+de-quantized (float32 and bfloat16), which is also what transformers' own
+``Mxfp4Config(dequantize=True)`` loads; engine greedy tokens equal HF ``generate()`` on the
+de-quantized model, logprobs within 1e-3; TP=2 gloo ranks equal TP=1; a missing
+``*_scales`` tensor is a load error naming it.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from tokenwire.runtime.llm import LLM
 from tokenwire.runtime.loader.model_loader import load_model
 from tokenwire.runtime.models.gpt_oss_checkpoint import split_gpt_oss_experts
 from tokenwire.runtime.models.layers.quant.registry import resolve_quant_config
-from tokenwire.runtime.models.mxfp4 import dequantize_mxfp4, e8m0_to_float32
+from tokenwire.runtime.models.mxfp4 import dequantize_mxfp4, e8m0_to_float32, mxfp4_linear_ref
 from tokenwire.runtime.sampling_params import SamplingParams
 
 # hidden and intermediate sizes are multiples of the 32-value MXFP4 block.
@@ -116,6 +118,20 @@ def test_quantize_round_trips_its_own_grid() -> None:
     blocks, scales = _random_pair(2, (4, 3))
     again = quantize_mxfp4(dequantize_mxfp4(blocks, scales))
     assert torch.equal(dequantize_mxfp4(*again), dequantize_mxfp4(blocks, scales))
+
+
+def test_kept_quantized_linear_reference_equals_the_dequantized_matmul() -> None:
+    """Block dot products on raw E2M1 values, scaled per block afterwards (float64 so the
+    different summation order stays far below the tolerance)."""
+    gen = torch.Generator().manual_seed(5)
+    blocks = torch.randint(0, 256, (24, 3, 16), generator=gen, dtype=torch.uint8)
+    scales = torch.randint(115, 135, (24, 3), generator=gen, dtype=torch.uint8)
+    x, bias = torch.randn(2, 5, 96, generator=gen, dtype=torch.float64), torch.randn(24)
+    got = mxfp4_linear_ref(x, blocks, scales, bias.double())
+    want = x @ dequantize_mxfp4(blocks, scales).double().T + bias.double()
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match=r"x \[\.\.\., 64\] does not match MXFP4 blocks"):
+        mxfp4_linear_ref(x[..., :64], blocks, scales)
 
 
 @pytest.mark.parametrize(
