@@ -6,9 +6,9 @@ model hub: ``tokenwire bench throughput llama-3.2-1b --load-format dummy``. The 
 without its ``auto_map`` / ``_name_or_path``: transformers has the architecture built in) and
 ship as package data. DeepSeek-V2-Lite's and gpt-oss-20b's were written from the published
 config.json files' numbers (no hub access here; ``model_configs/README.md``): DeepSeek's
-without ``auto_map``, gpt-oss's without ``quantization_config`` (dummy experts are bf16;
-the loader refuses MXFP4 checkpoints). A dummy model has no tokenizer: it takes token-id
-prompts only.
+without ``auto_map``, gpt-oss's without ``quantization_config`` (dummy experts are bf16,
+as the loader's de-quantized MXFP4 experts are). A dummy model has no tokenizer: it takes
+token-id prompts only.
 """
 
 from __future__ import annotations

@@ -7,7 +7,17 @@ dimension (``gate = [..., ::2]``, ``up = [..., 1::2]``), ``gate_up_proj_bias`` `
 router is ``mlp.router.weight`` / ``bias``. ``split_gpt_oss_experts`` yields them as
 ``mlp.experts.{e}.gate_proj/up_proj/down_proj.weight|bias`` (``[out, in]`` like every other
 linear) and ``mlp.gate.weight|bias``, which ``loading.map_name`` maps into the stacked
-``w13``/``w2`` parameters. MXFP4-quantized experts (``*_blocks`` / ``*_scales``) are refused.
+``w13``/``w2`` parameters.
+
+The published checkpoints store the two expert matrices in MXFP4 (``runtime/models/mxfp4.py``)
+instead: ``gate_up_proj_blocks`` ``[E, 2 * I, H / 32, 16]`` with ``gate_up_proj_scales``
+``[E, 2 * I, H / 32]`` (rows are the output features, gate/up interleaved) and
+``down_proj_blocks`` ``[E, H, I / 32, 16]`` with ``down_proj_scales``; the biases stay bf16.
+Each pair is read whole once both halves have been seen (in any order, in any file of the
+checkpoint), then de-quantized exactly (float32) one expert at a time and yielded under the
+same per-expert names; tensor parallelism then takes each rank's slice of those like any
+unquantized expert (the shards are cut after de-quantizing). A ``*_blocks`` without its
+``*_scales`` (or the other way round) is a load error naming the tensor.
 """
 
 from __future__ import annotations
@@ -16,16 +26,20 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from tokenwire.runtime.models.mxfp4 import check_mxfp4_pair, dequantize_mxfp4
 from tokenwire.runtime.models.weights import WeightSource, as_weight_source
 
 _MXFP4_SUFFIXES = ("_blocks", "_scales")
+_MXFP4_KINDS = ("gate_up_proj", "down_proj")
 
 
 def split_gpt_oss_experts(
     weights: Iterable[tuple[str, torch.Tensor | WeightSource]],
 ) -> Iterator[tuple[str, torch.Tensor | WeightSource]]:
     """Yield ``weights`` with gpt-oss's router and fused expert tensors renamed and split per
-    expert (see the module doc); every other tensor passes through unchanged."""
+    expert, MXFP4 expert pairs de-quantized (see the module doc); every other tensor passes
+    through unchanged."""
+    pending: dict[str, torch.Tensor] = {}  # MXFP4 halves waiting for their partner, by name
     for name, weight in weights:
         prefix, sep, leaf = name.rpartition(".mlp.")
         if not sep:
@@ -33,15 +47,50 @@ def split_gpt_oss_experts(
         elif leaf in ("router.weight", "router.bias"):
             yield f"{prefix}.mlp.gate.{leaf.rpartition('.')[2]}", weight
         elif leaf.startswith("experts.") and leaf.endswith(_MXFP4_SUFFIXES):
-            raise ValueError(
-                f"checkpoint tensor {name!r} is MXFP4-quantized: tokenwire loads gpt-oss "
-                "checkpoints with unquantized (bf16/float32) experts only"
-            )
+            pending[name] = as_weight_source(weight).read()
+            yield from _complete_mxfp4_pair(name, pending)
         elif leaf.startswith("experts."):
             tensor = as_weight_source(weight).read()
             yield from _expert_tensors(f"{prefix}.mlp.experts", leaf[len("experts.") :], tensor)
         else:
             yield name, weight
+    for name in sorted(pending):
+        base = name[: -len("_blocks")]  # both suffixes have the same length
+        missing = base + ("_scales" if name.endswith("_blocks") else "_blocks")
+        raise ValueError(f"MXFP4 tensor {name!r} has no {missing!r} in the checkpoint")
+
+
+def _complete_mxfp4_pair(
+    name: str, pending: dict[str, torch.Tensor]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Once both ``<base>_blocks`` and ``<base>_scales`` are in ``pending``, take them out and
+    yield the de-quantized per-expert tensors; otherwise nothing (yet)."""
+    base = name[: -len("_blocks")]
+    blocks_name, scales_name = base + "_blocks", base + "_scales"
+    if blocks_name not in pending or scales_name not in pending:
+        return
+    blocks, scales = pending.pop(blocks_name), pending.pop(scales_name)
+    prefix, _, kind = base.rpartition(".")  # "<layer>.mlp.experts", "gate_up_proj"
+    if kind not in _MXFP4_KINDS:
+        raise ValueError(f"unexpected weight {blocks_name!r} for GptOssForCausalLM")
+    check_mxfp4_pair(blocks_name, blocks, scales_name, scales)
+    if blocks.dim() != 4:
+        raise ValueError(
+            f"MXFP4 tensor {blocks_name!r} has shape {tuple(blocks.shape)}: expected "
+            "[experts, out_features, in_features / 32, 16]"
+        )
+    for e in range(blocks.shape[0]):
+        weight = dequantize_mxfp4(blocks[e], scales[e], blocks_name)  # [out, in]
+        if kind == "gate_up_proj":  # rows interleaved: gate, up, gate, up, ...
+            if weight.shape[0] % 2:
+                raise ValueError(
+                    f"MXFP4 tensor {blocks_name!r} has {weight.shape[0]} rows: gate and up "
+                    "rows interleave, so the count must be even"
+                )
+            yield f"{prefix}.{e}.gate_proj.weight", weight[::2]
+            yield f"{prefix}.{e}.up_proj.weight", weight[1::2]
+        else:
+            yield f"{prefix}.{e}.down_proj.weight", weight
 
 
 def _expert_tensors(

@@ -8,6 +8,9 @@
   (unquantized) checkpoint at load; ``gptq`` / ``awq`` need a checkpoint in that format, except with
   ``--load-format dummy`` (random 4-bit weights with the default settings, for benchmarks).
 - neither: unquantized.
+- ``quant_method: mxfp4`` (gpt-oss's published checkpoints): the expert weights are
+  de-quantized exactly at load (``runtime/models/gpt_oss_checkpoint.py``), so the model runs
+  unquantized; any other architecture, or any ``--quantization``, is refused.
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ def resolve_quant_config(
     if not isinstance(qc, Mapping):
         raise ValueError("config.json quantization_config must be an object")
     method = str(qc.get("quant_method", "")).lower()
+    if method == "mxfp4":
+        _check_mxfp4(flag, qc, hf_config)
+        return None
     parse = _CHECKPOINT_FORMATS.get(method)
     if parse is None:
         raise ValueError(
@@ -66,6 +72,24 @@ def resolve_quant_config(
             f"({config_key('quant_method')}): use {FLAG} {method} or leave {FLAG} unset"
         )
     return parse(qc)
+
+
+def _check_mxfp4(flag: str | None, qc: Mapping[str, Any], hf_config: Mapping[str, Any]) -> None:
+    """An MXFP4 checkpoint loads de-quantized: gpt-oss only, no ``--quantization``."""
+    architectures = hf_config.get("architectures") or []
+    if hf_config.get("model_type") != "gpt_oss" and "GptOssForCausalLM" not in architectures:
+        raise ValueError(
+            f"{config_key('quant_method')}='mxfp4' is supported for gpt-oss "
+            f"(GptOssForCausalLM) only, not {architectures or hf_config.get('model_type')}"
+        )
+    skipped = qc.get("modules_to_not_convert", [])
+    if not isinstance(skipped, list) or not all(isinstance(m, str) for m in skipped):
+        raise ValueError(f"{config_key('modules_to_not_convert')} must be a list of names")
+    if flag is not None:
+        raise ValueError(
+            f"{FLAG} {flag} contradicts the checkpoint, which is mxfp4-quantized "
+            f"({config_key('quant_method')}; its experts load de-quantized): leave {FLAG} unset"
+        )
 
 
 def _from_flag(flag: str | None, dummy: bool) -> QuantConfig | None:
