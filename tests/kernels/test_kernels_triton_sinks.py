@@ -1,0 +1,103 @@
+"""gpt-oss's attention sinks in the Triton paged-attention kernels (decode splits and prefill
+tiles), under the CPU interpreter (compiled on CUDA), against the dense oracle and the batched
+torch path: a per-query-head sink logit joins each row's softmax as one more column
+(``exp(sink - m)`` in the denominator, nothing in the numerator), with and without sliding
+windows, for several block sizes, GQA groupings and decode split counts (the sink is added
+once, at the split combine, so the split count must not matter)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_inputs import DEVICE, ON_CUDA, make_attention_batch
+
+from tokenwire.kernels.paged_attention import (
+    paged_attention,
+    paged_attention_dense_ref,
+    paged_attention_ref,
+)
+from tokenwire.kernels.paged_attention_triton import paged_attention_triton
+
+# Small on purpose: the interpreter runs every program in Python.
+SHAPES = {
+    "decode": [(1, 37), (1, 9), (1, 3)],
+    "prefill": [(13, 13), (6, 30), (9, 22)],  # fresh, prefix hit, later chunk
+    "mixed": [(1, 37), (1, 9), (11, 11), (5, 26), (1, 17)],
+}
+
+
+@pytest.fixture(autouse=True)
+def interpret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dispatch (``use_triton``) sees the interpreter switch only inside this module's tests."""
+    if not ON_CUDA:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _sinks(num_heads: int, seed: int) -> torch.Tensor:
+    """Sinks from well below to well above typical scores, so some heads' sink dominates."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(num_heads, generator=gen) * 3).to(DEVICE)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize(
+    ("case", "heads", "kv_heads", "block_size", "splits"),
+    [
+        ("decode", 4, 2, 8, 1),
+        ("decode", 6, 2, 4, 3),  # GROUP 3: padded head rows; more splits than some contexts
+        ("prefill", 4, 1, 8, 1),  # GROUP 4 (MQA)
+        ("prefill", 2, 2, 16, 1),  # GROUP 1
+        ("mixed", 4, 2, 8, 2),
+    ],
+)
+def test_sinks_match_the_dense_oracle(
+    case: str, heads: int, kv_heads: int, block_size: int, splits: int, window: int | None
+) -> None:
+    """Triton (small tiles: key walks cross tiles and windows start inside them) equals the
+    float32 oracle; so do the public dispatch and, on CPU, the batched torch path. Padding
+    rows come back as zeros, and the sinks change the result."""
+    batch = make_attention_batch(SHAPES[case], heads, kv_heads, 16, block_size, padding_rows=2)
+    query, key, value, k_cache, v_cache, meta = batch
+    sinks = _sinks(heads, seed=heads + block_size)
+    kw = dict(sliding_window=window, sinks=sinks)
+    oracle = paged_attention_dense_ref(query, k_cache, v_cache, meta, 0.25, **kw)
+    out = paged_attention_triton(
+        query, k_cache, v_cache, meta, 0.25, num_splits=splits, block_m=16, block_n=16, **kw
+    )
+    torch.testing.assert_close(out, oracle, rtol=1e-4, atol=1e-5)
+    assert out[-2:].abs().max() == 0.0
+    dispatched = paged_attention(query, key, value, k_cache, v_cache, meta, 0.25, **kw)
+    torch.testing.assert_close(dispatched, oracle, rtol=1e-4, atol=1e-5)
+    if DEVICE.type == "cpu":
+        ref = paged_attention_ref(query, key, value, k_cache, v_cache, meta, 0.25, **kw)
+        torch.testing.assert_close(ref, oracle, rtol=1e-4, atol=1e-5)
+    plain = paged_attention_dense_ref(query, k_cache, v_cache, meta, 0.25, sliding_window=window)
+    assert (plain - oracle).abs().max() > 1e-2  # the sinks matter
+
+
+@pytest.mark.parametrize("splits", [1, 2, 5])
+def test_decode_sink_is_added_once_whatever_the_split_count(splits: int) -> None:
+    """A sink far above every score takes almost all of each row's weight: a sink added per
+    split (not once at the combine) would shrink the output by the split count. Every split
+    count equals the oracle; contexts shorter than the split count leave empty splits."""
+    batch = make_attention_batch([(1, 40), (1, 2), (1, 19)], 4, 2, 16, 8)
+    query, _, _, k_cache, v_cache, meta = batch
+    sinks = torch.tensor([4.0, -1.0, 0.5, 2.0], device=DEVICE)
+    oracle = paged_attention_dense_ref(query, k_cache, v_cache, meta, 0.25, sinks=sinks)
+    out = paged_attention_triton(
+        query, k_cache, v_cache, meta, 0.25, num_splits=splits, block_n=16, sinks=sinks
+    )
+    torch.testing.assert_close(out, oracle, rtol=1e-4, atol=1e-5)
+
+
+def test_sinks_without_them_and_bad_shape() -> None:
+    """``sinks=None`` keeps the plain kernels (equal to the sink-free oracle); a sinks tensor
+    that is not one logit per query head is refused."""
+    query, _, _, k_cache, v_cache, meta = make_attention_batch(SHAPES["mixed"], 4, 2, 16)
+    out = paged_attention_triton(query, k_cache, v_cache, meta, 0.25, sliding_window=6)
+    oracle = paged_attention_dense_ref(query, k_cache, v_cache, meta, 0.25, sliding_window=6)
+    torch.testing.assert_close(out, oracle, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="sinks must be"):
+        paged_attention_triton(
+            query, k_cache, v_cache, meta, 0.25, sinks=torch.zeros(2, device=DEVICE)
+        )
