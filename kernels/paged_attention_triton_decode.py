@@ -131,7 +131,6 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     mid_o_ptr,
     mid_lse_ptr,
     out_ptr,
-    sinks_ptr,  # [Hq] sink logits (gpt-oss), read only when HAS_SINKS
     num_splits,
     stride_ot,
     stride_oh,
@@ -139,7 +138,8 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
-    HAS_SINKS: tl.constexpr,
+    sinks_ptr=None,  # [Hq] sink logits (gpt-oss), read only when HAS_SINKS
+    HAS_SINKS: tl.constexpr = False,
 ):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -246,12 +246,12 @@ def decode_attention(
         num_warps=4,
     )  # fmt: skip
     _decode_reduce_kernel[(num_seqs, num_q_heads)](
-        mid_o, mid_lse, out, mid_lse if sinks is None else sinks,  # no sinks: never read
-        num_splits, out.stride(0), out.stride(1),
+        mid_o, mid_lse, out, num_splits, out.stride(0), out.stride(1),
         NUM_Q_HEADS=num_q_heads,
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         BLOCK_S=next_power_of_2(num_splits),
+        sinks_ptr=sinks,
         HAS_SINKS=sinks is not None,
         num_warps=4,
     )  # fmt: skip

@@ -1,15 +1,21 @@
 """gpt-oss's attention sinks in the Triton paged-attention kernels (decode splits and prefill
 tiles), under the CPU interpreter (compiled on CUDA), against the dense oracle and the batched
-torch path: a per-query-head sink logit joins each row's softmax as one more column
+torch path (and a tiny gpt-oss's forward, every kernel in Triton, against the torch path):
+a per-query-head sink logit joins each row's softmax as one more column
 (``exp(sink - m)`` in the denominator, nothing in the numerator), with and without sliding
 windows, for several block sizes, GQA groupings and decode split counts (the sink is added
 once, at the split combine, so the split count must not matter)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
+from forward_inputs import Chunk, new_kv_caches, run_step, tokens_for
 from kernel_inputs import DEVICE, ON_CUDA, make_attention_batch
+from tiny_models import build_tiny_model
 
 from tokenwire.kernels.paged_attention import (
     paged_attention,
@@ -17,7 +23,15 @@ from tokenwire.kernels.paged_attention import (
     paged_attention_ref,
 )
 from tokenwire.kernels.paged_attention_triton import paged_attention_triton
+from tokenwire.runtime.config import ModelConfig
+from tokenwire.runtime.loader.model_loader import load_model
 
+# 3 layers (sliding, full, sliding), a 6-token window, top-2 of 4 experts, a low swiglu_limit.
+GPT_OSS: dict[str, Any] = dict(
+    model_type="gpt_oss", hidden_size=64, intermediate_size=32, num_hidden_layers=3,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+    num_local_experts=4, num_experts_per_tok=2, sliding_window=6, swiglu_limit=3.0,
+)  # fmt: skip
 # Small on purpose: the interpreter runs every program in Python.
 SHAPES = {
     "decode": [(1, 37), (1, 9), (1, 3)],
@@ -101,3 +115,33 @@ def test_sinks_without_them_and_bad_shape() -> None:
         paged_attention_triton(
             query, k_cache, v_cache, meta, 0.25, sinks=torch.zeros(2, device=DEVICE)
         )
+
+
+@pytest.mark.skipif(ON_CUDA, reason="compares the interpreter with the CPU torch path")
+def test_gpt_oss_forward_in_triton_equals_the_torch_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tiny gpt-oss (sliding / full layers, sinks, expert biases, clamped SwiGLU): a chunked
+    prefill past the window, then a decode and a fresh prefill in one step, every kernel in
+    Triton, equal to the torch path's logits within 1e-4."""
+    path = build_tiny_model("llama", tmp_path, **GPT_OSS)
+    model = load_model(ModelConfig(model=str(path)), torch.device("cpu"), torch.float32).model
+    with torch.no_grad():  # sinks well away from zero, so they matter
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0.0, 2.0)
+    tokens, fresh = tokens_for(1, 23), tokens_for(2, 9)
+    steps = [
+        [Chunk(tokens[:11], 0, [9, 3])],
+        [Chunk(tokens[11:], 11, [9, 3])],
+        [Chunk([7], 23, [9, 3]), Chunk(fresh, 0, [5])],
+    ]
+
+    def run() -> torch.Tensor:
+        kv = new_kv_caches(model)
+        return torch.cat([run_step(model, kv, chunks) for chunks in steps])
+
+    monkeypatch.delenv("TRITON_INTERPRET")
+    ref = run()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    got = run()
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
