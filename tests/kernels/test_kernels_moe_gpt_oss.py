@@ -122,3 +122,18 @@ def test_bad_biases_and_missing_swiglu_are_refused() -> None:
         fused_moe_triton(x, w13, w2, weights, ids, biases=(b13, b2[:, :8]))
     with pytest.raises(ValueError, match="needs swiglu"):
         fused_moe(x, w13, w2, weights, ids, "swigluoai")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("t", [1, 64, 1024])
+def test_gpu_bf16_gpt_oss_20b_shapes(t: int) -> None:
+    """gpt-oss-20b's experts (H = I = 2880, top-4 of 32, limit 7) in bf16 with default
+    tiles, against the float32 reference on the same (bf16-rounded) operands."""
+    x, w13, w2, b13, b2, weights, ids = _operands(t, 2880, 2880, 32, 4, seed=t)
+    bf16 = [v.to(torch.bfloat16) for v in (x, w13, w2, b13, b2)]
+    kw = dict(swiglu=(ALPHA, 7.0))
+    got = fused_moe_triton(*bf16[:3], weights, ids, "swigluoai", biases=(bf16[3], bf16[4]), **kw)
+    f32 = [v.float() for v in bf16]
+    ref = fused_moe_ref(*f32[:3], weights, ids, "swigluoai", (f32[3], f32[4]), **kw)
+    assert ((got.float() - ref).norm() / ref.norm()).item() < 2e-2
