@@ -10,7 +10,7 @@
 - gpt-oss: routing by ``softmax_after_topk`` (the top-k logits, then a softmax over just
   them), per-expert biases on both projections and the clamped SwiGLU ``swigluoai``
   (``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)``, ``g = min(gate, limit)``);
-  torch reference only (the Triton path refuses biases and ``swigluoai``).
+  both paths.
 - Llama 4: ``sigmoid_topk`` routing (the top-k logits through a sigmoid, no softmax) and
   ``scale_input``: each chosen expert runs on ``w * x`` and its output is added unweighted
   (HF's ``Llama4TextMoe``); both paths.
@@ -130,30 +130,18 @@ def fused_moe(
     ``biases``: (gate_up [E, 2I], down [E, H]) per-expert biases (down may be None: a
     tensor-parallel rank other than 0). ``swiglu``: (alpha, limit) of ``swigluoai``.
     ``scale_input`` (Llama 4): the weights scale each expert's input, not its output."""
-    if activation == "swigluoai" or biases is not None:
-        if use_triton(hidden):
-            raise NotImplementedError(
-                "expert biases and the swigluoai activation (gpt-oss) are not implemented in "
-                "the Triton MoE kernel yet; run the model on CPU"
-            )
-        return fused_moe_ref(
-            hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, biases, swiglu,
-            scale_input,
-        )  # fmt: skip
-    if activation not in _REFERENCE_ACTIVATIONS:
-        raise ValueError(
-            f"unsupported MoE activation {activation!r}; supported: "
-            + ", ".join(_REFERENCE_ACTIVATIONS)
-        )
+    _activation(activation, swiglu)  # raises for an unknown activation or missing swiglu
     if use_triton(hidden):
         from tokenwire.kernels.moe_triton import fused_moe_triton
 
         return fused_moe_triton(
-            hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, scale_input=scale_input
-        )
+            hidden, w_gate_up, w_down, topk_weights, topk_ids, activation,
+            scale_input=scale_input, biases=biases, swiglu=swiglu,
+        )  # fmt: skip
     return fused_moe_ref(
-        hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, scale_input=scale_input
-    )
+        hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, biases, swiglu,
+        scale_input,
+    )  # fmt: skip
 
 
 def fused_moe_ref(

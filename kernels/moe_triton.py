@@ -16,6 +16,12 @@ Llama 4 (``scale_input``): each assignment's input row is ``w * x`` (made once o
 ``[T * k, H]``, in the model dtype as the reference rounds it), the gate/up GEMM reads it per
 assignment and the down GEMM's routing weight is 1.
 
+gpt-oss: per-expert biases (``HAS_BIAS``: gate_up [E, 2I] added to both float32 tiles
+before the activation; down [E, H], ``None`` on tensor-parallel ranks other than 0, added
+before the routing weight) and ``swigluoai`` (``ACT == 2``: the clamped SwiGLU of
+``kernels.moe.swiglu_oai_and_mul_ref``, gate half then up half, ``alpha``/``limit`` as
+constexprs), all in the epilogues.
+
 Every output element has one writer (no atomics): the result is deterministic. float32 dots
 are IEEE (``input_precision="ieee"``), so the interpreter and CUDA float32 runs match the
 torch reference to rounding; bf16/fp16 use tensor cores with float32 accumulation. Tile sizes
@@ -30,13 +36,13 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenwire.kernels.moe import check_moe_shapes
+from tokenwire.kernels.moe import MoEBiases, check_moe_shapes
 from tokenwire.kernels.triton_compat import patch_interpreter_scalar_index
 
 patch_interpreter_scalar_index()
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
-_ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}
+_ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1, "swigluoai": 2}
 
 
 @dataclass(frozen=True)
@@ -92,10 +98,31 @@ def align_block_size(
 
 
 @triton.jit
+def _act_and_mul(  # type: ignore[no-untyped-def]
+    gate, up, ACT: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr
+):
+    """``act(gate) * up`` in float32: SiLU (0), tanh-GELU (1) or gpt-oss's clamped SwiGLU (2):
+    ``(clamp(up, -LIMIT, LIMIT) + 1) * g * sigmoid(ALPHA * g)``, ``g = min(gate, LIMIT)``."""
+    if ACT == 0:
+        out = gate / (1.0 + tl.exp(-gate)) * up
+    elif ACT == 1:
+        inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        t = tl.exp(-2.0 * tl.abs(inner))  # tanh from exp(-2|y|) <= 1: no overflow
+        tanh_abs = (1.0 - t) / (1.0 + t)
+        out = 0.5 * gate * (1.0 + tl.where(inner >= 0, tanh_abs, -tanh_abs)) * up
+    else:
+        g = tl.minimum(gate, LIMIT)
+        u = tl.minimum(tl.maximum(up, -LIMIT), LIMIT)
+        out = (u + 1.0) * (g / (1.0 + tl.exp(-ALPHA * g)))
+    return out
+
+
+@triton.jit
 def _gate_up_kernel(  # type: ignore[no-untyped-def]
     x_ptr,  # [T, K]
     w_ptr,  # [E, 2N, K]: gate rows, then up rows
     out_ptr,  # [T * k, N]
+    bias_ptr,  # [E, 2N], contiguous: read only when HAS_BIAS
     sorted_ptr,  # int32 [R]
     experts_ptr,  # int32 [R / BLOCK_M]
     num_valid,  # T * k
@@ -114,6 +141,9 @@ def _gate_up_kernel(  # type: ignore[no-untyped-def]
     ACT: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr = False,
+    ALPHA: tl.constexpr = 0.0,
+    LIMIT: tl.constexpr = 0.0,
 ):
     n_blocks = tl.cdiv(N, BLOCK_N)
     pid_m = tl.program_id(0) // n_blocks
@@ -141,17 +171,13 @@ def _gate_up_kernel(  # type: ignore[no-untyped-def]
         up = tl.load(up_cols + offs_k[:, None] * stride_wk, mask=w_mask, other=0.0)
         acc_gate += tl.dot(x, gate.to(DOT_DTYPE), input_precision=DOT_PRECISION)
         acc_up += tl.dot(x, up.to(DOT_DTYPE), input_precision=DOT_PRECISION)
-    if ACT == 0:
-        act = acc_gate / (1.0 + tl.exp(-acc_gate))
-    else:
-        inner = 0.7978845608028654 * (acc_gate + 0.044715 * acc_gate * acc_gate * acc_gate)
-        t = tl.exp(-2.0 * tl.abs(inner))  # tanh from exp(-2|y|) <= 1: no overflow
-        tanh_abs = (1.0 - t) / (1.0 + t)
-        act = 0.5 * acc_gate * (1.0 + tl.where(inner >= 0, tanh_abs, -tanh_abs))
+    if HAS_BIAS:
+        bias_row = bias_ptr + expert * 2 * N + offs_n
+        acc_gate += tl.load(bias_row, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        acc_up += tl.load(bias_row + N, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    act = _act_and_mul(acc_gate, acc_up, ACT, ALPHA, LIMIT)
     ptrs = out_ptr + ids[:, None] * stride_om + offs_n[None, :]
-    tl.store(
-        ptrs, (act * acc_up).to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :]
-    )
+    tl.store(ptrs, act.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
 @triton.jit
@@ -159,6 +185,7 @@ def _down_kernel(  # type: ignore[no-untyped-def]
     a_ptr,  # [T * k, K]: the activated intermediate, one row per assignment
     w_ptr,  # [E, N, K]
     out_ptr,  # [T * k, N]
+    bias_ptr,  # [E, N], contiguous: read only when HAS_BIAS
     weights_ptr,  # float32 [T * k]: routing weight of each assignment
     sorted_ptr,  # int32 [R]
     experts_ptr,  # int32 [R / BLOCK_M]
@@ -175,6 +202,7 @@ def _down_kernel(  # type: ignore[no-untyped-def]
     BLOCK_K: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr = False,
 ):
     n_blocks = tl.cdiv(N, BLOCK_N)
     pid_m = tl.program_id(0) // n_blocks
@@ -197,6 +225,9 @@ def _down_kernel(  # type: ignore[no-untyped-def]
             w_cols + offs_k[:, None] * stride_wk, mask=k_mask[:, None] & n_mask[None, :], other=0.0
         )
         acc += tl.dot(a.to(DOT_DTYPE), w.to(DOT_DTYPE), input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + expert * N + offs_n, mask=n_mask, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
     scale = tl.load(weights_ptr + ids, mask=m_mask, other=0.0)
     acc = acc * scale[:, None]
     ptrs = out_ptr + ids[:, None] * stride_om + offs_n[None, :]
@@ -213,11 +244,17 @@ def fused_moe_triton(
     *,
     tiles: MoETiles | None = None,
     scale_input: bool = False,
+    biases: MoEBiases | None = None,
+    swiglu: tuple[float, float] | None = None,
 ) -> torch.Tensor:
     """Same contract as ``kernels.moe.fused_moe_ref`` (float32 accumulation; the k expert
     outputs of a token are summed in float32). ``tiles``: override the tile sizes (tests use
-    small tiles under the interpreter). ``scale_input``: Llama 4's input-scaled experts."""
+    small tiles under the interpreter). ``scale_input``: Llama 4's input-scaled experts.
+    ``biases`` / ``swiglu``: gpt-oss's expert biases and ``swigluoai``'s (alpha, limit)."""
     check_moe_shapes(hidden, w_gate_up, w_down, topk_weights, topk_ids)
+    if activation == "swigluoai" and swiglu is None:
+        raise ValueError("the swigluoai activation needs swiglu=(alpha, limit)")
+    b13, b2 = _check_biases(biases, w_gate_up)
     t, h = hidden.shape
     e, two_i, _ = w_gate_up.shape
     inter, k = two_i // 2, topk_ids.shape[1]
@@ -238,17 +275,38 @@ def fused_moe_triton(
         x = (hidden[:, None, :] * topk_weights[:, :, None].to(hidden.dtype)).reshape(n, h)
         x_top_k, weights = 1, torch.ones_like(weights)
     _gate_up_kernel[(m_blocks * triton.cdiv(inter, tiles.block_n),)](
-        x, w_gate_up, activated, sorted_ids, block_experts, n, x_top_k, inter, h,
+        x, w_gate_up, activated, w_gate_up if b13 is None else b13, sorted_ids, block_experts,
+        n, x_top_k, inter, h,
         x.stride(0), x.stride(1), *w_gate_up.stride(), activated.stride(0),
         ACT=_ACTIVATIONS[activation], DOT_DTYPE=dot_dtype, DOT_PRECISION=precision,
-        **blocks, **launch,
+        HAS_BIAS=b13 is not None, ALPHA=swiglu[0] if swiglu else 0.0,
+        LIMIT=swiglu[1] if swiglu else 0.0, **blocks, **launch,
     )  # fmt: skip
     per_slot = torch.empty((n, h), dtype=hidden.dtype, device=hidden.device)
     _down_kernel[(m_blocks * triton.cdiv(h, tiles.block_n),)](
-        activated, w_down, per_slot, weights, sorted_ids, block_experts, n, h, inter,
+        activated, w_down, per_slot, w_down if b2 is None else b2, weights, sorted_ids,
+        block_experts, n, h, inter,
         activated.stride(0), *w_down.stride(), per_slot.stride(0),
-        DOT_DTYPE=dot_dtype, DOT_PRECISION=precision, **blocks, **launch,
+        DOT_DTYPE=dot_dtype, DOT_PRECISION=precision, HAS_BIAS=b2 is not None,
+        **blocks, **launch,
     )  # fmt: skip
     if k == 1:
         return per_slot
     return per_slot.view(t, k, h).sum(dim=1, dtype=torch.float32).to(hidden.dtype)
+
+
+def _check_biases(
+    biases: MoEBiases | None, w_gate_up: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Contiguous (gate_up [E, 2I], down [E, H] or None) biases, or (None, None)."""
+    if biases is None:
+        return None, None
+    b13, b2 = biases
+    e, two_i, h = w_gate_up.shape
+    if tuple(b13.shape) != (e, two_i) or (b2 is not None and tuple(b2.shape) != (e, h)):
+        down = None if b2 is None else tuple(b2.shape)
+        raise ValueError(
+            f"fused_moe biases must be gate_up [{e}, {two_i}] and down [{e}, {h}]: got "
+            f"{tuple(b13.shape)} and {down}"
+        )
+    return b13.contiguous(), None if b2 is None else b2.contiguous()

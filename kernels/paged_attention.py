@@ -21,7 +21,7 @@ reference de-quantizes what it gathers (every row reads the cache, so every path
 keys and values as a later decode).
 
 Attention sinks (gpt-oss, ``sinks``: float [Hq], a learned logit per query head added to the
-softmax denominator) are implemented in the torch paths only; the Triton kernels refuse them.
+softmax denominator) run in both.
 Chunked local attention (Llama 4, ``attention_chunk``: the query at ``q`` sees keys
 ``q // C * C <= k <= q``) runs in both.
 """
@@ -65,21 +65,16 @@ def paged_attention(
     ``k_scale``/``v_scale``: float32 [1] scales of an fp8 cache (``None`` = 1.0).
     ``logits_soft_cap``: Gemma 2's ``cap * tanh(scores / cap)`` on the scaled logits (None: off).
     ``sliding_window``: query ``q`` sees keys ``q - window < k <= q`` (None: full causal).
-    ``sinks``: float [Hq] per-head sink logits (None: no sinks; torch path only).
+    ``sinks``: float [Hq] per-head sink logits (None: no sinks).
     ``attention_chunk``: query ``q`` sees keys ``q // C * C <= k <= q`` (Llama 4).
     """
     if use_triton(query):
-        if sinks is not None:
-            raise NotImplementedError(
-                "attention sinks (gpt-oss) are not implemented in the Triton paged attention "
-                "kernels yet; run the model on CPU"
-            )
         from tokenwire.kernels.paged_attention_triton import paged_attention_triton
 
         return paged_attention_triton(
             query, k_cache, v_cache, meta, scale, k_scale, v_scale,
             logits_soft_cap=logits_soft_cap, sliding_window=sliding_window,
-            attention_chunk=attention_chunk,
+            attention_chunk=attention_chunk, sinks=sinks,
         )  # fmt: skip
     return paged_attention_ref(
         query, key, value, k_cache, v_cache, meta, scale, k_scale, v_scale, logits_soft_cap,

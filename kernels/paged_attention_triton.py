@@ -29,6 +29,7 @@ def paged_attention_triton(
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
     attention_chunk: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention for every row of ``query`` [T, Hq, D] -> [T, Hq, D].
 
@@ -38,8 +39,13 @@ def paged_attention_triton(
     boundaries on small shapes). ``logits_soft_cap``: Gemma 2's tanh cap (None: off);
     ``sliding_window``: query ``q`` sees keys ``q - window < k <= q`` (None: full causal).
     ``attention_chunk`` (Llama 4): query ``q`` sees keys ``q // C * C <= k <= q``.
+    ``sinks`` (gpt-oss): a sink logit per query head [Hq], one more column of every row's
+    softmax (None: none).
     """
     _check_layout(query, k_cache, v_cache)
+    if sinks is not None and sinks.shape != (query.shape[1],):
+        raise ValueError(f"paged attention: sinks must be [Hq], got {tuple(sinks.shape)}")
+    sinks = None if sinks is None else sinks.contiguous()
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     nd, ns = meta.num_decodes, meta.num_seqs
     if nd > 0:
@@ -48,14 +54,15 @@ def paged_attention_triton(
         decode_attention(
             query, k_cache, v_cache, meta.seq_lens[:nd], meta.block_tables[:nd], out,
             scale, splits, k_scale=k_scale, v_scale=v_scale, logits_soft_cap=logits_soft_cap,
-            sliding_window=sliding_window, attention_chunk=attention_chunk, **decode_kwargs,
+            sliding_window=sliding_window, attention_chunk=attention_chunk, sinks=sinks,
+            **decode_kwargs,
         )  # fmt: skip
     if ns > nd:
         qsl = meta.query_start_loc_np
         prefill_attention(
             query, k_cache, v_cache, meta.query_start_loc[nd : ns + 1], meta.seq_lens[nd:ns],
             meta.block_tables[nd:ns], out, scale, int(qsl[ns] - qsl[nd]), block_m, block_n,
-            k_scale, v_scale, logits_soft_cap, sliding_window, attention_chunk,
+            k_scale, v_scale, logits_soft_cap, sliding_window, attention_chunk, sinks,
         )  # fmt: skip
     num_real = int(meta.query_start_loc_np[ns])
     if num_real < out.shape[0]:

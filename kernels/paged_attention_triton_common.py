@@ -16,6 +16,12 @@ Gemma 2's logit soft-cap (``SOFT_CAP > 0``) is applied to the natural-log scores
 ``cap * tanh(s / cap)``, before they return to the log2 domain; ``tanh`` is written with
 ``exp2`` so the interpreter and every backend share one formula. Sliding windows are masks
 (and shorter key loops) in the kernels themselves.
+
+Attention sinks (gpt-oss, ``HAS_SINKS``): a float per query head joins each row's softmax as
+one more column with no value (``exp(sink - m)`` in the denominator, nothing in the
+numerator), neither scaled nor soft-capped, as in the torch path. ``fold_sink`` adds it once,
+after the key walk (prefill) or at the split combine (decode); a row that saw no key then
+gets zeros, as the reference does.
 """
 
 from __future__ import annotations
@@ -105,3 +111,16 @@ def soft_cap_log2(s, SOFT_CAP: tl.constexpr):  # type: ignore[no-untyped-def]
     y = s / (LOG2_E_C * SOFT_CAP)  # x / cap
     tanh = 1.0 - 2.0 / (tl.exp2(2.0 * LOG2_E_C * y) + 1.0)
     return tanh * (SOFT_CAP * LOG2_E_C)
+
+
+@triton.jit
+def fold_sink(m_i, l_i, sink):  # type: ignore[no-untyped-def]
+    """Fold one sink column ``sink`` [M] (log2 units) into running ``(max, sum)`` [M].
+
+    Returns ``(l, alpha)``: the new sum and the factor the accumulator (or each partial
+    output's weight) must be multiplied by. ``m_i == -inf`` (no key) gives ``alpha == 0``.
+    """
+    m_new = tl.maximum(m_i, sink)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a -inf sink and no key: no inf - inf
+    alpha = tl.exp2(m_i - m_safe)
+    return l_i * alpha + tl.exp2(sink - m_safe), alpha

@@ -10,7 +10,8 @@ normalized output and log2-sum-exp in float32 scratch.
 
 Stage 2, grid ``(num_decodes, num_q_heads)``: merges the slices with weights
 ``exp2(lse_i - max lse)``. A sequence with ``seq_len == 0`` (CUDA-graph padding row) has only
-empty slices and gets zeros.
+empty slices and gets zeros. gpt-oss's sink logit (``HAS_SINKS``) is added here, once per
+head, as one more term of the denominator (the slices never see it).
 
 The grid depends on the batch size, head counts and ``num_splits`` only, never on context
 lengths (which are read on device), so a captured CUDA graph stays valid for any lengths. An
@@ -30,7 +31,9 @@ from tokenwire.kernels.dispatch import next_power_of_2
 from tokenwire.kernels.kv_quant import is_fp8, unit_scale
 from tokenwire.kernels.paged_attention_triton_common import (
     LOG2_E,
+    LOG2_E_C,
     NO_WINDOW,
+    fold_sink,
     load_kv_tile,
     online_softmax_step,
 )
@@ -135,6 +138,8 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    sinks_ptr=None,  # [Hq] sink logits (gpt-oss), read only when HAS_SINKS
+    HAS_SINKS: tl.constexpr = False,
 ):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -147,6 +152,10 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     lse_max = tl.max(lse, axis=0)
     weight = tl.exp2(lse - tl.where(lse_max == float("-inf"), 0.0, lse_max))  # 0 for empty
     total = tl.sum(weight, axis=0)
+    if HAS_SINKS:  # the sink column joins once, here: total and weights rescaled to its max
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * LOG2_E_C
+        total, alpha = fold_sink(lse_max, total, sink)
+        weight = weight * alpha
     o = tl.load(
         mid_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
         mask=s_mask[:, None] & d_mask[None, :],
@@ -190,6 +199,7 @@ def decode_attention(
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
     attention_chunk: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Attention for ``num_seqs = seq_lens.shape[0]`` one-token rows ``query[:num_seqs]``.
 
@@ -199,6 +209,7 @@ def decode_attention(
     ``logits_soft_cap``: Gemma 2's tanh cap (None: off). ``sliding_window``: only the last
     ``sliding_window`` positions are read (None: all). ``attention_chunk`` (Llama 4): only
     the keys of the last position's chunk, ``[(seq_len - 1) // C * C, seq_len)``.
+    ``sinks``: gpt-oss's per-query-head sink logits [Hq] (None: none).
     """
     num_seqs = seq_lens.shape[0]
     _, block_size, num_kv_heads, head_dim = k_cache.shape
@@ -220,25 +231,15 @@ def decode_attention(
         NO_WINDOW if sliding_window is None else sliding_window,
         NO_WINDOW if attention_chunk is None else attention_chunk,
         query.stride(0), query.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0),
-        NUM_Q_HEADS=num_q_heads,
-        GROUP=group,
-        HEAD_DIM=head_dim,
-        BLOCK_H=max(16, next_power_of_2(group)),
-        BLOCK_D=block_d,
-        BLOCK_N=block_n,
-        BLOCK_SIZE=block_size,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else None,
-        FP8=fp8,
-        SOFT_CAP=logits_soft_cap or 0.0,
-        num_warps=4,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        NUM_Q_HEADS=num_q_heads, GROUP=group, HEAD_DIM=head_dim,
+        BLOCK_H=max(16, next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
+        BLOCK_SIZE=block_size, DOT_PRECISION="ieee" if query.dtype == torch.float32 else None,
+        FP8=fp8, SOFT_CAP=logits_soft_cap or 0.0, num_warps=4,
     )  # fmt: skip
     _decode_reduce_kernel[(num_seqs, num_q_heads)](
         mid_o, mid_lse, out, num_splits, out.stride(0), out.stride(1),
-        NUM_Q_HEADS=num_q_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_D=block_d,
-        BLOCK_S=next_power_of_2(num_splits),
+        NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        BLOCK_S=next_power_of_2(num_splits), sinks_ptr=sinks, HAS_SINKS=sinks is not None,
         num_warps=4,
     )  # fmt: skip

@@ -14,7 +14,8 @@ a chunked prefill attend to every cached position before them; keys are read fro
 cache (``store_kv`` already wrote this step's rows), walking ``[0, last query position]`` in
 tiles of ``BLOCK_N`` under the causal mask (from the tile's first query's window start when
 the layer has a sliding window). An fp8 cache's ``k_scale`` folds into the score
-scale and ``v_scale`` into the output (``paged_attention_triton_common``).
+scale and ``v_scale`` into the output; gpt-oss's sinks join each row's softmax after the key
+walk (``paged_attention_triton_common``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from tokenwire.kernels.dispatch import next_power_of_2
 from tokenwire.kernels.kv_quant import is_fp8, unit_scale
 from tokenwire.kernels.paged_attention_triton_common import (
     LOG2_E,
+    LOG2_E_C,
     NO_WINDOW,
+    fold_sink,
     load_kv_tile,
     online_softmax_step,
 )
@@ -62,6 +65,7 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     num_seqs,
     k_scale_ptr,  # float32 [1]: fp8 cache scales, read only when FP8
     v_scale_ptr,
+    sinks_ptr,  # [Hq] sink logits (gpt-oss), read only when HAS_SINKS
     qk_scale,
     window,  # query q sees keys q - window < k <= q (a huge value: no window)
     chunk,  # query q sees keys q // chunk * chunk <= k (Llama 4; a huge value: no chunks)
@@ -83,6 +87,7 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     DOT_PRECISION: tl.constexpr,
     FP8: tl.constexpr,
     SOFT_CAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -134,6 +139,10 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
             q, k, v, allowed, m_i, l_i, acc, qk_scale, DOT_PRECISION, SOFT_CAP
         )
 
+    if HAS_SINKS:  # one more softmax column per head, after every key
+        sink = tl.load(sinks_ptr + heads).to(tl.float32) * LOG2_E_C
+        l_i, alpha = fold_sink(m_i, l_i, sink)
+        acc = acc * alpha[:, None]
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     if FP8:
         out = out * tl.load(v_scale_ptr)
@@ -166,6 +175,7 @@ def prefill_attention(
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
     attention_chunk: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Causal attention for the sequences of ``seq_lens`` (rows ``query_start_loc[i]:[i+1]``).
 
@@ -173,7 +183,8 @@ def prefill_attention(
     the grid. Results land in the same rows of ``out``. ``k_scale``/``v_scale``: an fp8
     cache's float32 [1] scales (``None`` = 1.0). ``logits_soft_cap``: Gemma 2's tanh cap
     (None: off); ``sliding_window``: query ``q`` sees keys ``q - window < k <= q``;
-    ``attention_chunk`` (Llama 4): query ``q`` sees keys ``q // C * C <= k <= q``.
+    ``attention_chunk`` (Llama 4): query ``q`` sees keys ``q // C * C <= k <= q``;
+    ``sinks``: gpt-oss's per-query-head sink logits [Hq] (None: none).
     """
     num_seqs = seq_lens.shape[0]
     _, block_size, num_kv_heads, head_dim = k_cache.shape
@@ -189,22 +200,17 @@ def prefill_attention(
         query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
         num_seqs,
         unit if k_scale is None else k_scale, unit if v_scale is None else v_scale,
+        seq_lens if sinks is None else sinks,  # no sinks: never read
         scale * LOG2_E,
         NO_WINDOW if sliding_window is None else sliding_window,
         NO_WINDOW if attention_chunk is None else attention_chunk,
-        query.stride(0), query.stride(1),
-        out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0),
-        GROUP=group,
-        HEAD_DIM=head_dim,
-        BLOCK_D=next_power_of_2(head_dim),
-        BLOCK_M=block_m,
-        BLOCK_Q=block_q,
-        BLOCK_N=block_n or default_n,
-        BLOCK_SIZE=block_size,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=next_power_of_2(head_dim),
+        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n or default_n, BLOCK_SIZE=block_size,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else None,
         FP8=fp8,
         SOFT_CAP=logits_soft_cap or 0.0,
+        HAS_SINKS=sinks is not None,
         num_warps=warps,
     )  # fmt: skip

@@ -47,8 +47,8 @@ def capture_launches() -> list[Launch]:
 
 def _attention_launches() -> None:
     """bf16 at model head shapes; Mistral's window, Gemma 2's head_dim 256 with window and
-    soft cap, Llama 4's attention chunk, an fp8 cache with scales, and float32 (the GPU
-    check's parity stage)."""
+    soft cap, Llama 4's attention chunk, gpt-oss's sinks (with and without its window), an
+    fp8 cache with scales, and float32 (the GPU check's parity stage; a tiny gpt-oss)."""
     from tokenwire.kernels.attention_metadata import AttentionMetadata
     from tokenwire.kernels.paged_attention_triton import paged_attention_triton
 
@@ -72,6 +72,9 @@ def _attention_launches() -> None:
         ((4, 2, 32), torch.float32, torch.float32, {}),  # the parity stage's tiny Llama
         ((4, 2, 64), torch.float32, torch.float32, {"sliding_window": 12}),
         ((40, 8, 128), bf16, bf16, {"attention_chunk": 8192}),  # Llama 4 Scout
+        ((64, 8, 64), bf16, bf16, {"sliding_window": 128, "sinks": torch.empty(64, dtype=bf16)}),
+        ((64, 8, 64), bf16, bf16, {"sinks": torch.empty(64, dtype=bf16)}),  # gpt-oss-20b
+        ((4, 2, 16), torch.float32, torch.float32, {"sliding_window": 8, "sinks": torch.empty(4)}),
     ]
     for (hq, hkv, d), dtype, cache_dtype, extra in cases:
         cache = torch.empty(8, 16, hkv, d, dtype=cache_dtype)
@@ -134,33 +137,43 @@ def _elementwise_launches() -> None:
 
 
 def _moe_launches() -> None:
-    """Mixtral-8x7B (8 experts, top 2), Qwen3-30B-A3B (128 experts, top 8) and Llama 4 Scout
-    (16 experts, top 1, input-scaled) at decode and prefill sizes (each tile choice of
-    ``default_tiles``), and a float32 tiny one."""
+    """Mixtral-8x7B (8 experts, top 2), Qwen3-30B-A3B (128 experts, top 8), Llama 4 Scout
+    (16 experts, top 1, input-scaled) and gpt-oss-20b (32 experts, top 4, biases and
+    ``swigluoai``; the down bias absent too, as on tensor-parallel ranks > 0) at decode and
+    prefill sizes (each tile choice of ``default_tiles``), and float32 tiny ones."""
     from tokenwire.kernels.moe_triton import fused_moe_triton
 
-    bf16 = torch.bfloat16
-    shapes = [
-        (4096, 14336, 8, 2, bf16, False),
-        (2048, 768, 128, 8, bf16, False),
-        (5120, 8192, 16, 1, bf16, True),
-        (64, 96, 4, 2, torch.float32, False),
+    bf16, f32 = torch.bfloat16, torch.float32
+    oai = {"activation": "swigluoai", "swiglu": (1.702, 7.0)}
+    shapes: list[tuple[int, int, int, int, torch.dtype, dict[str, Any]]] = [
+        (4096, 14336, 8, 2, bf16, {}),
+        (2048, 768, 128, 8, bf16, {}),
+        (5120, 8192, 16, 1, bf16, {"scale_input": True}),
+        (2880, 2880, 32, 4, bf16, {**oai, "biases": "gate_up+down"}),  # gpt-oss-20b
+        (2880, 2880, 32, 4, bf16, {**oai, "biases": "gate_up"}),
+        (64, 96, 4, 2, f32, {}),
+        (64, 128, 4, 2, f32, {**oai, "biases": "gate_up+down"}),  # the smoke's tiny gpt-oss
     ]
-    for hidden, inter, experts, top_k, dtype, scale_input in shapes:
+    for hidden, inter, experts, top_k, dtype, extra in shapes:
         w13 = torch.empty(experts, 2 * inter, hidden, dtype=dtype)  # untouched: no memory
         w2 = torch.empty(experts, hidden, inter, dtype=dtype)
+        if "biases" in extra:
+            down = torch.empty(experts, hidden, dtype=dtype)
+            biases = (w13[:, :, 0].contiguous(), down if "down" in extra["biases"] else None)
+            extra = {**extra, "biases": biases}
         for tokens in (1, 16 * experts, 512 * experts // top_k):
             ids = torch.arange(tokens * top_k).remainder(experts).view(tokens, top_k)
             weights = torch.full((tokens, top_k), 1.0 / top_k)
             x = torch.empty(tokens, hidden, dtype=dtype)
-            fused_moe_triton(x, w13, w2, weights, ids, scale_input=scale_input)
+            fused_moe_triton(x, w13, w2, weights, ids, **extra)
 
 
 def compile_launch(launch: Launch, target: GPUTarget) -> None:
     fn, args, kwargs = launch
     kwargs = dict(kwargs)
     options = {key: kwargs.pop(key) for key in ("num_warps", "num_stages") if key in kwargs}
-    values = dict(zip(fn.arg_names, args, strict=False)) | kwargs
+    defaults = {name: p.default for name, p in fn.signature.parameters.items()}
+    values = defaults | dict(zip(fn.arg_names, args, strict=False)) | kwargs
     signature: dict[str, str] = {}
     constexprs: dict[str, Any] = {}
     for param, name in zip(fn.params, fn.arg_names, strict=True):
