@@ -191,3 +191,27 @@ def test_disk_tier_with_a_draft_matches_a_run_that_never_evicted(
     assert_same_speculation(got, want)
     assert all(r.num_accepted_tokens == r.num_draft_tokens for r in got[1])
     assert_tiers_idle(llm)
+
+
+@pytest.mark.slow
+def test_tp2_host_tier_with_a_draft_matches_a_run_that_never_evicted(
+    target: Path, llms: list[LLM]
+) -> None:
+    """TP=2 (gloo, real worker processes): each rank moves its shard of the target's KV; the
+    draft (sharded like the target) catches up on every rank. The draft's stale KV here is
+    what B and C left in the reused blocks (the ranks' caches cannot be poisoned from here)."""
+
+    def run(llm: LLM) -> tuple[list[RequestOutput], list[RequestStats]]:
+        outs = [llm.generate([p], PARAMS, use_tqdm=False)[0] for p in (A, B, C, A)]
+        recorder = llm.engine.observer
+        assert isinstance(recorder, StepRecorder)
+        return outs, list(recorder.requests)
+
+    want = run(make_llm(target, target, 64, llms, tensor_parallel_size=2))
+    llm = make_llm(target, target, 17, llms, tensor_parallel_size=2, kv_offloading_size=0.01)
+    got = run(llm)
+    assert_a_came_back(llm, *got)
+    assert connector_of(llm).stats().blocks_loaded == 7
+    assert_same_speculation(got, want)
+    assert all(r.num_accepted_tokens == r.num_draft_tokens for r in got[1])
+    assert_tiers_idle(llm)
