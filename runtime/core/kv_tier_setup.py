@@ -1,23 +1,17 @@
-"""Setting the KV tiers up (docs/kv-tiers.md): which configurations they support, and the
-host tier (with the disk tier under it) attached to the KV cache manager's pool."""
+"""Setting the KV tiers up (docs/kv-tiers.md): the host tier (with the disk tier under it)
+attached to the KV cache manager's pool. Every configuration takes them: tensor parallelism
+moves each rank's shard, and a draft model (``draft_model`` speculation) needs nothing
+moved: its KV in a block a tier brings back is never read before the draft rewrites it
+(``worker/spec/draft_model.py``: every new or resumed request's draft catches up from
+position 0)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.core.disk_tier import DiskTier
 from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
 from tokenwire.runtime.core.kv_connector import OffloadingConnector
-
-
-def check_offloading_supported(config: EngineConfig) -> None:
-    """Refuse the combinations the KV tiers do not handle (docs/kv-tiers.md). None today:
-    tensor parallelism moves each rank's shard, and a draft model (``draft_model``
-    speculation) needs nothing moved: its KV in a block a tier brings back is never read
-    before the draft rewrites it (``worker/spec/draft_model.py``: every new or resumed
-    request's draft catches up from position 0)."""
-    del config  # the hook stays: the engine core calls it before any worker starts
 
 
 def attach_offloading(

@@ -13,7 +13,7 @@ from tokenwire.runtime.config import EngineConfig
 from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
 from tokenwire.runtime.core.kv_connector_api import KVConnector
 from tokenwire.runtime.core.kv_events import AnyKVEvent, KVEventRecorder
-from tokenwire.runtime.core.kv_tier_setup import attach_offloading, check_offloading_supported
+from tokenwire.runtime.core.kv_tier_setup import attach_offloading
 from tokenwire.runtime.core.request import Request
 from tokenwire.runtime.core.scheduler import Scheduler
 from tokenwire.runtime.core.spec.accept import spec_step_stats
@@ -55,7 +55,6 @@ class EngineCore:
         self.config = config
         self.observer = observer
         self._fault = step_fault_from_env()  # TOKENWIRE_TEST_FAULT (tests only); else None
-        check_offloading_supported(config)  # KV tiers: before any worker starts
         self.executor = executor if executor is not None else make_executor(config)
         try:
             self.facts = self.executor.facts

@@ -17,7 +17,7 @@ from tokenwire.runtime.config import SchedulerConfig
 from tokenwire.runtime.core.block_pool import KVBlock
 from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
 from tokenwire.runtime.core.kv_connector import OffloadingConnector
-from tokenwire.runtime.core.kv_tier_setup import attach_offloading, check_offloading_supported
+from tokenwire.runtime.core.kv_tier_setup import attach_offloading
 from tokenwire.runtime.core.request import Request, RequestStatus
 from tokenwire.runtime.core.scheduler import Scheduler
 from tokenwire.runtime.engine.core_loop import snapshot
@@ -131,12 +131,12 @@ def test_flag_is_validated_and_named() -> None:
     with pytest.raises(ValueError, match="--kv-offloading-size"):
         EngineArgs(kv_offloading_size=-1.0).create_engine_config()
     draft = {"method": "draft_model", "model": "/draft", "num_speculative_tokens": 2}
-    check_offloading_supported(  # the target's KV moves; the draft's is never read stale
-        EngineArgs(kv_offloading_size=2.0, speculative_config=draft).create_engine_config()
-    )  # (tests/runtime/test_kv_tier_draft.py)
-    check_offloading_supported(  # tensor parallel: each rank moves its own shard
-        EngineArgs(kv_offloading_size=2.0, tensor_parallel_size=2).create_engine_config()
-    )
+    # Accepted: the target's KV moves, the draft's is never read stale
+    # (tests/runtime/test_kv_tier_draft.py); tensor parallel: each rank moves its own shard.
+    with_draft = EngineArgs(kv_offloading_size=2.0, speculative_config=draft)
+    assert with_draft.create_engine_config().cache.kv_offloading_size == 2.0
+    with_tp = EngineArgs(kv_offloading_size=2.0, tensor_parallel_size=2)
+    assert with_tp.create_engine_config().parallel.tensor_parallel_size == 2
     assert EngineArgs(kv_offloading_size=0.5).create_engine_config().cache.kv_offloading_size == 0.5
 
 
