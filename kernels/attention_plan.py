@@ -33,6 +33,17 @@ from tokenwire.kernels.attention_metadata import (
 # padded length form one group: measured on 2 shared CPU cores, SmolLM2 shapes, 64 decodes
 # with context U[32, 380], one padded group per batch is 2-3x slower than ~8 length groups
 # (the gather of padded K/V dominates); between 6 and 21 groups the time is flat.
+#
+# Since a row's arithmetic does not depend on its step, the query tokens of a sequence with
+# few of them (a speculative-decoding verify row: num_speculative_tokens + 1 tokens; a short
+# prefill remainder) join the decode rows' length groups, one entry per token, each gathering
+# its own sequence's blocks (issue #43: 64 verify rows had cost 64 per-row prefill plans and
+# 64 row-by-row attentions a step). A long prefill keeps one gather per sequence
+# (``_plan_prefill``) shared by its rows as a stride-0 view: grouped, each of its tokens would
+# copy its own keys. At <= 8 tokens a grouped sequence copies its keys at most 8 times, which
+# is cheap next to the per-sequence plan and sdpa calls it saves; 8 covers every n-gram and
+# draft-model setting in use (num_speculative_tokens <= 7).
+MAX_GROUPED_QUERY_TOKENS = 8
 _LINEAR_STEP_TOKENS = 32
 _GEOMETRIC_FROM_TOKENS = 256
 _GEOMETRIC_NUM, _GEOMETRIC_DEN = 9, 8  # steps of 12.5%
@@ -49,7 +60,9 @@ def build_cpu_plan(
 ) -> CpuAttentionPlan:
     """Precompute per-step gathers so each layer only indexes and calls sdpa.
 
-    Rows ``[0, num_decodes)`` must have exactly one query token each. ``windows``: the
+    Rows ``[0, num_decodes)`` must have exactly one query token each; they and every
+    sequence of at most ``MAX_GROUPED_QUERY_TOKENS`` query tokens (verify rows) are attended
+    in length groups of query rows, longer prefills per sequence. ``windows``: the
     distinct sliding windows of the model's layers; each gets its own plan in ``windowed``.
     ``chunks``: the distinct attention chunk sizes (Llama 4); each gets a plan in ``chunked``.
     """
@@ -87,24 +100,41 @@ def _plan(
     window: int | None,
     chunk: int | None = None,
 ) -> CpuAttentionPlan:
-    num_seqs = len(query_start_loc_np) - 1
+    query_start = np.asarray(query_start_loc_np, dtype=np.int64)
+    seq_lens = np.asarray(seq_lens_np, dtype=np.int64)
+    query_lens = np.diff(query_start)
+    short = query_lens <= MAX_GROUPED_QUERY_TOKENS
+    short[:num_decodes] = True
+    rows, seqs, positions = _short_query_rows(query_start, seq_lens, np.flatnonzero(short))
     decode_groups = _plan_decode_groups(
-        np.asarray(seq_lens_np[:num_decodes], dtype=np.int64), tables, block_size, window,
-        chunk,
+        rows, seqs, positions, tables, block_size, window, chunk
     )  # fmt: skip
     prefills = tuple(
         _plan_prefill(
-            int(query_start_loc_np[i]),
-            int(query_start_loc_np[i + 1]),
-            int(seq_lens_np[i]),
+            int(query_start[i]),
+            int(query_start[i + 1]),
+            int(seq_lens[i]),
             tables[i],
             block_size,
             window,
             chunk,
         )
-        for i in range(num_decodes, num_seqs)
+        for i in np.flatnonzero(~short).tolist()
     )
     return CpuAttentionPlan(decode_groups=decode_groups, prefills=prefills)
+
+
+def _short_query_rows(
+    query_start: np.ndarray, seq_lens: np.ndarray, seqs: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(query row, sequence, position) of every query token of the sequences ``seqs``, in
+    row order: the rows the length groups attend. Vectorized: no loop per sequence."""
+    lens = query_start[seqs + 1] - query_start[seqs]
+    # Each token's index within its sequence's query tokens.
+    within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+    rows = np.repeat(query_start[seqs], lens) + within
+    positions = np.repeat(seq_lens[seqs] - lens, lens) + within
+    return rows, np.repeat(seqs, lens), positions
 
 
 def canonical_blocks(num_blocks: np.ndarray, block_size: int) -> np.ndarray:
@@ -144,15 +174,18 @@ def _mask(
 
 
 def _plan_decode_groups(
-    seq_lens: np.ndarray,
+    rows: np.ndarray,
+    seqs: np.ndarray,
+    positions: np.ndarray,
     tables: torch.Tensor,
     block_size: int,
     window: int | None,
     chunk: int | None = None,
 ) -> tuple[DecodeGroupPlan, ...]:
-    if len(seq_lens) == 0:
+    """Length groups of the query rows ``rows`` (of sequences ``seqs``, at ``positions``):
+    each row gathers its own sequence's blocks over its own canonical key range."""
+    if len(rows) == 0:
         return ()
-    positions = seq_lens - 1
     first_key, first_block, padded = _key_ranges(positions, block_size, window, chunk)
     order = np.argsort(-padded, kind="stable")  # longest first
     splits = np.flatnonzero(np.diff(padded[order])) + 1
@@ -160,21 +193,20 @@ def _plan_decode_groups(
     tables_np = tables.numpy() if tables.device.type == "cpu" else tables.cpu().numpy()
     width = tables_np.shape[1]
     groups: list[DecodeGroupPlan] = []
-    for rows_np in np.split(order, splits):
-        rows_np = np.ascontiguousarray(rows_np)
-        max_blocks = int(padded[rows_np[0]])
-        block_index = first_block[rows_np][:, None] + np.arange(max_blocks)[None, :]
+    for members in np.split(order, splits):
+        max_blocks = int(padded[members[0]])
+        block_index = first_block[members][:, None] + np.arange(max_blocks)[None, :]
         # Past a row's last block the index may run off the table: those keys are masked.
         block_index = np.minimum(block_index, width - 1)
-        block_ids = np.take_along_axis(tables_np[rows_np], block_index, axis=1).reshape(-1)
+        block_ids = np.take_along_axis(tables_np[seqs[members]], block_index, axis=1)
         mask = _mask(
-            positions[rows_np], first_key[rows_np], first_block[rows_np] * block_size,
+            positions[members], first_key[members], first_block[members] * block_size,
             max_blocks * block_size,
         )  # fmt: skip
         groups.append(
             DecodeGroupPlan(
-                rows=torch.from_numpy(rows_np).to(tables.device),
-                block_ids=torch.from_numpy(np.ascontiguousarray(block_ids)).to(tables.device),
+                rows=torch.from_numpy(np.ascontiguousarray(rows[members])).to(tables.device),
+                block_ids=torch.from_numpy(block_ids.reshape(-1)).to(tables.device),
                 max_blocks=max_blocks,
                 mask=torch.from_numpy(mask[:, None, None, :]).to(tables.device),
             )
