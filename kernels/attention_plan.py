@@ -39,10 +39,14 @@ from tokenwire.kernels.attention_metadata import (
 # prefill remainder) join the decode rows' length groups, one entry per token, each gathering
 # its own sequence's blocks (issue #43: 64 verify rows had cost 64 per-row prefill plans and
 # 64 row-by-row attentions a step). A long prefill keeps one gather per sequence
-# (``_plan_prefill``) shared by its rows as a stride-0 view: grouped, each of its tokens would
-# copy its own keys. At <= 8 tokens a grouped sequence copies its keys at most 8 times, which
-# is cheap next to the per-sequence plan and sdpa calls it saves; 8 covers every n-gram and
-# draft-model setting in use (num_speculative_tokens <= 7).
+# (``_plan_prefill``) shared by its rows as a stride-0 view: grouped, each of its tokens
+# copies its own keys, so a grouped sequence of q tokens gathers its K/V q times. The cap of 8
+# covers num_speculative_tokens <= 7 and bounds that copy at 8x; the plan drops from ~20 ms to
+# ~1 ms a step at 64 verify rows. The price is in the forward where K/V are large: one torch
+# thread, SmolLM2's attention shapes, 64 rows of 4 tokens, one layer's attention took 2-4.5x
+# the per-sequence path's time (docs/benchmarks.md, "n-gram proposer cost"). Folding a
+# sequence's tokens into sdpa's query length instead would share one gather, but changes a
+# row's bits (measured), so it is not done.
 MAX_GROUPED_QUERY_TOKENS = 8
 _LINEAR_STEP_TOKENS = 32
 _GEOMETRIC_FROM_TOKENS = 256
