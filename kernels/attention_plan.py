@@ -34,19 +34,17 @@ from tokenwire.kernels.attention_metadata import (
 # with context U[32, 380], one padded group per batch is 2-3x slower than ~8 length groups
 # (the gather of padded K/V dominates); between 6 and 21 groups the time is flat.
 #
-# Since a row's arithmetic does not depend on its step, the query tokens of a sequence with
-# few of them (a speculative-decoding verify row: num_speculative_tokens + 1 tokens; a short
-# prefill remainder) join the decode rows' length groups, one entry per token, each gathering
-# its own sequence's blocks (issue #43: 64 verify rows had cost 64 per-row prefill plans and
-# 64 row-by-row attentions a step). A long prefill keeps one gather per sequence
-# (``_plan_prefill``) shared by its rows as a stride-0 view: grouped, each of its tokens
-# copies its own keys, so a grouped sequence of q tokens gathers its K/V q times. The cap of 8
-# covers num_speculative_tokens <= 7 and bounds that copy at 8x; the plan drops from ~20 ms to
-# ~1 ms a step at 64 verify rows. The price is in the forward where K/V are large: one torch
-# thread, SmolLM2's attention shapes, 64 rows of 4 tokens, one layer's attention took 2-4.5x
-# the per-sequence path's time (docs/benchmarks.md, "n-gram proposer cost"). Folding a
-# sequence's tokens into sdpa's query length instead would share one gather, but changes a
-# row's bits (measured), so it is not done.
+# Issue #43: with speculative decoding every running row is a verify row of a few query
+# tokens, and 64 of them had cost 64 ``_plan_prefill`` calls a step (~20 ms on 2 CPU cores).
+# Sequences of 2..MAX_GROUPED_QUERY_TOKENS tokens now get the same per-sequence plans built in
+# one numpy pass (``_plan_short_prefills``, ~1-2 ms at 64 rows); one-token rows, decode or
+# not, join the length groups. The plans and so every row's arithmetic are unchanged. Putting
+# each verify token into the length groups instead was tried: it copies a sequence's K/V once
+# per token instead of sharing one gather, and one layer's attention then took 2-4.5x as long
+# at SmolLM2's shapes (one thread); folding a sequence's tokens into sdpa's query length would
+# share the gather but changes a row's bits (docs/benchmarks.md, "n-gram proposer cost").
+# The cap (8: num_speculative_tokens <= 7) bounds the padded mask of the numpy pass, one row
+# per token as wide as the widest range; a longer prefill keeps ``_plan_prefill``.
 MAX_GROUPED_QUERY_TOKENS = 8
 _LINEAR_STEP_TOKENS = 32
 _GEOMETRIC_FROM_TOKENS = 256
@@ -64,9 +62,9 @@ def build_cpu_plan(
 ) -> CpuAttentionPlan:
     """Precompute per-step gathers so each layer only indexes and calls sdpa.
 
-    Rows ``[0, num_decodes)`` must have exactly one query token each; they and every
-    sequence of at most ``MAX_GROUPED_QUERY_TOKENS`` query tokens (verify rows) are attended
-    in length groups of query rows, longer prefills per sequence. ``windows``: the
+    Rows ``[0, num_decodes)`` must have exactly one query token each; they and any other
+    one-token row are attended in length groups, longer rows per sequence (those of at most
+    ``MAX_GROUPED_QUERY_TOKENS`` tokens, verify rows, planned in one pass). ``windows``: the
     distinct sliding windows of the model's layers; each gets its own plan in ``windowed``.
     ``chunks``: the distinct attention chunk sizes (Llama 4); each gets a plan in ``chunked``.
     """
@@ -107,11 +105,15 @@ def _plan(
     query_start = np.asarray(query_start_loc_np, dtype=np.int64)
     seq_lens = np.asarray(seq_lens_np, dtype=np.int64)
     query_lens = np.diff(query_start)
-    short = query_lens <= MAX_GROUPED_QUERY_TOKENS
-    short[:num_decodes] = True
-    rows, seqs, positions = _short_query_rows(query_start, seq_lens, np.flatnonzero(short))
+    single = query_lens == 1
+    single[:num_decodes] = True
+    short = ~single & (query_lens <= MAX_GROUPED_QUERY_TOKENS)
+    rows, seqs, positions = _short_query_rows(query_start, seq_lens, np.flatnonzero(single))
     decode_groups = _plan_decode_groups(
         rows, seqs, positions, tables, block_size, window, chunk
+    )  # fmt: skip
+    shared = _plan_short_prefills(
+        query_start, seq_lens, np.flatnonzero(short), tables, block_size, window, chunk
     )  # fmt: skip
     prefills = tuple(
         _plan_prefill(
@@ -123,16 +125,16 @@ def _plan(
             window,
             chunk,
         )
-        for i in np.flatnonzero(~short).tolist()
+        for i in np.flatnonzero(~single & ~short).tolist()
     )
-    return CpuAttentionPlan(decode_groups=decode_groups, prefills=prefills)
+    return CpuAttentionPlan(decode_groups=decode_groups, prefills=shared + prefills)
 
 
 def _short_query_rows(
     query_start: np.ndarray, seq_lens: np.ndarray, seqs: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(query row, sequence, position) of every query token of the sequences ``seqs``, in
-    row order: the rows the length groups attend. Vectorized: no loop per sequence."""
+    row order. Vectorized: no loop per sequence."""
     lens = query_start[seqs + 1] - query_start[seqs]
     # Each token's index within its sequence's query tokens.
     within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
@@ -216,6 +218,64 @@ def _plan_decode_groups(
             )
         )
     return tuple(groups)
+
+
+def _plan_short_prefills(
+    query_start: np.ndarray,
+    seq_lens: np.ndarray,
+    seqs: np.ndarray,
+    tables: torch.Tensor,
+    block_size: int,
+    window: int | None,
+    chunk: int | None = None,
+) -> tuple[PrefillSeqPlan, ...]:
+    """``_plan_prefill`` of each of ``seqs`` (short multi-token rows), the same plans, with
+    the key ranges, block ids and masks of all of them computed in one numpy pass; Python
+    only wraps each sequence's and run's slices. Each mask is a view of one padded array."""
+    rows, seq_of, positions = _short_query_rows(query_start, seq_lens, seqs)
+    if len(rows) == 0:
+        return ()
+    first_key, first_block, padded = _key_ranges(positions, block_size, window, chunk)
+    seq_lo = np.flatnonzero(np.r_[True, seq_of[1:] != seq_of[:-1]])
+    run_starts = np.zeros(len(rows), dtype=bool)
+    run_starts[seq_lo] = True
+    run_starts[1:] |= (np.diff(first_block) != 0) | (np.diff(padded) != 0)
+    run_lo = np.flatnonzero(run_starts)
+    run_hi = np.r_[run_lo[1:], len(rows)]
+    # A sequence's first row has its smallest first block (positions increase).
+    start_block = first_block[seq_lo]
+    num_blocks = np.maximum.reduceat(first_block + padded, seq_lo) - start_block
+    within = np.arange(int(num_blocks.sum())) - np.repeat(np.cumsum(num_blocks) - num_blocks,
+                                                          num_blocks)  # fmt: skip
+    tables_np = tables.numpy() if tables.device.type == "cpu" else tables.cpu().numpy()
+    columns = np.minimum(np.repeat(start_block, num_blocks) + within, tables_np.shape[1] - 1)
+    block_ids = tables_np[np.repeat(seq_of[seq_lo], num_blocks), columns]
+    ids = torch.from_numpy(block_ids).to(tables.device).split(num_blocks.tolist())
+    kv_lens = padded * block_size
+    mask_np = _mask(positions, first_key, first_block * block_size, int(kv_lens.max()))
+    mask = torch.from_numpy(mask_np).to(tables.device)
+    run_seq = np.searchsorted(seq_lo, run_lo, side="right") - 1
+    groups: list[list[PrefillRowGroup]] = [[] for _ in seq_lo]
+    for lo, hi, s in zip(run_lo.tolist(), run_hi.tolist(), run_seq.tolist(), strict=True):
+        kv_len = int(kv_lens[lo])
+        groups[s].append(
+            PrefillRowGroup(
+                row_start=int(rows[lo]),
+                row_end=int(rows[lo]) + hi - lo,
+                key_offset=int(first_block[lo] - start_block[s]) * block_size,
+                kv_len=kv_len,
+                mask=mask[lo:hi, :kv_len][:, None, None, :],
+            )
+        )
+    seq_hi = np.r_[seq_lo[1:], len(rows)]
+    plans: list[PrefillSeqPlan] = []
+    for s, (lo, hi) in enumerate(zip(seq_lo.tolist(), seq_hi.tolist(), strict=True)):
+        plan = PrefillSeqPlan(
+            int(rows[lo]), int(rows[hi - 1]) + 1, int(seq_lens[seq_of[lo]]), ids[s],
+            tuple(groups[s]), key_start=int(start_block[s]) * block_size,
+        )  # fmt: skip
+        plans.append(plan)
+    return tuple(plans)
 
 
 def _plan_prefill(

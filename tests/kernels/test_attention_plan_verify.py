@@ -1,28 +1,26 @@
-"""Issue #43: speculative-decoding verify rows (a few query tokens each) and other short
-multi-token rows are planned with the decode rows, one length-group entry per query token,
-instead of one prefill gather and one row-by-row attention per sequence.
+"""Issue #43: speculative-decoding verify rows (a few query tokens each) are planned in one
+numpy pass instead of one ``_plan_prefill`` call per sequence, with the same plans.
 
-Checked: the plan covers every query token exactly once (short rows in the length groups at
-their own positions and blocks, long prefills per sequence), under full, sliding-window and
-chunked attention; the outputs match the dense oracle; and a verify row's bits are the same
-alone, in a mixed batch, and as the tail of a long prefill of its sequence (the path verify
-rows took before), so greedy tokens and logprobs do not move.
+Checked: one-token rows go to the length groups, every row of 2..MAX_GROUPED_QUERY_TOKENS
+tokens gets exactly the plan ``_plan_prefill`` gives it, longer prefills keep theirs, under
+full, sliding-window and chunked attention; the outputs match the dense oracle; and a verify
+row's bits are the same alone, in a mixed batch, and as the tail of a long prefill of its
+sequence, so greedy tokens and logprobs do not move.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-import numpy as np
 import pytest
 import torch
 from kernel_inputs import Seq, build_metadata, new_cache, scatter_blocks
 
-from tokenwire.kernels.attention_metadata import AttentionMetadata
+from tokenwire.kernels.attention_metadata import AttentionMetadata, PrefillSeqPlan
 from tokenwire.kernels.attention_plan import (
     MAX_GROUPED_QUERY_TOKENS,
+    _plan_prefill,
     build_cpu_plan,
-    canonical_blocks,
     plan_for_window,
 )
 from tokenwire.kernels.paged_attention import paged_attention, paged_attention_dense_ref
@@ -33,6 +31,7 @@ BLOCK = 16
 VERIFY_STEP = [
     (1, 37), (1, 200), (1, 5),
     (4, 40), (70, 70), (2, 19), (5, 130), (30, 95), (3, 64), (4, 300), (8, 8), (9, 41),
+    (1, 33),  # a one-token row past the decodes (a prefill remainder)
 ]  # fmt: skip
 # (window, chunk) of the attention: full, sliding window, chunked local attention.
 SPANS = [(None, None), (24, None), (None, 32)]
@@ -72,8 +71,22 @@ def _attend(
     )  # fmt: skip
 
 
+def _same_plan(a: PrefillSeqPlan, b: PrefillSeqPlan) -> bool:
+    head = (a.query_start, a.query_end, a.seq_len, a.key_start, len(a.groups))
+    if head != (b.query_start, b.query_end, b.seq_len, b.key_start, len(b.groups)):
+        return False
+    if not torch.equal(a.block_ids, b.block_ids):
+        return False
+    return all(
+        (g.row_start, g.row_end, g.key_offset, g.kv_len) == (h.row_start, h.row_end, h.key_offset,
+                                                             h.kv_len)
+        and torch.equal(g.mask, h.mask)
+        for g, h in zip(a.groups, b.groups, strict=True)
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("span", SPANS)
-def test_short_rows_join_the_length_groups_one_entry_per_query_token(
+def test_verify_rows_get_the_per_sequence_plans_in_one_pass(
     span: tuple[int | None, int | None],
 ) -> None:
     seqs, meta, _, _ = _step(VERIFY_STEP)
@@ -85,37 +98,19 @@ def test_short_rows_join_the_length_groups_one_entry_per_query_token(
     plan = plan_for_window(full, *span)
     assert plan is not None
     qsl, lens = meta.query_start_loc_np, meta.seq_lens_np
-    long_seqs = [i for i, (q, _, _) in enumerate(seqs) if q > MAX_GROUPED_QUERY_TOKENS]
-    assert long_seqs == [4, 7, 11]
-    assert [(p.query_start, p.query_end) for p in plan.prefills] == [
-        (int(qsl[i]), int(qsl[i + 1])) for i in long_seqs
-    ]
-    short_rows = [r for i in range(len(seqs)) if i not in long_seqs
-                  for r in range(int(qsl[i]), int(qsl[i + 1]))]  # fmt: skip
+    single = [i for i, (q, _, _) in enumerate(seqs) if q == 1]
+    assert single == [0, 1, 2, 12]
     rows = torch.cat([g.rows for g in plan.decode_groups]).sort().values
-    assert rows.tolist() == short_rows  # each short row's token exactly once
-    seq_of_row = np.repeat(np.arange(len(seqs)), np.diff(qsl))
+    assert rows.tolist() == [int(qsl[i]) for i in single]
+    short = [i for i, (q, _, _) in enumerate(seqs) if 1 < q <= MAX_GROUPED_QUERY_TOKENS]
+    long = [i for i, (q, _, _) in enumerate(seqs) if q > MAX_GROUPED_QUERY_TOKENS]
+    assert long == [4, 7, 11]
     tables = meta.block_tables.long()
-    for group in plan.decode_groups:
-        seq = seq_of_row[group.rows.numpy()]
-        pos = torch.from_numpy(lens[seq] - (qsl[seq + 1] - group.rows.numpy())).long()
-        first = torch.zeros_like(pos)
-        if span[0] is not None:
-            first = (pos + 1 - span[0]).clamp(min=0)
-        if span[1] is not None:
-            first = pos // span[1] * span[1]
-        # Each token's own canonical range: from its first key's block to its own block.
-        first_block = first // BLOCK
-        own = canonical_blocks((pos // BLOCK + 1 - first_block).numpy(), BLOCK)
-        assert set(own.tolist()) == {group.max_blocks}
-        key_pos = first_block[:, None] * BLOCK + torch.arange(group.max_blocks * BLOCK)
-        allowed = (key_pos <= pos[:, None]) & (key_pos >= first[:, None])
-        assert torch.equal(group.mask[:, 0, 0], allowed)
-        columns = (first_block[:, None] + torch.arange(group.max_blocks)).clamp(
-            max=tables.shape[1] - 1
-        )
-        expect = torch.take_along_dim(tables[torch.from_numpy(seq)], columns, dim=1)
-        assert torch.equal(group.block_ids, expect.reshape(-1))
+    for i, got in zip(short + long, plan.prefills, strict=True):
+        expect = _plan_prefill(
+            int(qsl[i]), int(qsl[i + 1]), int(lens[i]), tables[i], BLOCK, *span
+        )  # fmt: skip
+        assert _same_plan(got, expect), f"sequence {i}"
 
 
 @pytest.mark.parametrize("span", SPANS)
