@@ -174,9 +174,12 @@ def _key_ranges(
 def _mask(
     positions: np.ndarray, first_key: np.ndarray, key_start: np.ndarray, kv_len: int
 ) -> np.ndarray:
-    """Bool [n, kv_len]: key ``key_start + j`` is in row ``i``'s window, at most its position."""
-    key_pos = key_start[:, None] + np.arange(kv_len)[None, :]
-    return (key_pos <= positions[:, None]) & (key_pos >= first_key[:, None])
+    """Bool [n, kv_len]: key ``key_start + j`` is in row ``i``'s window, at most its position.
+    Compared in columns past ``key_start``: no [n, kv_len] array of key positions."""
+    columns = np.arange(kv_len)[None, :]
+    return (columns <= (positions - key_start)[:, None]) & (
+        columns >= (first_key - key_start)[:, None]
+    )
 
 
 def _plan_decode_groups(
@@ -231,7 +234,7 @@ def _plan_short_prefills(
 ) -> tuple[PrefillSeqPlan, ...]:
     """``_plan_prefill`` of each of ``seqs`` (short multi-token rows), the same plans, with
     the key ranges, block ids and masks of all of them computed in one numpy pass; Python
-    only wraps each sequence's and run's slices. Each mask is a view of one padded array."""
+    only wraps each sequence's and run's slices (each run's mask cut from one padded array)."""
     rows, seq_of, positions = _short_query_rows(query_start, seq_lens, seqs)
     if len(rows) == 0:
         return ()
@@ -252,19 +255,19 @@ def _plan_short_prefills(
     block_ids = tables_np[np.repeat(seq_of[seq_lo], num_blocks), columns]
     ids = torch.from_numpy(block_ids).to(tables.device).split(num_blocks.tolist())
     kv_lens = padded * block_size
-    mask_np = _mask(positions, first_key, first_block * block_size, int(kv_lens.max()))
-    mask = torch.from_numpy(mask_np).to(tables.device)
+    mask = _mask(positions, first_key, first_block * block_size, int(kv_lens.max()))
     run_seq = np.searchsorted(seq_lo, run_lo, side="right") - 1
     groups: list[list[PrefillRowGroup]] = [[] for _ in seq_lo]
     for lo, hi, s in zip(run_lo.tolist(), run_hi.tolist(), run_seq.tolist(), strict=True):
         kv_len = int(kv_lens[lo])
+        run_mask = np.ascontiguousarray(mask[lo:hi, None, None, :kv_len])
         groups[s].append(
             PrefillRowGroup(
                 row_start=int(rows[lo]),
                 row_end=int(rows[lo]) + hi - lo,
                 key_offset=int(first_block[lo] - start_block[s]) * block_size,
                 kv_len=kv_len,
-                mask=mask[lo:hi, :kv_len][:, None, None, :],
+                mask=torch.from_numpy(run_mask).to(tables.device),
             )
         )
     seq_hi = np.r_[seq_lo[1:], len(rows)]
