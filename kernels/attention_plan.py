@@ -35,12 +35,12 @@ from tokenwire.kernels.attention_metadata import (
 # (the gather of padded K/V dominates); between 6 and 21 groups the time is flat.
 #
 # Issue #43: with speculative decoding every running row is a verify row of a few query
-# tokens, and 64 of them had cost 64 ``_plan_prefill`` calls a step (~20 ms on 2 CPU cores).
+# tokens, and 64 of them had cost 64 ``_plan_prefill`` calls a step (5-20 ms on 2 CPU cores).
 # Sequences of 2..MAX_GROUPED_QUERY_TOKENS tokens now get the same per-sequence plans built in
 # one numpy pass (``_plan_short_prefills``, ~1-2 ms at 64 rows); one-token rows, decode or
 # not, join the length groups. The plans and so every row's arithmetic are unchanged. Putting
 # each verify token into the length groups instead was tried: it copies a sequence's K/V once
-# per token instead of sharing one gather, and one layer's attention then took 2-4.5x as long
+# per token instead of sharing one gather, and one layer's attention then took 2-6x as long
 # at SmolLM2's shapes (one thread); folding a sequence's tokens into sdpa's query length would
 # share the gather but changes a row's bits (docs/benchmarks.md, "n-gram proposer cost").
 # The cap (8: num_speculative_tokens <= 7) bounds the padded mask of the numpy pass, one row
@@ -177,9 +177,10 @@ def _mask(
     """Bool [n, kv_len]: key ``key_start + j`` is in row ``i``'s window, at most its position.
     Compared in columns past ``key_start``: no [n, kv_len] array of key positions."""
     columns = np.arange(kv_len)[None, :]
-    return (columns <= (positions - key_start)[:, None]) & (
+    allowed: np.ndarray = (columns <= (positions - key_start)[:, None]) & (
         columns >= (first_key - key_start)[:, None]
     )
+    return allowed
 
 
 def _plan_decode_groups(
