@@ -56,19 +56,19 @@ class PrefillSeqPlan:
 
 @dataclass(frozen=True, slots=True)
 class DecodeGroupPlan:
-    """Decode rows whose keys span the same canonical padded length, gathered and attended
-    as one batch.
+    """One-token query rows (decode rows, one-token remainders) whose keys span the same
+    canonical padded length, gathered and attended as one batch.
 
     Grouping by length bounds the padding each row carries (the padded gather of K/V is the
     dominant cost of CPU decode attention), at the price of one gather per group.
     """
 
-    rows: torch.Tensor  # int64 [n]: indices of these decode rows in query and output
-    block_ids: torch.Tensor  # int64 [n * max_blocks]: the rows' block tables, flattened
+    rows: torch.Tensor  # int64 [n]: token indices of these rows in query and output
+    block_ids: torch.Tensor  # int64 [n * max_blocks]: the rows' sequences' blocks, flattened
     max_blocks: int  # the canonical padded length of every row of the group, in blocks
     # Bool [n, 1, 1, max_blocks * block_size], True = may attend: the key position is
-    # < seq_len (and, for a windowed plan, >= seq_len - window; a windowed row's gather
-    # starts at the block of its first key, so positions are relative to that block).
+    # <= the row's position (and, for a windowed plan, > position - window; a windowed row's
+    # gather starts at the block of its first key, so positions are relative to that block).
     mask: torch.Tensor
 
 

@@ -33,6 +33,19 @@ from tokenwire.kernels.attention_metadata import (
 # padded length form one group: measured on 2 shared CPU cores, SmolLM2 shapes, 64 decodes
 # with context U[32, 380], one padded group per batch is 2-3x slower than ~8 length groups
 # (the gather of padded K/V dominates); between 6 and 21 groups the time is flat.
+#
+# Issue #43: with speculative decoding every running row is a verify row of a few query
+# tokens, and 64 of them had cost 64 ``_plan_prefill`` calls a step (5-20 ms on 2 CPU cores).
+# Sequences of 2..MAX_GROUPED_QUERY_TOKENS tokens now get the same per-sequence plans built in
+# one numpy pass (``_plan_short_prefills``, ~1-2 ms at 64 rows); one-token rows, decode or
+# not, join the length groups. The plans and so every row's arithmetic are unchanged. Putting
+# each verify token into the length groups instead was tried: it copies a sequence's K/V once
+# per token instead of sharing one gather, and one layer's attention then took 2-6x as long
+# at SmolLM2's shapes (one thread); folding a sequence's tokens into sdpa's query length would
+# share the gather but changes a row's bits (docs/benchmarks.md, "n-gram proposer cost").
+# The cap (8: num_speculative_tokens <= 7) bounds the padded mask of the numpy pass, one row
+# per token as wide as the widest range; a longer prefill keeps ``_plan_prefill``.
+MAX_GROUPED_QUERY_TOKENS = 8
 _LINEAR_STEP_TOKENS = 32
 _GEOMETRIC_FROM_TOKENS = 256
 _GEOMETRIC_NUM, _GEOMETRIC_DEN = 9, 8  # steps of 12.5%
@@ -49,7 +62,9 @@ def build_cpu_plan(
 ) -> CpuAttentionPlan:
     """Precompute per-step gathers so each layer only indexes and calls sdpa.
 
-    Rows ``[0, num_decodes)`` must have exactly one query token each. ``windows``: the
+    Rows ``[0, num_decodes)`` must have exactly one query token each; they and any other
+    one-token row are attended in length groups, longer rows per sequence (those of at most
+    ``MAX_GROUPED_QUERY_TOKENS`` tokens, verify rows, planned in one pass). ``windows``: the
     distinct sliding windows of the model's layers; each gets its own plan in ``windowed``.
     ``chunks``: the distinct attention chunk sizes (Llama 4); each gets a plan in ``chunked``.
     """
@@ -87,24 +102,45 @@ def _plan(
     window: int | None,
     chunk: int | None = None,
 ) -> CpuAttentionPlan:
-    num_seqs = len(query_start_loc_np) - 1
+    query_start = np.asarray(query_start_loc_np, dtype=np.int64)
+    seq_lens = np.asarray(seq_lens_np, dtype=np.int64)
+    query_lens = np.diff(query_start)
+    single = query_lens == 1
+    single[:num_decodes] = True
+    short = ~single & (query_lens <= MAX_GROUPED_QUERY_TOKENS)
+    rows, seqs, positions = _short_query_rows(query_start, seq_lens, np.flatnonzero(single))
     decode_groups = _plan_decode_groups(
-        np.asarray(seq_lens_np[:num_decodes], dtype=np.int64), tables, block_size, window,
-        chunk,
+        rows, seqs, positions, tables, block_size, window, chunk
+    )  # fmt: skip
+    shared = _plan_short_prefills(
+        query_start, seq_lens, np.flatnonzero(short), tables, block_size, window, chunk
     )  # fmt: skip
     prefills = tuple(
         _plan_prefill(
-            int(query_start_loc_np[i]),
-            int(query_start_loc_np[i + 1]),
-            int(seq_lens_np[i]),
+            int(query_start[i]),
+            int(query_start[i + 1]),
+            int(seq_lens[i]),
             tables[i],
             block_size,
             window,
             chunk,
         )
-        for i in range(num_decodes, num_seqs)
+        for i in np.flatnonzero(~single & ~short).tolist()
     )
-    return CpuAttentionPlan(decode_groups=decode_groups, prefills=prefills)
+    return CpuAttentionPlan(decode_groups=decode_groups, prefills=shared + prefills)
+
+
+def _short_query_rows(
+    query_start: np.ndarray, seq_lens: np.ndarray, seqs: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(query row, sequence, position) of every query token of the sequences ``seqs``, in
+    row order. Vectorized: no loop per sequence."""
+    lens = query_start[seqs + 1] - query_start[seqs]
+    # Each token's index within its sequence's query tokens.
+    within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+    rows = np.repeat(query_start[seqs], lens) + within
+    positions = np.repeat(seq_lens[seqs] - lens, lens) + within
+    return rows, np.repeat(seqs, lens), positions
 
 
 def canonical_blocks(num_blocks: np.ndarray, block_size: int) -> np.ndarray:
@@ -138,21 +174,28 @@ def _key_ranges(
 def _mask(
     positions: np.ndarray, first_key: np.ndarray, key_start: np.ndarray, kv_len: int
 ) -> np.ndarray:
-    """Bool [n, kv_len]: key ``key_start + j`` is in row ``i``'s window, at most its position."""
-    key_pos = key_start[:, None] + np.arange(kv_len)[None, :]
-    return (key_pos <= positions[:, None]) & (key_pos >= first_key[:, None])
+    """Bool [n, kv_len]: key ``key_start + j`` is in row ``i``'s window, at most its position.
+    Compared in columns past ``key_start``: no [n, kv_len] array of key positions."""
+    columns = np.arange(kv_len)[None, :]
+    allowed: np.ndarray = (columns <= (positions - key_start)[:, None]) & (
+        columns >= (first_key - key_start)[:, None]
+    )
+    return allowed
 
 
 def _plan_decode_groups(
-    seq_lens: np.ndarray,
+    rows: np.ndarray,
+    seqs: np.ndarray,
+    positions: np.ndarray,
     tables: torch.Tensor,
     block_size: int,
     window: int | None,
     chunk: int | None = None,
 ) -> tuple[DecodeGroupPlan, ...]:
-    if len(seq_lens) == 0:
+    """Length groups of the query rows ``rows`` (of sequences ``seqs``, at ``positions``):
+    each row gathers its own sequence's blocks over its own canonical key range."""
+    if len(rows) == 0:
         return ()
-    positions = seq_lens - 1
     first_key, first_block, padded = _key_ranges(positions, block_size, window, chunk)
     order = np.argsort(-padded, kind="stable")  # longest first
     splits = np.flatnonzero(np.diff(padded[order])) + 1
@@ -160,26 +203,83 @@ def _plan_decode_groups(
     tables_np = tables.numpy() if tables.device.type == "cpu" else tables.cpu().numpy()
     width = tables_np.shape[1]
     groups: list[DecodeGroupPlan] = []
-    for rows_np in np.split(order, splits):
-        rows_np = np.ascontiguousarray(rows_np)
-        max_blocks = int(padded[rows_np[0]])
-        block_index = first_block[rows_np][:, None] + np.arange(max_blocks)[None, :]
+    for members in np.split(order, splits):
+        max_blocks = int(padded[members[0]])
+        block_index = first_block[members][:, None] + np.arange(max_blocks)[None, :]
         # Past a row's last block the index may run off the table: those keys are masked.
         block_index = np.minimum(block_index, width - 1)
-        block_ids = np.take_along_axis(tables_np[rows_np], block_index, axis=1).reshape(-1)
+        block_ids = np.take_along_axis(tables_np[seqs[members]], block_index, axis=1)
         mask = _mask(
-            positions[rows_np], first_key[rows_np], first_block[rows_np] * block_size,
+            positions[members], first_key[members], first_block[members] * block_size,
             max_blocks * block_size,
         )  # fmt: skip
         groups.append(
             DecodeGroupPlan(
-                rows=torch.from_numpy(rows_np).to(tables.device),
-                block_ids=torch.from_numpy(np.ascontiguousarray(block_ids)).to(tables.device),
+                rows=torch.from_numpy(np.ascontiguousarray(rows[members])).to(tables.device),
+                block_ids=torch.from_numpy(block_ids.reshape(-1)).to(tables.device),
                 max_blocks=max_blocks,
                 mask=torch.from_numpy(mask[:, None, None, :]).to(tables.device),
             )
         )
     return tuple(groups)
+
+
+def _plan_short_prefills(
+    query_start: np.ndarray,
+    seq_lens: np.ndarray,
+    seqs: np.ndarray,
+    tables: torch.Tensor,
+    block_size: int,
+    window: int | None,
+    chunk: int | None = None,
+) -> tuple[PrefillSeqPlan, ...]:
+    """``_plan_prefill`` of each of ``seqs`` (short multi-token rows), the same plans, with
+    the key ranges, block ids and masks of all of them computed in one numpy pass; Python
+    only wraps each sequence's and run's slices (each run's mask cut from one padded array)."""
+    rows, seq_of, positions = _short_query_rows(query_start, seq_lens, seqs)
+    if len(rows) == 0:
+        return ()
+    first_key, first_block, padded = _key_ranges(positions, block_size, window, chunk)
+    seq_lo = np.flatnonzero(np.r_[True, seq_of[1:] != seq_of[:-1]])
+    run_starts = np.zeros(len(rows), dtype=bool)
+    run_starts[seq_lo] = True
+    run_starts[1:] |= (np.diff(first_block) != 0) | (np.diff(padded) != 0)
+    run_lo = np.flatnonzero(run_starts)
+    run_hi = np.r_[run_lo[1:], len(rows)]
+    # A sequence's first row has its smallest first block (positions increase).
+    start_block = first_block[seq_lo]
+    num_blocks = np.maximum.reduceat(first_block + padded, seq_lo) - start_block
+    within = np.arange(int(num_blocks.sum())) - np.repeat(np.cumsum(num_blocks) - num_blocks,
+                                                          num_blocks)  # fmt: skip
+    tables_np = tables.numpy() if tables.device.type == "cpu" else tables.cpu().numpy()
+    columns = np.minimum(np.repeat(start_block, num_blocks) + within, tables_np.shape[1] - 1)
+    block_ids = tables_np[np.repeat(seq_of[seq_lo], num_blocks), columns]
+    ids = torch.from_numpy(block_ids).to(tables.device).split(num_blocks.tolist())
+    kv_lens = padded * block_size
+    mask = _mask(positions, first_key, first_block * block_size, int(kv_lens.max()))
+    run_seq = np.searchsorted(seq_lo, run_lo, side="right") - 1
+    groups: list[list[PrefillRowGroup]] = [[] for _ in seq_lo]
+    for lo, hi, s in zip(run_lo.tolist(), run_hi.tolist(), run_seq.tolist(), strict=True):
+        kv_len = int(kv_lens[lo])
+        run_mask = np.ascontiguousarray(mask[lo:hi, None, None, :kv_len])
+        groups[s].append(
+            PrefillRowGroup(
+                row_start=int(rows[lo]),
+                row_end=int(rows[lo]) + hi - lo,
+                key_offset=int(first_block[lo] - start_block[s]) * block_size,
+                kv_len=kv_len,
+                mask=torch.from_numpy(run_mask).to(tables.device),
+            )
+        )
+    seq_hi = np.r_[seq_lo[1:], len(rows)]
+    plans: list[PrefillSeqPlan] = []
+    for s, (lo, hi) in enumerate(zip(seq_lo.tolist(), seq_hi.tolist(), strict=True)):
+        plan = PrefillSeqPlan(
+            int(rows[lo]), int(rows[hi - 1]) + 1, int(seq_lens[seq_of[lo]]), ids[s],
+            tuple(groups[s]), key_start=int(start_block[s]) * block_size,
+        )  # fmt: skip
+        plans.append(plan)
+    return tuple(plans)
 
 
 def _plan_prefill(

@@ -99,13 +99,13 @@ def paged_attention_ref(
 ) -> torch.Tensor:
     """Batched torch path: every row a single-token query over its canonical key range.
 
-    Decode rows are batched by padded length; prefill rows by runs within their sequence,
-    over one gather of its blocks. A row's result depends only on its query and its keys,
-    not on the rest of the step (``attention_plan``). Every row reads its keys from the cache
-    (this step's K/V are stored already), so ``key``/``value`` are not read here. Padding
-    rows (past the last sequence) come back as zeros. The step's plan (``meta.cpu_plan``) is
-    used when it was built for ``sliding_window`` / ``attention_chunk``; otherwise one is
-    built here.
+    One-token rows (decodes) are batched by padded length; longer rows (prefills, verify
+    rows) by runs within their sequence, over one gather of its blocks. A row's result
+    depends only on its query and its keys, not on the rest of the step (``attention_plan``).
+    Every row reads its keys from the cache (this step's K/V are stored already), so
+    ``key``/``value`` are not read here. Padding rows (past the last sequence) come back as
+    zeros. The step's plan (``meta.cpu_plan``) is used when it was built for
+    ``sliding_window`` / ``attention_chunk``; otherwise one is built here.
     """
     del key, value  # in the cache already (``store_kv`` ran first)
     span = (sliding_window, attention_chunk)

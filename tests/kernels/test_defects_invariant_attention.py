@@ -105,9 +105,13 @@ OTHERS = {
     "decodes": [(1, 5), (1, 60), (1, 75), (1, 100), (1, 300), (1, 71)],
     "prefills": [(40, 40), (13, 50), (3, 3)],
     "mixed": [(1, 37), (1, 200), (20, 20), (16, 48), (1, 70)],
+    # Speculative verify rows (issue #43: their plans built in one numpy pass).
+    "verify": [(1, 37), (4, 40), (2, 90), (5, 120), (3, 64), (30, 30)],
 }
-# (first, end) of the target rows: a whole fresh prompt, later chunks, one-token remainders.
-SPLITS = [(0, 70), (0, 40), (40, 70), (32, 70), (64, 70), (69, 70), (39, 40), (17, 33), (0, 1)]
+# (first, end) of the target rows: a whole fresh prompt, later chunks, one-token remainders,
+# verify rows of 4 and 2 tokens.
+SPLITS = [(0, 70), (0, 40), (40, 70), (32, 70), (64, 70), (69, 70), (39, 40), (17, 33), (0, 1),
+          (66, 70), (30, 32)]  # fmt: skip
 
 
 @pytest.fixture(
