@@ -4,7 +4,9 @@ A stage appends one JSON record per finished measurement to ``--results`` (JSON 
 stage killed at its time limit keeps everything it measured before. ``--smoke`` swaps the
 CUDA device and the bundled benchmark shapes for the CPU and a tiny config, with tiny request
 counts, so the plumbing runs anywhere. Stages: ``attn_bw``, ``parity``, ``bench``, ``serve``,
-``lora`` (the kernel tests are plain pytest, launched by the orchestrator).
+``lora``, ``spec``, ``vlm``, ``kvtier`` (the kernel tests are plain pytest, launched by the
+orchestrator); ``bench``, ``lora`` and ``spec`` live in ``gpu_check_bench.py``, ``vlm`` and
+``kvtier`` in their own files beside this one.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tokenwire.bench.throughput import ThroughputConfig
     from tokenwire.runtime.config import DType
 
 REPO = Path(__file__).resolve().parents[1]
@@ -154,175 +156,6 @@ def stage_attn_bw(args: argparse.Namespace, record: Recorder) -> None:
            peak_tb_s=peak, fraction=None if peak is None else round(tb_s / peak, 3))  # fmt: skip
 
 
-# ---------------------------------------------------------------------- (c) offline bench
-def _bench_config(args: argparse.Namespace) -> ThroughputConfig:
-    """Dummy weights of ``--model``; ``--quantization`` (fp8: online, gptq/awq: random 4-bit
-    codes) and ``--kv-cache-dtype`` pass through to the engine (issue 13's stages)."""
-    from tokenwire.bench.throughput import ThroughputConfig
-    from tokenwire.runtime.engine_args import EngineArgs
-
-    engine = EngineArgs(
-        model=args.model, load_format="dummy", device=device_name(args.smoke),
-        dtype="float32" if args.smoke else "bfloat16", max_model_len=BENCH_MAX_MODEL_LEN,
-        max_num_batched_tokens=BENCH_BATCHED_TOKENS, quantization=args.quantization,
-        kv_cache_dtype=args.kv_cache_dtype, async_scheduling=args.async_scheduling,
-    )  # fmt: skip
-    return ThroughputConfig(engine=engine)
-
-
-def _workload(name: str, vocab: int, smoke: bool) -> Any:
-    """The named workload; for --smoke its first 2 requests cut to 24 prompt + 8 output tokens."""
-    from tokenwire.bench.workloads import Workload, make_workload
-
-    w = make_workload(name, vocab, 2 if smoke else None)
-    if not smoke:
-        return w
-    return Workload(w.name, [p[:24] for p in w.prompts], [min(o, 8) for o in w.output_lens])
-
-
-def _timed_workload(llm: Any, workload: Any) -> float:
-    from tokenwire.bench.throughput import run_workload
-
-    return run_workload(llm, workload)
-
-
-def stage_bench(args: argparse.Namespace, record: Recorder) -> None:
-    import torch
-
-    from tokenwire.bench.throughput import (
-        build_llm,
-        floor_device,
-        floor_figures,
-        measure_tpot_ms,
-        release_device_memory,
-    )
-    from tokenwire.runtime.sampling_params import SamplingParams
-    from tokenwire.runtime.stats import StepRecorder
-
-    config = _bench_config(args)
-    label = args.label or args.model
-    steps = StepRecorder()
-    start = time.perf_counter()
-    llm = build_llm(config.engine, steps)
-    engine = llm.engine
-    record(kind="startup", model=label, seconds=round(time.perf_counter() - start, 2),
-           kv_blocks=engine.facts.num_blocks)  # fmt: skip
-    facts = engine.facts
-    device, dtype = torch.device(facts.device), getattr(torch, facts.dtype)
-    llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
-    # Floors assume weights in the model dtype: none for quantized weights.
-    floor: dict[str, Any] = {"floor_output_tok_s": None, "tpot_floor_ms": None}
-    for name in ([] if args.tpot_only else ["mixed"]) + (["fixed"] if args.hf else []):
-        workload = _workload(name, engine.vocab_size, args.smoke)
-        seconds = _timed_workload(llm, workload)
-        # The floor of the device it runs on (H200: issue 6's); null on the CPU (--smoke).
-        ceilings = floor_device(device)
-        if not args.quantization:
-            floor = floor_figures(facts.arch, dtype.itemsize, workload,
-                                  config.engine.max_num_seqs, ceilings)  # fmt: skip
-        record(kind="throughput", model=label, workload=name,
-               output_tokens=workload.num_output_tokens, seconds=round(seconds, 3),
-               output_tok_s=round(workload.num_output_tokens / seconds, 1),
-               floor_output_tok_s=floor["floor_output_tok_s"])  # fmt: skip
-    tpot = measure_tpot_ms(llm, steps, 16 if args.smoke else 256)
-    record(kind="tpot", model=label, tpot_ms=round(tpot, 4),
-           tpot_floor_ms=floor["tpot_floor_ms"],
-           weight_bytes_batch1=floor.get("weight_bytes_batch1"))  # fmt: skip
-    if args.hf:
-        model_path, vocab = Path(facts.model_path), engine.vocab_size
-        llm.shutdown()
-        del llm, engine
-        release_device_memory(device)
-        _hf_static(args, model_path, device, dtype, vocab, record)
-
-
-def stage_lora(args: argparse.Namespace, record: Recorder) -> None:
-    """Issue 15: output tok/s with 4 random rank-16 adapters mixed evenly vs the base alone
-    (LoRA not enabled), and with LoRA enabled but base requests only; dummy weights."""
-    import dataclasses
-
-    from tokenwire.bench.lora import LoRABenchConfig, lora_result
-
-    engine = dataclasses.replace(_bench_config(args).engine, max_num_batched_tokens=4096)
-    workload, requests = ("cpu", 2) if args.smoke else ("fixed", 128)
-    config = LoRABenchConfig(engine=engine, workload=workload, num_requests=requests)
-    r = lora_result(config)
-    record(kind="lora", model=args.label or args.model, workload=r["workload"],
-           num_requests=r["num_requests"], base_output_tok_s=r["base_output_tok_s"],
-           lora_mixed_output_tok_s=r["lora_mixed_output_tok_s"],
-           lora_base_only_output_tok_s=r["lora_base_only_output_tok_s"],
-           ratio=r["lora_mixed_vs_base"])  # fmt: skip
-
-
-def stage_spec(args: argparse.Namespace, record: Recorder) -> None:
-    """Issue 16: output tok/s with n-gram speculation (k = 3) over plain decoding, one stream
-    (requests one at a time) and 64 at once, on the ``repeat`` workload. Dummy weights never
-    copy, so every ``o_proj`` and ``down_proj`` is zeroed after loading (a "copying" model:
-    the next token depends on the current one only, greedy text soon cycles and drafts get
-    accepted) — the verify step's cost at a high acceptance rate, not a real model's rate."""
-    import dataclasses
-
-    import torch
-
-    from tokenwire.bench.throughput import build_llm, release_device_memory
-    from tokenwire.runtime.config import SpeculativeConfig
-    from tokenwire.runtime.sampling_params import SamplingParams
-    from tokenwire.runtime.stats import StepRecorder
-
-    ngram = SpeculativeConfig("ngram", 3, prompt_lookup_min=2, prompt_lookup_max=4)
-    base = _bench_config(args).engine
-    for spec in (None, ngram):
-        steps = StepRecorder()
-        llm = build_llm(dataclasses.replace(base, speculative_config=spec), steps)
-        _zero_residual_writes(llm)
-        engine = llm.engine
-        for streams in (1, 2 if args.smoke else 64):
-            w = _workload("repeat", engine.vocab_size, args.smoke)
-            prompts = (w.prompts * streams)[: max(streams, len(w.prompts))]
-            params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=w.output_lens[0])
-            llm.generate(prompts[:1], params, use_tqdm=False)  # warm-up
-            steps.steps.clear()
-            start = time.perf_counter()
-            batches = [[p] for p in prompts] if streams == 1 else [prompts]
-            for batch in batches:
-                llm.generate(batch, params, use_tqdm=False)
-            seconds = time.perf_counter() - start
-            tokens = len(prompts) * w.output_lens[0]
-            record(kind="spec", model=args.label or args.model, method="ngram" if spec else "plain",
-                   streams=streams, output_tok_s=round(tokens / seconds, 1),
-                   draft_tokens=sum(s.num_draft_tokens for s in steps.steps),
-                   accepted_tokens=sum(s.num_accepted_tokens for s in steps.steps))  # fmt: skip
-        device = engine.facts.device
-        llm.shutdown()
-        del llm, engine
-        release_device_memory(torch.device(device))
-
-
-def _zero_residual_writes(llm: Any) -> None:
-    """Zero every layer's ``o_proj`` and ``down_proj`` weights in place (CUDA graphs keep
-    their pointers): attention and MLP still run, but add nothing to the residual stream."""
-    import torch
-
-    model = llm.engine.executor.worker.runner.model
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith(("o_proj.weight", "down_proj.weight")):
-                param.zero_()
-
-
-def _hf_static(
-    args: argparse.Namespace, model_path: Path, device: Any, dtype: Any, vocab: int,
-    record: Recorder,
-) -> None:  # fmt: skip
-    from tokenwire.bench.hf_baseline import load_hf_model, run_static
-
-    workload = _workload("fixed", vocab, args.smoke)
-    model = load_hf_model(model_path, device, dtype)
-    result = run_static(model, workload, 2 if args.smoke else 256, device, args.hf_requests)
-    record(kind="hf_static", model=args.model, workload="fixed", batch=result.batch_size,
-           requests=result.num_requests, output_tok_s=round(result.output_tok_s, 1))  # fmt: skip
-
-
 # ---------------------------------------------------------------------- (d) served bench
 def _serve_command(model: str, port: int, smoke: bool) -> list[str]:
     return [
@@ -401,6 +234,19 @@ def stage_serve(args: argparse.Namespace, record: Recorder) -> None:
             proc.kill()
 
 
+def _offline_stage(name: str) -> Callable[[argparse.Namespace, Recorder], None]:
+    """A stage of ``gpu_check_bench.py`` (the offline benches, beside this file; PYTHONSAFEPATH
+    keeps it off sys.path)."""
+
+    def run(args: argparse.Namespace, record: Recorder) -> None:
+        sys.path.insert(0, str(REPO / "scripts"))
+        import gpu_check_bench
+
+        getattr(gpu_check_bench, name)(args, record)
+
+    return run
+
+
 def _stage_vlm(args: argparse.Namespace, record: Recorder) -> None:
     """Issue 33: a 3B-class VLM's image+text throughput and repeated-image TTFT
     (``gpu_check_vlm.py``, beside this file; PYTHONSAFEPATH keeps it off sys.path)."""
@@ -442,10 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     stages = {
         "attn_bw": stage_attn_bw,
         "parity": stage_parity,
-        "bench": stage_bench,
+        "bench": _offline_stage("stage_bench"),
         "serve": stage_serve,
-        "lora": stage_lora,
-        "spec": stage_spec,
+        "lora": _offline_stage("stage_lora"),
+        "spec": _offline_stage("stage_spec"),
         "vlm": _stage_vlm,
         "kvtier": _stage_kvtier,
     }

@@ -16,9 +16,9 @@ from tokenwire.runtime.core.kv_events import AnyKVEvent, KVEventRecorder
 from tokenwire.runtime.core.kv_tier_setup import attach_offloading
 from tokenwire.runtime.core.request import Request
 from tokenwire.runtime.core.scheduler import Scheduler
-from tokenwire.runtime.core.spec.accept import spec_step_stats
 from tokenwire.runtime.core.spec.draft_slots import make_proposer
 from tokenwire.runtime.engine.async_steps import carries_work, make_stepper
+from tokenwire.runtime.engine.core_stats import request_stats, step_stats
 from tokenwire.runtime.engine.fault import step_fault_from_env
 from tokenwire.runtime.errors import DuplicateRequestError, ParameterError
 from tokenwire.runtime.executor.base import Executor
@@ -33,7 +33,7 @@ from tokenwire.runtime.multimodal import ImageInput, check_images
 from tokenwire.runtime.outputs import EngineCoreOutput, FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.scheduler_output import SchedulerOutput
-from tokenwire.runtime.stats import EngineObserver, RequestStats, StepPhase, StepStats
+from tokenwire.runtime.stats import EngineObserver
 from tokenwire.runtime.structured.compiler import GrammarCompilerPool
 from tokenwire.runtime.structured.manager import StructuredOutputManager
 
@@ -324,67 +324,17 @@ class EngineCore:
         duration: float,
     ) -> None:
         assert self.observer is not None
-        kv = self.kv_cache_manager
-        phase: StepPhase
-        if so.num_prefill_tokens and so.num_decode_tokens:
-            phase = "mixed"
-        else:
-            phase = "prefill" if so.num_prefill_tokens else "decode"
-        prefill_ids = frozenset(rid for rid, n in so.num_scheduled_tokens.items() if n > 1)
         self.observer.on_step(
-            StepStats(
-                step_id=so.step_id,
-                phase=phase,
-                num_seqs=len(so.num_scheduled_tokens),
-                num_prefill_tokens=so.num_prefill_tokens,
-                num_decode_tokens=so.num_decode_tokens,
-                num_preemptions=len(so.preempted_req_ids),
-                kv_blocks_used=kv.num_blocks - kv.num_free_blocks,
-                kv_blocks_free=kv.num_free_blocks,
-                kv_blocks_total=kv.num_blocks,
-                scheduled=dict(so.num_scheduled_tokens),
-                prefill_req_ids=prefill_ids,
-                schedule_time=schedule,
-                prepare_time=mo.prepare_time,
-                forward_time=mo.forward_time,
-                sample_time=mo.sample_time,
-                update_time=update,
-                started_at_ns=started_ns,
-                duration=duration,
-                num_waiting=self.scheduler.num_waiting,
-                collective_time=mo.collective_time,
-                dp_rank=self.config.parallel.data_parallel_rank,
-                num_images_encoded=mo.num_images_encoded,
-                num_encoder_cache_hits=so.num_encoder_cache_hits,
-                encoder_time=mo.encoder_time,
-                **spec_step_stats(so.spec_token_ids, mo.extra_token_ids),
+            step_stats(
+                so, mo, self.kv_cache_manager, self.scheduler.num_waiting,
+                self.config.parallel.data_parallel_rank, schedule, update, started_ns, duration,
             )
-        )
+        )  # fmt: skip
 
     def _report_finished(self) -> None:
         finished = self.scheduler.pop_finished_requests()
-        if self.observer is not None:
-            for request in finished:
-                self._report_request(request)
-
-    def _report_request(self, request: Request) -> None:
-        assert self.observer is not None and request.finish_reason is not None
-        self.observer.on_request_finished(
-            RequestStats(
-                request_id=request.request_id,
-                arrival_time=request.arrival_time,
-                first_scheduled_time=request.first_scheduled_time,
-                first_token_time=request.first_token_time,
-                finished_time=request.finished_time or time.monotonic(),
-                num_prompt_tokens=request.num_prompt_tokens,
-                num_output_tokens=request.num_output_tokens,
-                num_cached_tokens=max(request.num_cached_tokens, 0),
-                num_preemptions=request.num_preemptions,
-                finish_reason=request.finish_reason,
-                num_draft_tokens=request.num_draft_tokens,
-                num_accepted_tokens=request.num_accepted_tokens,
-                dp_rank=self.config.parallel.data_parallel_rank,
-                num_tier_loaded_tokens=request.tier_loaded_blocks * self.config.cache.block_size,
-                tier_load_time=request.tier_load_time,
-            )
-        )
+        if self.observer is None:
+            return
+        dp_rank, block_size = self.config.parallel.data_parallel_rank, self.config.cache.block_size
+        for request in finished:
+            self.observer.on_request_finished(request_stats(request, dp_rank, block_size))

@@ -18,9 +18,9 @@ from fastapi import Request
 from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from tokenwire.server.rest.body_base import NonEmptyIds, _bad_text_path, _Strict
 from tokenwire.server.rest.disconnect import request_id_of, until_disconnect
 from tokenwire.server.rest.errors import NOT_UNICODE, from_rpc_error
-from tokenwire.server.rest.models import NonEmptyIds, _bad_text_path, _Strict
 from tokenwire.server.rest.upstream import Upstream, call_options
 from tokenwire.v1 import common_pb2, embeddings_pb2
 

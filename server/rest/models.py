@@ -22,19 +22,20 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from tokenwire.server.rest.body_base import (
+    I32,
+    U32,
+    U64,
+    LogitBias,
+    NonEmptyIds,
+    _bad_text_path,
+    _Strict,
+)
 from tokenwire.server.rest.content_parts import ContentPart, TextPart
-from tokenwire.server.rest.errors import NOT_UNICODE, clip
+from tokenwire.server.rest.errors import NOT_UNICODE
 from tokenwire.server.rest.field_types import (
     EmptyOnly,
     FalseOnly,
@@ -43,64 +44,6 @@ from tokenwire.server.rest.field_types import (
     TrueOnly,
     Unsupported,
 )
-
-U32_MAX = 2**32 - 1
-U32 = Annotated[int, Field(ge=0, le=U32_MAX)]
-I32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
-U64 = Annotated[int, Field(ge=0, le=2**64 - 1)]
-NonEmptyIds = Annotated[list[U32], Field(min_length=1)]
-
-
-def _logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
-    for key in value or {}:
-        if not key.isdigit() or int(key) > U32_MAX:
-            raise PydanticCustomError(
-                "invalid_value",
-                "keys must be token ids (decimal strings), got {key}",
-                {"key": clip(key)},
-            )
-    return value
-
-
-LogitBias = Annotated[dict[str, float] | None, AfterValidator(_logit_bias)]
-
-
-def _is_text(value: str) -> bool:
-    if value.isascii():
-        return True
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate
-        return False
-    return True
-
-
-def _bad_text_path(value: Any) -> tuple[str | int, ...] | None:
-    """Where in ``value`` (nested models, lists, dicts) a string that is not valid Unicode
-    sits: ``()`` for ``value`` itself, ``None`` when there is none."""
-    if isinstance(value, str):
-        return None if _is_text(value) else ()
-    items: Any
-    if isinstance(value, BaseModel):
-        items = ((name, getattr(value, name)) for name in type(value).model_fields)
-    elif isinstance(value, dict):
-        for key in value:
-            if isinstance(key, str) and not _is_text(key):
-                return (key,)
-        items = value.items()
-    elif isinstance(value, list | tuple):
-        items = enumerate(value)
-    else:
-        return None
-    for key, item in items:
-        path = _bad_text_path(item)
-        if path is not None:
-            return (key, *path)
-    return None
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
 
 
 class StreamOptions(_Strict):

@@ -20,13 +20,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from tokenwire.server.rest.body_base import U32_MAX
 from tokenwire.server.rest.errors import invalid
-from tokenwire.server.rest.models import (
-    U32_MAX,
-    ChatCompletionRequest,
-    ChatMessage,
-    CompletionRequest,
-)
+from tokenwire.server.rest.models import ChatCompletionRequest, ChatMessage, CompletionRequest
 from tokenwire.server.rest.requests import chat_request, completion_requests
 from tokenwire.v1 import models_pb2
 

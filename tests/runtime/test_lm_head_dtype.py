@@ -20,7 +20,7 @@ from tokenwire.kernels.vnni_matmul import vnni_status
 from tokenwire.runtime.config import ModelConfig
 from tokenwire.runtime.front.tokenizer import apply_chat_template
 from tokenwire.runtime.llm import LLM
-from tokenwire.runtime.loader.model_loader import _lm_head_kind
+from tokenwire.runtime.loader.kernel_choice import lm_head_kind
 from tokenwire.runtime.models.layers.quant.gguf import GGUFConfig
 from tokenwire.runtime.sampling_params import SamplingParams
 
@@ -60,12 +60,12 @@ def test_which_models_get_which_head(
     flag: str, quant: GGUFConfig | None, device: torch.device, kind: str
 ) -> None:
     config = ModelConfig(lm_head_dtype=flag)  # type: ignore[arg-type]
-    assert _lm_head_kind(config, quant, device) == kind
+    assert lm_head_kind(config, quant, device) == kind
 
 
 @pytest.mark.skipif(not VNNI, reason=f"no VNNI kernel here: {vnni_status().reason}")
 def test_int8_head_on_request_for_any_cpu_model() -> None:
-    assert _lm_head_kind(ModelConfig(lm_head_dtype="int8"), None, CPU) == "int8"
+    assert lm_head_kind(ModelConfig(lm_head_dtype="int8"), None, CPU) == "int8"
 
 
 def test_a_bad_value_is_refused() -> None:

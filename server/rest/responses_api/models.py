@@ -23,9 +23,10 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, field_validator
 from pydantic_core import PydanticCustomError
 
+from tokenwire.server.rest.body_base import U32, _bad_text_path, _Strict
 from tokenwire.server.rest.errors import NOT_UNICODE
 from tokenwire.server.rest.field_types import FalseOnly, Unsupported
-from tokenwire.server.rest.models import U32, SamplingFields, _bad_text_path, _Strict
+from tokenwire.server.rest.models import SamplingFields
 
 
 class InputText(_Strict):
