@@ -12,6 +12,7 @@ gate/up rows and whole 32-blocks of down; a share that is not whole blocks de-qu
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,8 +21,10 @@ from parity import distinct_prompts, hf_greedy
 from safetensors.torch import load_file
 from test_gpt_oss_mxfp4 import GPT_OSS
 from tiny_models import build_tiny_model
+from tp_ranks import GlooRanks, assert_ranks_identical, assert_same_run, run_rank
 
 from tokenwire.runtime.config import ModelConfig
+from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.llm import LLM
 from tokenwire.runtime.loader.model_loader import load_model
 from tokenwire.runtime.models.gpt_oss_mxfp4 import MXFP4Experts, keeps_mxfp4
@@ -124,6 +127,35 @@ def test_greedy_tokens_equal_the_dequantized_cpu_run(
     assert len({tuple(t) for t in expected}) > 1
     model = llm.engine.executor.worker.runner.model  # type: ignore[attr-defined]
     assert any(isinstance(m, MXFP4Experts) for m in model.modules())
+
+
+def _kept_rank(tp: TPGroup, model_dir: str) -> dict[str, Any]:
+    """``run_rank`` plus the shapes of the MXFP4 tensors this rank holds."""
+    model = load_model(ModelConfig(model=model_dir), CPU, torch.float32, tp=tp).model
+    held = {n: tuple(p.shape) for n, p in model.named_parameters() if ".mxfp4." in n}
+    return {**run_rank(tp, model_dir), "held": held}
+
+
+def test_tp2_gloo_ranks_keep_their_blocks_and_match_tp1(
+    pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """I = 64 over 2 ranks: each keeps 32 gate/up rows (64 interleaved) and one 32-block of
+    down, runs the MXFP4 kernel under the interpreter and equals the de-quantized TP=1 run."""
+    mxfp4, reference = pair
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    ref = run_rank(TPGroup.single(), str(reference))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the spawned ranks inherit it
+    pool = GlooRanks(2)
+    try:
+        results = pool.run(_kept_rank, str(mxfp4))
+    finally:
+        pool.close()
+    for result in results:
+        held = result.pop("held")
+        assert held["model.layers.0.mlp.experts.mxfp4.gate_up_proj_blocks"] == (4, 64, 2, 16)
+        assert held["model.layers.0.mlp.experts.mxfp4.down_proj_blocks"] == (4, 64, 1, 16)
+    assert_ranks_identical(results)
+    assert_same_run(results[0], ref)
 
 
 def test_keeps_only_where_triton_runs_and_blocks_are_whole(
