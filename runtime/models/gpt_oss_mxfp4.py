@@ -9,7 +9,8 @@ are the checkpoint's own, loaded as stored (``gpt_oss_checkpoint`` only renames 
 ``gate_up_proj_blocks`` ``[E, 2I, H/32, 16]`` and ``gate_up_proj_scales`` ``[E, 2I, H/32]``
 (rows interleaved gate, up, gate, up, ...: the kernel reads them so), ``down_proj_blocks``
 ``[E, H, I/32, 16]`` and ``down_proj_scales`` ``[E, H, I/32]``. gpt-oss-20b's experts take
-4.25 bits per weight (4 per code, 8 per 32-value scale): ~12 GiB less than in bfloat16.
+4.25 bits per weight (4 per code, 8 per 32-value scale): its 19.1e9 expert weights hold
+10.2 GB instead of 38.2 GB in bfloat16.
 
 Tensor parallelism: a rank holds its ``I / tp`` gate and up rows (rows ``2 * start`` to
 ``2 * (start + I / tp)`` of the interleaved tensor: any split works) and its columns of the
