@@ -26,11 +26,12 @@ from __future__ import annotations
 import logging
 
 import torch
-from torch import nn
 
 from tokenwire.kernels.dispatch import use_triton
 from tokenwire.kernels.moe import MXFP4Weight
 from tokenwire.runtime.models.layers import ShardedModule, ShardLoads
+from tokenwire.runtime.models.layers.quant.base import DummyInit, LinearLayer, ParamLayout
+from tokenwire.runtime.models.layers.quant.unquantized import UnquantizedLinearMethod
 from tokenwire.runtime.models.mxfp4 import BLOCK_SIZE, BYTES_PER_BLOCK
 from tokenwire.runtime.models.weights import split
 
@@ -60,11 +61,17 @@ def keeps_mxfp4(mxfp4_checkpoint: bool, hidden: int, local_width: int, tp_size: 
     return True
 
 
-class MXFP4Experts(ShardedModule):
-    """This rank's MXFP4 expert tensors (uint8, no gradients; see the module doc)."""
+class MXFP4Experts(ShardedModule, LinearLayer):
+    """This rank's MXFP4 expert tensors (uint8, no gradients; see the module doc). A
+    ``LinearLayer`` only for the loader's per-parameter layouts: dummy weights (random codes,
+    scales of 0, i.e. ``2 ** -127``, as other quantized tensors get constant scales) and no
+    post-load conversion (``UnquantizedLinearMethod``'s no-op); ``FusedMoE`` runs it."""
+
+    what = "experts' intermediate size"
 
     def __init__(self, num_experts: int, hidden: int, width: int, start: int, local: int) -> None:
         super().__init__()
+        self.linear_method = UnquantizedLinearMethod()
         self.num_experts, self.hidden, self.width = num_experts, hidden, width
         self.start, self.local = start, local
         e, h = num_experts, hidden
@@ -75,8 +82,9 @@ class MXFP4Experts(ShardedModule):
             "down_proj_scales": (e, h, local // BLOCK_SIZE),
         }
         for name, shape in shapes.items():
-            tensor = torch.empty(shape, dtype=torch.uint8)
-            self.register_parameter(name, nn.Parameter(tensor, requires_grad=False))
+            dummy: DummyInit = "bits" if name.endswith("_blocks") else "scale"
+            layout = ParamLayout(dtype=torch.uint8, dummy=dummy)
+            self.register(name, torch.empty(shape, dtype=torch.uint8), layout)
 
     def pairs(self) -> tuple[MXFP4Weight, MXFP4Weight]:
         """((gate_up blocks, scales), (down blocks, scales)) for ``fused_moe_mxfp4``."""

@@ -158,6 +158,24 @@ def test_tp2_gloo_ranks_keep_their_blocks_and_match_tp1(
     assert_same_run(results[0], ref)
 
 
+def test_dummy_weights_fill_the_kept_tensors(
+    pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--load-format dummy`` on an MXFP4 config: random codes, scales 0 (constant, as other
+    quantized tensors' dummy scales), and the MoE layers run to finite outputs."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    config = ModelConfig(model=str(pair[0]), load_format="dummy", seed=3)
+    model = load_model(config, CPU, torch.float32).model
+    for experts in _experts(model):
+        assert experts.mxfp4 is not None
+        (b13, s13), (b2, s2) = experts.mxfp4.pairs()
+        assert len(b13.unique()) > 200 and len(b2.unique()) > 200
+        assert not s13.any() and not s2.any()
+    x = torch.randn(5, GPT_OSS["hidden_size"], generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        assert all(torch.isfinite(block(x)).all() for block in _moe_blocks(model))
+
+
 def test_keeps_only_where_triton_runs_and_blocks_are_whole(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
