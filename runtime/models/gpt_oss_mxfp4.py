@@ -17,8 +17,8 @@ Tensor parallelism: a rank holds its ``I / tp`` gate and up rows (rows ``2 * sta
 down projection as whole 32-value blocks, which needs ``I / tp`` to be a multiple of 32
 (gpt-oss-20b's 2880: tp 1, 2, 3, 5, 6, 9, ...; not 4 or 8). When it is not, the experts are
 de-quantized at load as on the CPU (``keeps_mxfp4`` logs why). The biases stay ``FusedMoE``'s
-(bf16, de-interleaved). Scales are not checked for the E8M0 NaN (255) at load, unlike the
-de-quantizing path.
+(bf16, de-interleaved). After loading, a NaN scale (255) or a block past the float range is
+a load error naming the tensor, as on the de-quantizing path (``check_kept_pair``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tokenwire.kernels.moe import MXFP4Weight
 from tokenwire.runtime.models.layers import ShardedModule, ShardLoads
 from tokenwire.runtime.models.layers.quant.base import DummyInit, LinearLayer, ParamLayout
 from tokenwire.runtime.models.layers.quant.unquantized import UnquantizedLinearMethod
-from tokenwire.runtime.models.mxfp4 import BLOCK_SIZE, BYTES_PER_BLOCK
+from tokenwire.runtime.models.mxfp4 import BLOCK_SIZE, BYTES_PER_BLOCK, E8M0_NAN
 from tokenwire.runtime.models.weights import split
 
 logger = logging.getLogger(__name__)
@@ -61,17 +61,44 @@ def keeps_mxfp4(mxfp4_checkpoint: bool, hidden: int, local_width: int, tp_size: 
     return True
 
 
+class _CheckedAfterLoading(UnquantizedLinearMethod):
+    """No conversion after loading; the scales checked as ``dequantize_mxfp4`` checks them."""
+
+    def process_weights_after_loading(self, layer: LinearLayer) -> None:
+        for kind in ("gate_up_proj", "down_proj"):
+            check_kept_pair(layer.param(f"{kind}_blocks"), layer.param(f"{kind}_scales"), kind)
+
+
+def check_kept_pair(blocks: torch.Tensor, scales: torch.Tensor, kind: str) -> None:
+    """ValueError (naming ``<kind>_scales`` / ``_blocks``) for an E8M0 NaN scale (255) or a
+    value of 2 ** 128 or more (|code| >= 2 under scale 254, >= 4 under 253). Reads only the
+    blocks under those two scales: no copy of the whole tensor."""
+    if bool((scales == E8M0_NAN).any()):
+        raise ValueError(f"{kind}_scales: holds the E8M0 NaN scale 255")
+    high = scales >= 253
+    if not bool(high.any()):
+        return
+    codes = blocks[high].to(torch.int32)  # [blocks under 253/254, 16]
+    magnitude = torch.maximum(codes & 7, (codes >> 4) & 7).amax(dim=-1)  # 4: 2.0, 6: 4.0
+    limit = torch.where(scales[high] == 254, 4, 6)
+    if bool((magnitude >= limit).any()):
+        raise ValueError(
+            f"{kind}_blocks: has values of 2 ** 128 or more (|code| >= 2 with scale 254, or "
+            ">= 4 with 253): past the float32 / bfloat16 range"
+        )
+
+
 class MXFP4Experts(ShardedModule, LinearLayer):
     """This rank's MXFP4 expert tensors (uint8, no gradients; see the module doc). A
     ``LinearLayer`` only for the loader's per-parameter layouts: dummy weights (random codes,
-    scales of 0, i.e. ``2 ** -127``, as other quantized tensors get constant scales) and no
-    post-load conversion (``UnquantizedLinearMethod``'s no-op); ``FusedMoE`` runs it."""
+    scales of 0, i.e. ``2 ** -127``, as other quantized tensors get constant scales) and the
+    post-load hook (no conversion; ``check_kept_pair``); ``FusedMoE`` runs it."""
 
     what = "experts' intermediate size"
 
     def __init__(self, num_experts: int, hidden: int, width: int, start: int, local: int) -> None:
         super().__init__()
-        self.linear_method = UnquantizedLinearMethod()
+        self.linear_method = _CheckedAfterLoading()
         self.num_experts, self.hidden, self.width = num_experts, hidden, width
         self.start, self.local = start, local
         e, h = num_experts, hidden

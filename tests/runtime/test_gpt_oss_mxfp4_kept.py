@@ -11,6 +11,7 @@ gate/up rows and whole 32-blocks of down; a share that is not whole blocks de-qu
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 import torch
 from mxfp4_checkpoint import write_mxfp4_pair
 from parity import distinct_prompts, hf_greedy
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from test_gpt_oss_mxfp4 import GPT_OSS
 from tiny_models import build_tiny_model
 from tp_ranks import GlooRanks, assert_ranks_identical, assert_same_run, run_rank
@@ -174,6 +175,38 @@ def test_dummy_weights_fill_the_kept_tensors(
     x = torch.randn(5, GPT_OSS["hidden_size"], generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         assert all(torch.isfinite(block(x)).all() for block in _moe_blocks(model))
+
+
+@pytest.mark.parametrize(
+    ("scale", "code", "error"),
+    [(255, 0, "NaN scale 255"), (254, 0x33, None), (254, 0x04, "2 \\*\\* 128"),
+     (253, 0x55, None), (253, 0x60, "2 \\*\\* 128")],
+)  # fmt: skip
+def test_bad_scales_are_load_errors_naming_the_tensor(
+    pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    scale: int, code: int, error: str | None,
+) -> None:  # fmt: skip
+    """One block of layer 1's down projection given ``scale`` and every byte ``code``: a NaN
+    scale or a value of 2 ** 128 (2.0 under 254, 4.0 under 253) fails the load naming the
+    tensor; 1.5 under 254 and 3.0 under 253 load."""
+    folder = tmp_path / "edited"
+    shutil.copytree(pair[0], folder)
+    (weights_file,) = folder.glob("*.safetensors")
+    state = load_file(str(weights_file))
+    prefix = "model.layers.1.mlp.experts.down_proj"
+    state[f"{prefix}_scales"][2, 5, 1] = scale
+    state[f"{prefix}_blocks"][2, 5, 1] = code
+    save_file(state, str(weights_file), {"format": "pt"})
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    config = ModelConfig(model=str(folder))
+    if error is None:
+        assert _experts(load_model(config, CPU, torch.float32).model)[1].mxfp4 is not None
+        return
+    part = "scales" if scale == 255 else "blocks"
+    with pytest.raises(
+        ValueError, match=rf"layers\.1\.mlp\.experts\.mxfp4\.down_proj_{part}: .*{error}"
+    ):
+        load_model(config, CPU, torch.float32)
 
 
 def test_keeps_only_where_triton_runs_and_blocks_are_whole(
