@@ -49,6 +49,8 @@ def swiglu_oai_and_mul_ref(x: torch.Tensor, alpha: float, limit: float) -> torch
 
 # (gate_up bias [E, 2I], down bias [E, H] or None) of experts with biases (gpt-oss).
 MoEBiases = tuple[torch.Tensor, torch.Tensor | None]
+# (uint8 blocks [E, N, K / 32, 16], uint8 scales [E, N, K / 32]) of MXFP4 experts (gpt-oss).
+MXFP4Weight = tuple[torch.Tensor, torch.Tensor]
 
 
 def _activation(
@@ -141,6 +143,31 @@ def fused_moe(
     return fused_moe_ref(
         hidden, w_gate_up, w_down, topk_weights, topk_ids, activation, biases, swiglu,
         scale_input,
+    )  # fmt: skip
+
+
+def fused_moe_mxfp4(
+    hidden: torch.Tensor,
+    w13: MXFP4Weight,
+    w2: MXFP4Weight,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str,
+    biases: MoEBiases | None = None,
+    swiglu: tuple[float, float] | None = None,
+    interleaved: bool = False,
+) -> torch.Tensor:
+    """``fused_moe`` over experts kept in MXFP4 (``moe_mxfp4_triton``): Triton only (CUDA or
+    the interpreter); the torch path runs de-quantized weights through ``fused_moe``.
+    ``interleaved``: ``w13``'s rows alternate gate, up (the gpt-oss checkpoint's order)."""
+    _activation(activation, swiglu)
+    if not use_triton(hidden):
+        raise ValueError("MXFP4 experts run in Triton only (CUDA or TRITON_INTERPRET=1)")
+    from tokenwire.kernels.moe_mxfp4_triton import fused_moe_mxfp4_triton
+
+    return fused_moe_mxfp4_triton(
+        hidden, w13, w2, topk_weights, topk_ids, activation, biases=biases, swiglu=swiglu,
+        interleaved=interleaved,
     )  # fmt: skip
 
 

@@ -17,7 +17,9 @@ Each pair is read whole once both halves have been seen (in any order, in any fi
 checkpoint), then de-quantized exactly (float32) one expert at a time and yielded under the
 same per-expert names; tensor parallelism then takes each rank's slice of those like any
 unquantized expert (the shards are cut after de-quantizing). A ``*_blocks`` without its
-``*_scales`` (or the other way round) is a load error naming the tensor.
+``*_scales`` (or the other way round) is a load error naming the tensor. Where the model
+keeps them quantized (CUDA / the Triton interpreter: ``gpt_oss_mxfp4``) the four tensors pass
+through unread, renamed to ``mlp.experts.mxfp4.*``, and each rank reads only its slice.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import torch
+from torch import nn
 
+from tokenwire.runtime.models.gpt_oss_mxfp4 import MXFP4_TENSORS, MXFP4Experts
 from tokenwire.runtime.models.mxfp4 import check_mxfp4_pair, dequantize_mxfp4
 from tokenwire.runtime.models.weights import WeightSource, as_weight_source
 
@@ -34,11 +38,13 @@ _MXFP4_KINDS = ("gate_up_proj", "down_proj")
 
 
 def split_gpt_oss_experts(
-    weights: Iterable[tuple[str, torch.Tensor | WeightSource]],
+    weights: Iterable[tuple[str, torch.Tensor | WeightSource]], model: nn.Module | None = None
 ) -> Iterator[tuple[str, torch.Tensor | WeightSource]]:
     """Yield ``weights`` with gpt-oss's router and fused expert tensors renamed and split per
     expert, MXFP4 expert pairs de-quantized (see the module doc); every other tensor passes
-    through unchanged."""
+    through unchanged. When ``model`` keeps its experts in MXFP4 (``gpt_oss_mxfp4``), the
+    MXFP4 tensors pass through unread instead, renamed into its ``experts.mxfp4`` holders."""
+    keep = model is not None and any(isinstance(m, MXFP4Experts) for m in model.modules())
     pending: dict[str, torch.Tensor] = {}  # MXFP4 halves waiting for their partner, by name
     for name, weight in weights:
         prefix, sep, leaf = name.rpartition(".mlp.")
@@ -46,6 +52,8 @@ def split_gpt_oss_experts(
             yield name, weight
         elif leaf in ("router.weight", "router.bias"):
             yield f"{prefix}.mlp.gate.{leaf.rpartition('.')[2]}", weight
+        elif keep and leaf.removeprefix("experts.") in MXFP4_TENSORS:
+            yield f"{prefix}.mlp.experts.mxfp4.{leaf.removeprefix('experts.')}", weight
         elif leaf.startswith("experts.") and leaf.endswith(_MXFP4_SUFFIXES):
             pending[name] = as_weight_source(weight).read()
             yield from _complete_mxfp4_pair(name, pending)

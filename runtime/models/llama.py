@@ -289,7 +289,7 @@ class LlamaForCausalLM(nn.Module):
         if self.arch.fused_checkpoint_projections:
             weights = split_fused_projections(weights, self.arch)
         if self.arch.architecture == "GptOssForCausalLM":
-            weights = split_gpt_oss_experts(weights)
+            weights = split_gpt_oss_experts(weights, self)
         if self.arch.interleaved_rope_checkpoint:  # Llama 4
             weights = llama4_tensors(weights, self.arch)
         if self.arch.mla is not None:  # DeepSeek-V2/V3

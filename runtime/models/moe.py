@@ -18,7 +18,9 @@ routes identically; the routed and shared partial sums are added and all-reduced
 gpt-oss: the router has a bias (``gate.bias``) and softmaxes the top-k logits only; the experts
 have biases (``experts.w13_bias`` [E, 2 * I], split with their rows, and ``experts.w2_bias``
 [E, H], replicated and added on rank 0 only, so the all-reduce counts it once) and run the
-clamped SwiGLU. ``gpt_oss_checkpoint`` maps HF's fused, transposed expert tensors.
+clamped SwiGLU. ``gpt_oss_checkpoint`` maps HF's fused, transposed expert tensors. An MXFP4
+checkpoint's experts stay quantized where the Triton kernels run (``gpt_oss_mxfp4``:
+``experts.mxfp4.*`` uint8 tensors instead of ``w13_weight`` / ``w2_weight``).
 
 Llama 4: the top-k router logits through a sigmoid scale the chosen experts' input; its
 shared expert (every token) is ungated. ``llama4_checkpoint`` maps HF's fused experts.
@@ -39,9 +41,10 @@ from torch import nn
 
 from tokenwire.kernels.activation import gated_activation
 from tokenwire.kernels.deepseek_routing import grouped_topk
-from tokenwire.kernels.moe import fused_moe, select_experts
+from tokenwire.kernels.moe import fused_moe, fused_moe_mxfp4, select_experts
 from tokenwire.runtime.distributed.group import TPGroup
 from tokenwire.runtime.models.arch import TP_FLAG, ModelArch
+from tokenwire.runtime.models.gpt_oss_mxfp4 import MXFP4Experts, keeps_mxfp4
 from tokenwire.runtime.models.layers import (
     LinearMethod,
     MergedColumnParallelLinear,
@@ -74,12 +77,18 @@ class FusedMoE(ShardedModule):
         self.local_start = tp.rank * self.local_size
         self.activation = act
         local = self.local_size
-        self.w13_weight = nn.Parameter(
-            torch.empty(spec.num_experts, 2 * local, hidden_size, dtype=dtype)
-        )
-        self.w2_weight = nn.Parameter(
-            torch.empty(spec.num_experts, hidden_size, local, dtype=dtype)
-        )
+        self.w13_weight: nn.Parameter | None = None
+        self.w2_weight: nn.Parameter | None = None
+        self.mxfp4: MXFP4Experts | None = None
+        if keeps_mxfp4(spec.mxfp4_experts, hidden_size, local, tp.world_size):
+            self.mxfp4 = MXFP4Experts(spec.num_experts, hidden_size, width, self.local_start, local)
+        else:
+            self.w13_weight = nn.Parameter(
+                torch.empty(spec.num_experts, 2 * local, hidden_size, dtype=dtype)
+            )
+            self.w2_weight = nn.Parameter(
+                torch.empty(spec.num_experts, hidden_size, local, dtype=dtype)
+            )
         self.swiglu = spec.swiglu
         self.scale_input = spec.sigmoid_input_scaling
         self.add_down_bias = tp.rank == 0
@@ -97,6 +106,13 @@ class FusedMoE(ShardedModule):
         if self.w13_bias is not None:
             biases = (self.w13_bias, self.w2_bias if self.add_down_bias else None)
         activation = self.activation if self.swiglu is None else "swigluoai"
+        if self.mxfp4 is not None:
+            w13, w2 = self.mxfp4.pairs()
+            return fused_moe_mxfp4(
+                x, w13, w2, topk_weights, topk_ids, activation, biases, self.swiglu,
+                interleaved=True,
+            )  # fmt: skip
+        assert self.w13_weight is not None and self.w2_weight is not None
         return fused_moe(
             x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, activation,
             biases, self.swiglu, self.scale_input,
@@ -117,7 +133,7 @@ class FusedMoE(ShardedModule):
                 b13[f"{e}.{part}"] = split((full,), 0, start, local, i * local, dst_index=e)
             w2[f"{e}.down"] = split((h, full), 1, start, local, dst_index=e)
             b2[f"{e}.down"] = ShardLoad((h,), dst_index=e)
-        loads: ShardLoads = {"w13_weight": w13, "w2_weight": w2}
+        loads: ShardLoads = {} if self.mxfp4 is not None else {"w13_weight": w13, "w2_weight": w2}
         if self.w13_bias is not None:
             loads.update(w13_bias=b13, w2_bias=b2)
         return loads

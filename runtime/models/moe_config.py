@@ -87,6 +87,9 @@ class MoESpec:
     softmax_after_topk: bool = False
     expert_bias: bool = False
     swiglu: tuple[float, float] | None = None
+    # gpt-oss: the checkpoint stores the experts in MXFP4 (quantization_config mxfp4); the
+    # Triton path keeps them so (``gpt_oss_mxfp4``), the CPU de-quantizes them at load.
+    mxfp4_experts: bool = False
     # Qwen2-MoE: the shared expert's output is scaled by sigmoid(shared_expert_gate(x));
     # Llama 4: added as is.
     shared_expert_gated: bool = True
@@ -150,7 +153,13 @@ def moe_spec(cfg: Mapping[str, Any], architecture: str) -> MoESpec | None:
         softmax_after_topk=gpt_oss,
         expert_bias=gpt_oss,
         swiglu=swiglu,
+        mxfp4_experts=gpt_oss and _quant_method(cfg) == "mxfp4",
     )
+
+
+def _quant_method(cfg: Mapping[str, Any]) -> str | None:
+    qc = cfg.get("quantization_config")
+    return qc.get("quant_method") if isinstance(qc, Mapping) else None
 
 
 def _llama4_spec(cfg: Mapping[str, Any], n_layers: int) -> MoESpec | None:

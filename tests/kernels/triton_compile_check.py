@@ -25,6 +25,7 @@ _PTR_TYPES = {
     torch.float8_e4m3fn: "fp8e4nv",
     torch.int32: "i32",
     torch.int64: "i64",
+    torch.uint8: "u8",
 }
 # Hopper's largest shared-memory allocation per block (227 KiB): a kernel asking more
 # compiles but fails at launch with OutOfResources.
@@ -42,6 +43,7 @@ def capture_launches() -> list[Launch]:
     _mla_launches()
     _elementwise_launches()
     _moe_launches()
+    _moe_mxfp4_launches()
     return launches
 
 
@@ -168,6 +170,34 @@ def _moe_launches() -> None:
             fused_moe_triton(x, w13, w2, weights, ids, **extra)
 
 
+def _moe_mxfp4_launches() -> None:
+    """gpt-oss-20b's experts kept in MXFP4 (2880 hidden and intermediate, 32 experts, top 4,
+    bf16, biases with and without the down bias, the checkpoint's interleaved gate/up rows) at
+    decode and prefill sizes, and a float32 tiny one."""
+    from tokenwire.kernels.moe_mxfp4_triton import fused_moe_mxfp4_triton
+
+    bf16, f32, u8 = torch.bfloat16, torch.float32, torch.uint8
+    for hidden, inter, experts, top_k, dtype, down_bias in (
+        (2880, 2880, 32, 4, bf16, True),
+        (2880, 2880, 32, 4, bf16, False),
+        (64, 128, 4, 2, f32, True),
+    ):
+        w13 = (torch.empty(experts, 2 * inter, hidden // 32, 16, dtype=u8),
+               torch.empty(experts, 2 * inter, hidden // 32, dtype=u8))  # fmt: skip
+        w2 = (torch.empty(experts, hidden, inter // 32, 16, dtype=u8),
+              torch.empty(experts, hidden, inter // 32, dtype=u8))  # fmt: skip
+        down = torch.empty(experts, hidden, dtype=dtype) if down_bias else None
+        biases = (torch.empty(experts, 2 * inter, dtype=dtype), down)
+        for tokens in (1, 16 * experts, 512 * experts // top_k):
+            ids = torch.arange(tokens * top_k).remainder(experts).view(tokens, top_k)
+            weights = torch.full((tokens, top_k), 1.0 / top_k)
+            x = torch.empty(tokens, hidden, dtype=dtype)
+            fused_moe_mxfp4_triton(
+                x, w13, w2, weights, ids, "swigluoai", biases=biases, swiglu=(1.702, 7.0),
+                interleaved=True,
+            )  # fmt: skip
+
+
 def compile_launch(launch: Launch, target: GPUTarget) -> None:
     fn, args, kwargs = launch
     kwargs = dict(kwargs)
@@ -197,6 +227,7 @@ def compile_launch(launch: Launch, target: GPUTarget) -> None:
 COVERED_MODULES = (
     "activation_triton",
     "mla_decode_triton",
+    "moe_mxfp4_triton",
     "moe_triton",
     "paged_attention_triton_decode",
     "paged_attention_triton_prefill",
