@@ -8,9 +8,10 @@
   (unquantized) checkpoint at load; ``gptq`` / ``awq`` need a checkpoint in that format, except with
   ``--load-format dummy`` (random 4-bit weights with the default settings, for benchmarks).
 - neither: unquantized.
-- ``quant_method: mxfp4`` (gpt-oss's published checkpoints): the expert weights are
-  de-quantized exactly at load (``runtime/models/gpt_oss_checkpoint.py``), so the model runs
-  unquantized; any other architecture, or any ``--quantization``, is refused.
+- ``quant_method: mxfp4`` (gpt-oss's published checkpoints): no linear scheme; the experts
+  stay MXFP4 where the Triton kernels run (``runtime/models/gpt_oss_mxfp4.py``) and are
+  de-quantized exactly at load elsewhere (``runtime/models/gpt_oss_checkpoint.py``); any other
+  architecture, or any ``--quantization``, is refused.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def resolve_quant_config(
 
 
 def _check_mxfp4(flag: str | None, qc: Mapping[str, Any], hf_config: Mapping[str, Any]) -> None:
-    """An MXFP4 checkpoint loads de-quantized: gpt-oss only, no ``--quantization``."""
+    """An MXFP4 checkpoint: gpt-oss only, no ``--quantization``."""
     architectures = hf_config.get("architectures") or []
     if hf_config.get("model_type") != "gpt_oss" and "GptOssForCausalLM" not in architectures:
         raise ValueError(
