@@ -185,7 +185,7 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
         # Issue 29: the host KV tier on Llama-3.2-1B (dummy bf16): 64 conversations x 5 turns
         # with the device cache at ~1/4 of them, tier off vs on (prefill tokens, TTFT); 256
         # unique prompts, throughput on / off.
-        stage("kvtier:llama-3.2-1b", 120, "--model", "llama-3.2-1b"),
+        stage("kvtier:llama-3.2-1b", 150, "--model", "llama-3.2-1b"),
         # Issue 17: Mixtral-8x7B (~93 GB of bf16 dummy weights, top-2 of 8 experts through
         # the fused-MoE Triton kernel), mixed + TPOT next to their floors. The longest extra
         # stage (its weights alone take a while to draw), so after the cheaper ones.

@@ -75,9 +75,9 @@ def stage_kvtier(args: argparse.Namespace, record: Record) -> None:
     bench = parser().parse_args(bench_argv(args.smoke))
     if args.smoke:
         torch.set_num_threads(1)
-    results = measure(bench)
     label = "tiny" if args.smoke else "llama-3.2-1b"
-    record(model=label, **_multi_turn_record(results))
+    # The multi-turn figures are recorded as soon as they are known (a cap may cut the rest).
+    results = measure(bench, lambda done: record(model=label, **_multi_turn_record(done)))
     off, on = results["no_reuse_off"], results["no_reuse_on"]
     record(kind="kv_tier_no_reuse", model=label,
            output_tok_s_off=round(off["output_tok_per_s"], 1),

@@ -181,9 +181,14 @@ def main() -> None:
     report(measure(args), args)
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
+def measure(
+    args: argparse.Namespace,
+    on_multi_turn: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """Every mode of the run (multi-turn off / on / disk, then no reuse off and on
-    alternating ``--reps`` times, the best of each kept); ratios added."""
+    alternating ``--reps`` times, the best of each kept); ratios added. ``on_multi_turn``
+    gets the results once the multi-turn modes are done (the GPU check records them then,
+    so a time cap that cuts the no-reuse runs keeps them)."""
     final_len = args.system_tokens + args.turns * (args.user_tokens + args.output_tokens)
     if not args.device_blocks:  # the device cache holds ~1/4 of the conversations
         per_conv = -(-final_len // 16)
@@ -203,6 +208,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             (Path(tmp) / "kv").mkdir()
             disk = str(Path(tmp) / "kv")
             results["multi_turn_disk"] = _once(multi_turn, args, model, args.disk_host_gib, disk)
+        add_ratios(results)
+        if on_multi_turn is not None:
+            on_multi_turn(results)
         # Alternating repetitions, the best of each kept: this shared box's load swings more
         # than the difference being measured.
         for _ in range(args.reps):
@@ -215,7 +223,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 best = results.get(f"no_reuse_{name}")
                 if best is None or run["output_tok_per_s"] > best["output_tok_per_s"]:
                     results[f"no_reuse_{name}"] = run
-    add_ratios(results)
     if args.reps:
         add_no_reuse_ratios(results)
     return results
