@@ -5,9 +5,10 @@ allow-list: an exact, case-insensitive match of the whole host name (``example.c
 allow ``cdn.example.com``; list each host). The host is resolved off the event loop
 (``loop.getaddrinfo``) and refused if ANY address it resolves to is private, loopback,
 link-local, multicast, reserved or unspecified (IPv4-mapped IPv6 addresses are judged by
-their IPv4 address). The connection then goes to the checked address itself (the IP in the
-URL, the ``Host`` header and TLS SNI / certificate check kept on the host name), so no second
-DNS lookup can swap in another address. No proxy from the environment is used, no redirect
+their IPv4 address). The connection then goes to a checked address itself (the IP in the
+URL, the ``Host`` header and TLS SNI / certificate check kept on the host name; the next
+checked address only when one cannot be connected to), so no second DNS lookup can swap in
+another address. No proxy from the environment is used, no redirect
 is followed, the whole fetch has a timeout, and the body is read streaming and cut at
 ``max_bytes`` (``--max-image-bytes``). Every refusal is a 400 naming the part.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -38,6 +40,8 @@ class MediaFetchPolicy:
     # Tests only (no flag sets it): permit private / loopback addresses, so a test server on
     # 127.0.0.1 can serve the positive path.
     allow_private: bool = False
+    # Tests only: the CA to verify https origins against (default: the system's).
+    verify: ssl.SSLContext | bool = True
 
     @staticmethod
     def of(domains: Iterable[str] | None, max_bytes: int) -> MediaFetchPolicy:
@@ -99,8 +103,8 @@ def checked_url(url: str, policy: MediaFetchPolicy, param: str) -> httpx.URL:
     return parsed
 
 
-async def resolve_checked(host: str, port: int, policy: MediaFetchPolicy, param: str) -> str:
-    """One address of ``host``, after checking every address it resolves to."""
+async def resolve_checked(host: str, port: int, policy: MediaFetchPolicy, param: str) -> list[str]:
+    """The addresses of ``host`` (resolver order, each once), after checking every one."""
     loop = asyncio.get_running_loop()
     try:
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -118,7 +122,7 @@ async def resolve_checked(host: str, port: int, policy: MediaFetchPolicy, param:
                 f"({bad[0]}); it is not fetched",
                 "unsupported_value",
             )
-    return str(addresses[0])
+    return list(dict.fromkeys(str(ip) for ip in addresses))
 
 
 async def fetch_image(url: str, policy: MediaFetchPolicy, param: str) -> FetchedImage:
@@ -132,24 +136,38 @@ async def fetch_image(url: str, policy: MediaFetchPolicy, param: str) -> Fetched
 
 
 async def _fetch(parsed: httpx.URL, policy: MediaFetchPolicy, param: str) -> FetchedImage:
+    """GET ``parsed`` from its checked addresses in turn (the next only if one cannot be
+    connected to), each pinned: the IP in the URL, ``Host`` and SNI the URL's host."""
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    address = await resolve_checked(parsed.host, port, policy, param)
-    pinned = parsed.copy_with(host=address)
+    addresses = await resolve_checked(parsed.host, port, policy, param)
     host_header = parsed.netloc.decode("ascii").rsplit("@", 1)[-1]
     headers = {"host": host_header, "accept": "image/*", "accept-encoding": "identity"}
     extensions = {"sni_hostname": parsed.host} if parsed.scheme == "https" else {}
-    try:
-        async with httpx.AsyncClient(
-            trust_env=False, follow_redirects=False, timeout=policy.timeout
-        ) as client:
+    failure = "ConnectError"
+    async with httpx.AsyncClient(
+        trust_env=False, follow_redirects=False, timeout=policy.timeout, verify=policy.verify
+    ) as client:
+        for address in addresses:
+            pinned = parsed.copy_with(host=address)
             request = client.build_request("GET", pinned, headers=headers, extensions=extensions)
-            response = await client.send(request, stream=True)
+            try:
+                response = await client.send(request, stream=True)
+            except httpx.ConnectError as exc:
+                failure = f"ConnectError: {exc}" if "CERTIFICATE" in str(exc) else failure
+                continue
+            except httpx.HTTPError as exc:
+                raise invalid(
+                    param, f"fetching the image URL failed ({type(exc).__name__})"
+                ) from None
             try:
                 return await _read(response, policy, param)
+            except httpx.HTTPError as exc:
+                raise invalid(
+                    param, f"reading the image URL failed ({type(exc).__name__})"
+                ) from None
             finally:
                 await response.aclose()
-    except httpx.HTTPError as exc:
-        raise invalid(param, f"fetching the image URL failed ({type(exc).__name__})") from None
+    raise invalid(param, f"fetching the image URL failed ({failure})")
 
 
 async def _read(response: httpx.Response, policy: MediaFetchPolicy, param: str) -> FetchedImage:

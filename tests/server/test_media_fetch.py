@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import ssl
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from tls_certs import TestCA
 
 from tokenwire.server.cli import build_parser
 from tokenwire.server.rest.errors import RestError
@@ -51,6 +53,8 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, b"no", {})
 
+        self.server.hosts.append(self.headers.get("host", ""))  # type: ignore[attr-defined]
+
     def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
         self.send_response(status)
         for name, value in headers.items():
@@ -61,19 +65,49 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-@pytest.fixture(scope="module")
-def origin() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+class _Origin(ThreadingHTTPServer):
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.hosts: list[str] = []  # each request's Host header
+        self.server_names: list[str | None] = []  # each TLS handshake's SNI
+
+
+def _serve(server: _Origin) -> Iterator[_Origin]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
+    yield server
     server.shutdown()
     server.server_close()
     thread.join()
 
 
-def _policy(*hosts: str, allow_private: bool = True) -> MediaFetchPolicy:
-    return MediaFetchPolicy(frozenset(hosts), LIMIT, 5.0, allow_private)
+@pytest.fixture(scope="module")
+def origin() -> Iterator[str]:
+    for server in _serve(_Origin()):
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@pytest.fixture(scope="module")
+def ca(tmp_path_factory: pytest.TempPathFactory) -> TestCA:
+    return TestCA(tmp_path_factory.mktemp("media-ca"))
+
+
+@pytest.fixture(scope="module")
+def tls_origin(ca: TestCA, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Origin]:
+    """HTTPS on 127.0.0.1 with a certificate for the name ``localhost`` only (no IP)."""
+    issued = ca.issue("origin", "localhost", dns=("localhost",))
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(issued.cert, issued.key)
+    server = _Origin()
+    context.sni_callback = lambda sock, name, ctx: server.server_names.append(name)  # type: ignore[assignment,func-returns-value]
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    yield from _serve(server)
+
+
+def _policy(
+    *hosts: str, allow_private: bool = True, verify: ssl.SSLContext | bool = True
+) -> MediaFetchPolicy:
+    return MediaFetchPolicy(frozenset(hosts), LIMIT, 5.0, allow_private, verify)
 
 
 def _fetch(url: str, policy: MediaFetchPolicy) -> FetchedImage:
@@ -90,6 +124,22 @@ def _refused(url: str, policy: MediaFetchPolicy) -> str:
 def test_an_allowed_host_is_fetched(origin: str) -> None:
     image = _fetch(f"{origin}/img.png", _policy("127.0.0.1"))
     assert image == FetchedImage(PNG, "image/png")
+
+
+def test_https_is_pinned_to_the_checked_address_with_the_host_name_kept(
+    tls_origin: _Origin, ca: TestCA
+) -> None:
+    """The connection goes to the resolved IP, yet TLS sends SNI ``localhost`` and checks the
+    certificate against it (the certificate names no IP), and ``Host`` is the URL's."""
+    port = tls_origin.server_address[1]
+    url = f"https://localhost:{port}/img.png"
+    trusted = ssl.create_default_context(cafile=str(ca.files.cert))
+    image = _fetch(url, _policy("localhost", verify=trusted))
+    assert image == FetchedImage(PNG, "image/png")
+    assert tls_origin.server_names[-1] == "localhost"
+    assert tls_origin.hosts[-1] == f"localhost:{port}"
+    # The certificate really is checked: the system's CAs do not know the test CA.
+    assert "CERTIFICATE_VERIFY_FAILED" in _refused(url, _policy("localhost"))
 
 
 def test_a_host_not_listed_is_refused_exactly(origin: str) -> None:
