@@ -36,7 +36,7 @@ class MediaFetchPolicy:
 
     allowed_domains: frozenset[str] = frozenset()  # lower-case host names; empty: fetch none
     max_bytes: int = 10 << 20  # the body is cut (and refused) past this many bytes
-    timeout: float = 10.0  # seconds for the whole fetch: resolve, connect, read
+    timeout: float = 10.0  # seconds for the whole fetch: resolve, connect, read (one deadline)
     # Tests only (no flag sets it): permit private / loopback addresses, so a test server on
     # 127.0.0.1 can serve the positive path.
     allow_private: bool = False
@@ -145,7 +145,7 @@ async def _fetch(parsed: httpx.URL, policy: MediaFetchPolicy, param: str) -> Fet
     extensions = {"sni_hostname": parsed.host} if parsed.scheme == "https" else {}
     failure = "ConnectError"
     async with httpx.AsyncClient(
-        trust_env=False, follow_redirects=False, timeout=policy.timeout, verify=policy.verify
+        trust_env=False, follow_redirects=False, timeout=None, verify=policy.verify
     ) as client:
         for address in addresses:
             pinned = parsed.copy_with(host=address)

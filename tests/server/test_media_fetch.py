@@ -48,6 +48,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             for _ in range(64):
                 self.wfile.write(b"y" * 1024)
+        elif self.path == "/hang":  # headers never come, until the test is over
+            self.server.release.wait()  # type: ignore[attr-defined]
         elif self.path == "/gzip":
             self._send(200, PNG, {"content-type": "image/png", "content-encoding": "gzip"})
         else:
@@ -70,12 +72,14 @@ class _Origin(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.hosts: list[str] = []  # each request's Host header
         self.server_names: list[str | None] = []  # each TLS handshake's SNI
+        self.release = threading.Event()  # lets /hang's handlers go
 
 
 def _serve(server: _Origin) -> Iterator[_Origin]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
+    server.release.set()
     server.shutdown()
     server.server_close()
     thread.join()
@@ -177,6 +181,11 @@ def test_a_non_2xx_status_is_refused(origin: str) -> None:
 def test_a_body_past_the_limit_is_cut_and_refused(origin: str, path: str) -> None:
     message = _refused(f"{origin}{path}", _policy("127.0.0.1"))
     assert f"over {LIMIT} bytes (--max-image-bytes)" in message
+
+
+def test_a_fetch_that_hangs_times_out(origin: str) -> None:
+    policy = MediaFetchPolicy(frozenset({"127.0.0.1"}), LIMIT, 0.2, True)
+    assert "took over 0.2s" in _refused(f"{origin}/hang", policy)
 
 
 def test_a_compressed_body_is_refused(origin: str) -> None:
