@@ -42,6 +42,7 @@ from tokenwire.server.rest.errors import (
     from_rpc_error,
     from_validation_errors,
 )
+from tokenwire.server.rest.media_fetch import MediaFetchPolicy
 from tokenwire.server.rest.middleware import (
     BodyLimitMiddleware,
     RequestIdMiddleware,
@@ -53,6 +54,7 @@ from tokenwire.server.rest.models import (
     UnloadLoRAAdapterRequest,
 )
 from tokenwire.server.rest.openapi import install_openapi
+from tokenwire.server.rest.remote_images import inline_chat_images
 from tokenwire.server.rest.requests import Translated, chat_request, completion_requests
 from tokenwire.server.rest.responses import (
     JSON,
@@ -89,6 +91,8 @@ class RestSettings:
     metrics_keys: KeyCheck | None = None
     # Stored responses of the Responses API (``--responses-max-*``).
     responses: ResponsesSettings = field(default_factory=ResponsesSettings)
+    # Remote image URLs fetched (``--allowed-media-domains``; default: none).
+    media: MediaFetchPolicy = field(default_factory=MediaFetchPolicy)
 
 
 class Routes:
@@ -101,6 +105,7 @@ class Routes:
         self.started = int(time.time())
 
     async def chat(self, request: Request, body: ChatCompletionRequest) -> Response:
+        body = await inline_chat_images(body, self.settings.media)
         return await self._generate(request, chat_request(body), bool(body.stream), "chat")
 
     async def completions(self, request: Request, body: CompletionRequest) -> Response:
@@ -325,7 +330,9 @@ def create_app(upstream: Upstream, settings: RestSettings) -> FastAPI:
     app.add_api_route("/v1/models/{model:path}", routes.get_model, methods=["GET"])
     app.add_api_route("/v1/load_lora_adapter", routes.load_lora_adapter, methods=["POST"])
     app.add_api_route("/v1/unload_lora_adapter", routes.unload_lora_adapter, methods=["POST"])
-    install_responses(app, upstream, ResponseStore(settings.responses), settings.request_timeout)
+    install_responses(
+        app, upstream, ResponseStore(settings.responses), settings.request_timeout, settings.media
+    )
     install_tokenize(app, routes._models_call)  # /tokenize, /detokenize, the render routes
     app.add_api_route("/health", routes.health, methods=["GET"])
     app.add_api_route("/ready", routes.ready, methods=["GET"])

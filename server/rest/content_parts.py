@@ -4,8 +4,9 @@ An ``image_url`` part's URL must be a ``data:`` URL with base64 content
 (``data:image/png;base64,...``): the shim decodes it into an ``ImagePart`` (bytes and MIME
 type) of the gRPC ``ChatMessage.parts``, in the same order as the parts, so a gRPC error about
 ``chat.messages[i].parts[j]`` names ``messages.i.content.j`` back. Remote ``http(s)`` URLs
-are refused with a 400: this server never fetches a URL (no ``--allowed-media-domains``; the
-client inlines the image). Whether the model takes images, and every limit (count, bytes,
+are fetched only for hosts listed in ``--allowed-media-domains`` (``remote_images`` inlines
+them as ``data:`` URLs before this runs); any other reaching here is refused with a 400 naming
+the flag. Whether the model takes images, and every limit (count, bytes,
 pixels), is the gRPC server's call.
 """
 
@@ -58,8 +59,8 @@ def image_part(url: str, param: str) -> common_pb2.ImagePart:
         if url[:8].lower().startswith(("http://", "https://")):
             raise invalid(
                 param,
-                "remote image URLs are not fetched by this server; send the image inline as "
-                "a data: URL (data:image/png;base64,...)",
+                "remote image URLs are not fetched by this server (no --allowed-media-domains); "
+                "send the image inline as a data: URL (data:image/png;base64,...)",
                 "unsupported_value",
             )
         raise invalid(param, "an image URL must be a base64 data: URL (data:image/png;base64,...)")

@@ -30,6 +30,7 @@ from tokenwire.server.rest.connection import (
     http_connection_settings,
 )
 from tokenwire.server.rest.loopback import loopback_target as loopback_target  # re-export
+from tokenwire.server.rest.media_fetch import MediaFetchPolicy
 from tokenwire.server.rest.responses_api.settings import (
     add_responses_arguments,
     responses_settings,
@@ -156,6 +157,15 @@ def add_rest_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="REST: gRPC deadline per request in seconds (504 when it passes; default none)",
     )
+    p.add_argument(
+        "--allowed-media-domains",
+        nargs="+",
+        default=None,
+        metavar="HOST",
+        help="fetch http(s) image URLs whose host is exactly one of these (case-insensitive; "
+        "subdomains are not included), never from a private, loopback, link-local or "
+        "reserved address; default: none (remote image URLs are refused)",
+    )
     add_responses_arguments(p)
     add_http_connection_arguments(p)
 
@@ -171,6 +181,7 @@ def rest_settings(args: argparse.Namespace, port: int) -> RestSettings:
         max_body_bytes=args.max_request_body_bytes,
         request_timeout=args.request_timeout,
         responses=responses_settings(args),
+        media=MediaFetchPolicy.of(args.allowed_media_domains, args.max_image_bytes),
     )
 
 
@@ -198,6 +209,13 @@ def add_rest_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     add_log_format_argument(p)
     add_rest_arguments(p)
+    p.add_argument(
+        "--max-image-bytes",
+        type=int,
+        default=MediaFetchPolicy.max_bytes,
+        help="largest image fetched for --allowed-media-domains, in bytes (the gRPC server's "
+        "own --max-image-bytes still applies; default: %(default)s)",
+    )
     add_ssl_arguments(p)
     p.set_defaults(func=run_rest)
 

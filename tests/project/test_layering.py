@@ -343,3 +343,12 @@ def test_shared_constants_agree() -> None:
 
     assert RUNTIME_NULL_BLOCK_ID == NULL_BLOCK_ID
     assert hf_config.GATED_ACTIVATIONS == GATED_ACTIVATIONS
+
+
+def test_the_image_byte_limit_agrees() -> None:
+    """``tokenwire rest``'s fetch cap (the shim imports nothing of the gRPC server) defaults to
+    the gRPC server's ``--max-image-bytes``."""
+    from tokenwire.server.grpc.images import ImageLimits
+    from tokenwire.server.rest.media_fetch import MediaFetchPolicy
+
+    assert MediaFetchPolicy.max_bytes == ImageLimits.max_bytes

@@ -25,6 +25,7 @@ from tokenwire.server.grpc.convert import Limits
 from tokenwire.server.grpc.server import GrpcSettings
 from tokenwire.server.rest.app import RestSettings
 from tokenwire.server.rest.connection import HttpConnectionSettings
+from tokenwire.server.rest.media_fetch import MediaFetchPolicy
 from tokenwire.server.serve_args import ServeOptions
 from tokenwire.server.telemetry.tracing import TracingSettings
 
@@ -114,6 +115,19 @@ def test_serve_parser_defaults_are_the_settings_defaults() -> None:
     assert {name: getattr(args, name) for name in expected} == expected
     # The values themselves are unchanged.
     assert (args.max_requests, args.grpc_port, args.max_message_bytes) == (4096, 50051, 16 << 20)
+    assert args.allowed_media_domains is None  # no remote image URL is fetched
+
+
+def test_rest_parser_defaults_are_the_settings_defaults() -> None:
+    args = build_parser().parse_args(["rest"])
+    expected = {
+        "host": RestSettings.host,
+        "port": RestSettings.port,
+        "max_request_body_bytes": RestSettings.max_body_bytes,
+        "max_image_bytes": MediaFetchPolicy.max_bytes,
+        "allowed_media_domains": None,
+    }
+    assert {name: getattr(args, name) for name in expected} == expected
 
 
 def test_bench_parser_defaults_are_the_bench_configs() -> None:

@@ -37,8 +37,8 @@ class InputText(_Strict):
 
 
 class InputImage(_Strict):
-    """An image: ``image_url`` a base64 ``data:`` URL (remote URLs and ``file_id`` are
-    refused: this server fetches nothing and stores no files)."""
+    """An image: ``image_url`` a base64 ``data:`` URL, or an ``http(s)`` URL of a host in
+    ``--allowed-media-domains`` (``remote_images``); ``file_id`` is refused (no Files API)."""
 
     type: Literal["input_image"]
     image_url: str | None = None

@@ -23,6 +23,8 @@ from fastapi.responses import JSONResponse, Response
 
 from tokenwire.server.rest.disconnect import SSEResponse, request_id_of, until_disconnect
 from tokenwire.server.rest.errors import RestError, from_rpc_error
+from tokenwire.server.rest.media_fetch import MediaFetchPolicy
+from tokenwire.server.rest.remote_images import inline_response_images
 from tokenwire.server.rest.responses_api.events import ResponseBuilder, ResponseEvents
 from tokenwire.server.rest.responses_api.models import ResponsesRequest
 from tokenwire.server.rest.responses_api.output import (
@@ -60,8 +62,15 @@ def _not_found(response_id: str, param: str | None = None) -> RestError:
 
 
 class ResponsesRoutes:
-    def __init__(self, upstream: Upstream, store: ResponseStore, timeout: float | None) -> None:
+    def __init__(
+        self,
+        upstream: Upstream,
+        store: ResponseStore,
+        timeout: float | None,
+        media: MediaFetchPolicy | None = None,
+    ) -> None:
         self.upstream = upstream
+        self.media = media or MediaFetchPolicy()
         self.store = store
         self.timeout = timeout
 
@@ -73,6 +82,7 @@ class ResponsesRoutes:
 
     # ------------------------------------------------------------------ create
     async def create(self, request: Request, body: ResponsesRequest) -> Response:
+        body = await inline_response_images(body, self.media)
         owner = owner_of(request.headers.get("authorization"))
         history: list[common_pb2.ChatMessage] = []
         if body.previous_response_id is not None:
@@ -262,8 +272,12 @@ class ResponsesRoutes:
 
 
 def install_responses(
-    app: FastAPI, upstream: Upstream, store: ResponseStore, timeout: float | None
+    app: FastAPI,
+    upstream: Upstream,
+    store: ResponseStore,
+    timeout: float | None,
+    media: MediaFetchPolicy | None = None,
 ) -> ResponsesRoutes:
-    routes = ResponsesRoutes(upstream, store, timeout)
+    routes = ResponsesRoutes(upstream, store, timeout, media)
     routes.install(app)
     return routes
