@@ -31,8 +31,9 @@ from tokenwire.kernels.moe_triton import (
     _ACTIVATIONS,
     _TL_DTYPES,
     MoETiles,
-    _act_and_mul,
     _check_biases,
+    _store_down,
+    _store_gate_up,
     align_block_size,
     default_tiles,
 )
@@ -104,13 +105,10 @@ def _gate_up_mxfp4_kernel(  # type: ignore[no-untyped-def]
         x = x.to(DOT_DTYPE)
         acc_gate += tl.dot(x, gate.to(DOT_DTYPE), input_precision=DOT_PRECISION)
         acc_up += tl.dot(x, up.to(DOT_DTYPE), input_precision=DOT_PRECISION)
-    if HAS_BIAS:
-        bias_row = bias_ptr + expert * 2 * N + offs_n
-        acc_gate += tl.load(bias_row, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        acc_up += tl.load(bias_row + N, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    act = _act_and_mul(acc_gate, acc_up, ACT, ALPHA, LIMIT)
-    ptrs = out_ptr + ids[:, None] * stride_om + offs_n[None, :]
-    tl.store(ptrs, act.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    _store_gate_up(
+        acc_gate, acc_up, bias_ptr, expert, N, offs_n, n_mask, ids, m_mask, out_ptr, stride_om,
+        HAS_BIAS, ACT, ALPHA, LIMIT,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -142,13 +140,10 @@ def _down_mxfp4_kernel(  # type: ignore[no-untyped-def]
         w_mask = k_mask[:, None] & n_mask[None, :]
         w = _mxfp4_tile(w_bytes, w_scales, offs_k, offs_n, stride_bn, stride_sn, w_mask)
         acc += tl.dot(a.to(DOT_DTYPE), w.to(DOT_DTYPE), input_precision=DOT_PRECISION)
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + expert * N + offs_n, mask=n_mask, other=0.0)
-        acc += bias.to(tl.float32)[None, :]
-    scale = tl.load(weights_ptr + ids, mask=m_mask, other=0.0)
-    acc = acc * scale[:, None]
-    ptrs = out_ptr + ids[:, None] * stride_om + offs_n[None, :]
-    tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    _store_down(
+        acc, bias_ptr, expert, N, offs_n, n_mask, weights_ptr, ids, m_mask, out_ptr, stride_om,
+        HAS_BIAS,
+    )  # fmt: skip
 
 
 def _flat_pair(

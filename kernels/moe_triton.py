@@ -118,6 +118,38 @@ def _act_and_mul(  # type: ignore[no-untyped-def]
 
 
 @triton.jit
+def _store_gate_up(  # type: ignore[no-untyped-def]
+    acc_gate, acc_up, bias_ptr, expert, N, offs_n, n_mask, ids, m_mask, out_ptr, stride_om,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr,
+):  # fmt: skip
+    """The gate/up GEMM's epilogue (shared with ``moe_mxfp4_triton``): the expert's gate and
+    up biases, ``act(gate) * up``, stored at the assignments' rows."""
+    if HAS_BIAS:
+        bias_row = bias_ptr + expert * 2 * N + offs_n
+        acc_gate += tl.load(bias_row, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        acc_up += tl.load(bias_row + N, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    act = _act_and_mul(acc_gate, acc_up, ACT, ALPHA, LIMIT)
+    ptrs = out_ptr + ids[:, None] * stride_om + offs_n[None, :]
+    tl.store(ptrs, act.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _store_down(  # type: ignore[no-untyped-def]
+    acc, bias_ptr, expert, N, offs_n, n_mask, weights_ptr, ids, m_mask, out_ptr, stride_om,
+    HAS_BIAS: tl.constexpr,
+):  # fmt: skip
+    """The down GEMM's epilogue (shared with ``moe_mxfp4_triton``): the expert's bias, then
+    the assignment's routing weight, stored at its row."""
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + expert * N + offs_n, mask=n_mask, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
+    scale = tl.load(weights_ptr + ids, mask=m_mask, other=0.0)
+    acc = acc * scale[:, None]
+    ptrs = out_ptr + ids[:, None] * stride_om + offs_n[None, :]
+    tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
 def _gate_up_kernel(  # type: ignore[no-untyped-def]
     x_ptr,  # [T, K]
     w_ptr,  # [E, 2N, K]: gate rows, then up rows
@@ -171,13 +203,10 @@ def _gate_up_kernel(  # type: ignore[no-untyped-def]
         up = tl.load(up_cols + offs_k[:, None] * stride_wk, mask=w_mask, other=0.0)
         acc_gate += tl.dot(x, gate.to(DOT_DTYPE), input_precision=DOT_PRECISION)
         acc_up += tl.dot(x, up.to(DOT_DTYPE), input_precision=DOT_PRECISION)
-    if HAS_BIAS:
-        bias_row = bias_ptr + expert * 2 * N + offs_n
-        acc_gate += tl.load(bias_row, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        acc_up += tl.load(bias_row + N, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    act = _act_and_mul(acc_gate, acc_up, ACT, ALPHA, LIMIT)
-    ptrs = out_ptr + ids[:, None] * stride_om + offs_n[None, :]
-    tl.store(ptrs, act.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    _store_gate_up(
+        acc_gate, acc_up, bias_ptr, expert, N, offs_n, n_mask, ids, m_mask, out_ptr, stride_om,
+        HAS_BIAS, ACT, ALPHA, LIMIT,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -225,13 +254,10 @@ def _down_kernel(  # type: ignore[no-untyped-def]
             w_cols + offs_k[:, None] * stride_wk, mask=k_mask[:, None] & n_mask[None, :], other=0.0
         )
         acc += tl.dot(a.to(DOT_DTYPE), w.to(DOT_DTYPE), input_precision=DOT_PRECISION)
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + expert * N + offs_n, mask=n_mask, other=0.0)
-        acc += bias.to(tl.float32)[None, :]
-    scale = tl.load(weights_ptr + ids, mask=m_mask, other=0.0)
-    acc = acc * scale[:, None]
-    ptrs = out_ptr + ids[:, None] * stride_om + offs_n[None, :]
-    tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    _store_down(
+        acc, bias_ptr, expert, N, offs_n, n_mask, weights_ptr, ids, m_mask, out_ptr, stride_om,
+        HAS_BIAS,
+    )  # fmt: skip
 
 
 def fused_moe_triton(
