@@ -2,7 +2,9 @@
 N-th ``execute_model`` call of the core (1-based, warm-up steps included) raise
 ``InjectedFault`` before the executor runs; ``"slow:MS"`` makes every ``execute_model`` call
 take MS milliseconds longer (a tiny model stepping like a big one on a loaded box: the fleet
-tests use it to drive a gateway's liveness checks).
+tests use it to drive a gateway's liveness checks); ``"step:N,slow:MS"`` does both (the fault
+tests use it so that every call they start is admitted before the N-th step, however loaded
+the box).
 
 Read once when the ``EngineCore`` is built (in the core's own process under ``serve``, which
 inherits the server's environment). Unset or empty: no hook at all. What follows a fault is
@@ -45,10 +47,17 @@ class FaultPlan:
         raw = (os.environ if environ is None else environ).get(FAULT_ENV, "").strip()
         if not raw:
             return None
-        kind, _, value = raw.partition(":")
-        if kind not in ("step", "slow") or not value.strip().isdigit():
-            raise ValueError(f'{FAULT_ENV}={raw!r}: expected "step:N" or "slow:MS" with N >= 1')
-        return cls(int(value)) if kind == "step" else cls(0, slow_ms=int(value))
+        parts: dict[str, int] = {}
+        for item in raw.split(","):
+            kind, _, value = item.strip().partition(":")
+            valid = value.strip().isdigit() and int(value) >= 1
+            if kind not in ("step", "slow") or kind in parts or not valid:
+                raise ValueError(
+                    f'{FAULT_ENV}={raw!r}: expected "step:N", "slow:MS" or "step:N,slow:MS" '
+                    "with N >= 1"
+                )
+            parts[kind] = int(value)
+        return cls(parts.get("step", 0), slow_ms=parts.get("slow", 0))
 
 
 class StepFault:

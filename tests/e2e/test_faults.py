@@ -44,7 +44,9 @@ def test_fault_plan_from_env() -> None:
     assert FaultPlan.from_env({FAULT_ENV: ""}) is None
     assert FaultPlan.from_env({FAULT_ENV: "step:7"}) == FaultPlan(7)
     assert FaultPlan.from_env({FAULT_ENV: "slow:250"}) == FaultPlan(0, slow_ms=250)
-    for bad in ("step:0", "step:", "step:x", "boom", "kill:3", "slow:0", "slow:-1"):
+    assert FaultPlan.from_env({FAULT_ENV: "step:9, slow:20"}) == FaultPlan(9, slow_ms=20)
+    bad_plans = ("step:0", "step:", "step:x", "boom", "kill:3", "slow:0", "slow:-1")
+    for bad in (*bad_plans, "step:3,step:4", "step:3,slow:0", "step:3,", "step:3;slow:5"):
         with pytest.raises(ValueError, match=FAULT_ENV):
             FaultPlan.from_env({FAULT_ENV: bad})
 
@@ -202,10 +204,16 @@ def check_sigterm_under_load(served: Served) -> None:
 
 # ---------------------------------------------------------------------------- engine fault
 FAULT_AT = WARMUP_STEPS + 60  # well after the streams below are admitted, long before done
+# Every step takes this much longer, so the 60 steps before the fault last >= 3 s: the calls
+# below are all admitted by then however loaded the box (a tiny model alone steps in ~1 ms, and
+# one CI run saw the fault land before the second stream's start).
+FAULT_SLOW_MS = 50
+BEFORE_FAULT_S = FAULT_AT * FAULT_SLOW_MS / 1000
 
 
 def test_engine_fault_mid_step(tiny_model_with_tokenizer: Path) -> None:
-    served = serve(tiny_model_with_tokenizer, env={FAULT_ENV: f"step:{FAULT_AT}"})
+    plan = f"step:{FAULT_AT},slow:{FAULT_SLOW_MS}"
+    served = serve(tiny_model_with_tokenizer, env={FAULT_ENV: plan})
     try:
         check_engine_fault(served)
     finally:
@@ -241,7 +249,7 @@ def check_engine_fault(served: Served) -> None:
     assert not isinstance(payloads, Exception), payloads
     assert payloads[-1] == "[DONE]" and "engine_dead" in payloads[-2]
     assert unary_error.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert ended_within < FAIL_WITHIN_S
+    assert ended_within < BEFORE_FAULT_S + FAIL_WITHIN_S
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE and refused_in < 5.0
     assert served.proc.wait(timeout=60) == 1  # a supervisor restarts it
     assert wait_gone(served.group(), 10.0) == []
