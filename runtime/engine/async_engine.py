@@ -8,136 +8,46 @@ on threads (prompts are tokenized by the caller, off the loop: the server's
 ``CoreClient``: in a process of its own by default, or on a thread (``in_process``). While
 the core computes the next step, the loop turns the previous step's token ids into text. One
 record per step carries every request's tokens, the step and request statistics (handed to
-``observer`` here, on the loop) and a state snapshot.
+``observer`` here, on the loop) and a state snapshot. The engine's state and the facts it
+reports are ``async_engine_base``; the routing of the core's outputs is
+``async_engine_outputs``; this module adds the lifecycle and the request intake.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import logging
 from collections.abc import Callable
-from typing import Any
 
-from tokenwire.runtime.config import DEFAULT_MAX_REQUESTS, EngineConfig
-from tokenwire.runtime.engine.client_factory import make_core_client
-from tokenwire.runtime.engine.core_client import CoreClient
+from tokenwire.runtime.engine.async_engine_outputs import AsyncEngineOutputs
 from tokenwire.runtime.engine.dp_merge import idle_snapshot
 from tokenwire.runtime.engine.messages import (
     AbortRequests,
     AddRequest,
     CheckIdle,
     ChildRequest,
-    CoreFailed,
-    IdleReply,
-    LoRAReply,
     ReleaseHolder,
     ResetPrefixCache,
-    ResetReply,
-    StepResult,
 )
-from tokenwire.runtime.engine.protocol import EngineInfo, EngineStatsSnapshot, IdleReport
+from tokenwire.runtime.engine.protocol import IdleReport
 from tokenwire.runtime.errors import (
     AdapterNotFoundError,
     DrainingError,
     DuplicateRequestError,
     EngineDeadError,
     NotReadyError,
-    ParameterError,
     QueueFullError,
 )
 from tokenwire.runtime.front.frontend import Frontend
-from tokenwire.runtime.front.kv_event_hub import KVEventStream
-from tokenwire.runtime.front.kv_events_front import KVEventsFront
-from tokenwire.runtime.front.lora_front import LoRAFront
-from tokenwire.runtime.front.output_processor import ProcessedStep
-from tokenwire.runtime.front.request_stream import RequestFailed, RequestFinished, RequestStream
-from tokenwire.runtime.front.tokenizer import Tokenizer
+from tokenwire.runtime.front.request_stream import RequestFailed, RequestStream
 from tokenwire.runtime.front.validation import check_task, validate_priority, validate_rank
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.multimodal import ImageInput, check_images
-from tokenwire.runtime.outputs import EngineCoreOutput
 from tokenwire.runtime.sampling_params import SamplingParams, embedding_params
-from tokenwire.runtime.stats import EngineObserver
-
-logger = logging.getLogger("tokenwire.engine")
 
 
-class EngineFaultError(RuntimeError):
-    """The core failed to serve one request (an engine fault; the engine lives on)."""
-
-
-class AsyncEngine:
-    def __init__(
-        self,
-        config: EngineConfig,
-        *,
-        observer: EngineObserver | None = None,
-        max_requests: int = DEFAULT_MAX_REQUESTS,
-        in_process: bool = False,
-        core_observer: EngineObserver | None = None,
-    ) -> None:
-        self.config = config
-        self.observer = observer  # front side: sees every step's and request's statistics
-        self.max_requests = max_requests  # sequences in flight (a request counts n)
-        self.client: CoreClient = make_core_client(config, in_process, core_observer)
-        self.ready = False  # set after warm-up; until then requests get NOT_READY
-        self.draining = False
-        self._info: EngineInfo | None = None
-        self._frontend: Frontend | None = None
-        self._streams: dict[str, RequestStream] = {}
-        self._num_seqs = 0
-        self._eviction_listeners: dict[str, Callable[[], None]] = {}
-        self._on_dead: list[Callable[[], None]] = []
-        self._dead: str | None = None
-        self._closing = False
-        self._loras = LoRAFront(self.client.send)
-        self._idle = asyncio.Event()  # set while no stream is open
-        self._idle.set()
-        self._snapshot = EngineStatsSnapshot()
-        self._idle_calls: dict[int, asyncio.Future[IdleReport]] = {}
-        self._call_ids = itertools.count()
-        self._output_task: asyncio.Task[None] | None = None
-        self._kv_events = KVEventsFront.make(config)  # None unless --kv-events-config
-        self._reset_calls: dict[int, asyncio.Future[bool]] = {}
-
-    # ------------------------------------------------------------------ facts
-    @property
-    def info(self) -> EngineInfo:
-        assert self._info is not None, "start() first"
-        return self._info
-
-    @property
-    def frontend(self) -> Frontend:
-        assert self._frontend is not None, "start() first"
-        return self._frontend
-
-    @property
-    def tokenizer(self) -> Tokenizer | None:
-        return None if self._frontend is None else self._frontend.tokenizer
-
-    @property
-    def is_dead(self) -> bool:
-        return self._dead is not None
-
-    @property
-    def num_in_flight(self) -> int:
-        return len(self._streams)
-
-    @property
-    def num_seqs_in_flight(self) -> int:
-        """Sequences of the open streams (a request with ``n`` choices counts ``n``)."""
-        return self._num_seqs
-
-    def stats_snapshot(self) -> EngineStatsSnapshot:
-        return self._snapshot
-
-    @property
-    def kv_events(self) -> KVEventStream | None:
-        """The KV-cache event stream (None unless ``--kv-events-config`` enables it): the one
-        core's hub, or with several cores every rank's batches merged
-        (``front.kv_event_merge``)."""
-        return None if self._kv_events is None else self._kv_events.stream
+class AsyncEngine(AsyncEngineOutputs):
+    """Lifecycle, request intake and the calls the server makes, on the engine's state
+    (``async_engine_base``) and its output routing (``async_engine_outputs``)."""
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -241,19 +151,7 @@ class AsyncEngine:
         images: tuple[ImageInput, ...] = (),
     ) -> RequestStream:
         """Validate and send to the core; raises before anything is sent."""
-        if self._dead is not None:
-            raise EngineDeadError(self._dead)
-        if not (self.ready or before_ready):
-            raise NotReadyError("the model is still loading or warming up")
-        if self.draining:
-            raise DrainingError("the server is draining and accepts no new requests")
-        if request_id in self._streams:
-            raise DuplicateRequestError(request_id)
-        if self._num_seqs + params.n > self.max_requests:
-            raise QueueFullError(
-                f"the server holds {self._num_seqs} sequences in flight and this request "
-                f"needs {params.n}; its limit is {self.max_requests}"
-            )
+        self._check_admission(request_id, params.n, before_ready)
         if lora_request is not None and self._loras.get(lora_request.lora_name) != lora_request:
             raise AdapterNotFoundError(lora_request.lora_name)
         validate_priority(priority)  # what the wire to the core carries
@@ -262,8 +160,7 @@ class AsyncEngine:
         check_images(images, len(prompt_token_ids))
         # No grammar work here, on the loop: a constraint not known to parse is left to the
         # core's compile pool (``check_constraint`` parses it off the loop beforehand).
-        frontend = self.frontend
-        children = frontend.add_request(request_id, prompt, prompt_token_ids, params)
+        children = self.frontend.add_request(request_id, prompt, prompt_token_ids, params)
         stream = RequestStream(request_id, params.n)
         self._streams[request_id] = stream
         self._num_seqs += params.n
@@ -285,12 +182,33 @@ class AsyncEngine:
         try:
             self.client.send(message)
         except Exception:  # not sent (e.g. a value the wire cannot encode): nothing stays
-            frontend.abort(request_id)
-            self._streams.pop(request_id, None)
-            self._num_seqs -= params.n
-            self._mark_idle()
+            self._forget_unsent(request_id, params.n)
             raise
         return stream
+
+    def _check_admission(self, request_id: str, num_seqs: int, before_ready: bool) -> None:
+        """Whether the engine takes a request now: alive, ready (or the warm-up), not
+        draining, its id not in flight, its ``num_seqs`` sequences within ``max_requests``."""
+        if self._dead is not None:
+            raise EngineDeadError(self._dead)
+        if not (self.ready or before_ready):
+            raise NotReadyError("the model is still loading or warming up")
+        if self.draining:
+            raise DrainingError("the server is draining and accepts no new requests")
+        if request_id in self._streams:
+            raise DuplicateRequestError(request_id)
+        if self._num_seqs + num_seqs > self.max_requests:
+            raise QueueFullError(
+                f"the server holds {self._num_seqs} sequences in flight and this request "
+                f"needs {num_seqs}; its limit is {self.max_requests}"
+            )
+
+    def _forget_unsent(self, request_id: str, num_seqs: int) -> None:
+        """Undo ``add_request``'s bookkeeping for a request the core never got."""
+        self.frontend.abort(request_id)
+        self._streams.pop(request_id, None)
+        self._num_seqs -= num_seqs
+        self._mark_idle()
 
     async def check_constraint(self, params: SamplingParams) -> None:
         """Parse ``params``' structured-output constraint off the loop, limits first;
@@ -337,112 +255,3 @@ class AsyncEngine:
     def on_dead(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (on the loop) if the engine core dies."""
         self._on_dead.append(callback)
-
-    # ------------------------------------------------------------------ core outputs
-    async def _output_loop(self) -> None:
-        while True:
-            message = await self.client.get_output()
-            try:
-                if isinstance(message, StepResult):
-                    self._on_step(message)
-                elif isinstance(message, IdleReply):
-                    reply = self._idle_calls.pop(message.call_id, None)
-                    if reply is not None and not reply.done():
-                        reply.set_result(message.report)
-                elif isinstance(message, LoRAReply):
-                    self._loras.on_reply(message)
-                elif isinstance(message, ResetReply):
-                    done = self._reset_calls.pop(message.call_id, None)
-                    if done is not None and not done.done():
-                        done.set_result(message.ok)
-                elif isinstance(message, CoreFailed):
-                    if not self._closing:
-                        self._die(message.message)
-                    return
-            except Exception:
-                logger.exception("engine front failed to process a core output")
-                self._die("the engine front failed")
-                return
-
-    def _on_step(self, result: StepResult) -> None:
-        if self.observer is not None:
-            for step in result.steps:
-                self.observer.on_step(step)
-            for stats in result.finished:
-                self.observer.on_request_finished(stats)
-        if result.snapshot is not None:
-            self._snapshot = result.snapshot
-        if result.kv_events is not None and self._kv_events is not None:
-            self._kv_events.publish(result.kv_events)  # to its core's hub
-        outputs = result.outputs
-        if any(o.error_param is not None for o in outputs):
-            outputs = self._fail_bad_parameters(outputs)
-        processed = self.frontend.process(outputs)
-        if processed.to_abort:  # stop strings: the choices already ended in the front
-            self.client.send(AbortRequests(processed.to_abort))
-        for fault in result.faults:
-            self.frontend.abort(fault.request_id)
-            self._fail(fault.request_id, EngineFaultError(fault.message))
-        self._dispatch(processed)
-        for holder in result.evicted_holders:
-            callback = self._eviction_listeners.pop(holder, None)
-            if callback is not None:
-                callback()
-
-    def _fail_bad_parameters(self, outputs: list[EngineCoreOutput]) -> list[EngineCoreOutput]:
-        """A choice the core ended on a bad parameter (its constraint did not compile) fails
-        its whole request with that ``ParameterError``; the other choices are aborted."""
-        kept = []
-        for output in outputs:
-            if output.error_param is None:
-                kept.append(output)
-                continue
-            request_id = self.frontend.parent_of(output.request_id)
-            if request_id is None:
-                continue  # already failed through a sibling
-            siblings = [c for c in self.frontend.abort(request_id) if c != output.request_id]
-            if siblings:
-                self.client.send(AbortRequests(siblings))
-            self._fail(request_id, ParameterError(output.error_param, str(output.stop_reason)))
-        return kept
-
-    def _dispatch(self, step: ProcessedStep) -> None:
-        streams = self._streams
-        for started in step.started:
-            if (stream := streams.get(started.request_id)) is not None:
-                stream.put(started)
-        for delta in step.deltas:
-            if (stream := streams.get(delta.request_id)) is not None:
-                stream.put(delta)
-        for output in step.finished:
-            stream = streams.pop(output.request_id, None)
-            if stream is not None:
-                self._num_seqs -= stream.num_seqs
-                stream.put(RequestFinished(output))
-        self._mark_idle()
-
-    def _mark_idle(self) -> None:
-        if not self._streams:
-            self._idle.set()
-
-    def _fail(self, request_id: str, exc: BaseException) -> None:
-        stream = self._streams.pop(request_id, None)
-        if stream is not None:
-            self._num_seqs -= stream.num_seqs
-            stream.put(RequestFailed(exc))
-        self._mark_idle()
-
-    def _die(self, reason: str) -> None:
-        logger.error("engine core died: %s", reason)
-        self._dead = reason
-        for request_id in list(self._streams):
-            self.frontend.abort(request_id)
-            self._fail(request_id, EngineDeadError(reason))
-        pending: list[asyncio.Future[Any]] = [*self._idle_calls.values()]
-        pending += self._reset_calls.values()
-        for reply in pending:
-            if not reply.done():
-                reply.set_exception(EngineDeadError(reason))
-        self._loras.fail_all(EngineDeadError(reason))
-        for callback in self._on_dead:
-            callback()
