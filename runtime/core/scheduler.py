@@ -224,24 +224,37 @@ class Scheduler(SchedulerUpdate):
                 new_block_ids = self.kv.allocate_slots(request, num_new, hit_ids, num_hit)
             if new_block_ids is None:
                 break
-            if self.connector is not None:  # KV tiers: the request holds its loaded blocks now
-                self.connector.admitted(request.request_id)
-                if request.hold_as is not None:  # and its Session's host slots are unpinned
-                    self.connector.unhold_session(request.hold_as)
-            self.waiting.pop()
-            request.num_computed_tokens = num_hit
-            if request.num_cached_tokens < 0:
-                request.num_cached_tokens = num_hit
-            if request.first_scheduled_time is None:
-                request.first_scheduled_time = time.monotonic()
-            self._admit(request, new_block_ids, step)
-            if plan is not None:
-                self._commit_encoder(request, plan, step)
-            step.schedule(request, num_new)
+            self._start_waiting(request, num_hit, num_new, new_block_ids, plan, step)
             if active is not None and request.lora_request is not None:
                 active.add(request.lora_int_id)
         for request in reversed(skipped):  # back in front, in their order
             self.waiting.prepend(request)
+
+    def _start_waiting(
+        self,
+        request: Request,
+        num_hit: int,
+        num_new: int,
+        block_ids: list[int],
+        plan: EncoderPlan | None,
+        step: StepBuilder,
+    ) -> None:
+        """The head of the queue, its blocks allocated, runs from this step: its prefix hit
+        counts as computed, ``num_new`` tokens (and its images' encoder work) are scheduled."""
+        if self.connector is not None:  # KV tiers: the request holds its loaded blocks now
+            self.connector.admitted(request.request_id)
+            if request.hold_as is not None:  # and its Session's host slots are unpinned
+                self.connector.unhold_session(request.hold_as)
+        self.waiting.pop()
+        request.num_computed_tokens = num_hit
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_hit
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = time.monotonic()
+        self._admit(request, block_ids, step)
+        if plan is not None:
+            self._commit_encoder(request, plan, step)
+        step.schedule(request, num_new)
 
     # ------------------------------------------------------------------ KV tiers hooks
     def _start_kv_load(self, request: Request, hit_ids: list[int], num_hit: int) -> bool:

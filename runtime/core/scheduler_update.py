@@ -37,14 +37,8 @@ class SchedulerUpdate(SchedulerBase):
     def update(
         self, scheduler_output: SchedulerOutput, model_output: ModelOutput, advanced: bool = False
     ) -> list[EngineCoreOutput]:
+        self._step_ran(scheduler_output, model_output, advanced)
         requests = self.requests
-        if self.connector is not None and model_output.kv_loads_done:  # KV tiers
-            self.connector.loads_done(model_output.kv_loads_done, model_output.kv_load_failed)
-        if not advanced:
-            for request_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
-                request = requests.get(request_id)
-                if request is not None:
-                    request.num_computed_tokens += num_tokens
         outputs, self._grammar_failures = self._grammar_failures, []
         any_finished = False
         logprobs = model_output.logprobs
@@ -96,6 +90,20 @@ class SchedulerUpdate(SchedulerBase):
         if model_output.prompt_logprobs:
             self._attach_prompt_logprobs(model_output, outputs)
         return outputs
+
+    def _step_ran(
+        self, scheduler_output: SchedulerOutput, model_output: ModelOutput, advanced: bool
+    ) -> None:
+        """What a step did besides sampling: KV-tier loads it completed, and (unless
+        ``advance`` ran ahead of it) the tokens it computed."""
+        if self.connector is not None and model_output.kv_loads_done:  # KV tiers
+            self.connector.loads_done(model_output.kv_loads_done, model_output.kv_load_failed)
+        if not advanced:
+            requests = self.requests
+            for request_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
+                request = requests.get(request_id)
+                if request is not None:
+                    request.num_computed_tokens += num_tokens
 
     def _finish_pooled(
         self, pooled: dict[str, list[float]], outputs: list[EngineCoreOutput], now: float

@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import tempfile
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -55,12 +56,7 @@ def run_core_process(
     import zmq
 
     from tokenwire.runtime.engine.core import EngineCore
-    from tokenwire.runtime.engine.core_loop import (
-        IDLE_CHECK_S,
-        CoreLoop,
-        StatsCollector,
-        engine_info,
-    )
+    from tokenwire.runtime.engine.core_loop import CoreLoop, StatsCollector, engine_info
 
     # The front owns the lifetime: Ctrl-C, or a SIGTERM sent to the whole process group
     # (systemd, a terminal), starts its drain, during which the core must keep stepping. The
@@ -74,22 +70,7 @@ def run_core_process(
     inputs.connect(input_address)
     outputs = context.socket(zmq.PUSH)
     outputs.connect(output_address)
-    in_codec, out_codec = InputCodec(), OutputCodec()
-
-    def send(message: CoreOutput) -> None:
-        send_or_drop(outputs, out_codec.encode(message))
-
-    def receive(block: bool) -> list[CoreInput]:
-        if block:
-            inputs.poll(int(1000 * IDLE_CHECK_S))
-        messages: list[CoreInput] = []
-        while True:
-            try:
-                frame = inputs.recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return messages
-            messages.append(in_codec.decode_input(frame.buffer))
-
+    send, receive = _wire(inputs, outputs)
     code = 0
     collector = StatsCollector(core_observer)
     try:
@@ -110,6 +91,35 @@ def run_core_process(
             core.shutdown(graceful=False)
     _close(context, inputs, outputs)
     os._exit(code)
+
+
+def _wire(
+    inputs: Any, outputs: Any
+) -> tuple[Callable[[CoreOutput], None], Callable[[bool], list[CoreInput]]]:
+    """The core loop's ``send`` and ``receive`` over the core process's two sockets: records
+    encoded out (dropped if the front is gone), every waiting input decoded in (``block``:
+    wait up to the idle-check period for the first)."""
+    import zmq
+
+    from tokenwire.runtime.engine.core_loop import IDLE_CHECK_S
+
+    in_codec, out_codec = InputCodec(), OutputCodec()
+
+    def send(message: CoreOutput) -> None:
+        send_or_drop(outputs, out_codec.encode(message))
+
+    def receive(block: bool) -> list[CoreInput]:
+        if block:
+            inputs.poll(int(1000 * IDLE_CHECK_S))
+        messages: list[CoreInput] = []
+        while True:
+            try:
+                frame = inputs.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return messages
+            messages.append(in_codec.decode_input(frame.buffer))
+
+    return send, receive
 
 
 def _close(context: Any, inputs: Any, outputs: Any) -> None:

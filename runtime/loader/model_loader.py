@@ -56,11 +56,12 @@ from tokenwire.runtime.loader.pooling_config import (
     embed_spec,
     resolve_task,
 )
-from tokenwire.runtime.loader.source import model_source
+from tokenwire.runtime.loader.source import ModelSource, model_source
 from tokenwire.runtime.models.arch import ModelArch, token_id_tuple
 from tokenwire.runtime.models.gemma3_mm import build_gemma3_mm
 from tokenwire.runtime.models.gemma3_mm_config import gemma3_text_config, is_gemma3_mm
 from tokenwire.runtime.models.layers import process_weights_after_loading
+from tokenwire.runtime.models.layers.quant.base import QuantConfig
 from tokenwire.runtime.models.layers.quant.gguf import GGUFConfig, iter_gguf_checkpoint
 from tokenwire.runtime.models.layers.quant.registry import resolve_quant_config
 from tokenwire.runtime.models.llama import LlamaForCausalLM, build_model
@@ -131,7 +132,6 @@ def load_model(
     config = _read_json(source.config_file)
     task = resolve_task(model_config.task, folder, config)
     embed = None
-    llava, gemma3_mm = is_llava(config), is_gemma3_mm(config)
     decoder_config = _decoder_config(config)
     arch = ModelArch.from_hf_config(
         decoder_config if task != "embed" else base_decoder_config(config)
@@ -147,23 +147,8 @@ def load_model(
     else:
         quant, dtype = plan
     max_model_len = resolve_max_model_len(model_config.max_model_len, arch)
-    model: LlamaForCausalLM
-    if llava:
-        model = build_llava(config, arch, device, dtype, max_model_len, tp, quant)
-    elif gemma3_mm:
-        model = build_gemma3_mm(config, arch, device, dtype, max_model_len, tp, quant)
-    elif is_qwen_vl(config):
-        model = build_qwen_vl(config, arch, device, dtype, max_model_len, tp, quant)
-    else:
-        model = build_model(arch, device, dtype, max_position=max_model_len, tp=tp, quant=quant)
-    if dummy:
-        std = float(config.get("initializer_range") or _DEFAULT_INIT_STD)
-        init_dummy_weights(model, model_config.seed, std)
-    elif isinstance(quant, GGUFConfig) and source.gguf is not None:
-        model.load_weights(iter_gguf_checkpoint(source.gguf, quant.plan))
-    else:
-        weights = iter_safetensors(folder)
-        model.load_weights(weights if embed is None else with_model_prefix(weights))
+    model = _build(config, arch, device, dtype, max_model_len, tp, quant)
+    _load_weights(model, model_config, source, config, quant, embedding=embed is not None)
     process_weights_after_loading(model)  # quantized layers: into the kernels' layouts
     # The LM head: a row's logits do not depend on the batch (bf16 copy: --lm-head-dtype).
     model.prepare_logits(lm_head_kind(model_config, quant, device))
@@ -184,6 +169,45 @@ def load_model(
         tokenizer_dir=None if tokenizer is None else tokenizer_dir,
         embed=embed,
     )
+
+
+def _build(
+    config: dict[str, Any],
+    arch: ModelArch,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_model_len: int,
+    tp: TPGroup,
+    quant: QuantConfig | None,
+) -> LlamaForCausalLM:
+    """Allocate the model of ``config``'s architecture (a multimodal wrapper or the decoder)."""
+    if is_llava(config):
+        return build_llava(config, arch, device, dtype, max_model_len, tp, quant)
+    if is_gemma3_mm(config):
+        return build_gemma3_mm(config, arch, device, dtype, max_model_len, tp, quant)
+    if is_qwen_vl(config):
+        return build_qwen_vl(config, arch, device, dtype, max_model_len, tp, quant)
+    return build_model(arch, device, dtype, max_position=max_model_len, tp=tp, quant=quant)
+
+
+def _load_weights(
+    model: LlamaForCausalLM,
+    model_config: ModelConfig,
+    source: ModelSource,
+    config: dict[str, Any],
+    quant: QuantConfig | None,
+    embedding: bool,
+) -> None:
+    """Fill ``model``: random weights (``--load-format dummy``), the GGUF file's blocks kept
+    quantized, or the safetensors checkpoint (an embedding one named without ``model.``)."""
+    if model_config.load_format == "dummy":
+        std = float(config.get("initializer_range") or _DEFAULT_INIT_STD)
+        init_dummy_weights(model, model_config.seed, std)
+    elif isinstance(quant, GGUFConfig) and source.gguf is not None:
+        model.load_weights(iter_gguf_checkpoint(source.gguf, quant.plan))
+    else:
+        weights = iter_safetensors(source.folder)
+        model.load_weights(with_model_prefix(weights) if embedding else weights)
 
 
 def with_model_prefix(
