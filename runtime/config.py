@@ -11,9 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from tokenwire.runtime.config_checks import positive
 from tokenwire.runtime.kv_events_config import KVEventsConfig
 from tokenwire.runtime.kv_tier_flags import check_tier_flags
+from tokenwire.runtime.parallel_config import ParallelConfig as ParallelConfig
 from tokenwire.runtime.pooling_params import TASKS, PoolerConfig, Task
+from tokenwire.runtime.speculative_config import SpeculativeConfig as SpeculativeConfig
 from tokenwire.runtime.structured.config import StructuredOutputsConfig
 
 LoadFormat = Literal["auto", "safetensors", "gguf", "dummy"]
@@ -45,17 +48,6 @@ DEFAULT_MAX_REQUESTS = 4096
 # Encoder-output cache of image features when --encoder-cache-size is unset: 8192 vectors
 # (14 LLaVA-1.5 images of 576; 64 MiB at hidden 4096 in float16).
 DEFAULT_ENCODER_CACHE_SIZE = 8192
-
-
-def _positive(name: str, value: int | None) -> None:
-    if value is not None and value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value}")
-
-
-def _whole_count(name: str, value: object) -> None:
-    """A positive ``int`` (not a bool, a float or a numeric string)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -96,7 +88,7 @@ class ModelConfig:
     pooler_config: PoolerConfig | None = None
 
     def __post_init__(self) -> None:
-        _positive("max_model_len", self.max_model_len)
+        positive("max_model_len", self.max_model_len)
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {', '.join(TASKS)}; got {self.task!r}")
         if not self.generation_config:
@@ -152,13 +144,13 @@ class CacheConfig:
     kv_offloading_disk_size: float | None = None
 
     def __post_init__(self) -> None:
-        _positive("block_size", self.block_size)
+        positive("block_size", self.block_size)
         check_tier_flags(
             self.kv_offloading_size, self.kv_offloading_disk_path, self.kv_offloading_disk_size
         )
         if self.block_size > 1024 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two <= 1024, got {self.block_size}")
-        _positive("kv_cache_memory", self.kv_cache_memory)
+        positive("kv_cache_memory", self.kv_cache_memory)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
@@ -195,10 +187,10 @@ class SchedulerConfig:
     max_num_encoder_input_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        _positive("max_num_seqs", self.max_num_seqs)
-        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
-        _positive("encoder_cache_size", self.encoder_cache_size)
-        _positive("max_num_encoder_input_tokens", self.max_num_encoder_input_tokens)
+        positive("max_num_seqs", self.max_num_seqs)
+        positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        positive("encoder_cache_size", self.encoder_cache_size)
+        positive("max_num_encoder_input_tokens", self.max_num_encoder_input_tokens)
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(
                 f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}"
@@ -218,67 +210,6 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
-class ParallelConfig:
-    """Tensor parallelism: ``tensor_parallel_size`` ranks, one process and device each, in
-    one torch.distributed group, on ``nnodes`` nodes with the same number of ranks each.
-
-    Rendezvous: ``distributed_init_method`` (``tcp://host:port`` or ``env://``, as torchrun
-    sets MASTER_ADDR / MASTER_PORT) when given; else ``tcp://master_addr:master_port`` when
-    there are several nodes; else a free loopback port. ``distributed_timeout`` bounds how long
-    a collective waits on a silent peer (a dead or hung rank ends the engine within it);
-    ``distributed_startup_timeout`` bounds the rendezvous and the model load.
-    """
-
-    tensor_parallel_size: int = 1
-    # Data parallelism (docs/parallelism.md): this many engine cores behind one front, each
-    # with the whole model (its own device on CUDA, its share of the cores on CPU).
-    data_parallel_size: int = 1
-    data_parallel_rank: int = 0  # set by the front for each core it starts; not a flag
-    distributed_init_method: str | None = None
-    nnodes: int = 1
-    node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29500
-    distributed_timeout: float = 10.0
-    distributed_startup_timeout: float = 600.0
-
-    def __post_init__(self) -> None:
-        _positive("tensor_parallel_size", self.tensor_parallel_size)
-        _positive("data_parallel_size", self.data_parallel_size)
-        _positive("nnodes", self.nnodes)
-        if not 0 <= self.data_parallel_rank < self.data_parallel_size:
-            raise ValueError(
-                f"data_parallel_rank must be in [0, {self.data_parallel_size}), "
-                f"got {self.data_parallel_rank}"
-            )
-        if self.tensor_parallel_size % self.nnodes:
-            raise ValueError(
-                f"tensor_parallel_size ({self.tensor_parallel_size}) must be a multiple of "
-                f"nnodes ({self.nnodes}): every node runs the same number of ranks"
-            )
-        if not 0 <= self.node_rank < self.nnodes:
-            raise ValueError(f"node_rank must be in [0, {self.nnodes}), got {self.node_rank}")
-        if not 0 < self.master_port < 65536:
-            raise ValueError(f"master_port must be a TCP port, got {self.master_port}")
-        if self.distributed_timeout <= 0 or self.distributed_startup_timeout <= 0:
-            raise ValueError("distributed_timeout and distributed_startup_timeout must be > 0")
-        method = self.distributed_init_method
-        if method is not None and not method.startswith(("tcp://", "env://")):
-            raise ValueError(
-                f"distributed_init_method must be tcp://HOST:PORT or env://, got {method!r}"
-            )
-
-    @property
-    def ranks_per_node(self) -> int:
-        return self.tensor_parallel_size // self.nnodes
-
-    @property
-    def cpu_ranks_per_node(self) -> int:
-        """Processes that share this node's cores: every TP rank of every DP engine core."""
-        return self.ranks_per_node * self.data_parallel_size
-
-
-@dataclass(frozen=True)
 class LoRAConfig:
     """Multi-LoRA serving (vLLM's flags). ``lora_modules``: (name, path) adapters loaded at
     startup; ``max_loras``: adapters resident on the device at once (one step serves at most
@@ -291,9 +222,9 @@ class LoRAConfig:
     max_cpu_loras: int | None = None
 
     def __post_init__(self) -> None:
-        _positive("max_loras", self.max_loras)
-        _positive("max_lora_rank", self.max_lora_rank)
-        _positive("max_cpu_loras", self.max_cpu_loras)
+        positive("max_loras", self.max_loras)
+        positive("max_lora_rank", self.max_lora_rank)
+        positive("max_cpu_loras", self.max_cpu_loras)
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError(
                 f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
@@ -307,47 +238,6 @@ class LoRAConfig:
     @property
     def cpu_capacity(self) -> int:
         return self.max_loras if self.max_cpu_loras is None else self.max_cpu_loras
-
-
-@dataclass(frozen=True)
-class SpeculativeConfig:
-    """``--speculative-config`` (vLLM's JSON keys). ``ngram``: prompt lookup — the longest
-    suffix of ``prompt_lookup_max`` .. ``prompt_lookup_min`` tokens that occurred earlier in
-    the sequence proposes the ``num_speculative_tokens`` tokens that followed it.
-    ``draft_model``: ``model`` (a small model with the target's vocabulary, loaded like the
-    target: a local folder or hub id, same dtype and device) proposes them greedily.
-    ``disable_by_batch_size``: steps with at least this many running requests decode plainly."""
-
-    method: str = "ngram"
-    num_speculative_tokens: int = 4
-    prompt_lookup_min: int = 2
-    prompt_lookup_max: int = 5
-    model: str | None = None
-    disable_by_batch_size: int | None = None
-
-    def __post_init__(self) -> None:
-        # The values come from JSON: check types too (a bool is no count, 2.5 no token).
-        if not isinstance(self.method, str) or self.method not in ("ngram", "draft_model"):
-            raise ValueError(
-                f"speculative_config method must be 'ngram' or 'draft_model', got {self.method!r}"
-            )
-        if self.model is not None and not isinstance(self.model, str):
-            raise ValueError(
-                f"speculative_config model must be a path or hub id (a string), got {self.model!r}"
-            )
-        if self.method == "draft_model" and not self.model:
-            raise ValueError("speculative_config method 'draft_model' needs 'model' (a path)")
-        if self.method == "ngram" and self.model is not None:
-            raise ValueError("speculative_config 'model' is only for method 'draft_model'")
-        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
-            _whole_count(f"speculative_config {name}", getattr(self, name))
-        if self.disable_by_batch_size is not None:
-            _whole_count("speculative_config disable_by_batch_size", self.disable_by_batch_size)
-        if self.prompt_lookup_max < self.prompt_lookup_min:
-            raise ValueError(
-                f"speculative_config prompt_lookup_max ({self.prompt_lookup_max}) must be >= "
-                f"prompt_lookup_min ({self.prompt_lookup_min})"
-            )
 
 
 @dataclass(frozen=True)

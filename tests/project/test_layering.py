@@ -160,6 +160,9 @@ def test_the_rules_see_function_level_imports(tmp_path: Path) -> None:
 
 PLAIN_RECORDS = (
     "config",
+    "config_checks",
+    "parallel_config",
+    "speculative_config",
     "engine_args",
     "errors",
     "model_facts",
