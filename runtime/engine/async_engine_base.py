@@ -25,6 +25,8 @@ from tokenwire.runtime.stats import EngineObserver
 
 
 class AsyncEngineBase:
+    """The engine's state; ``AsyncEngine`` is what callers construct."""
+
     def __init__(
         self,
         config: EngineConfig,

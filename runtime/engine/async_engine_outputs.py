@@ -33,6 +33,8 @@ class EngineFaultError(RuntimeError):
 
 
 class AsyncEngineOutputs(AsyncEngineBase):
+    """Routing of the core's outputs, on the engine's state (``async_engine_base``)."""
+
     # ------------------------------------------------------------------ core outputs
     async def _output_loop(self) -> None:
         while True:
