@@ -19,7 +19,7 @@ import asyncio
 import ipaddress
 import socket
 import ssl
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import httpx
@@ -28,6 +28,12 @@ from tokenwire.server.rest.errors import RestError, invalid
 
 FLAG = "--allowed-media-domains"
 _IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+# Told each chunk's size as it is read; it may raise to stop the fetch (``fetch_batch``).
+ByteCounter = Callable[[int], None]
+
+
+def _uncounted(size: int) -> None:
+    pass
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,10 @@ class MediaFetchPolicy:
     allow_private: bool = False
     # Tests only: the CA to verify https origins against (default: the system's).
     verify: ssl.SSLContext | bool = True
+    # The fetched bytes of one request's images plus its body may not pass this
+    # (``--max-request-body-bytes``: ``create_app`` sets it); None: no request-wide bound.
+    max_request_bytes: int | None = None
+    max_in_flight: int = 4  # one request's images fetched at once, at most
 
     @staticmethod
     def of(domains: Iterable[str] | None, max_bytes: int) -> MediaFetchPolicy:
@@ -130,14 +140,17 @@ async def fetch_image(url: str, policy: MediaFetchPolicy, param: str) -> Fetched
     parsed = checked_url(url, policy, param)
     try:
         async with asyncio.timeout(policy.timeout):
-            return await _fetch(parsed, policy, param)
+            return await fetch_checked(parsed, policy, param)
     except TimeoutError:
         raise invalid(param, f"fetching the image URL took over {policy.timeout:g}s") from None
 
 
-async def _fetch(parsed: httpx.URL, policy: MediaFetchPolicy, param: str) -> FetchedImage:
-    """GET ``parsed`` from its checked addresses in turn (the next only if one cannot be
-    connected to), each pinned: the IP in the URL, ``Host`` and SNI the URL's host."""
+async def fetch_checked(
+    parsed: httpx.URL, policy: MediaFetchPolicy, param: str, count: ByteCounter = _uncounted
+) -> FetchedImage:
+    """GET ``parsed`` (a ``checked_url``) from its checked addresses in turn (the next only if
+    one cannot be connected to), each pinned: the IP in the URL, ``Host`` and SNI the URL's
+    host. No deadline of its own (the caller's); ``count`` is told each chunk read."""
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     addresses = await resolve_checked(parsed.host, port, policy, param)
     host_header = parsed.netloc.decode("ascii").rsplit("@", 1)[-1]
@@ -160,7 +173,7 @@ async def _fetch(parsed: httpx.URL, policy: MediaFetchPolicy, param: str) -> Fet
                     param, f"fetching the image URL failed ({type(exc).__name__})"
                 ) from None
             try:
-                return await _read(response, policy, param)
+                return await _read(response, policy, param, count)
             except httpx.HTTPError as exc:
                 raise invalid(
                     param, f"reading the image URL failed ({type(exc).__name__})"
@@ -170,7 +183,9 @@ async def _fetch(parsed: httpx.URL, policy: MediaFetchPolicy, param: str) -> Fet
     raise invalid(param, f"fetching the image URL failed ({failure})")
 
 
-async def _read(response: httpx.Response, policy: MediaFetchPolicy, param: str) -> FetchedImage:
+async def _read(
+    response: httpx.Response, policy: MediaFetchPolicy, param: str, count: ByteCounter
+) -> FetchedImage:
     """The body, refused on a non-2xx status or past ``max_bytes`` (nothing read past it)."""
     if response.is_redirect or 300 <= response.status_code < 400:
         raise invalid(param, f"the image URL redirects ({response.status_code}); not followed")
@@ -189,6 +204,7 @@ async def _read(response: httpx.Response, policy: MediaFetchPolicy, param: str) 
         size += len(chunk)
         if size > policy.max_bytes:
             raise too_big
+        count(len(chunk))
         chunks.append(chunk)
     mime = response.headers.get("content-type", "").split(";")[0].strip().lower()
     return FetchedImage(b"".join(chunks), mime if mime.startswith("image/") else "")
@@ -200,9 +216,11 @@ def _too_big(param: str, limit: int) -> RestError:
 
 __all__ = [
     "FLAG",
+    "ByteCounter",
     "FetchedImage",
     "MediaFetchPolicy",
     "checked_url",
+    "fetch_checked",
     "fetch_image",
     "forbidden_address",
     "is_remote",
