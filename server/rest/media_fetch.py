@@ -11,6 +11,10 @@ checked address only when one cannot be connected to), so no second DNS lookup c
 another address. No proxy from the environment is used, no redirect
 is followed, the whole fetch has a timeout, and the body is read streaming and cut at
 ``max_bytes`` (``--max-image-bytes``). Every refusal is a 400 naming the part.
+
+A request's images go through ``fetch_batch`` (``fetch_checked`` each, concurrently, under one
+deadline for them all, each chunk counted against the request's ``max_request_bytes``);
+``fetch_image`` fetches one URL under its own deadline.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ class MediaFetchPolicy:
 
     allowed_domains: frozenset[str] = frozenset()  # lower-case host names; empty: fetch none
     max_bytes: int = 10 << 20  # the body is cut (and refused) past this many bytes
-    timeout: float = 10.0  # seconds for the whole fetch: resolve, connect, read (one deadline)
+    # Seconds for all of one request's fetches: resolve, connect, read (one deadline).
+    timeout: float = 10.0
     # Tests only (no flag sets it): permit private / loopback addresses, so a test server on
     # 127.0.0.1 can serve the positive path.
     allow_private: bool = False
@@ -52,6 +57,10 @@ class MediaFetchPolicy:
     # (``--max-request-body-bytes``: ``create_app`` sets it); None: no request-wide bound.
     max_request_bytes: int | None = None
     max_in_flight: int = 4  # one request's images fetched at once, at most
+
+    def __post_init__(self) -> None:
+        if self.max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
 
     @staticmethod
     def of(domains: Iterable[str] | None, max_bytes: int) -> MediaFetchPolicy:
