@@ -80,9 +80,10 @@ class _Handler(BaseHTTPRequestHandler):
             readable, _, _ = select.select([self.connection], [], [], 0.05)
             if readable:
                 try:
-                    return self.connection.recv(1, socket.MSG_PEEK) == b""
+                    peeked: bytes = self.connection.recv(1, socket.MSG_PEEK)
                 except OSError:
                     return True
+                return peeked == b""
         return False
 
 
