@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import grpc
@@ -105,7 +105,7 @@ class Routes:
         self.started = int(time.time())
 
     async def chat(self, request: Request, body: ChatCompletionRequest) -> Response:
-        body = await inline_chat_images(body, self.settings.media)
+        body = await inline_chat_images(body, self.settings.media, len(await request.body()))
         return await self._generate(request, chat_request(body), bool(body.stream), "chat")
 
     async def completions(self, request: Request, body: CompletionRequest) -> Response:
@@ -316,6 +316,9 @@ async def _on_unexpected(request: Request, exc: Exception) -> Response:
 
 
 def create_app(upstream: Upstream, settings: RestSettings) -> FastAPI:
+    # A request's fetched images count with its body against --max-request-body-bytes.
+    media = replace(settings.media, max_request_bytes=settings.max_body_bytes)
+    settings = replace(settings, media=media)
     app = FastAPI(
         title="tokenwire OpenAI-compatible API",
         version="1",

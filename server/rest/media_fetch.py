@@ -11,6 +11,10 @@ checked address only when one cannot be connected to), so no second DNS lookup c
 another address. No proxy from the environment is used, no redirect
 is followed, the whole fetch has a timeout, and the body is read streaming and cut at
 ``max_bytes`` (``--max-image-bytes``). Every refusal is a 400 naming the part.
+
+A request's images go through ``fetch_batch`` (``fetch_checked`` each, concurrently, under one
+deadline for them all, each chunk counted against the request's ``max_request_bytes``);
+``fetch_image`` fetches one URL under its own deadline.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import asyncio
 import ipaddress
 import socket
 import ssl
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import httpx
@@ -28,6 +32,12 @@ from tokenwire.server.rest.errors import RestError, invalid
 
 FLAG = "--allowed-media-domains"
 _IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+# Told each chunk's size as it is read; it may raise to stop the fetch (``fetch_batch``).
+ByteCounter = Callable[[int], None]
+
+
+def _uncounted(size: int) -> None:
+    pass
 
 
 @dataclass(frozen=True)
@@ -36,12 +46,21 @@ class MediaFetchPolicy:
 
     allowed_domains: frozenset[str] = frozenset()  # lower-case host names; empty: fetch none
     max_bytes: int = 10 << 20  # the body is cut (and refused) past this many bytes
-    timeout: float = 10.0  # seconds for the whole fetch: resolve, connect, read (one deadline)
+    # Seconds for all of one request's fetches: resolve, connect, read (one deadline).
+    timeout: float = 10.0
     # Tests only (no flag sets it): permit private / loopback addresses, so a test server on
     # 127.0.0.1 can serve the positive path.
     allow_private: bool = False
     # Tests only: the CA to verify https origins against (default: the system's).
     verify: ssl.SSLContext | bool = True
+    # The fetched bytes of one request's images plus its body may not pass this
+    # (``--max-request-body-bytes``: ``create_app`` sets it); None: no request-wide bound.
+    max_request_bytes: int | None = None
+    max_in_flight: int = 4  # one request's images fetched at once, at most
+
+    def __post_init__(self) -> None:
+        if self.max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
 
     @staticmethod
     def of(domains: Iterable[str] | None, max_bytes: int) -> MediaFetchPolicy:
@@ -130,14 +149,17 @@ async def fetch_image(url: str, policy: MediaFetchPolicy, param: str) -> Fetched
     parsed = checked_url(url, policy, param)
     try:
         async with asyncio.timeout(policy.timeout):
-            return await _fetch(parsed, policy, param)
+            return await fetch_checked(parsed, policy, param)
     except TimeoutError:
         raise invalid(param, f"fetching the image URL took over {policy.timeout:g}s") from None
 
 
-async def _fetch(parsed: httpx.URL, policy: MediaFetchPolicy, param: str) -> FetchedImage:
-    """GET ``parsed`` from its checked addresses in turn (the next only if one cannot be
-    connected to), each pinned: the IP in the URL, ``Host`` and SNI the URL's host."""
+async def fetch_checked(
+    parsed: httpx.URL, policy: MediaFetchPolicy, param: str, count: ByteCounter = _uncounted
+) -> FetchedImage:
+    """GET ``parsed`` (a ``checked_url``) from its checked addresses in turn (the next only if
+    one cannot be connected to), each pinned: the IP in the URL, ``Host`` and SNI the URL's
+    host. No deadline of its own (the caller's); ``count`` is told each chunk read."""
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     addresses = await resolve_checked(parsed.host, port, policy, param)
     host_header = parsed.netloc.decode("ascii").rsplit("@", 1)[-1]
@@ -160,7 +182,7 @@ async def _fetch(parsed: httpx.URL, policy: MediaFetchPolicy, param: str) -> Fet
                     param, f"fetching the image URL failed ({type(exc).__name__})"
                 ) from None
             try:
-                return await _read(response, policy, param)
+                return await _read(response, policy, param, count)
             except httpx.HTTPError as exc:
                 raise invalid(
                     param, f"reading the image URL failed ({type(exc).__name__})"
@@ -170,7 +192,9 @@ async def _fetch(parsed: httpx.URL, policy: MediaFetchPolicy, param: str) -> Fet
     raise invalid(param, f"fetching the image URL failed ({failure})")
 
 
-async def _read(response: httpx.Response, policy: MediaFetchPolicy, param: str) -> FetchedImage:
+async def _read(
+    response: httpx.Response, policy: MediaFetchPolicy, param: str, count: ByteCounter
+) -> FetchedImage:
     """The body, refused on a non-2xx status or past ``max_bytes`` (nothing read past it)."""
     if response.is_redirect or 300 <= response.status_code < 400:
         raise invalid(param, f"the image URL redirects ({response.status_code}); not followed")
@@ -189,6 +213,7 @@ async def _read(response: httpx.Response, policy: MediaFetchPolicy, param: str) 
         size += len(chunk)
         if size > policy.max_bytes:
             raise too_big
+        count(len(chunk))
         chunks.append(chunk)
     mime = response.headers.get("content-type", "").split(";")[0].strip().lower()
     return FetchedImage(b"".join(chunks), mime if mime.startswith("image/") else "")
@@ -200,9 +225,11 @@ def _too_big(param: str, limit: int) -> RestError:
 
 __all__ = [
     "FLAG",
+    "ByteCounter",
     "FetchedImage",
     "MediaFetchPolicy",
     "checked_url",
+    "fetch_checked",
     "fetch_image",
     "forbidden_address",
     "is_remote",

@@ -3,7 +3,8 @@ two REST shims, one without ``--allowed-media-domains`` (remote URLs refused, na
 flag) and one allowing ``127.0.0.1`` with the tests-only ``allow_private`` (a real HTTP server
 on loopback serves the PNG). A fetched PNG gives the same greedy tokens as the same PNG sent
 as a ``data:`` URL, on chat (the real OpenAI SDK) and on the Responses API; refusals name the
-part (``messages.<i>.content.<j>``, ``input.<i>.content.<j>``)."""
+part (``messages.<i>.content.<j>``, ``input.<i>.content.<j>``); the fetched bytes count with
+the body against ``--max-request-body-bytes``."""
 
 from __future__ import annotations
 
@@ -179,3 +180,35 @@ def test_refusals_name_the_part(fetching: RestHarness, origin: str) -> None:
         assert "private or reserved address" in message
     finally:
         rest.stop()
+
+
+def test_fetched_bytes_count_against_the_body_limit(fetching: RestHarness, origin: str) -> None:
+    """``--max-request-body-bytes`` bounds the body plus the images fetched for it: one image
+    fits (served, the real SDK), two do not (a 400 naming the part that crossed it and the
+    flag), on chat and on the Responses API."""
+    limit = len(IMAGES["/one.png"]) + 3000  # a body is well under 3000 bytes
+    policy = MediaFetchPolicy(frozenset({"127.0.0.1"}), 1 << 20, 10.0, True)
+    rest = RestHarness(fetching.harness, media=policy, max_body_bytes=limit).start()
+    try:
+        with _sdk(rest) as client:
+            assert len(_chat(client, f"{origin}/one.png")) == NEW_TOKENS
+        image = {"type": "image_url", "image_url": {"url": f"{origin}/one.png"}}
+        messages = [{"role": "user", "content": [{"type": "text", "text": "x"}, image, image]}]
+        chat = httpx.post(
+            f"{rest.url}/v1/chat/completions",
+            json={"model": "tiny", "messages": messages, "max_tokens": 1},
+            timeout=120,
+        )
+        parts = [{"type": "input_image", "image_url": f"{origin}/two.png"}] * 2
+        responses = httpx.post(
+            f"{rest.url}/v1/responses",
+            json={"model": "tiny", "input": [{"role": "user", "content": parts}]},
+            timeout=120,
+        )
+    finally:
+        rest.stop()
+    for r, param in ((chat, "messages.0.content.2"), (responses, "input.0.content.1")):
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == param
+        assert f"over {limit} bytes (--max-request-body-bytes)" in error["message"]

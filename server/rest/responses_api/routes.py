@@ -82,7 +82,7 @@ class ResponsesRoutes:
 
     # ------------------------------------------------------------------ create
     async def create(self, request: Request, body: ResponsesRequest) -> Response:
-        body = await inline_response_images(body, self.media)
+        body = await inline_response_images(body, self.media, len(await request.body()))
         owner = owner_of(request.headers.get("authorization"))
         history: list[common_pb2.ChatMessage] = []
         if body.previous_response_id is not None:
