@@ -18,8 +18,8 @@ from tokenwire.server.grpc.server import WORKER_PROTOCOLS, GrpcSettings
 from tokenwire.server.rest.app import RestSettings
 from tokenwire.server.rest.connection import HttpConnectionSettings, http_connection_settings
 from tokenwire.server.rest.server import add_rest_arguments
+from tokenwire.server.telemetry.engine_gauges import METRICS_COMPAT
 from tokenwire.server.telemetry.logs import add_log_format_argument
-from tokenwire.server.telemetry.metrics import METRICS_COMPAT
 from tokenwire.server.telemetry.tracing import add_tracing_arguments
 from tokenwire.server.tenants.config import load_tenant_file
 from tokenwire.server.tls.settings import add_ssl_arguments
