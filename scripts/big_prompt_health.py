@@ -75,6 +75,18 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=5)
     p.add_argument("--baseline-seconds", type=float, default=3.0)
     args = p.parse_args()
+    server, target = _start_server()
+    try:
+        baseline, results, latencies = _measure(target, args)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    _report(args, baseline, results, latencies)
+    return 0
+
+
+def _start_server() -> tuple[subprocess.Popen[str], str]:
+    """``tokenwire serve`` (gRPC only, any free port) and its gRPC address once it serves."""
     server = subprocess.Popen(
         [EXE, "serve", "--grpc-port", "0", "--disable-rest", "--log-format", "json"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -89,24 +101,36 @@ def main() -> int:
             break
     assert target is not None, "serve exited before serving"
     threading.Thread(target=server.stdout.read, daemon=True).start()
-    try:
-        ctx = multiprocessing.get_context("spawn")
-        stop, health_out, big_out = ctx.Event(), ctx.Queue(), ctx.Queue()
-        prober = ctx.Process(
-            target=health_loop, args=(target, args.baseline_seconds, stop, health_out)
-        )
-        prober.start()
-        baseline = health_out.get(timeout=120)  # no large request yet
-        sender = ctx.Process(target=big_requests, args=(target, args.mib, args.requests, big_out))
-        sender.start()
-        results = big_out.get(timeout=600)
-        stop.set()
-        latencies = health_out.get(timeout=60)
-        sender.join()
-        prober.join()
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+    return server, target
+
+
+def _measure(
+    target: str, args: argparse.Namespace
+) -> tuple[list[float], list[tuple[str, float]], list[float]]:
+    """Health-check latencies alone (the baseline), the large requests' (status, seconds),
+    and the health-check latencies while they ran."""
+    ctx = multiprocessing.get_context("spawn")
+    stop, health_out, big_out = ctx.Event(), ctx.Queue(), ctx.Queue()
+    prober = ctx.Process(target=health_loop, args=(target, args.baseline_seconds, stop, health_out))
+    prober.start()
+    baseline = health_out.get(timeout=120)  # no large request yet
+    sender = ctx.Process(target=big_requests, args=(target, args.mib, args.requests, big_out))
+    sender.start()
+    results = big_out.get(timeout=600)
+    stop.set()
+    latencies = health_out.get(timeout=60)
+    sender.join()
+    prober.join()
+    return baseline, results, latencies
+
+
+def _report(
+    args: argparse.Namespace,
+    baseline: list[float],
+    results: list[tuple[str, float]],
+    latencies: list[float],
+) -> None:
+    """The summary lines, then the summary as one JSON line."""
     ms = sorted(1000 * x for x in latencies)
     base_ms = sorted(1000 * x for x in baseline)
     summary = {
@@ -134,7 +158,6 @@ def main() -> int:
         f"max {summary['baseline_max_ms']:.1f} ms"
     )
     print(json.dumps(summary))
-    return 0
 
 
 if __name__ == "__main__":

@@ -86,74 +86,91 @@ def _importable(name: str) -> bool:
 
 
 def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
-    py = sys.executable
-    smoke = ["--smoke"] if args.smoke else []
+    stage = _StageMaker(results, args.smoke)
+    if args.smoke:  # the compiled kernel tests skip without CUDA; keep the smoke run short
+        return _smoke_plan(stage, results)
+    return _full_plan(stage)
 
-    def stage(name: str, cap: float, *extra: str) -> Stage:
+
+@dataclass(frozen=True)
+class _StageMaker:
+    """Makes the stage of one ``gpu_check_stages.py`` command: ``name`` is ``kind[:label]``."""
+
+    results: Path
+    smoke: bool
+
+    def __call__(self, name: str, cap: float, *extra: str) -> Stage:
         kind = name.split(":")[0]
-        cmd = [py, str(STAGES_PY), kind, "--results", str(results), *smoke, *extra]
+        smoke = ["--smoke"] if self.smoke else []
+        cmd = [sys.executable, str(STAGES_PY), kind, "--results", str(self.results), *smoke, *extra]
         return Stage(name, cmd, cap)
 
-    pytest = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "60"]
-    gpu_tests = [
-        *pytest,
-        "-m",
-        "gpu",
-        "tests/kernels/test_kernels_triton.py",
-        "tests/kernels/test_kernels_mla_decode.py",
-        "tests/runtime/test_sampler.py",
-    ]
-    if args.smoke:  # the compiled kernel tests skip without CUDA; keep the smoke run short
-        tiny = str(results.parent / "tiny-config")
-        tiny_moe = str(results.parent / "tiny-moe-config")
-        return [
-            Stage("kernels", gpu_tests, 40),
-            stage("attn_bw", 10),
-            stage("parity", 40),
-            stage("bench:tiny", 40, "--model", tiny, "--hf"),
-            stage("serve:tiny", 40, "--model", tiny, "--vocab", "1024", "--ready-timeout", "30"),
-            stage(
-                "bench:tiny+kvfp8",
-                30,
-                "--model",
-                tiny,
-                "--label",
-                "tiny+kvfp8",
-                "--kv-cache-dtype",
-                "fp8",
-                "--tpot-only",
-            ),
-            stage("lora:tiny", 60, "--model", tiny),
-            stage("bench:tiny-moe", 30, "--model", tiny_moe, "--label", "tiny-moe"),
-            # Issue 32's families: the bundled configs shrunk (MLA + DeepSeekMoE; sinks,
-            # windows and gpt-oss's MoE).
-            *(stage(f"bench:tiny-{f}", 30, *_family_args(results, f)) for f in SMOKE_FAMILIES),
-            stage("spec:tiny", 30, "--model", tiny),
-            stage(
-                "bench:tiny+async",
-                30,
-                "--model",
-                tiny,
-                "--label",
-                "tiny+async",
-                "--async-scheduling",
-                "--tpot-only",
-            ),
-            # Issue 33: the VLM stage on a tiny Qwen2.5-VL stand-in (64-pixel images).
-            stage("vlm:tiny-vlm", 40, "--label", "tiny-vlm", "--image-side", "64"),
-            # Issue 29: the host KV tier's figures on the bench script's tiny Llama.
-            stage("kvtier:tiny", 30, "--label", "tiny"),
-        ]
-    # Priority order: the rest of the (compiled) kernel tests run last, in the time left.
-    all_kernel_tests = [
-        *pytest,
-        "-m",
-        "not gpu",
-        "tests/kernels/test_kernels_triton.py",
-        "tests/kernels/test_kernels_mla_decode.py",
-    ]
+
+KERNEL_TEST_FILES = (
+    "tests/kernels/test_kernels_triton.py",
+    "tests/kernels/test_kernels_mla_decode.py",
+)
+
+
+def _kernel_tests(marker: str, *files: str) -> list[str]:
+    """A pytest command over ``files`` selecting ``-m marker``, 60 s per test."""
+    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "60"]
+    return [*pytest, "-m", marker, *files]
+
+
+def _gpu_tests() -> list[str]:
+    """The `gpu`-marked kernel and sampler tests: the first stage."""
+    return _kernel_tests("gpu", *KERNEL_TEST_FILES, "tests/runtime/test_sampler.py")
+
+
+def _smoke_plan(stage: _StageMaker, results: Path) -> list[Stage]:
+    """The plumbing test: the same stage kinds on tiny models, tens of seconds each."""
+    tiny = str(results.parent / "tiny-config")
+    tiny_moe = str(results.parent / "tiny-moe-config")
     return [
-        Stage("kernels", gpu_tests, 50),
+        Stage("kernels", _gpu_tests(), 40),
+        stage("attn_bw", 10),
+        stage("parity", 40),
+        stage("bench:tiny", 40, "--model", tiny, "--hf"),
+        stage("serve:tiny", 40, "--model", tiny, "--vocab", "1024", "--ready-timeout", "30"),
+        stage(
+            "bench:tiny+kvfp8",
+            30,
+            "--model",
+            tiny,
+            "--label",
+            "tiny+kvfp8",
+            "--kv-cache-dtype",
+            "fp8",
+            "--tpot-only",
+        ),
+        stage("lora:tiny", 60, "--model", tiny),
+        stage("bench:tiny-moe", 30, "--model", tiny_moe, "--label", "tiny-moe"),
+        # Issue 32's families: the bundled configs shrunk (MLA + DeepSeekMoE; sinks,
+        # windows and gpt-oss's MoE).
+        *(stage(f"bench:tiny-{f}", 30, *_family_args(results, f)) for f in SMOKE_FAMILIES),
+        stage("spec:tiny", 30, "--model", tiny),
+        stage(
+            "bench:tiny+async",
+            30,
+            "--model",
+            tiny,
+            "--label",
+            "tiny+async",
+            "--async-scheduling",
+            "--tpot-only",
+        ),
+        # Issue 33: the VLM stage on a tiny Qwen2.5-VL stand-in (64-pixel images).
+        stage("vlm:tiny-vlm", 40, "--label", "tiny-vlm", "--image-side", "64"),
+        # Issue 29: the host KV tier's figures on the bench script's tiny Llama.
+        stage("kvtier:tiny", 30, "--label", "tiny"),
+    ]
+
+
+def _full_plan(stage: _StageMaker) -> list[Stage]:
+    """The H200 run, in priority order (the rest of the kernel tests last, in the time left)."""
+    return [
+        Stage("kernels", _gpu_tests(), 50),
         stage("attn_bw", 20),
         stage("parity", 45),
         stage("bench:llama-3.2-1b", 90, "--model", "llama-3.2-1b", "--hf"),
@@ -195,7 +212,7 @@ def plan(args: argparse.Namespace, results: Path) -> list[Stage]:
         # + TPOT next to their floors (batch-1 floor: the active weights' bytes).
         stage("bench:deepseek-v2-lite", 120, "--model", "deepseek-v2-lite"),
         stage("bench:gpt-oss-20b", 120, "--model", "gpt-oss-20b"),
-        Stage("kernels-all", all_kernel_tests, 120),
+        Stage("kernels-all", _kernel_tests("not gpu", *KERNEL_TEST_FILES), 120),
     ]
 
 

@@ -18,8 +18,8 @@ from tokenwire.server.grpc.server import WORKER_PROTOCOLS, GrpcSettings
 from tokenwire.server.rest.app import RestSettings
 from tokenwire.server.rest.connection import HttpConnectionSettings, http_connection_settings
 from tokenwire.server.rest.server import add_rest_arguments
+from tokenwire.server.telemetry.engine_gauges import METRICS_COMPAT
 from tokenwire.server.telemetry.logs import add_log_format_argument
-from tokenwire.server.telemetry.metrics import METRICS_COMPAT
 from tokenwire.server.telemetry.tracing import add_tracing_arguments
 from tokenwire.server.tenants.config import load_tenant_file
 from tokenwire.server.tls.settings import add_ssl_arguments
@@ -43,6 +43,26 @@ class ServeOptions:
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     """Every ``tokenwire serve`` flag, MODEL and the engine's flags included."""
+    _add_listen_arguments(p)
+    add_rest_arguments(p)
+    EngineArgs.add_cli_args(p)  # MODEL and every engine flag (runtime/engine_args.py)
+    _add_key_arguments(p)
+    _add_request_limit_arguments(p)
+    add_connection_arguments(p)  # gRPC keepalive, connection age, message sizes, RPC cap
+    add_ssl_arguments(p)
+    _add_admission_arguments(p)
+    _add_chat_parser_arguments(p)
+    _add_lora_arguments(p)
+    _add_replica_arguments(p)
+    _add_lifecycle_arguments(p)
+    add_log_format_argument(p)
+    _add_metrics_arguments(p)
+    _add_deployment_arguments(p)
+    add_tracing_arguments(p)
+
+
+def _add_listen_arguments(p: argparse.ArgumentParser) -> None:
+    """The gRPC and REST addresses: --host, --grpc-port, --port, --disable-rest."""
     p.add_argument(
         "--host",
         default=GrpcSettings.host,
@@ -55,8 +75,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--port", type=int, default=RestSettings.port, help="REST port (0: any free port)"
     )
     p.add_argument("--disable-rest", action="store_true", help="serve gRPC only")
-    add_rest_arguments(p)
-    EngineArgs.add_cli_args(p)  # MODEL and every engine flag (runtime/engine_args.py)
+
+
+def _add_key_arguments(p: argparse.ArgumentParser) -> None:
+    """Who may call: --api-key and the tenants' --api-key-file."""
     p.add_argument(
         "--api-key",
         action="append",
@@ -71,6 +93,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="tenants (YAML or TOML): hashed keys, allowed models, max priority, rate limits "
         "(docs/tls-and-tenants.md#tenants-and-rate-limits); reloaded on SIGHUP",
     )
+
+
+def _add_request_limit_arguments(p: argparse.ArgumentParser) -> None:
+    """What one request or message may carry: choices, stop sequences, prompt bytes, images
+    and the gRPC message size."""
     p.add_argument(
         "--max-n",
         type=int,
@@ -115,14 +142,20 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="gRPC message size limit in bytes, both directions (default: %(default)s; per "
         "direction: --max-receive-message-bytes, --max-send-message-bytes)",
     )
-    add_connection_arguments(p)  # gRPC keepalive, connection age, message sizes, RPC cap
-    add_ssl_arguments(p)
+
+
+def _add_admission_arguments(p: argparse.ArgumentParser) -> None:
+    """In-flight sequences before new requests are refused: --max-requests."""
     p.add_argument(
         "--max-requests",
         type=int,
         default=ServeOptions.max_requests,
         help="in-flight sequences before RESOURCE_EXHAUSTED (a request with n choices counts n)",
     )
+
+
+def _add_chat_parser_arguments(p: argparse.ArgumentParser) -> None:
+    """Chat output readers: --tool-call-parser and --reasoning-parser."""
     p.add_argument(
         "--tool-call-parser",
         choices=sorted(TOOL_PARSERS),
@@ -139,6 +172,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="split the model's reasoning from chat answers (reasoning_content): "
         + reasoning_parser_help(),
     )
+
+
+def _add_lora_arguments(p: argparse.ArgumentParser) -> None:
+    """Runtime LoRA loading: --allow-runtime-lora-updating and --lora-root."""
     p.add_argument(
         "--allow-runtime-lora-updating",
         action="store_true",
@@ -153,6 +190,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="runtime-loaded adapters must lie inside this directory (lora_path is resolved "
         "against it; .. and symlinks cannot leave it)",
     )
+
+
+def _add_replica_arguments(p: argparse.ArgumentParser) -> None:
+    """This replica's fleet id and its gRPC Session streams: --replica-id, --max-sessions,
+    --session-idle-timeout."""
     p.add_argument(
         "--replica-id",
         default=None,
@@ -173,6 +215,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds a gRPC Session may go without a turn before it is closed (default: "
         "%(default)s)",
     )
+
+
+def _add_lifecycle_arguments(p: argparse.ArgumentParser) -> None:
+    """Shutdown and reload: --shutdown-timeout and --reload-interval."""
     p.add_argument(
         "--shutdown-timeout",
         type=float,
@@ -189,7 +235,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "checked this often: for Kubernetes Secret volumes, which change without a signal "
         "(default: SIGHUP only)",
     )
-    add_log_format_argument(p)
+
+
+def _add_metrics_arguments(p: argparse.ArgumentParser) -> None:
+    """Prometheus /metrics: --metrics-port, --metrics-compat, --metrics-host."""
     p.add_argument(
         "--metrics-port",
         type=int,
@@ -209,6 +258,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="bind address of --metrics-port (default: --host); keep it internal",
     )
+
+
+def _add_deployment_arguments(p: argparse.ArgumentParser) -> None:
+    """How the process runs and what else it serves: --engine-in-process, --worker-protocol."""
     p.add_argument(
         "--engine-in-process",
         action="store_true",
@@ -223,7 +276,6 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "TLS and health: vllm = vLLM's engine protocol (vllm.grpc.engine.VllmEngine), what "
         "SMG's grpc:// workers speak (docs/fleet.md); default: off",
     )
-    add_tracing_arguments(p)
 
 
 def serve_options(args: argparse.Namespace) -> ServeOptions:

@@ -111,6 +111,21 @@ def to_service_error(exc: BaseException, request_id: str | None = None) -> Servi
     """Classify an exception; unknown ones become a generic INTERNAL error."""
     if isinstance(exc, ServiceError):
         return exc
+    known = _request_error(exc)
+    if known is None:
+        known = _availability_error(exc)
+    if known is not None:
+        return known
+    logger.error("internal error (request_id=%s)", request_id, exc_info=exc)
+    suffix = f" (request_id={request_id})" if request_id else ""
+    return ServiceError(
+        grpc.StatusCode.INTERNAL, errors_pb2.ERROR_REASON_ENGINE_ERROR, f"internal error{suffix}"
+    )
+
+
+def _request_error(exc: BaseException) -> ServiceError | None:
+    """What the request itself got wrong: its length, a parameter, the model's task, an
+    adapter name or a request id in use (None: not one of these)."""
     if isinstance(exc, ContextLengthError):
         return ServiceError(
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -149,6 +164,12 @@ def to_service_error(exc: BaseException, request_id: str | None = None) -> Servi
             errors_pb2.ERROR_REASON_DUPLICATE_REQUEST_ID,
             "a request with this request_id is already in flight",
         )
+    return None
+
+
+def _availability_error(exc: BaseException) -> ServiceError | None:
+    """What the server cannot take now: a full queue, a tenant's limit or model list, an engine
+    not ready, draining or dead (None: not one of these)."""
     if isinstance(exc, QueueFullError):
         return ServiceError(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -175,11 +196,7 @@ def to_service_error(exc: BaseException, request_id: str | None = None) -> Servi
             errors_pb2.ERROR_REASON_ENGINE_DEAD,
             "the inference engine has failed; retry on another replica",
         )
-    logger.error("internal error (request_id=%s)", request_id, exc_info=exc)
-    suffix = f" (request_id={request_id})" if request_id else ""
-    return ServiceError(
-        grpc.StatusCode.INTERNAL, errors_pb2.ERROR_REASON_ENGINE_ERROR, f"internal error{suffix}"
-    )
+    return None
 
 
 def to_status_proto(err: ServiceError) -> status_pb2.Status:

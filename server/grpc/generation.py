@@ -16,14 +16,15 @@ import grpc
 
 from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.errors import ParameterError
-from tokenwire.runtime.front.request_stream import RequestFailed, RequestFinished, RequestStream
-from tokenwire.runtime.outputs import ChoiceDelta, CompletionOutput, RequestOutput, RequestStarted
+from tokenwire.runtime.front.request_stream import RequestFinished, RequestStream
+from tokenwire.runtime.outputs import ChoiceDelta, RequestStarted
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.server.grpc import convert
 from tokenwire.server.grpc.adapters import resolve_model
 from tokenwire.server.grpc.call_context import CallContext, call_context, caller_of
 from tokenwire.server.grpc.call_context import internal_request_id as internal_id
 from tokenwire.server.grpc.errors import abort, renamed, to_service_error
+from tokenwire.server.grpc.generation_events import choice_message, delta_events, final_output
 from tokenwire.server.grpc.request_options import retained_holder
 from tokenwire.server.grpc.send_limit import check_size
 from tokenwire.server.grpc.session import SessionHandler
@@ -31,8 +32,6 @@ from tokenwire.server.grpc.tokenizer_pool import TokenizerPool
 from tokenwire.server.grpc.tools import (
     ChatTooling,
     chat_tooling,
-    tool_call_proto,
-    tool_delta_proto,
 )
 from tokenwire.server.telemetry.core import Telemetry
 from tokenwire.server.telemetry.record import RequestRecord
@@ -209,12 +208,12 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> generation_pb2.GenerateResponse:
         async with self._request(context, request, "generate") as sub:
-            output = await _final_output(sub.stream, sub.lease)
+            output = await final_output(sub.stream, sub.lease)
             self.telemetry.record_completion(sub.record, [c.text for c in output.outputs])
             response = generation_pb2.GenerateResponse(
                 request_id=sub.call.request_id,
                 model=sub.model,
-                choices=[_choice(c, sub.num_top, sub.parsing) for c in output.outputs],
+                choices=[choice_message(c, sub.num_top, sub.parsing) for c in output.outputs],
                 usage=convert.usage(output),
                 prompt_logprobs=convert.prompt_logprobs_proto(
                     output.prompt_logprobs, sub.prompt_top
@@ -298,56 +297,3 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         # grpc.aio picks streaming handling by inspecting for an async generator function.
         async for message in self.sessions.run(request_iterator, context):
             yield message
-
-
-def _choice(
-    c: CompletionOutput, num_top: int | None, parsing: OutputParsing | None
-) -> generation_pb2.Choice:
-    choice = convert.choice_proto(c, num_top)
-    if parsing is not None:
-        parsed = parsing.parse(c.text)
-        choice.text = parsed.content
-        choice.reasoning_content = parsed.reasoning
-        choice.tool_calls.extend(tool_call_proto(t) for t in parsed.tool_calls)
-    return choice
-
-
-def delta_events(
-    item: ChoiceDelta,
-    num_top: int | None,
-    completion_tokens: int,
-    parser: ChoiceParser | None = None,
-) -> list[generation_pb2.GenerateStreamResponse]:
-    """A TokenDelta when it carries output, then a ChoiceEnd when the choice finished. With
-    a ``parser``, the delta's text is split into content, reasoning and tool-call pieces."""
-    events = []
-    delta = convert.token_delta(item, num_top)
-    if parser is not None:
-        parsed = parser.step(item.text, final=item.finish_reason is not None)
-        delta.text, delta.reasoning_text = parsed.content, parsed.reasoning
-        delta.tool_calls.extend(tool_delta_proto(p) for p in parsed.tool_calls)
-    if delta.text or delta.token_ids or delta.tool_calls or delta.reasoning_text:
-        events.append(generation_pb2.GenerateStreamResponse(delta=delta))
-    if item.finish_reason is not None:
-        events.append(
-            generation_pb2.GenerateStreamResponse(
-                end=generation_pb2.ChoiceEnd(
-                    index=item.index,
-                    finish_reason=convert.finish_reason(item.finish_reason),
-                    completion_tokens=completion_tokens,
-                    **convert.stop_fields(item.stop_reason),
-                )
-            )
-        )
-    return events
-
-
-async def _final_output(stream: RequestStream, lease: Lease) -> RequestOutput:
-    async for item in stream:
-        if isinstance(item, ChoiceDelta):
-            lease.charge(len(item.token_ids))  # as produced, like a stream
-        elif isinstance(item, RequestFinished):
-            return item.output
-        if isinstance(item, RequestFailed):
-            raise item.error
-    raise RuntimeError("stream ended without a final output")

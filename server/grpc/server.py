@@ -129,49 +129,60 @@ class GrpcServer:
         self.engine = engine
         self.settings = settings
         self.tls = tls
-        if telemetry is None:  # request logs only: no metrics wiring, no tracing
-            telemetry = Telemetry()
-        if telemetry.metrics is None:
-            telemetry.attach(engine)
-        self.telemetry = telemetry
+        self.telemetry = _attached_telemetry(engine, telemetry)
         # Key -> tenant, limits and accounting; ``tenants.reload()`` re-reads the key file.
         self.tenants = tenants or TenantRegistry(settings.tenants, settings.api_keys)
-        # The OTel interceptor runs first, so even a call refused by auth gets its RPC span.
-        interceptors = list(telemetry.grpc_interceptors())
-        if self.tenants.auth_required:  # before the decode guard: no key, no parsing
-            interceptors.append(ApiKeyInterceptor(self.tenants))
         # Every handler checks its responses against the send limit before grpc-core does.
         send_limit = settings.connection.send_bytes(settings.max_message_bytes)
         limits = dataclasses.replace(settings.limits, max_response_bytes=send_limit)
-        interceptors.append(MalformedRequestInterceptor(send_limit))
-        self.server = grpc.aio.server(
-            interceptors=interceptors,
-            options=settings.connection.server_options(settings.max_message_bytes),
-            maximum_concurrent_rpcs=settings.connection.max_concurrent_rpcs,
+        self.server = self._aio_server(send_limit)
+        self.tool_call_parser = _tool_call_parser(engine, settings)
+        self.tokenizers = _tokenizer_pool(engine, settings)
+        self.serving = False  # what health says: warm and not draining
+        self.sessions = self._add_services(engine, model_name, limits)
+        self.service_names: tuple[str, ...] = SERVICE_NAMES
+        if settings.worker_protocol == "vllm":  # the gateway worker protocol, same port
+            self._add_worker_protocol(engine, model_name, limits, kv_events)
+        embeddings_pb2_grpc.add_EmbeddingServiceServicer_to_server(
+            EmbeddingService(
+                engine, model_name, limits, self.tokenizers, self.telemetry, self.tenants
+            ),
+            self.server,
         )
-        frontend = engine.frontend
-        tokenizer = frontend.tokenizer
-        # --tool-call-parser, else the one the chat template implies (None: unknown, and
-        # tool_choice "auto" is refused naming the flag).
-        self.tool_call_parser = settings.tool_call_parser
-        if self.tool_call_parser is None and tokenizer is not None:
-            self.tool_call_parser = parser_for_template(tokenizer.chat_template)
-        if needs_harmony(self.tool_call_parser, settings.reasoning_parser):
-            harmony_encoding()  # loaded once, here, not on the first request's event loop
-        self.tokenizers = None
-        if tokenizer is not None:
-            max_prompt_bytes = settings.limits.prompt_bytes(engine.info.max_model_len)
-            self.tokenizers = TokenizerPool(
-                frontend, max_prompt_bytes, images=settings.limits.images
-            )
-        self.sessions = SessionHandler(
+        self.health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        # Reflection: v1 and v1alpha.
+        enable_reflection((*self.service_names, "grpc.health.v1.Health"), self.server)
+        self.port = 0
+        engine.on_dead(self._engine_died)
+
+    def _aio_server(self, send_limit: int) -> grpc.aio.Server:
+        """The grpc.aio server with its interceptors, channel options and concurrent-RPC cap."""
+        # The OTel interceptor runs first, so even a call refused by auth gets its RPC span.
+        interceptors = list(self.telemetry.grpc_interceptors())
+        if self.tenants.auth_required:  # before the decode guard: no key, no parsing
+            interceptors.append(ApiKeyInterceptor(self.tenants))
+        interceptors.append(MalformedRequestInterceptor(send_limit))
+        connection = self.settings.connection
+        return grpc.aio.server(
+            interceptors=interceptors,
+            options=connection.server_options(self.settings.max_message_bytes),
+            maximum_concurrent_rpcs=connection.max_concurrent_rpcs,
+        )
+
+    def _add_services(
+        self, engine: EngineClient, model_name: str, limits: Limits
+    ) -> SessionHandler:
+        """The Session handler, GenerationService (which owns its streams) and ModelService."""
+        settings = self.settings
+        sessions = SessionHandler(
             engine,
             model_name,
             limits,
             self.tokenizers,
             settings.max_sessions,
             settings.session_idle_timeout,
-            telemetry,
+            self.telemetry,
             self.tenants,
         )
         generation_pb2_grpc.add_GenerationServiceServicer_to_server(
@@ -180,8 +191,8 @@ class GrpcServer:
                 model_name,
                 limits,
                 self.tokenizers,
-                self.sessions,
-                telemetry,
+                sessions,
+                self.telemetry,
                 OutputReaders(self.tool_call_parser, settings.reasoning_parser),
                 self.tenants,
             ),
@@ -201,36 +212,33 @@ class GrpcServer:
             ),
             self.server,
         )
-        self.serving = False  # what health says: warm and not draining
-        self.service_names: tuple[str, ...] = SERVICE_NAMES
-        if settings.worker_protocol == "vllm":  # the gateway worker protocol, same port
-            hub = engine.kv_events  # None unless --kv-events-config
-            if kv_events is None and hub is not None:
-                kv_events = HubKvEvents(engine, hub)
-            vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(
-                VllmEngineServicer(
-                    engine,
-                    model_name,
-                    limits,
-                    self.tokenizers,
-                    telemetry,
-                    self.tenants,
-                    lambda: self.serving,
-                    kv_events,
-                ),
-                self.server,
-            )
-            self.service_names = (*SERVICE_NAMES, VLLM_ENGINE_SERVICE)
-        embeddings_pb2_grpc.add_EmbeddingServiceServicer_to_server(
-            EmbeddingService(engine, model_name, limits, self.tokenizers, telemetry, self.tenants),
+        return sessions
+
+    def _add_worker_protocol(
+        self,
+        engine: EngineClient,
+        model_name: str,
+        limits: Limits,
+        kv_events: KvEventSource | None,
+    ) -> None:
+        """--worker-protocol vllm: vLLM's engine service beside tokenwire.v1, on this port."""
+        hub = engine.kv_events  # None unless --kv-events-config
+        if kv_events is None and hub is not None:
+            kv_events = HubKvEvents(engine, hub)
+        vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(
+            VllmEngineServicer(
+                engine,
+                model_name,
+                limits,
+                self.tokenizers,
+                self.telemetry,
+                self.tenants,
+                lambda: self.serving,
+                kv_events,
+            ),
             self.server,
         )
-        self.health = health_aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        # Reflection: v1 and v1alpha.
-        enable_reflection((*self.service_names, "grpc.health.v1.Health"), self.server)
-        self.port = 0
-        engine.on_dead(self._engine_died)
+        self.service_names = (*SERVICE_NAMES, VLLM_ENGINE_SERVICE)
 
     def _engine_died(self) -> None:
         # A dead engine must drop out of load balancing: health goes NOT_SERVING for good.
@@ -271,3 +279,34 @@ class GrpcServer:
         await self.server.stop(grace)
         if self.tokenizers is not None:
             self.tokenizers.shutdown()
+
+
+def _attached_telemetry(engine: EngineClient, telemetry: Telemetry | None) -> Telemetry:
+    """The given telemetry (request logs only when None), its metrics attached to the engine."""
+    if telemetry is None:  # request logs only: no metrics wiring, no tracing
+        telemetry = Telemetry()
+    if telemetry.metrics is None:
+        telemetry.attach(engine)
+    return telemetry
+
+
+def _tool_call_parser(engine: EngineClient, settings: GrpcSettings) -> str | None:
+    """--tool-call-parser, else the one the chat template implies (None: unknown, and
+    tool_choice "auto" is refused naming the flag). Loads the harmony encoding when a reader
+    needs it: once, here, not on the first request's event loop."""
+    parser = settings.tool_call_parser
+    tokenizer = engine.frontend.tokenizer
+    if parser is None and tokenizer is not None:
+        parser = parser_for_template(tokenizer.chat_template)
+    if needs_harmony(parser, settings.reasoning_parser):
+        harmony_encoding()
+    return parser
+
+
+def _tokenizer_pool(engine: EngineClient, settings: GrpcSettings) -> TokenizerPool | None:
+    """The request tokenizers (None: the model has no tokenizer)."""
+    frontend = engine.frontend
+    if frontend.tokenizer is None:
+        return None
+    max_prompt_bytes = settings.limits.prompt_bytes(engine.info.max_model_len)
+    return TokenizerPool(frontend, max_prompt_bytes, images=settings.limits.images)

@@ -23,8 +23,9 @@ from tokenwire.runtime.engine.protocol import EngineClient, EngineStatsSnapshot
 from tokenwire.runtime.outputs import FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.stats import RequestStats, StepStats
+from tokenwire.server.telemetry.engine_gauges import EngineGauges
 from tokenwire.server.telemetry.logs import get_logger
-from tokenwire.server.telemetry.metrics import EngineGauges, EngineMetrics
+from tokenwire.server.telemetry.metrics import EngineMetrics
 from tokenwire.server.telemetry.record import RequestRecord, summarize
 from tokenwire.server.telemetry.spans import SpanFactory, summary_attributes
 from tokenwire.server.telemetry.tracing import (

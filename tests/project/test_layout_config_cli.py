@@ -38,6 +38,7 @@ FLAG_MODULES = (
     "server/rest/connection.py",
     "server/telemetry/tracing.py",
     "bench/cli.py",
+    "bench/cli_args.py",
 )
 
 

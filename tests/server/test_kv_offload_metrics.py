@@ -5,7 +5,8 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 
 from tokenwire.runtime.stats import KVOffloadStats
-from tokenwire.server.telemetry.metrics import EngineGauges, EngineMetrics
+from tokenwire.server.telemetry.engine_gauges import EngineGauges
+from tokenwire.server.telemetry.metrics import EngineMetrics
 
 
 def scrape(gauges: EngineGauges) -> str:

@@ -10,7 +10,8 @@ import dataclasses
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tokenwire.server.telemetry.metrics import EngineGauges, EngineMetrics
+from tokenwire.server.telemetry.engine_gauges import EngineGauges
+from tokenwire.server.telemetry.metrics import EngineMetrics
 
 STATE = EngineGauges(
     3, 1, 0.25, max_loras=2, prefix_cache_queries=100, prefix_cache_hits=40,
