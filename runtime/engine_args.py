@@ -36,6 +36,7 @@ from tokenwire.runtime.config import (
     DType,
     EngineConfig,
     KVCacheDType,
+    KVTierEvictionPolicy,
     LMHeadDType,
     LoadFormat,
     LoRAConfig,
@@ -307,6 +308,14 @@ class EngineArgs:
         "GiB of disk for --kv-offloading-disk-path (preallocated at startup)",
         type=float,
         metavar="GiB",
+    )
+    kv_offloading_eviction_policy: KVTierEvictionPolicy = _arg(  # noqa: RUF009 (a str)
+        CacheConfig,
+        "kv_offloading_eviction_policy",
+        "which block a full KV tier (host and disk) gives up: lru = the least recently used; "
+        "arc = adaptive replacement, which keeps blocks hit again through scans of blocks used "
+        "once (docs/kv-tiers.md)",
+        choices=get_args(KVTierEvictionPolicy),
     )
     enable_prefix_caching: bool = _arg(
         CacheConfig,

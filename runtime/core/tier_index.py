@@ -4,13 +4,14 @@
 
 from __future__ import annotations
 
-from typing import Literal, TypeAlias
+from typing import TypeAlias, get_args
 
+from tokenwire.runtime.config import KVTierEvictionPolicy
 from tokenwire.runtime.core.arc_tier import ArcTier
 from tokenwire.runtime.core.host_tier import HostTier
 
-EvictionPolicy: TypeAlias = Literal["lru", "arc"]
-EVICTION_POLICIES: tuple[EvictionPolicy, ...] = ("lru", "arc")
+EvictionPolicy: TypeAlias = KVTierEvictionPolicy
+EVICTION_POLICIES: tuple[EvictionPolicy, ...] = get_args(EvictionPolicy)
 TierIndex: TypeAlias = HostTier | ArcTier
 
 
