@@ -85,9 +85,7 @@ def test_a_reused_prefix_outlives_a_scan_under_arc_only(
     assert_tier_idle(llm)
 
 
-def test_the_disk_tier_evicts_by_arc_too(
-    model_dir: Path, block_bytes: int, tmp_path: Path
-) -> None:
+def test_the_disk_tier_evicts_by_arc_too(model_dir: Path, block_bytes: int, tmp_path: Path) -> None:
     """A one-slot host tier over a disk tier of TIER_SLOTS records: the disk tier's index is
     ARC's, and the reused prefix outlives the scan there."""
     never_evicted = one(make_llm(model_dir, None, "lru"), A)
