@@ -36,6 +36,8 @@ QuantizationMethod = Literal["fp8", "gptq", "awq", "int8", "gguf"]
 # KV cache storage (vLLM's names): auto = the model dtype; fp8 / fp8_e4m3 = float8 e4m3 with a
 # per-layer float32 scale for K and one for V.
 KVCacheDType = Literal["auto", "fp8", "fp8_e4m3"]
+# Which block a full KV tier gives up (runtime/core/tier_index.py): least recently used, or ARC.
+KVTierEvictionPolicy = Literal["lru", "arc"]
 
 # Default CPU KV budget: 2 GiB holds ~46k tokens of SmolLM2-135M's float32 KV cache
 # (30 layers x 2 x 3 KV heads x 64 dims x 4 bytes = 46 KiB per token).
@@ -142,6 +144,7 @@ class CacheConfig:
     # The disk tier under it: a directory and its GiB; blocks the host tier evicts go there.
     kv_offloading_disk_path: str | None = None
     kv_offloading_disk_size: float | None = None
+    kv_offloading_eviction_policy: KVTierEvictionPolicy = "lru"  # both tiers
 
     def __post_init__(self) -> None:
         positive("block_size", self.block_size)
@@ -158,6 +161,11 @@ class CacheConfig:
         if not 0.0 <= self.session_cache_fraction <= 1.0:
             raise ValueError(
                 f"session_cache_fraction must be in [0, 1], got {self.session_cache_fraction}"
+            )
+        if self.kv_offloading_eviction_policy not in get_args(KVTierEvictionPolicy):
+            raise ValueError(
+                "kv_offloading_eviction_policy must be lru or arc; got "
+                f"{self.kv_offloading_eviction_policy!r}"
             )
         if self.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3"):
             raise ValueError(

@@ -10,7 +10,13 @@ import argparse
 from dataclasses import dataclass
 from typing import get_args
 
-from tokenwire.runtime.config import CacheConfig, KVCacheDType, SchedulerConfig, SchedulingPolicy
+from tokenwire.runtime.config import (
+    CacheConfig,
+    KVCacheDType,
+    KVTierEvictionPolicy,
+    SchedulerConfig,
+    SchedulingPolicy,
+)
 from tokenwire.runtime.engine_args_spec import arg
 
 
@@ -95,6 +101,14 @@ class BatchArgs:
         "GiB of disk for --kv-offloading-disk-path (preallocated at startup)",
         type=float,
         metavar="GiB",
+    )
+    kv_offloading_eviction_policy: KVTierEvictionPolicy = arg(  # noqa: RUF009 (a str)
+        CacheConfig,
+        "kv_offloading_eviction_policy",
+        "which block a full KV tier (host and disk) gives up: lru = the least recently used; "
+        "arc = adaptive replacement, which keeps blocks hit again through scans of blocks used "
+        "once (docs/kv-tiers.md)",
+        choices=get_args(KVTierEvictionPolicy),
     )
     enable_prefix_caching: bool = arg(
         CacheConfig,

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from tokenwire.runtime.core.host_tier import HostTier
 from tokenwire.runtime.core.kv_events import MEDIUM_DISK, KVEventRecorder
+from tokenwire.runtime.core.tier_index import EvictionPolicy, new_tier_index
 from tokenwire.runtime.kv_transfer import DiskWrite
 
 
@@ -25,8 +25,9 @@ class DiskTier:
         num_slots: int,
         entries: Sequence[tuple[bytes, int]] = (),
         events: KVEventRecorder | None = None,
+        eviction_policy: EvictionPolicy = "lru",
     ) -> None:
-        self.index = HostTier(num_slots)
+        self.index = new_tier_index(num_slots, eviction_policy)
         self.index.restore(entries)
         self.events = events  # KV events (medium DISK); None when they are off
         if events is not None:  # a warm restart's records, in the first step's batch

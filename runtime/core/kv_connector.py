@@ -37,10 +37,10 @@ from collections.abc import Callable, Sequence
 
 from tokenwire.runtime.core.block_pool import BlockPool, KVBlock
 from tokenwire.runtime.core.disk_tier import DiskTier
-from tokenwire.runtime.core.host_tier import HostTier
 from tokenwire.runtime.core.kv_events import MEDIUM_CPU
 from tokenwire.runtime.core.pending_load import PendingLoad
 from tokenwire.runtime.core.request import Request
+from tokenwire.runtime.core.tier_index import EvictionPolicy, new_tier_index
 from tokenwire.runtime.core.tier_sessions import SessionPins, save_pinned
 from tokenwire.runtime.kv_transfer import DiskRead, KVLoad, KVTransferPlan
 from tokenwire.runtime.stats import KVOffloadStats
@@ -58,9 +58,10 @@ class OffloadingConnector:
         max_held_fraction: float = 0.9,
         disk: DiskTier | None = None,
         session_fraction: float = 1.0,
+        eviction_policy: EvictionPolicy = "lru",
     ) -> None:
         self.pool = pool
-        self.tier = HostTier(num_slots)
+        self.tier = new_tier_index(num_slots, eviction_policy)
         self.disk = disk
         self.block_bytes = block_bytes
         self.max_held = max(1, int(pool.num_usable_blocks * max_held_fraction))

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from tokenwire.runtime.core.disk_tier import DiskTier
 from tokenwire.runtime.core.kv_cache_manager import KVCacheManager
 from tokenwire.runtime.core.kv_connector import OffloadingConnector
+from tokenwire.runtime.core.tier_index import EvictionPolicy
 
 
 def attach_offloading(
@@ -21,12 +22,20 @@ def attach_offloading(
     disk_slots: int = 0,
     disk_entries: Sequence[tuple[bytes, int]] = (),
     session_fraction: float = 1.0,
+    eviction_policy: EvictionPolicy = "lru",
 ) -> OffloadingConnector:
     """The host tier (and the disk tier under it, seeded with the records a warm restart
-    found) over ``kv``'s pool, its two hooks set (evictions, invariant refs)."""
-    disk = DiskTier(disk_slots, disk_entries, kv.block_pool.events) if disk_slots else None
+    found) over ``kv``'s pool, its two hooks set (evictions, invariant refs). Both tiers
+    evict by ``eviction_policy`` (``core/tier_index.py``)."""
+    events = kv.block_pool.events
+    disk = DiskTier(disk_slots, disk_entries, events, eviction_policy) if disk_slots else None
     connector = OffloadingConnector(
-        kv.block_pool, num_slots, block_bytes, disk=disk, session_fraction=session_fraction
+        kv.block_pool,
+        num_slots,
+        block_bytes,
+        disk=disk,
+        session_fraction=session_fraction,
+        eviction_policy=eviction_policy,
     )
     kv.block_pool.on_evict = connector.on_evict
     kv.external_refs = connector.block_refs

@@ -13,11 +13,11 @@ from collections.abc import Callable, Sequence
 
 from tokenwire.runtime.core.block_pool import KVBlock
 from tokenwire.runtime.core.disk_tier import DiskTier
-from tokenwire.runtime.core.host_tier import HostTier
+from tokenwire.runtime.core.tier_index import TierIndex
 
 
 class SessionPins:
-    def __init__(self, host: HostTier, disk: DiskTier | None, max_host_slots: int) -> None:
+    def __init__(self, host: TierIndex, disk: DiskTier | None, max_host_slots: int) -> None:
         self.host = host
         self.disk = disk
         self.max_host_slots = max_host_slots
@@ -68,7 +68,7 @@ class SessionPins:
 
 
 def save_pinned(
-    tier: HostTier,
+    tier: TierIndex,
     blocks: Sequence[tuple[KVBlock, bytes]],
     save: Callable[[int, bytes], int | None],
 ) -> list[int] | None:

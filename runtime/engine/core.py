@@ -115,6 +115,7 @@ class EngineCore:
         return attach_offloading(
             self.kv_cache_manager, f.num_offload_blocks, f.kv_block_bytes, f.num_disk_blocks,
             f.disk_entries, self.config.cache.session_cache_fraction,
+            self.config.cache.kv_offloading_eviction_policy,
         )  # fmt: skip
 
     def _check_capacity(self, num_blocks: int) -> None:

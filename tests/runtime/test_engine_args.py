@@ -61,6 +61,7 @@ VALUES: dict[str, Any] = {
     "kv_offloading_size": 1.5,
     "kv_offloading_disk_path": "/var/cache/kv",
     "kv_offloading_disk_size": 8.0,
+    "kv_offloading_eviction_policy": "arc",
     "enable_prefix_caching": False,
     "enable_chunked_prefill": False,
     "async_scheduling": True,
@@ -204,7 +205,7 @@ def test_create_engine_config_carries_every_field() -> None:
         block_size=32, enable_prefix_caching=False, kv_cache_memory=1 << 20,
         gpu_memory_utilization=0.5, num_gpu_blocks_override=64, kv_cache_dtype="fp8",
         kv_offloading_size=1.5, kv_offloading_disk_path="/var/cache/kv",
-        kv_offloading_disk_size=8.0,
+        kv_offloading_disk_size=8.0, kv_offloading_eviction_policy="arc",
     )  # fmt: skip
     assert config.scheduler == SchedulerConfig(
         max_num_seqs=8, max_num_batched_tokens=1024, scheduling_policy="priority",

@@ -80,6 +80,7 @@ VALUES: dict[str, Any] = {
     "kv_offloading_size": 0.5,
     "kv_offloading_disk_path": "/var/cache/kv",
     "kv_offloading_disk_size": 4.0,
+    "kv_offloading_eviction_policy": "arc",
     "structured_outputs_cache_bytes": 64 << 20,
     "lm_head_dtype": "bfloat16",
     "cpu_quant_kernel": "torch",
