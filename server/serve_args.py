@@ -136,6 +136,13 @@ def _add_request_limit_arguments(p: argparse.ArgumentParser) -> None:
         "of one image (default: %(default)s)",
     )
     p.add_argument(
+        "--mm-processor-cache-bytes",
+        type=int,
+        default=ImageLimits.processor_cache_bytes,
+        help="processed images (the image processor's output, by the image's bytes) kept for "
+        "chats that carry them again, LRU; 0: off (default: %(default)s)",
+    )
+    p.add_argument(
         "--max-message-bytes",
         type=int,
         default=GrpcSettings.max_message_bytes,
@@ -306,7 +313,10 @@ def grpc_settings(args: argparse.Namespace) -> GrpcSettings:
             max_stop_sequences=args.max_stop_sequences,
             max_prompt_bytes=args.max_prompt_bytes,
             images=ImageLimits(
-                args.max_images_per_request, args.max_image_bytes, args.max_image_pixels
+                args.max_images_per_request,
+                args.max_image_bytes,
+                args.max_image_pixels,
+                args.mm_processor_cache_bytes,
             ),
         ),
         max_message_bytes=args.max_message_bytes,

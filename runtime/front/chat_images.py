@@ -10,6 +10,10 @@ processor). Every step is blocking (decode, template, tokenizer, image processor
 ``render_chat_images`` on a thread, never on an event loop. A model without an image processor
 refuses images, naming the first image's part. A model whose chat template puts tokens around
 an image (Qwen-VL's ``<|vision_start|>`` and ``<|vision_end|>``) gets them around each marker.
+With a ``ProcessedImageCache`` (``front/processed_images.py``), an image whose bytes an earlier
+render processed is taken from it, neither decoded nor processed again (a session's later
+turns re-render its whole transcript); the rest are decoded and processed as before (in one
+processor call) and kept there.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.front.image_decode import decode_image
+from tokenwire.runtime.front.processed_images import ProcessedImageCache, image_key
 from tokenwire.runtime.front.tokenizer import apply_chat_template
 from tokenwire.runtime.multimodal import ImageInput
 
@@ -75,13 +80,22 @@ def render_chat_images(
     *,
     max_pixels: int,
     template_kwargs: Mapping[str, Any] | None = None,
+    cache: ProcessedImageCache | None = None,
 ) -> tuple[list[int], tuple[ImageInput, ...]]:
-    """(prompt ids with each image's placeholder run, the images' inputs)."""
+    """(prompt ids with each image's placeholder run, the images' inputs); ``cache``: what
+    earlier renders processed (an image found there is neither decoded nor processed)."""
     images = chat_images(messages)
     if prompter is None:
         where = images[0].part if images else "messages"
         raise ParameterError(where, "this model takes no image inputs (not a vision model)")
-    decoded = [decode_image(image.data, image.part, max_pixels) for image in images]
+    use = cache if cache is not None and cache.enabled and images else None
+    keys = [image_key(image.data, max_pixels) for image in images] if use else []
+    known = [use.get(key) for key in keys] if use else [None] * len(images)
+    decoded = [
+        decode_image(image.data, image.part, max_pixels)
+        for image, hit in zip(images, known, strict=True)
+        if hit is None
+    ]
     marker = f"\ue000image-{secrets.token_hex(8)}\ue001"
     around = prompter.spec.chat_text_around  # Gemma 3: "\n\n", as its processor adds
     ids = apply_chat_template(
@@ -91,7 +105,15 @@ def render_chat_images(
         template_kwargs=template_kwargs,
         image=(marker, prompter.spec.marker),
     )
-    return prompter.expand(_tokens_around(ids, prompter), decoded)
+    ids = _tokens_around(ids, prompter)
+    prompter.check_count(ids, len(images))
+    made = iter(prompter.process(decoded) if decoded else [])
+    processed = [next(made) if hit is None else hit for hit in known]
+    if use:
+        for key, hit, image in zip(keys, known, processed, strict=True):
+            if hit is None:
+                use.put(key, image)
+    return prompter.place(ids, processed)
 
 
 def _tokens_around(ids: list[int], prompter: ImagePrompter) -> list[int]:

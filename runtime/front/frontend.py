@@ -29,6 +29,7 @@ from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.front.chat_images import render_chat_images
 from tokenwire.runtime.front.images import ImagePrompter
 from tokenwire.runtime.front.output_processor import OutputProcessor, ProcessedStep
+from tokenwire.runtime.front.processed_images import ProcessedImageCache
 from tokenwire.runtime.front.structured_validate import StructuredValidator
 from tokenwire.runtime.front.tokenizer import Tokenizer, apply_chat_template, load_tokenizer
 from tokenwire.runtime.front.validation import validate_request
@@ -148,9 +149,11 @@ class Frontend:
         *,
         max_pixels: int,
         template_kwargs: Mapping[str, Any] | None = None,
+        cache: ProcessedImageCache | None = None,
     ) -> tuple[list[int], tuple[ImageInput, ...]]:
         """A chat whose user contents hold image parts (``chat_images``): (ids with each
-        image's placeholder run, the images); blocking (decode, processor): off the loop."""
+        image's placeholder run, the images); blocking (decode, processor): off the loop.
+        ``cache``: the caller's processed images (``TokenizerPool`` holds one), thread-safe."""
         return render_chat_images(
             self.require_tokenizer("messages"),
             self.images,
@@ -158,6 +161,7 @@ class Frontend:
             tools,
             max_pixels=max_pixels,
             template_kwargs=template_kwargs,
+            cache=cache,
         )
 
     # ------------------------------------------------------------------ requests

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from tokenwire.runtime.errors import ParameterError
+from tokenwire.runtime.front.processed_images import ProcessedImage
 from tokenwire.runtime.models.gemma3_mm_config import gemma3_mm_spec, is_gemma3_mm
 from tokenwire.runtime.models.llava_config import is_llava, llava_spec
 from tokenwire.runtime.models.qwen_vl_config import is_qwen_vl, qwen_vl_spec
@@ -101,31 +102,49 @@ class ImagePrompter:
         self, token_ids: Sequence[int], images: Sequence[Any]
     ) -> tuple[list[int], tuple[ImageInput, ...]]:
         """(token ids with each image placeholder expanded, the images' inputs)."""
-        spec = self.spec
-        token = spec.marker
-        count = sum(1 for t in token_ids if t == token)
-        if count != len(images):
+        self.check_count(token_ids, len(images))
+        return self.place(token_ids, self.process(images) if images else [])
+
+    def check_count(self, token_ids: Sequence[int], count: int) -> None:
+        """``ParameterError`` unless the prompt has ``count`` image markers."""
+        token = self.spec.marker
+        found = sum(1 for t in token_ids if t == token)
+        if found != count:
             raise ParameterError(
                 _PARAM,
-                f"the prompt has {count} image placeholders (token {token}) "
-                f"for {len(images)} images",
+                f"the prompt has {found} image placeholders (token {token}) for {count} images",
             )
-        if not images:
-            return list(token_ids), ()
-        arrays = self.image_arrays(images)
+
+    def process(self, images: Sequence[Any]) -> list[ProcessedImage]:
+        """Each image through the image processor (one call for all): its own pixels (a
+        copy, not a view into the batch's array), grid and content hash."""
+        out: list[ProcessedImage] = []
+        for pixels, grid in self.image_arrays(images):
+            own = np.array(pixels, copy=True)
+            content_hash = pixel_hash(own, "" if grid is None else str(grid))
+            out.append(ProcessedImage(own, grid, content_hash))
+        return out
+
+    def place(
+        self, token_ids: Sequence[int], images: Sequence[ProcessedImage]
+    ) -> tuple[list[int], tuple[ImageInput, ...]]:
+        """Each marker of ``token_ids`` expanded to its processed image's run, in order (the
+        count already checked)."""
+        spec = self.spec
         expanded: list[int] = []
         inputs: list[ImageInput] = []
         for t in token_ids:
-            if t != token:
+            if t != spec.marker:
                 expanded.append(t)
                 continue
-            pixels, grid = arrays[len(inputs)]
+            image = images[len(inputs)]
+            grid = image.grid
             run = spec.run if grid is None else grid[0] * grid[1] * grid[2] // spec.merge_size**2
             expanded.extend(spec.prefix)
             inputs.append(
                 ImageInput(
-                    len(expanded), run, pixel_hash(pixels, "" if grid is None else str(grid)),
-                    pixels, spec.bidirectional, grid,
+                    len(expanded), run, image.content_hash, image.pixels, spec.bidirectional,
+                    grid,
                 )
             )  # fmt: skip
             expanded.extend([spec.token] * run)

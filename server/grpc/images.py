@@ -17,6 +17,7 @@ from typing import Any
 
 from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.front.chat_images import ChatImage
+from tokenwire.runtime.front.processed_images import DEFAULT_CACHE_BYTES
 from tokenwire.v1 import common_pb2
 
 DEFAULT_MAX_IMAGES = 8
@@ -26,11 +27,13 @@ DEFAULT_MAX_IMAGE_PIXELS = 1 << 25  # 33.5 megapixels, under Pillow's own bomb t
 
 @dataclass(frozen=True)
 class ImageLimits:
-    """``--max-images-per-request``, ``--max-image-bytes``, ``--max-image-pixels``."""
+    """``--max-images-per-request``, ``--max-image-bytes``, ``--max-image-pixels``, and
+    ``--mm-processor-cache-bytes`` (the tokenizer pool's processed images; 0: none kept)."""
 
     max_images: int = DEFAULT_MAX_IMAGES
     max_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    processor_cache_bytes: int = DEFAULT_CACHE_BYTES
 
     def __post_init__(self) -> None:
         if self.max_images < 0:
@@ -39,6 +42,8 @@ class ImageLimits:
             raise ValueError("--max-image-bytes must be > 0")
         if self.max_pixels <= 0:
             raise ValueError("--max-image-pixels must be > 0")
+        if self.processor_cache_bytes < 0:
+            raise ValueError("--mm-processor-cache-bytes must be >= 0")
 
 
 def message_content(m: common_pb2.ChatMessage, index: int) -> str | list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from tokenwire.runtime.errors import ParameterError, QueueFullError
 from tokenwire.runtime.front.chat_images import ImageInput, chat_images
 from tokenwire.runtime.front.frontend import Frontend
+from tokenwire.runtime.front.processed_images import ProcessedImageCache
 from tokenwire.runtime.front.tokenizer import Tokenizer
 from tokenwire.server.grpc.images import ImageLimits, check_images
 
@@ -77,6 +78,8 @@ class TokenizerPool:
         self.max_prompt_bytes = max_prompt_bytes
         self.max_pending = max_pending
         self.image_limits = images or ImageLimits()
+        # What the image processor made of recent images (--mm-processor-cache-bytes).
+        self.processed_images = ProcessedImageCache(self.image_limits.processor_cache_bytes)
         self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="tokenwire-tok")
         self._lock = threading.Lock()
         self._pending = 0  # jobs queued or running (decremented by the worker when done)
@@ -133,7 +136,8 @@ class TokenizerPool:
         template_kwargs: Mapping[str, Any] | None = None,
     ) -> tuple[list[int], tuple[ImageInput, ...]]:
         """A chat with image parts: the limits on count and size first, then decoding (the
-        pixel limit before decompressing), the template and the image processor on the pool.
+        pixel limit before decompressing), the template and the image processor on the pool;
+        an image the pool's ``processed_images`` holds is neither decoded nor processed.
         """
         check_prompt_bytes(param, _texts(messages), self.max_prompt_bytes)
         check_images(chat_images(messages), self.image_limits)
@@ -141,6 +145,7 @@ class TokenizerPool:
             self.frontend.render_chat_images,
             max_pixels=self.image_limits.max_pixels,
             template_kwargs=template_kwargs,
+            cache=self.processed_images,
         )
         return await self.run(render, messages, tools)
 

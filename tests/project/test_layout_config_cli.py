@@ -22,6 +22,7 @@ from tokenwire.runtime.engine.async_engine import AsyncEngine
 from tokenwire.server.cli import build_parser
 from tokenwire.server.grpc.connection import ConnectionSettings
 from tokenwire.server.grpc.convert import Limits
+from tokenwire.server.grpc.images import ImageLimits
 from tokenwire.server.grpc.server import GrpcSettings
 from tokenwire.server.rest.app import RestSettings
 from tokenwire.server.rest.connection import HttpConnectionSettings
@@ -103,6 +104,8 @@ def test_serve_parser_defaults_are_the_settings_defaults() -> None:
         "session_idle_timeout": GrpcSettings.session_idle_timeout,
         "max_n": Limits.max_n,
         "max_stop_sequences": Limits.max_stop_sequences,
+        "max_image_pixels": ImageLimits.max_pixels,
+        "mm_processor_cache_bytes": ImageLimits.processor_cache_bytes,
         "max_requests": ServeOptions.max_requests,
         "shutdown_timeout": ServeOptions.shutdown_timeout,
         "port": RestSettings.port,

@@ -27,6 +27,7 @@ from tiny_llava import save_tiny_llava, synthetic_image
 
 from tokenwire.runtime.front.frontend import Frontend
 from tokenwire.runtime.front.images import ImagePrompter
+from tokenwire.runtime.front.processed_images import ProcessedImageCache
 from tokenwire.runtime.front.tokenizer import load_tokenizer
 from tokenwire.runtime.llm import LLM
 from tokenwire.runtime.multimodal import ImageInput
@@ -279,10 +280,11 @@ class _ThreadRecordingFrontend(Frontend):
         *,
         max_pixels: int,
         template_kwargs: Mapping[str, Any] | None = None,
+        cache: ProcessedImageCache | None = None,
     ) -> tuple[list[int], tuple[ImageInput, ...]]:
         self.threads.append(threading.get_ident())
         return super().render_chat_images(
-            messages, tools, max_pixels=max_pixels, template_kwargs=template_kwargs
+            messages, tools, max_pixels=max_pixels, template_kwargs=template_kwargs, cache=cache
         )
 
 
