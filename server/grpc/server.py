@@ -138,6 +138,7 @@ class GrpcServer:
         self.server = self._aio_server(send_limit)
         self.tool_call_parser = _tool_call_parser(engine, settings)
         self.tokenizers = _tokenizer_pool(engine, settings)
+        _watch_processed_images(self.telemetry, self.tokenizers)
         self.serving = False  # what health says: warm and not draining
         self.sessions = self._add_services(engine, model_name, limits)
         self.service_names: tuple[str, ...] = SERVICE_NAMES
@@ -301,6 +302,12 @@ def _tool_call_parser(engine: EngineClient, settings: GrpcSettings) -> str | Non
     if needs_harmony(parser, settings.reasoning_parser):
         harmony_encoding()
     return parser
+
+
+def _watch_processed_images(telemetry: Telemetry, pool: TokenizerPool | None) -> None:
+    """The pool's processed-image cache hits and misses as metrics (when it keeps any)."""
+    if pool is not None and telemetry.metrics is not None and pool.processed_images.enabled:
+        telemetry.metrics.watch_processed_images(pool.processed_images.stats)
 
 
 def _tokenizer_pool(engine: EngineClient, settings: GrpcSettings) -> TokenizerPool | None:

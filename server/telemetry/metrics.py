@@ -38,6 +38,10 @@ from tokenwire.server.telemetry.engine_gauges import (
     EngineStateCollector,
     compat_prefixes,
 )
+from tokenwire.server.telemetry.processed_images_metrics import (
+    CacheCounts,
+    ProcessedImageCacheCollector,
+)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -214,6 +218,11 @@ class EngineMetrics:
         self._rate_limited.labels(self._model, tenant, limit).inc()
 
     # ------------------------------------------------------------------ scrape
+    def watch_processed_images(self, read: Callable[[], CacheCounts]) -> None:
+        """Export the tokenizer pool's processed-image cache hits and misses, read at scrape
+        (``processed_images_metrics.py``)."""
+        self.registry.register(ProcessedImageCacheCollector(self._model, read))
+
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric in the registry."""
         return generate_latest(self.registry)

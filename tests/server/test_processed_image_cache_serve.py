@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from server_harness import ServerHarness
 from tiny_llava import synthetic_image
 from tiny_qwen_vl import save_tiny_qwen_vl
@@ -129,6 +130,17 @@ def test_later_turns_reuse_the_transcripts_processed_images(
     stats = cached[0].server.tokenizers.processed_images.stats()
     assert (stats.hits, stats.misses, stats.entries) == (2, 2, 2)
     assert uncached[0].server.tokenizers.processed_images.stats().entries == 0
+    exported = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(
+            cached[0].server.telemetry.exposition().decode()
+        )
+        for sample in family.samples
+    }
+    assert exported["tokenwire:mm_processor_cache_hits_total"] == 2
+    assert exported["tokenwire:mm_processor_cache_misses_total"] == 2
+    off_text = uncached[0].server.telemetry.exposition().decode()
+    assert "mm_processor_cache" not in off_text  # the cache off: no such series
 
 
 def test_the_flag_reaches_the_pools_settings() -> None:
