@@ -1,5 +1,5 @@
 """The front's processed-image cache (``front/processed_images.py``) with real image
-processors (a tiny Qwen2.5-VL's and a tiny LLaVA's, each with SmolLM2's tokenizer and chat
+processors (a tiny Qwen2.5-VL's, LLaVA's and Gemma 3's, each with SmolLM2's tokenizer and chat
 template): a session's second turn re-renders the first turn's image without decoding or
 processing it, and its ids and ``ImageInput``s equal, bit for bit, a render without the cache;
 the byte budget holds; a budget of 0 keeps nothing; several threads rendering the same images
@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tiny_gemma3_mm import save_tiny_gemma3_mm
 from tiny_llava import save_tiny_llava, synthetic_image
 from tiny_qwen_vl import save_tiny_qwen_vl
 
@@ -51,13 +52,15 @@ class CountingProcessor:
         return self.processor(images=images, **kwargs)
 
 
-@pytest.fixture(scope="module", params=["qwen2_5_vl", "llava"])
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "llava", "gemma3"])
 def model_dir(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, smollm_tokenizer: Any
 ) -> Path:
     path = tmp_path_factory.mktemp(request.param)
     if request.param == "llava":
         save_tiny_llava(path, len(smollm_tokenizer), IMAGE, max_position=512)
+    elif request.param == "gemma3":
+        save_tiny_gemma3_mm(path, len(smollm_tokenizer), 512, (IMAGE, START, END))
     else:
         save_tiny_qwen_vl(path, vocab_size=len(smollm_tokenizer), tokens=(IMAGE, START, END, VIDEO))
     smollm_tokenizer.save_pretrained(path)
