@@ -67,6 +67,33 @@ def load_kv_tile(  # type: ignore[no-untyped-def]
 
 
 @triton.jit
+def load_k_and_v(  # type: ignore[no-untyped-def]
+    k_cache_ptr,
+    v_cache_ptr,
+    table_row_ptr,
+    pos,
+    pos_mask,
+    kv_head,
+    offs_d,
+    d_mask,
+    stride_block,
+    stride_slot,
+    stride_head,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """``(k, v)``: ``load_kv_tile`` of the key cache, then of the value cache (same layout)."""
+    k = load_kv_tile(
+        k_cache_ptr, table_row_ptr, pos, pos_mask, kv_head, offs_d, d_mask,
+        stride_block, stride_slot, stride_head, BLOCK_SIZE,
+    )  # fmt: skip
+    v = load_kv_tile(
+        v_cache_ptr, table_row_ptr, pos, pos_mask, kv_head, offs_d, d_mask,
+        stride_block, stride_slot, stride_head, BLOCK_SIZE,
+    )  # fmt: skip
+    return k, v
+
+
+@triton.jit
 def online_softmax_step(  # type: ignore[no-untyped-def]
     q,
     k,
