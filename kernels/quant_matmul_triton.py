@@ -64,17 +64,9 @@ def _w4_tile_scales(  # type: ignore[no-untyped-def]
 
 @triton.jit
 def _w4_row_scales(  # type: ignore[no-untyped-def]
-    s_ptr,
-    z_ptr,
-    g_idx_ptr,
-    offs_k,
-    offs_n,
-    r_mask,
-    w_mask,
-    stride_sg,
-    GROUP_SIZE: tl.constexpr,
-    HAS_G_IDX: tl.constexpr,
-):
+    s_ptr, z_ptr, g_idx_ptr, offs_k, offs_n, r_mask, w_mask, stride_sg,
+    GROUP_SIZE: tl.constexpr, HAS_G_IDX: tl.constexpr,
+):  # fmt: skip
     """``(scale, zero)`` ``[len(offs_k), BLOCK_N]`` float32: each input row's group, from
     ``g_idx`` (act-order) or ``k // GROUP_SIZE``."""
     group = tl.load(g_idx_ptr + offs_k, mask=r_mask, other=0) if HAS_G_IDX else offs_k // GROUP_SIZE
@@ -86,32 +78,16 @@ def _w4_row_scales(  # type: ignore[no-untyped-def]
 
 @triton.jit
 def _w4a16_kernel(  # type: ignore[no-untyped-def]
-    x_ptr,  # [M, K], unit column stride
-    qw_ptr,  # int32 [K // 8, N]
-    s_ptr,  # [G, N]
-    z_ptr,  # [G, N]
-    g_idx_ptr,  # int32 [K], read only when HAS_G_IDX
-    bias_ptr,  # [N], read only when HAS_BIAS
-    out_ptr,  # [splits, M, N]
-    M,
-    N,
-    K,
-    K_PER_SPLIT,  # a multiple of BLOCK_K
-    stride_xm,
-    stride_qk,
-    stride_sg,
-    stride_om,
-    stride_split,
-    GROUP_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    HAS_G_IDX: tl.constexpr,
-    BLOCK_GROUPED: tl.constexpr,  # no g_idx and every K tile inside one group
-    HAS_BIAS: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    x_ptr, qw_ptr, s_ptr, z_ptr, g_idx_ptr, bias_ptr, out_ptr, M, N, K, K_PER_SPLIT,
+    stride_xm, stride_qk, stride_sg, stride_om, stride_split,
+    GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, HAS_G_IDX: tl.constexpr, BLOCK_GROUPED: tl.constexpr,
+    HAS_BIAS: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """``x [M, K]`` (unit column stride), ``qw int32 [K // 8, N]``, scales and zeros ``[G, N]``,
+    ``g_idx int32 [K]`` (read only when ``HAS_G_IDX``), bias ``[N]`` (only when ``HAS_BIAS``),
+    out ``[splits, M, N]``; ``K_PER_SPLIT`` is a multiple of ``BLOCK_K``. ``BLOCK_GROUPED``:
+    no g_idx and every K tile inside one group."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_r = tl.arange(0, BLOCK_K // 8)
@@ -146,19 +122,10 @@ def _w4a16_kernel(  # type: ignore[no-untyped-def]
 
 @triton.jit
 def _w8_dequantize(  # type: ignore[no-untyped-def]
-    codes,
-    s_ptr,
-    min_ptr,
-    offs_k,
-    offs_n,
-    w_mask,
-    stride_sn,
-    stride_mn,
-    GROUP_SIZE: tl.constexpr,
-    MIN_GROUP: tl.constexpr,
-    HAS_MIN: tl.constexpr,
+    codes, s_ptr, min_ptr, offs_k, offs_n, w_mask, stride_sn, stride_mn,
+    GROUP_SIZE: tl.constexpr, MIN_GROUP: tl.constexpr, HAS_MIN: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
-):
+):  # fmt: skip
     """The ``[BLOCK_K, BLOCK_N]`` weight tile ``code * scale (+ min)`` per element (float32
     arithmetic), in ``DOT_DTYPE``: a K tile that spans several groups."""
     s_off = offs_n[None, :] * stride_sn + (offs_k // GROUP_SIZE)[:, None]
@@ -172,33 +139,18 @@ def _w8_dequantize(  # type: ignore[no-untyped-def]
 
 @triton.jit
 def _w8a16_kernel(  # type: ignore[no-untyped-def]
-    x_ptr,  # [M, K], unit column stride
-    qw_ptr,  # int8 [N, K], unit column stride
-    s_ptr,  # [N, G], unit column stride
-    min_ptr,  # [N, K // MIN_GROUP], unit column stride, read only when HAS_MIN
-    bias_ptr,  # [N], read only when HAS_BIAS
-    out_ptr,  # [splits, M, N]
-    M,
-    N,
-    K,
-    K_PER_SPLIT,  # a multiple of BLOCK_K
-    stride_xm,
-    stride_qn,
-    stride_sn,
-    stride_mn,
-    stride_om,
-    stride_split,
-    GROUP_SIZE: tl.constexpr,
-    MIN_GROUP: tl.constexpr,
-    HAS_MIN: tl.constexpr,  # W = code * scale + min (GGUF K-quants); never BLOCK_GROUPED
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_GROUPED: tl.constexpr,  # every K tile inside one group
-    HAS_BIAS: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
+    x_ptr, qw_ptr, s_ptr, min_ptr, bias_ptr, out_ptr, M, N, K, K_PER_SPLIT,
+    stride_xm, stride_qn, stride_sn, stride_mn, stride_om, stride_split,
+    GROUP_SIZE: tl.constexpr, MIN_GROUP: tl.constexpr, HAS_MIN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-):
+):  # fmt: skip
+    """``x [M, K]``, ``qw int8 [N, K]``, scales ``[N, G]`` and minimums ``[N, K // MIN_GROUP]``
+    (read only when ``HAS_MIN``: ``W = code * scale + min``, GGUF K-quants; never
+    ``BLOCK_GROUPED``), all with unit column stride; bias ``[N]`` (only when ``HAS_BIAS``), out
+    ``[splits, M, N]``; ``K_PER_SPLIT`` is a multiple of ``BLOCK_K``. ``BLOCK_GROUPED``: every
+    K tile inside one group."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
