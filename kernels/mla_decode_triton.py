@@ -30,7 +30,7 @@ import triton.language as tl
 from tokenwire.kernels.attention_metadata import AttentionMetadata
 from tokenwire.kernels.dispatch import next_power_of_2
 from tokenwire.kernels.kv_quant import is_fp8, unit_scale
-from tokenwire.kernels.paged_attention_triton_common import LOG2_E
+from tokenwire.kernels.paged_attention_triton_common import LOG2_E, store_split_partial
 from tokenwire.kernels.paged_attention_triton_decode import (
     _decode_reduce_kernel,
     default_num_splits,
@@ -43,6 +43,92 @@ _MIN_BLOCK_H = 16  # tl.dot needs >= 16 rows
 # Prefill rows: query heads per generic-kernel launch, and its key tile at > 256 features.
 PREFILL_HEADS = 16
 PREFILL_BLOCK_N = 16
+
+
+@triton.jit
+def _load_q_heads(  # type: ignore[no-untyped-def]
+    q_ptr,
+    row,
+    stride_qt,
+    stride_qh,
+    NUM_HEADS: tl.constexpr,
+    LORA: tl.constexpr,
+    ROPE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """The program's ``BLOCK_H`` query heads of ``row``: ``(q_lat, q_pe, heads, h_mask,
+    offs_l, l_mask, offs_r, r_mask)``, the latent and rope parts with their lanes."""
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_mask = heads < NUM_HEADS
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_r = tl.arange(0, BLOCK_R)
+    l_mask = offs_l < LORA
+    r_mask = offs_r < ROPE
+    q_row = q_ptr + row * stride_qt + heads[:, None] * stride_qh
+    q_lat = tl.load(q_row + offs_l[None, :], mask=h_mask[:, None] & l_mask[None, :], other=0.0)
+    q_pe = tl.load(
+        q_row + LORA + offs_r[None, :], mask=h_mask[:, None] & r_mask[None, :], other=0.0
+    )
+    if DOT_F32:
+        q_lat = q_lat.to(tl.float32)
+        q_pe = q_pe.to(tl.float32)
+    return q_lat, q_pe, heads, h_mask, offs_l, l_mask, offs_r, r_mask
+
+
+@triton.jit
+def _walk_latents(  # type: ignore[no-untyped-def]
+    q_lat,
+    q_pe,
+    start,
+    end,
+    qk_scale,
+    cache_ptr,
+    table_row,
+    offs_l,
+    l_mask,
+    offs_r,
+    r_mask,
+    stride_cb,
+    stride_cs,
+    LORA: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """The online softmax over the slice's keys ``[start, end)``, the latent tile doubling as
+    the value tile: ``(max, sum, acc)``."""
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
+    for tile in range(start, end, BLOCK_N):
+        pos = tile + tl.arange(0, BLOCK_N)
+        pos_mask = pos < end
+        block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_mask, other=0).to(tl.int64)
+        slot = cache_ptr + block * stride_cb + (pos % BLOCK_SIZE) * stride_cs
+        c = tl.load(
+            slot[:, None] + offs_l[None, :], mask=pos_mask[:, None] & l_mask[None, :], other=0.0
+        ).to(q_lat.dtype)
+        pe = tl.load(
+            slot[:, None] + LORA + offs_r[None, :],
+            mask=pos_mask[:, None] & r_mask[None, :],
+            other=0.0,
+        ).to(q_lat.dtype)
+        s = tl.dot(q_lat, tl.trans(c), input_precision=DOT_PRECISION)
+        s = tl.dot(q_pe, tl.trans(pe), acc=s, input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(pos_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q_lat.dtype), c, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -81,65 +167,53 @@ def _mla_decode_split_kernel(  # type: ignore[no-untyped-def]
     split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
-
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    h_mask = heads < NUM_HEADS
-    offs_l = tl.arange(0, BLOCK_L)
-    offs_r = tl.arange(0, BLOCK_R)
-    l_mask = offs_l < LORA
-    r_mask = offs_r < ROPE
-    q_row = q_ptr + row * stride_qt + heads[:, None] * stride_qh
-    q_lat = tl.load(q_row + offs_l[None, :], mask=h_mask[:, None] & l_mask[None, :], other=0.0)
-    q_pe = tl.load(
-        q_row + LORA + offs_r[None, :], mask=h_mask[:, None] & r_mask[None, :], other=0.0
+    q_lat, q_pe, heads, h_mask, offs_l, l_mask, offs_r, r_mask = _load_q_heads(
+        q_ptr, row, stride_qt, stride_qh, NUM_HEADS, LORA, ROPE, BLOCK_H, BLOCK_L, BLOCK_R, DOT_F32
     )
-    if DOT_F32:
-        q_lat = q_lat.to(tl.float32)
-        q_pe = q_pe.to(tl.float32)
-
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
-    table_row = block_tables_ptr + row * stride_bt
-    for tile in range(start, end, BLOCK_N):
-        pos = tile + tl.arange(0, BLOCK_N)
-        pos_mask = pos < end
-        block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_mask, other=0).to(tl.int64)
-        slot = cache_ptr + block * stride_cb + (pos % BLOCK_SIZE) * stride_cs
-        c = tl.load(
-            slot[:, None] + offs_l[None, :], mask=pos_mask[:, None] & l_mask[None, :], other=0.0
-        ).to(q_lat.dtype)
-        pe = tl.load(
-            slot[:, None] + LORA + offs_r[None, :],
-            mask=pos_mask[:, None] & r_mask[None, :],
-            other=0.0,
-        ).to(q_lat.dtype)
-        s = tl.dot(q_lat, tl.trans(c), input_precision=DOT_PRECISION)
-        s = tl.dot(q_pe, tl.trans(pe), acc=s, input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(pos_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q_lat.dtype), c, input_precision=DOT_PRECISION)
-        m_i = m_new
-
-    has_keys = l_i > 0.0
-    lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    if FP8:
-        out = out * tl.load(scale_ptr)
-    mid_row = (row * NUM_HEADS + heads) * num_splits + split
-    tl.store(mid_lse_ptr + mid_row, lse, mask=h_mask)
-    o_ptrs = mid_o_ptr + mid_row[:, None] * LORA + offs_l[None, :]
-    tl.store(o_ptrs, out, mask=h_mask[:, None] & l_mask[None, :])
+    m_i, l_i, acc = _walk_latents(
+        q_lat, q_pe, start, end, qk_scale, cache_ptr, block_tables_ptr + row * stride_bt,
+        offs_l, l_mask, offs_r, r_mask, stride_cb, stride_cs,
+        LORA, BLOCK_H, BLOCK_L, BLOCK_N, BLOCK_SIZE, DOT_PRECISION,
+    )  # fmt: skip
+    store_split_partial(
+        acc, m_i, l_i, mid_o_ptr, mid_lse_ptr, scale_ptr, row, heads, h_mask, split,
+        num_splits, offs_l, l_mask, NUM_HEADS, LORA, FP8,
+    )  # fmt: skip
 
 
 def head_block(num_heads: int) -> int:
     """Query heads per program: all of a rank's heads up to 64 (the latent tile is read once
     per program), at least 16 rows for ``tl.dot``."""
     return max(_MIN_BLOCK_H, min(64, next_power_of_2(num_heads)))
+
+
+def _split_meta(
+    query: torch.Tensor, latent_cache: torch.Tensor, kv_lora_rank: int, block_n: int | None
+) -> dict[str, object]:
+    """``_mla_decode_split_kernel``'s compile-time arguments and launch options."""
+    num_heads, rope = query.shape[1], latent_cache.shape[-1] - kv_lora_rank
+    fp32 = query.dtype == torch.float32
+    if block_n is None:
+        block_n = _BLOCK_N_FP32 if fp32 else _BLOCK_N
+    block_h = head_block(num_heads)
+    # Triton 3.6's interpreter multiplies 16-bit dot operands wrongly (numpy has no bfloat16);
+    # there the 16-bit loads, conversions and stores run as compiled and the dots in float32.
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    return {
+        "NUM_HEADS": num_heads,
+        "LORA": kv_lora_rank,
+        "ROPE": rope,
+        "BLOCK_H": block_h,
+        "BLOCK_L": next_power_of_2(kv_lora_rank),
+        "BLOCK_R": max(16, next_power_of_2(rope)),
+        "BLOCK_N": block_n,
+        "BLOCK_SIZE": latent_cache.shape[1],
+        "DOT_PRECISION": "ieee" if fp32 or interpreted else None,
+        "FP8": is_fp8(latent_cache),
+        "DOT_F32": interpreted and not fp32,
+        "num_warps": 4 if block_h <= 16 else 8,
+        "num_stages": 2,
+    }
 
 
 def mla_decode_attention(
@@ -163,44 +237,23 @@ def mla_decode_attention(
     last stride). ``num_splits`` must not depend on context lengths (CUDA graphs).
     """
     num_rows, num_heads = seq_lens.shape[0], query.shape[1]
-    _, block_size, num_kv_heads, dim = latent_cache.shape
-    if num_kv_heads != 1 or not latent_cache.is_contiguous() or query.stride(2) != 1:
+    if latent_cache.shape[2] != 1 or not latent_cache.is_contiguous() or query.stride(2) != 1:
         raise ValueError("MLA decode: one contiguous latent head and a unit query stride")
-    rope = dim - kv_lora_rank
     device = query.device
     mid_o = torch.empty(
         (num_rows, num_heads, num_splits, kv_lora_rank), dtype=torch.float32, device=device
     )
     mid_lse = torch.empty((num_rows, num_heads, num_splits), dtype=torch.float32, device=device)
     fp8 = is_fp8(latent_cache)
-    fp32 = query.dtype == torch.float32
-    if block_n is None:
-        block_n = _BLOCK_N_FP32 if fp32 else _BLOCK_N
-    block_h = head_block(num_heads)
-    # Triton 3.6's interpreter multiplies 16-bit dot operands wrongly (numpy has no bfloat16);
-    # there the 16-bit loads, conversions and stores run as compiled and the dots in float32.
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     scale_t = (unit_scale(device) if cache_scale is None else cache_scale) if fp8 else mid_lse
-    grid = (num_rows, triton.cdiv(num_heads, block_h), num_splits)
+    grid = (num_rows, triton.cdiv(num_heads, head_block(num_heads)), num_splits)
     _mla_decode_split_kernel[grid](
         query, latent_cache, block_tables, seq_lens, mid_o, mid_lse, scale_t,
         scale * LOG2_E,
         query.stride(0), query.stride(1),
         latent_cache.stride(0), latent_cache.stride(1),
         block_tables.stride(0),
-        NUM_HEADS=num_heads,
-        LORA=kv_lora_rank,
-        ROPE=rope,
-        BLOCK_H=block_h,
-        BLOCK_L=next_power_of_2(kv_lora_rank),
-        BLOCK_R=max(16, next_power_of_2(rope)),
-        BLOCK_N=block_n,
-        BLOCK_SIZE=block_size,
-        DOT_PRECISION="ieee" if fp32 or interpreted else None,
-        FP8=fp8,
-        DOT_F32=interpreted and not fp32,
-        num_warps=4 if block_h <= 16 else 8,
-        num_stages=2,
+        **_split_meta(query, latent_cache, kv_lora_rank, block_n),
     )  # fmt: skip
     _decode_reduce_kernel[(num_rows, num_heads)](
         mid_o, mid_lse, out, num_splits, out.stride(0), out.stride(1),

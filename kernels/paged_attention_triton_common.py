@@ -22,6 +22,10 @@ one more column with no value (``exp(sink - m)`` in the denominator, nothing in 
 numerator), neither scaled nor soft-capped, as in the torch path. ``fold_sink`` adds it once,
 after the key walk (prefill) or at the split combine (decode); a row that saw no key then
 gets zeros, as the reference does.
+
+``store_split_partial`` ends a split-KV decode program (this package's decode kernel and the
+MLA decode kernel): each slice's normalized output and log2-sum-exp go to float32 scratch for
+the reduce kernel.
 """
 
 from __future__ import annotations
@@ -64,6 +68,33 @@ def load_kv_tile(  # type: ignore[no-untyped-def]
     row = block * stride_block + (pos % BLOCK_SIZE) * stride_slot + kv_head * stride_head
     ptrs = cache_ptr + row[:, None] + offs_d[None, :]
     return tl.load(ptrs, mask=pos_mask[:, None] & d_mask[None, :], other=0.0)
+
+
+@triton.jit
+def load_k_and_v(  # type: ignore[no-untyped-def]
+    k_cache_ptr,
+    v_cache_ptr,
+    table_row_ptr,
+    pos,
+    pos_mask,
+    kv_head,
+    offs_d,
+    d_mask,
+    stride_block,
+    stride_slot,
+    stride_head,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """``(k, v)``: ``load_kv_tile`` of the key cache, then of the value cache (same layout)."""
+    k = load_kv_tile(
+        k_cache_ptr, table_row_ptr, pos, pos_mask, kv_head, offs_d, d_mask,
+        stride_block, stride_slot, stride_head, BLOCK_SIZE,
+    )  # fmt: skip
+    v = load_kv_tile(
+        v_cache_ptr, table_row_ptr, pos, pos_mask, kv_head, offs_d, d_mask,
+        stride_block, stride_slot, stride_head, BLOCK_SIZE,
+    )  # fmt: skip
+    return k, v
 
 
 @triton.jit
@@ -124,3 +155,36 @@ def fold_sink(m_i, l_i, sink):  # type: ignore[no-untyped-def]
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a -inf sink and no key: no inf - inf
     alpha = tl.exp2(m_i - m_safe)
     return l_i * alpha + tl.exp2(sink - m_safe), alpha
+
+
+@triton.jit
+def store_split_partial(  # type: ignore[no-untyped-def]
+    acc,
+    m_i,
+    l_i,
+    mid_o_ptr,
+    mid_lse_ptr,
+    v_scale_ptr,
+    seq,
+    heads,
+    h_mask,
+    split,
+    num_splits,
+    offs_d,
+    d_mask,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    FP8: tl.constexpr,
+):
+    """Split-KV decode: store one slice's normalized output and log2-sum-exp (``-inf`` when
+    it saw no key) to the float32 scratch ``mid_o [.., NUM_HEADS, num_splits, HEAD_DIM]``,
+    ``mid_lse [.., NUM_HEADS, num_splits]``; an fp8 cache's ``v_scale`` multiplies the output."""
+    has_keys = l_i > 0.0
+    lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if FP8:
+        out = out * tl.load(v_scale_ptr)
+    row = (seq * NUM_HEADS + heads) * num_splits + split  # [BLOCK_H] rows of mid_o/mid_lse
+    tl.store(mid_lse_ptr + row, lse, mask=h_mask)
+    o_ptrs = mid_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(o_ptrs, out, mask=h_mask[:, None] & d_mask[None, :])

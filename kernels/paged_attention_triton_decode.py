@@ -34,14 +34,90 @@ from tokenwire.kernels.paged_attention_triton_common import (
     LOG2_E_C,
     NO_WINDOW,
     fold_sink,
-    load_kv_tile,
+    load_k_and_v,
     online_softmax_step,
+    store_split_partial,
 )
 
 MAX_SPLITS = 16
 # Interpreter (CPU) default: several splits, so the split/reduce path is what CPU tests run.
 _CPU_SPLITS = 4
 _BLOCK_N = 64  # key positions per tile
+
+
+@triton.jit
+def _split_range(  # type: ignore[no-untyped-def]
+    seq_len, window, chunk, split, num_splits, BLOCK_N: tl.constexpr
+):
+    """``[start, end)``: the key positions of slice ``split`` (empty past the last key)."""
+    first_key = tl.maximum(seq_len - window, 0)  # the splits share [first_key, seq_len)
+    first_key = tl.maximum(first_key, (seq_len - 1) // chunk * chunk)
+    split_len = tl.cdiv(tl.cdiv(seq_len - first_key, num_splits), BLOCK_N) * BLOCK_N
+    start = first_key + split * split_len
+    return start, tl.minimum(start + split_len, seq_len)
+
+
+@triton.jit
+def _load_q_group(  # type: ignore[no-untyped-def]
+    q_ptr,
+    seq,
+    kv_head,
+    stride_qt,
+    stride_qh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """The ``[BLOCK_H, BLOCK_D]`` query tile of ``kv_head``'s GQA group (rows past ``GROUP``
+    load zeros) with its heads, row mask, feature offsets and feature mask."""
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    h_mask = offs_h < GROUP
+    d_mask = offs_d < HEAD_DIM
+    heads = kv_head * GROUP + offs_h
+    q_ptrs = q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+    return q, heads, h_mask, offs_d, d_mask
+
+
+@triton.jit
+def _walk_split(  # type: ignore[no-untyped-def]
+    q,
+    start,
+    end,
+    qk_scale,
+    k_cache_ptr,
+    v_cache_ptr,
+    table_row,
+    kv_head,
+    offs_d,
+    d_mask,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
+):
+    """The online softmax over the slice's keys ``[start, end)``: ``(max, sum, acc)``."""
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for tile in range(start, end, BLOCK_N):
+        pos = tile + tl.arange(0, BLOCK_N)
+        pos_mask = pos < end
+        k, v = load_k_and_v(
+            k_cache_ptr, v_cache_ptr, table_row, pos, pos_mask, kv_head, offs_d, d_mask,
+            stride_cb, stride_cs, stride_ch, BLOCK_SIZE,
+        )  # fmt: skip
+        m_i, l_i, acc = online_softmax_step(
+            q, k, v, pos_mask[None, :], m_i, l_i, acc, qk_scale, DOT_PRECISION, SOFT_CAP
+        )
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -82,48 +158,19 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
         qk_scale = qk_scale * tl.load(k_scale_ptr)
     num_splits = tl.num_programs(2)  # a runtime value: no recompile per split count
     seq_len = tl.load(seq_lens_ptr + seq)
-    first_key = tl.maximum(seq_len - window, 0)  # the splits share [first_key, seq_len)
-    first_key = tl.maximum(first_key, (seq_len - 1) // chunk * chunk)
-    split_len = tl.cdiv(tl.cdiv(seq_len - first_key, num_splits), BLOCK_N) * BLOCK_N
-    start = first_key + split * split_len
-    end = tl.minimum(start + split_len, seq_len)
-
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    h_mask = offs_h < GROUP
-    d_mask = offs_d < HEAD_DIM
-    heads = kv_head * GROUP + offs_h
-    q_ptrs = q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=h_mask[:, None] & d_mask[None, :], other=0.0)
-
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    table_row = block_tables_ptr + seq * stride_bt
-    for tile in range(start, end, BLOCK_N):
-        pos = tile + tl.arange(0, BLOCK_N)
-        pos_mask = pos < end
-        k = load_kv_tile(
-            k_cache_ptr, table_row, pos, pos_mask, kv_head, offs_d, d_mask,
-            stride_cb, stride_cs, stride_ch, BLOCK_SIZE,
-        )  # fmt: skip
-        v = load_kv_tile(
-            v_cache_ptr, table_row, pos, pos_mask, kv_head, offs_d, d_mask,
-            stride_cb, stride_cs, stride_ch, BLOCK_SIZE,
-        )  # fmt: skip
-        m_i, l_i, acc = online_softmax_step(
-            q, k, v, pos_mask[None, :], m_i, l_i, acc, qk_scale, DOT_PRECISION, SOFT_CAP
-        )
-
-    has_keys = l_i > 0.0
-    lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    if FP8:
-        out = out * tl.load(v_scale_ptr)
-    row = (seq * NUM_Q_HEADS + heads) * num_splits + split  # [BLOCK_H] rows of mid_o/mid_lse
-    tl.store(mid_lse_ptr + row, lse, mask=h_mask)
-    o_ptrs = mid_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(o_ptrs, out, mask=h_mask[:, None] & d_mask[None, :])
+    start, end = _split_range(seq_len, window, chunk, split, num_splits, BLOCK_N)
+    q, heads, h_mask, offs_d, d_mask = _load_q_group(
+        q_ptr, seq, kv_head, stride_qt, stride_qh, GROUP, HEAD_DIM, BLOCK_H, BLOCK_D
+    )
+    m_i, l_i, acc = _walk_split(
+        q, start, end, qk_scale, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt,
+        kv_head, offs_d, d_mask, stride_cb, stride_cs, stride_ch,
+        BLOCK_H, BLOCK_D, BLOCK_N, BLOCK_SIZE, DOT_PRECISION, SOFT_CAP,
+    )  # fmt: skip
+    store_split_partial(
+        acc, m_i, l_i, mid_o_ptr, mid_lse_ptr, v_scale_ptr, seq, heads, h_mask, split,
+        num_splits, offs_d, d_mask, NUM_Q_HEADS, HEAD_DIM, FP8,
+    )  # fmt: skip
 
 
 @triton.jit

@@ -31,7 +31,7 @@ from tokenwire.kernels.paged_attention_triton_common import (
     LOG2_E_C,
     NO_WINDOW,
     fold_sink,
-    load_kv_tile,
+    load_k_and_v,
     online_softmax_step,
 )
 
@@ -49,6 +49,127 @@ def _find_seq(qsl_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):  # type: ignore[n
         else:
             hi = mid
     return lo
+
+
+@triton.jit
+def _locate_tile(qsl_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Grid tile -> ``(seq, q_start, q_len, q_tile)``: its sequence, the sequence's first row
+    and query count, and the tile's index within the sequence (past its end: nothing to do)."""
+    seq = _find_seq(qsl_ptr, tile, num_seqs, BLOCK_Q)
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    q_tile = tile - ((q_start - tl.load(qsl_ptr)) // BLOCK_Q + seq)
+    return seq, q_start, q_len, q_tile
+
+
+@triton.jit
+def _load_q_tile(  # type: ignore[no-untyped-def]
+    q_ptr,
+    q_start,
+    q_len,
+    q_tile,
+    kv_head,
+    stride_qt,
+    stride_qh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+):
+    """The ``[BLOCK_M, BLOCK_D]`` query tile; per row ``m`` its query index within the
+    sequence, query head, validity and absolute q/out row; the feature offsets and mask."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    tok = q_tile * BLOCK_Q + offs_m // GROUP  # query index within the sequence
+    heads = kv_head * GROUP + offs_m % GROUP
+    row_mask = (offs_m // GROUP < BLOCK_Q) & (tok < q_len)
+    rows = (q_start + tok).to(tl.int64)
+    q_ptrs = q_ptr + rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+    return q, tok, heads, row_mask, rows, offs_d, d_mask
+
+
+@triton.jit
+def _walk_keys(  # type: ignore[no-untyped-def]
+    q,
+    q_pos,  # [BLOCK_M] absolute position of each row's query
+    q_tile,
+    seq_len,
+    context_len,
+    window,
+    chunk,
+    qk_scale,
+    k_cache_ptr,
+    v_cache_ptr,
+    table_row,
+    kv_head,
+    offs_d,
+    d_mask,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
+):
+    """The online softmax over the keys the tile's queries may see: ``(max, sum, acc)``."""
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    kv_end = tl.minimum(seq_len, context_len + (q_tile + 1) * BLOCK_Q)  # last query pos + 1
+    # The tile's first query sees nothing before its window: start the key walk there.
+    first_q = context_len + q_tile * BLOCK_Q
+    kv_start = tl.maximum(tl.maximum(first_q - window + 1, 0), first_q // chunk * chunk)
+    for tile_start in range(kv_start, kv_end, BLOCK_N):
+        pos = tile_start + tl.arange(0, BLOCK_N)
+        pos_mask = pos < kv_end
+        k, v = load_k_and_v(
+            k_cache_ptr, v_cache_ptr, table_row, pos, pos_mask, kv_head, offs_d, d_mask,
+            stride_cb, stride_cs, stride_ch, BLOCK_SIZE,
+        )  # fmt: skip
+        allowed = (pos[None, :] <= q_pos[:, None]) & pos_mask[None, :]
+        allowed = allowed & (pos[None, :] > q_pos[:, None] - window)
+        allowed = allowed & (pos[None, :] >= q_pos[:, None] // chunk * chunk)
+        m_i, l_i, acc = online_softmax_step(
+            q, k, v, allowed, m_i, l_i, acc, qk_scale, DOT_PRECISION, SOFT_CAP
+        )
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _finish_rows(  # type: ignore[no-untyped-def]
+    acc,
+    m_i,
+    l_i,
+    out_ptr,
+    rows,
+    heads,
+    row_mask,
+    offs_d,
+    d_mask,
+    sinks_ptr,
+    v_scale_ptr,
+    stride_ot,
+    stride_oh,
+    FP8: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+):
+    """Fold the sinks in, normalize, apply the fp8 value scale and store the tile's rows."""
+    if HAS_SINKS:  # one more softmax column per head, after every key
+        sink = tl.load(sinks_ptr + heads).to(tl.float32) * LOG2_E_C
+        l_i, alpha = fold_sink(m_i, l_i, sink)
+        acc = acc * alpha[:, None]
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    if FP8:
+        out = out * tl.load(v_scale_ptr)
+    o_ptrs = out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
 
 
 # num_seqs is not specialized: Triton would turn a value of 1 into a constexpr, which cannot
@@ -89,65 +210,28 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     SOFT_CAP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    seq = _find_seq(qsl_ptr, tile, num_seqs, BLOCK_Q)
-    q_start = tl.load(qsl_ptr + seq)
-    q_len = tl.load(qsl_ptr + seq + 1) - q_start
-    q_tile = tile - ((q_start - tl.load(qsl_ptr)) // BLOCK_Q + seq)
+    tile, kv_head = tl.program_id(0), tl.program_id(1)
+    seq, q_start, q_len, q_tile = _locate_tile(qsl_ptr, tile, num_seqs, BLOCK_Q)
     if q_tile * BLOCK_Q >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
     if FP8:
         qk_scale = qk_scale * tl.load(k_scale_ptr)
     context_len = seq_len - q_len  # cached positions before this step's first query
-
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-    tok = q_tile * BLOCK_Q + offs_m // GROUP  # query index within the sequence
-    heads = kv_head * GROUP + offs_m % GROUP
-    row_mask = (offs_m // GROUP < BLOCK_Q) & (tok < q_len)
-    rows = (q_start + tok).to(tl.int64)
-    q_ptrs = q_ptr + rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=row_mask[:, None] & d_mask[None, :], other=0.0)
-    q_pos = context_len + tok
-
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    kv_end = tl.minimum(seq_len, context_len + (q_tile + 1) * BLOCK_Q)  # last query pos + 1
-    # The tile's first query sees nothing before its window: start the key walk there.
-    first_q = context_len + q_tile * BLOCK_Q
-    kv_start = tl.maximum(tl.maximum(first_q - window + 1, 0), first_q // chunk * chunk)
-    for tile_start in range(kv_start, kv_end, BLOCK_N):
-        pos = tile_start + tl.arange(0, BLOCK_N)
-        pos_mask = pos < kv_end
-        k = load_kv_tile(
-            k_cache_ptr, table_row, pos, pos_mask, kv_head, offs_d, d_mask,
-            stride_cb, stride_cs, stride_ch, BLOCK_SIZE,
-        )  # fmt: skip
-        v = load_kv_tile(
-            v_cache_ptr, table_row, pos, pos_mask, kv_head, offs_d, d_mask,
-            stride_cb, stride_cs, stride_ch, BLOCK_SIZE,
-        )  # fmt: skip
-        allowed = (pos[None, :] <= q_pos[:, None]) & pos_mask[None, :]
-        allowed = allowed & (pos[None, :] > q_pos[:, None] - window)
-        allowed = allowed & (pos[None, :] >= q_pos[:, None] // chunk * chunk)
-        m_i, l_i, acc = online_softmax_step(
-            q, k, v, allowed, m_i, l_i, acc, qk_scale, DOT_PRECISION, SOFT_CAP
-        )
-
-    if HAS_SINKS:  # one more softmax column per head, after every key
-        sink = tl.load(sinks_ptr + heads).to(tl.float32) * LOG2_E_C
-        l_i, alpha = fold_sink(m_i, l_i, sink)
-        acc = acc * alpha[:, None]
-    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-    if FP8:
-        out = out * tl.load(v_scale_ptr)
-    o_ptrs = out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
+    q, tok, heads, row_mask, rows, offs_d, d_mask = _load_q_tile(
+        q_ptr, q_start, q_len, q_tile, kv_head, stride_qt, stride_qh,
+        GROUP, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_Q,
+    )  # fmt: skip
+    m_i, l_i, acc = _walk_keys(
+        q, context_len + tok, q_tile, seq_len, context_len, window, chunk, qk_scale,
+        k_cache_ptr, v_cache_ptr, block_tables_ptr + seq.to(tl.int64) * stride_bt, kv_head,
+        offs_d, d_mask, stride_cb, stride_cs, stride_ch,
+        BLOCK_M, BLOCK_D, BLOCK_Q, BLOCK_N, BLOCK_SIZE, DOT_PRECISION, SOFT_CAP,
+    )  # fmt: skip
+    _finish_rows(
+        acc, m_i, l_i, out_ptr, rows, heads, row_mask, offs_d, d_mask, sinks_ptr, v_scale_ptr,
+        stride_ot, stride_oh, FP8, HAS_SINKS,
+    )  # fmt: skip
 
 
 def prefill_config(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:

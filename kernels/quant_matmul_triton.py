@@ -52,33 +52,42 @@ def _store_tile(  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def _w4a16_kernel(  # type: ignore[no-untyped-def]
-    x_ptr,  # [M, K], unit column stride
-    qw_ptr,  # int32 [K // 8, N]
-    s_ptr,  # [G, N]
-    z_ptr,  # [G, N]
-    g_idx_ptr,  # int32 [K], read only when HAS_G_IDX
-    bias_ptr,  # [N], read only when HAS_BIAS
-    out_ptr,  # [splits, M, N]
-    M,
-    N,
-    K,
-    K_PER_SPLIT,  # a multiple of BLOCK_K
-    stride_xm,
-    stride_qk,
-    stride_sg,
-    stride_om,
-    stride_split,
-    GROUP_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    HAS_G_IDX: tl.constexpr,
-    BLOCK_GROUPED: tl.constexpr,  # no g_idx and every K tile inside one group
-    HAS_BIAS: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+def _w4_tile_scales(  # type: ignore[no-untyped-def]
+    s_ptr, z_ptr, k0, offs_n, n_mask, stride_sg, GROUP_SIZE: tl.constexpr
 ):
+    """``(scale, zero)`` ``[1, BLOCK_N]`` float32: the one group of a K tile inside one group."""
+    group_off = (k0 // GROUP_SIZE) * stride_sg + offs_n
+    scale = tl.load(s_ptr + group_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    zero = tl.load(z_ptr + group_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    return scale, zero
+
+
+@triton.jit
+def _w4_row_scales(  # type: ignore[no-untyped-def]
+    s_ptr, z_ptr, g_idx_ptr, offs_k, offs_n, r_mask, w_mask, stride_sg,
+    GROUP_SIZE: tl.constexpr, HAS_G_IDX: tl.constexpr,
+):  # fmt: skip
+    """``(scale, zero)`` ``[len(offs_k), BLOCK_N]`` float32: each input row's group, from
+    ``g_idx`` (act-order) or ``k // GROUP_SIZE``."""
+    group = tl.load(g_idx_ptr + offs_k, mask=r_mask, other=0) if HAS_G_IDX else offs_k // GROUP_SIZE
+    group_off = group[:, None] * stride_sg + offs_n[None, :]
+    scale = tl.load(s_ptr + group_off, mask=w_mask, other=0.0).to(tl.float32)
+    zero = tl.load(z_ptr + group_off, mask=w_mask, other=0.0).to(tl.float32)
+    return scale, zero
+
+
+@triton.jit
+def _w4a16_kernel(  # type: ignore[no-untyped-def]
+    x_ptr, qw_ptr, s_ptr, z_ptr, g_idx_ptr, bias_ptr, out_ptr, M, N, K, K_PER_SPLIT,
+    stride_xm, stride_qk, stride_sg, stride_om, stride_split,
+    GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, HAS_G_IDX: tl.constexpr, BLOCK_GROUPED: tl.constexpr,
+    HAS_BIAS: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """``x [M, K]`` (unit column stride), ``qw int32 [K // 8, N]``, scales and zeros ``[G, N]``,
+    ``g_idx int32 [K]`` (read only when ``HAS_G_IDX``), bias ``[N]`` (only when ``HAS_BIAS``),
+    out ``[splits, M, N]``; ``K_PER_SPLIT`` is a multiple of ``BLOCK_K``. ``BLOCK_GROUPED``:
+    no g_idx and every K tile inside one group."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_r = tl.arange(0, BLOCK_K // 8)
@@ -93,9 +102,7 @@ def _w4a16_kernel(  # type: ignore[no-untyped-def]
         w_mask = r_mask[:, None] & n_mask[None, :]
         packed = tl.load(qw_ptr + rows[:, None] * stride_qk + offs_n[None, :], mask=w_mask, other=0)
         if BLOCK_GROUPED:
-            group_off = (k0 // GROUP_SIZE) * stride_sg + offs_n
-            scale = tl.load(s_ptr + group_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-            zero = tl.load(z_ptr + group_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            scale, zero = _w4_tile_scales(s_ptr, z_ptr, k0, offs_n, n_mask, stride_sg, GROUP_SIZE)
         for j in tl.static_range(8):
             offs_k = rows * 8 + j
             x = tl.load(
@@ -104,47 +111,46 @@ def _w4a16_kernel(  # type: ignore[no-untyped-def]
                 other=0.0,
             )
             if not BLOCK_GROUPED:
-                if HAS_G_IDX:
-                    group = tl.load(g_idx_ptr + offs_k, mask=r_mask, other=0)
-                else:
-                    group = offs_k // GROUP_SIZE
-                group_off = group[:, None] * stride_sg + offs_n[None, :]
-                scale = tl.load(s_ptr + group_off, mask=w_mask, other=0.0).to(tl.float32)
-                zero = tl.load(z_ptr + group_off, mask=w_mask, other=0.0).to(tl.float32)
+                scale, zero = _w4_row_scales(
+                    s_ptr, z_ptr, g_idx_ptr, offs_k, offs_n, r_mask, w_mask, stride_sg,
+                    GROUP_SIZE, HAS_G_IDX,
+                )  # fmt: skip
             w = (((packed >> (4 * j)) & 0xF).to(tl.float32) - zero) * scale
             acc += tl.dot(x.to(DOT_DTYPE), w.to(DOT_DTYPE), input_precision=DOT_PRECISION)
     _store_tile(acc, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, stride_split, HAS_BIAS)
 
 
 @triton.jit
-def _w8a16_kernel(  # type: ignore[no-untyped-def]
-    x_ptr,  # [M, K], unit column stride
-    qw_ptr,  # int8 [N, K], unit column stride
-    s_ptr,  # [N, G], unit column stride
-    min_ptr,  # [N, K // MIN_GROUP], unit column stride, read only when HAS_MIN
-    bias_ptr,  # [N], read only when HAS_BIAS
-    out_ptr,  # [splits, M, N]
-    M,
-    N,
-    K,
-    K_PER_SPLIT,  # a multiple of BLOCK_K
-    stride_xm,
-    stride_qn,
-    stride_sn,
-    stride_mn,
-    stride_om,
-    stride_split,
-    GROUP_SIZE: tl.constexpr,
-    MIN_GROUP: tl.constexpr,
-    HAS_MIN: tl.constexpr,  # W = code * scale + min (GGUF K-quants); never BLOCK_GROUPED
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_GROUPED: tl.constexpr,  # every K tile inside one group
-    HAS_BIAS: tl.constexpr,
+def _w8_dequantize(  # type: ignore[no-untyped-def]
+    codes, s_ptr, min_ptr, offs_k, offs_n, w_mask, stride_sn, stride_mn,
+    GROUP_SIZE: tl.constexpr, MIN_GROUP: tl.constexpr, HAS_MIN: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+):  # fmt: skip
+    """The ``[BLOCK_K, BLOCK_N]`` weight tile ``code * scale (+ min)`` per element (float32
+    arithmetic), in ``DOT_DTYPE``: a K tile that spans several groups."""
+    s_off = offs_n[None, :] * stride_sn + (offs_k // GROUP_SIZE)[:, None]
+    scale = tl.load(s_ptr + s_off, mask=w_mask, other=0.0).to(tl.float32)
+    w = codes.to(tl.float32) * scale
+    if HAS_MIN:
+        m_off = offs_n[None, :] * stride_mn + (offs_k // MIN_GROUP)[:, None]
+        w += tl.load(min_ptr + m_off, mask=w_mask, other=0.0).to(tl.float32)
+    return w.to(DOT_DTYPE)
+
+
+@triton.jit
+def _w8a16_kernel(  # type: ignore[no-untyped-def]
+    x_ptr, qw_ptr, s_ptr, min_ptr, bias_ptr, out_ptr, M, N, K, K_PER_SPLIT,
+    stride_xm, stride_qn, stride_sn, stride_mn, stride_om, stride_split,
+    GROUP_SIZE: tl.constexpr, MIN_GROUP: tl.constexpr, HAS_MIN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-):
+):  # fmt: skip
+    """``x [M, K]``, ``qw int8 [N, K]``, scales ``[N, G]`` and minimums ``[N, K // MIN_GROUP]``
+    (read only when ``HAS_MIN``: ``W = code * scale + min``, GGUF K-quants; never
+    ``BLOCK_GROUPED``), all with unit column stride; bias ``[N]`` (only when ``HAS_BIAS``), out
+    ``[splits, M, N]``; ``K_PER_SPLIT`` is a multiple of ``BLOCK_K``. ``BLOCK_GROUPED``: every
+    K tile inside one group."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
@@ -169,13 +175,10 @@ def _w8a16_kernel(  # type: ignore[no-untyped-def]
             part = tl.dot(x, codes.to(DOT_DTYPE), input_precision=DOT_PRECISION)
             acc += part * scale.to(tl.float32)[None, :]
         else:
-            s_off = offs_n[None, :] * stride_sn + (offs_k // GROUP_SIZE)[:, None]
-            scale = tl.load(s_ptr + s_off, mask=w_mask, other=0.0).to(tl.float32)
-            w = codes.to(tl.float32) * scale
-            if HAS_MIN:
-                m_off = offs_n[None, :] * stride_mn + (offs_k // MIN_GROUP)[:, None]
-                w += tl.load(min_ptr + m_off, mask=w_mask, other=0.0).to(tl.float32)
-            w = w.to(DOT_DTYPE)
+            w = _w8_dequantize(
+                codes, s_ptr, min_ptr, offs_k, offs_n, w_mask, stride_sn, stride_mn,
+                GROUP_SIZE, MIN_GROUP, HAS_MIN, DOT_DTYPE,
+            )  # fmt: skip
             acc += tl.dot(x, w, input_precision=DOT_PRECISION)
     _store_tile(acc, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, stride_split, HAS_BIAS)
 
