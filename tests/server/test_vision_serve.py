@@ -173,6 +173,30 @@ def test_a_streamed_image_chat_says_the_same(openai_client: openai.OpenAI) -> No
     assert text == whole.choices[0].message.content
 
 
+def test_a_re_sent_conversation_reuses_its_processed_image(
+    openai_client: openai.OpenAI, harness: ServerHarness
+) -> None:
+    """A REST client re-sends the whole conversation each request (``--mm-processor-cache-bytes``,
+    on by default): the second request's image is neither decoded nor processed again, and the
+    re-sent first request answers as before."""
+    cache = harness.server.tokenizers.processed_images
+    assert cache is not None
+    messages = _chat_parts({"type": "text", "text": BEFORE}, _image_part(_data_url(_image(23))))
+    start = cache.stats()
+    first = _sdk_chat(openai_client, messages)
+    follow_up = [
+        *messages,
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And what else?"},
+    ]
+    _sdk_chat(openai_client, follow_up)
+    again = _sdk_chat(openai_client, messages)
+    end = cache.stats()
+    assert (end.misses - start.misses, end.hits - start.hits) == (1, 2)
+    assert _token_ids(again) == _token_ids(first)
+    harness.assert_idle()
+
+
 def _grpc_request(*parts: common_pb2.ContentPart) -> generation_pb2.GenerateRequest:
     message = common_pb2.ChatMessage(role="user", parts=list(parts))
     return generation_pb2.GenerateRequest(
