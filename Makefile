@@ -59,11 +59,13 @@ lint: dev
 	$(VENV)/bin/ruff format --check .
 
 # mypy runs over the editable build tree, where the folders appear as tokenwire.<pkg>, so
-# cross-package imports resolve to real types instead of Any.
+# cross-package imports resolve to real types instead of Any; then over scripts/ (the
+# benchmark and GPU-check scripts, which import the package like any user).
 typecheck: dev
 	cd build/__editable__.tokenwire-*/ && $(CURDIR)/$(VENV)/bin/mypy \
 		--config-file $(CURDIR)/pyproject.toml tokenwire/runtime tokenwire/kernels \
 		tokenwire/server tokenwire/clients tokenwire/bench
+	$(VENV)/bin/mypy --config-file pyproject.toml scripts
 
 bench: dev
 	$(VENV)/bin/tokenwire bench throughput --workload cpu --compare hf

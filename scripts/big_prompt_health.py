@@ -22,6 +22,9 @@ import subprocess
 import sys
 import threading
 import time
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Event
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -32,7 +35,7 @@ EXE = shutil.which("tokenwire", path=os.path.dirname(sys.executable)) or "tokenw
 PROSE = "The quick brown fox jumps over the lazy dog. "
 
 
-def big_requests(target: str, mib: float, count: int, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+def big_requests(target: str, mib: float, count: int, out: Queue[Any]) -> None:
     text = PROSE * int(mib * (1 << 20) / len(PROSE))
     options = [("grpc.max_send_message_length", 64 << 20)]
     with grpc.insecure_channel(target, options=options) as channel:
@@ -52,8 +55,8 @@ def big_requests(target: str, mib: float, count: int, out: multiprocessing.Queue
 def health_loop(
     target: str,
     seconds: float,
-    stop: multiprocessing.Event,  # type: ignore[valid-type]
-    out: multiprocessing.Queue,  # type: ignore[type-arg]
+    stop: Event,
+    out: Queue[list[float]],
 ) -> None:
     """Health checks back to back: for ``seconds`` alone (the baseline), then until stopped."""
     with grpc.insecure_channel(target) as channel:

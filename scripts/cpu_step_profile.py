@@ -144,9 +144,15 @@ def instrumented(llm: Any, timer: StepTimer) -> Iterator[None]:
         timer.decode = meta.num_decodes == len(meta.query_start_loc_np) - 1
         return forward(self, input_ids, positions, kv, meta, *rest)
 
-    llama.LlamaForCausalLM.forward = mark  # type: ignore[method-assign]
+    llama.LlamaForCausalLM.forward = mark  # type: ignore[method-assign,assignment]
     step = llm._step
-    llm._step = lambda: (step(), timer.end_step())[0]
+
+    def step_then_mark() -> Any:
+        out = step()
+        timer.end_step()
+        return out
+
+    llm._step = step_then_mark
     try:
         yield
     finally:

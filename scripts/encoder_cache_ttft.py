@@ -49,7 +49,9 @@ def _save_model(path: Path) -> None:
     )  # fmt: skip
     config = LlavaConfig(text_config=text, vision_config=vision, image_token_index=IMAGE_TOKEN)
     torch.manual_seed(0)
-    LlavaForConditionalGeneration(config).eval().save_pretrained(path)
+    model = LlavaForConditionalGeneration(config)
+    model.train(False)
+    model.save_pretrained(path)
     CLIPImageProcessor(
         size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224}
     ).save_pretrained(path)

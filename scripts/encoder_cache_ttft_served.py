@@ -69,7 +69,9 @@ def save_model(path: Path) -> None:
     )  # fmt: skip
     config.tie_word_embeddings = False
     torch.manual_seed(0)
-    Qwen2_5_VLForConditionalGeneration(config).eval().save_pretrained(path)
+    model = Qwen2_5_VLForConditionalGeneration(config)
+    model.train(False)
+    model.save_pretrained(path)
     Qwen2VLImageProcessorPil(
         min_pixels=SIDE * SIDE, max_pixels=SIDE * SIDE, patch_size=14, merge_size=2,
         temporal_patch_size=2,

@@ -75,8 +75,8 @@ def quantize_q6_k(w: Array) -> Array:
     sc = np.clip(np.rint(scale / np.where(d == 0, 1, d)[..., None]), -128, 127).astype(np.int8)
     eff = d[..., None] * sc
     q = np.clip(np.rint(x / np.where(eff == 0, 1, eff)[..., None]), -32, 31).astype(np.int16)
-    q = (q + 32).astype(np.uint8).reshape(n, k // 256, 2, 4, 32)  # [half, p, l]
-    low, high = q & 0x0F, q >> 4
+    q8 = (q + 32).astype(np.uint8).reshape(n, k // 256, 2, 4, 32)  # [half, p, l]
+    low, high = q8 & 0x0F, q8 >> 4
     ql = np.concatenate([low[..., 0, :] | (low[..., 2, :] << 4),
                          low[..., 1, :] | (low[..., 3, :] << 4)], axis=-1)  # fmt: skip
     qh = high[..., 0, :] | (high[..., 1, :] << 2) | (high[..., 2, :] << 4) | (high[..., 3, :] << 6)

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 from gpu_check_stages import BENCH_BATCHED_TOKENS, BENCH_MAX_MODEL_LEN, Recorder, device_name
 
 if TYPE_CHECKING:
-    from tokenwire.bench.throughput import ThroughputConfig
+    from tokenwire.bench.configs import ThroughputConfig
 
 
 def _bench_config(args: argparse.Namespace) -> ThroughputConfig:
     """Dummy weights of ``--model``; ``--quantization`` (fp8: online, gptq/awq: random 4-bit
     codes) and ``--kv-cache-dtype`` pass through to the engine (issue 13's stages)."""
-    from tokenwire.bench.throughput import ThroughputConfig
+    from tokenwire.bench.configs import ThroughputConfig
     from tokenwire.runtime.engine_args import EngineArgs
 
     engine = EngineArgs(
@@ -105,7 +105,8 @@ def stage_lora(args: argparse.Namespace, record: Recorder) -> None:
     (LoRA not enabled), and with LoRA enabled but base requests only; dummy weights."""
     import dataclasses
 
-    from tokenwire.bench.lora import LoRABenchConfig, lora_result
+    from tokenwire.bench.configs import LoRABenchConfig
+    from tokenwire.bench.lora import lora_result
 
     engine = dataclasses.replace(_bench_config(args).engine, max_num_batched_tokens=4096)
     workload, requests = ("cpu", 2) if args.smoke else ("fixed", 128)

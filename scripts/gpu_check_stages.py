@@ -190,7 +190,8 @@ def _wait_serving(proc: subprocess.Popen[str], timeout: float) -> str:
 
 
 def _serve_bench(port: int, vocab: int, smoke: bool) -> dict[str, Any]:
-    from tokenwire.bench.serve import ServeBenchConfig, serve_bench_summary
+    from tokenwire.bench.configs import ServeBenchConfig
+    from tokenwire.bench.serve import serve_bench_summary
 
     # --smoke: the `cpu` workload's short outputs (mixed's run to 1024 tokens).
     workload, n, conc = ("cpu", 2, 2) if smoke else ("mixed", 256, 256)

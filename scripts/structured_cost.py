@@ -25,11 +25,11 @@ import time
 from typing import Any
 
 from tokenwire.bench.structured_schemas import ALL_SCHEMAS
-from tokenwire.bench.throughput import StepRecorder
 from tokenwire.runtime.front.structured_validate import parse_grammar
 from tokenwire.runtime.front.tokenizer import apply_chat_template
 from tokenwire.runtime.llm import LLM
 from tokenwire.runtime.sampling_params import SamplingParams, StructuredOutputsParams
+from tokenwire.runtime.stats import StepRecorder
 from tokenwire.runtime.structured.compiler import GrammarCompilerPool
 
 PEOPLE = {

@@ -17,6 +17,7 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 
+from tokenwire.runtime.front.frontend import Frontend
 from tokenwire.runtime.front.tokenizer import apply_chat_template, load_tokenizer
 from tokenwire.runtime.loader.default_model import default_gguf_path
 from tokenwire.runtime.loader.gguf_convert import ensure_converted
@@ -45,7 +46,8 @@ async def timed(run: Callable[[], Awaitable[None]], repeats: int = 5) -> float:
 async def main() -> None:
     tokenizer = load_tokenizer(ensure_converted(default_gguf_path()))
     assert tokenizer is not None
-    pool = TokenizerPool(tokenizer, max_prompt_bytes=1 << 20)
+    frontend = Frontend(tokenizer, vocab_size=len(tokenizer), max_model_len=8192)
+    pool = TokenizerPool(frontend, max_prompt_bytes=1 << 20)
     prompts = chats()
 
     async def inline() -> None:
