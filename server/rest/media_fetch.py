@@ -20,6 +20,7 @@ deadline for them all, each chunk counted against the request's ``max_request_by
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import socket
 import ssl
@@ -209,12 +210,15 @@ async def _read(
         raise too_big
     chunks: list[bytes] = []
     size = 0
-    async for chunk in response.aiter_raw():
-        size += len(chunk)
-        if size > policy.max_bytes:
-            raise too_big
-        count(len(chunk))
-        chunks.append(chunk)
+    # Closed here even when a check raises mid-body: an abandoned async generator would be
+    # closed later by a task of the event loop's own, outliving the fetch.
+    async with contextlib.aclosing(response.aiter_raw()) as body:
+        async for chunk in body:
+            size += len(chunk)
+            if size > policy.max_bytes:
+                raise too_big
+            count(len(chunk))
+            chunks.append(chunk)
     mime = response.headers.get("content-type", "").split(";")[0].strip().lower()
     return FetchedImage(b"".join(chunks), mime if mime.startswith("image/") else "")
 
