@@ -24,8 +24,9 @@ import contextlib
 import ipaddress
 import socket
 import ssl
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import httpx
 
@@ -212,7 +213,8 @@ async def _read(
     size = 0
     # Closed here even when a check raises mid-body: an abandoned async generator would be
     # closed later by a task of the event loop's own, outliving the fetch.
-    async with contextlib.aclosing(response.aiter_raw()) as body:
+    raw = cast(AsyncGenerator[bytes, None], response.aiter_raw())  # an async generator
+    async with contextlib.aclosing(raw) as body:
         async for chunk in body:
             size += len(chunk)
             if size > policy.max_bytes:
