@@ -20,33 +20,27 @@ dropped. Bounds (``check_invariants``): ``|T1| + |B1| <= slots``, all four lists
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+
+from tokenwire.runtime.core.tier_slots import TierSlots, check
 
 
-class ArcTier:
+class ArcTier(TierSlots):
     """``num_slots`` tier blocks under ARC; the interface of ``HostTier``."""
 
     def __init__(self, num_slots: int) -> None:
-        if num_slots <= 0:
-            raise ValueError(f"the KV tier needs at least one block, got {num_slots}")
-        self.num_slots = num_slots
+        super().__init__(num_slots)
         self.target = 0.0  # p: the size T1 aims at
         self._t1: OrderedDict[bytes, int] = OrderedDict()  # front = least recently used
         self._t2: OrderedDict[bytes, int] = OrderedDict()
         self._b1: OrderedDict[bytes, None] = OrderedDict()
         self._b2: OrderedDict[bytes, None] = OrderedDict()
-        self._free: list[int] = list(range(num_slots - 1, -1, -1))  # pop() hands out 0 first
-        self._pins: dict[int, int] = {}  # slot -> loads in flight reading it
 
     def __len__(self) -> int:
         return len(self._t1) + len(self._t2)
 
     def __contains__(self, block_hash: bytes) -> bool:
         return block_hash in self._t1 or block_hash in self._t2
-
-    @property
-    def num_pinned(self) -> int:
-        return len(self._pins)
 
     @property
     def recent_size(self) -> int:
@@ -102,14 +96,6 @@ class ArcTier:
         while len(self) + len(self._b1) + len(self._b2) > 2 * c:
             (self._b2 if self._b2 else self._b1).popitem(last=False)
 
-    def can_take(self, block_hashes: Sequence[bytes]) -> bool:
-        """Whether ``block_hashes`` can all be here at once, pinned, without evicting a pinned
-        slot or one of them: a slot each for those not here, free or unpinned."""
-        here = {s for h in block_hashes if (s := self.peek(h)) is not None}
-        missing = len(set(block_hashes)) - len(here)
-        evictable = len(self) - len(set(self._pins) | here)
-        return missing <= len(self._free) + evictable
-
     def peek(self, block_hash: bytes) -> int | None:
         """The slot holding ``block_hash``, or None; nothing is touched."""
         slot = self._t1.get(block_hash)
@@ -139,34 +125,9 @@ class ArcTier:
     def restore(self, entries: Sequence[tuple[bytes, int]]) -> None:
         """Take over records found at startup (warm restart), least recently used first: all
         in ``T1`` (nothing is known of their reuse yet)."""
-        taken = {slot for _, slot in entries}
         for block_hash, slot in entries:
             self._t1[block_hash] = slot
-        self._free = [s for s in self._free if s not in taken]
-
-    def lookup_run(self, block_hashes: Sequence[bytes]) -> list[int]:
-        """Slots of the longest leading run of ``block_hashes`` held here (each touched)."""
-        slots: list[int] = []
-        for block_hash in block_hashes:
-            slot = self.get(block_hash)
-            if slot is None:
-                break
-            slots.append(slot)
-        return slots
-
-    def pin(self, slots: Iterable[int]) -> None:
-        pins = self._pins
-        for slot in slots:
-            pins[slot] = pins.get(slot, 0) + 1
-
-    def unpin(self, slots: Iterable[int]) -> None:
-        pins = self._pins
-        for slot in slots:
-            left = pins[slot] - 1
-            if left:
-                pins[slot] = left
-            else:
-                del pins[slot]
+        self._take_restored(slot for _, slot in entries)
 
     def clear(self) -> bool:
         """Forget every hash and ghost; refused (False) while a load reads a slot."""
@@ -174,26 +135,16 @@ class ArcTier:
             return False
         for lists in (self._t1, self._t2, self._b1, self._b2):
             lists.clear()
-        self._free = list(range(self.num_slots - 1, -1, -1))
+        self._reset_slots()
         self.target = 0.0
         return True
 
     def check_invariants(self, idle: bool = False) -> None:
-        used = [*self._t1.values(), *self._t2.values()]
+        self._check_slots([*self._t1.values(), *self._t2.values()], idle)
         c = self.num_slots
-        _check(len(set(used)) == len(used), "a tier slot holds two hashes")
-        _check(not set(used) & set(self._free), "a tier slot is both used and free")
-        _check(len(used) + len(self._free) == c, "a tier slot is lost")
-        _check(not self._t1.keys() & self._t2.keys(), "a hash is in T1 and T2")
+        check(not self._t1.keys() & self._t2.keys(), "a hash is in T1 and T2")
         ghosts = self._b1.keys() | self._b2.keys()
-        _check(not ghosts & (self._t1.keys() | self._t2.keys()), "a resident hash is a ghost")
-        _check(len(self._t1) + len(self._b1) <= c, "T1 + B1 exceed the tier")
-        _check(len(used) + len(self._b1) + len(self._b2) <= 2 * c, "ARC's directory > 2c")
-        _check(0.0 <= self.target <= c, f"ARC's target {self.target} is out of [0, {c}]")
-        _check(set(self._pins) <= set(used), "a pinned tier slot holds no hash")
-        _check(not idle or not self._pins, f"idle but tier slots are pinned: {self._pins}")
-
-
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(message)
+        check(not ghosts & (self._t1.keys() | self._t2.keys()), "a resident hash is a ghost")
+        check(len(self._t1) + len(self._b1) <= c, "T1 + B1 exceed the tier")
+        check(len(self) + len(self._b1) + len(self._b2) <= 2 * c, "ARC's directory > 2c")
+        check(0.0 <= self.target <= c, f"ARC's target {self.target} is out of [0, {c}]")
