@@ -38,7 +38,8 @@ from tokenwire.runtime.sampling_params import SamplingParams, embedding_params, 
 from tokenwire.runtime.stats import EngineObserver
 
 # vLLM's prompt shapes: text, token ids, or a dict with "prompt" (text) or "prompt_token_ids"
-# and optionally "multi_modal_data": {"image": one PIL image or a list of them}.
+# and optionally "multi_modal_data": {"image": one PIL image or a list of them} and
+# "cache_salt" (a string: only prompts of the same salt share prefix-cache blocks and images).
 Prompt = str | list[int] | dict[str, Any]
 Messages = list[dict[str, str]]
 
@@ -118,7 +119,9 @@ class LLM:
         model), as in vLLM. An adapter the engine does not know yet is loaded by name and
         path first (its ``lora_int_id`` is then the engine's own). A dict prompt may carry
         images (``multi_modal_data``; a vision-language model): each image placeholder token
-        of the prompt stands for one image, in order, and is expanded as HF's processor does."""
+        of the prompt stands for one image, in order, and is expanded as HF's processor does;
+        and a ``cache_salt`` (vLLM's): cached KV blocks and encoded images are shared only
+        between prompts of the same salt."""
         single = isinstance(prompts, str | dict)
         prompt_list = [cast(Prompt, prompts)] if single else list(cast(Sequence[Prompt], prompts))
         if sampling_params is None:
@@ -130,9 +133,10 @@ class LLM:
         request_ids: list[str] = []
         try:
             for i, (prompt, sp) in enumerate(zip(prompt_list, params, strict=True)):
+                salt = _cache_salt(prompt)
                 text, token_ids, images = self._inputs(prompt)
                 prio = 0 if priority is None else priority[i]
-                request_ids.append(self._add(text, token_ids, sp, prio, loras[i], images))
+                request_ids.append(self._add(text, token_ids, sp, prio, loras[i], images, salt))
         except Exception:
             for request_id in request_ids:  # all or nothing: drop what this call queued
                 self._abort(request_id)
@@ -255,6 +259,7 @@ class LLM:
         priority: int,
         lora: LoRARequest | None = None,
         images: tuple[ImageInput, ...] = (),
+        cache_salt: str | None = None,
     ) -> str:
         # The constraint parses (limits first, on a worker under a time limit); the engine
         # compiles it.
@@ -270,6 +275,7 @@ class LLM:
                     priority=priority,
                     lora_request=lora,
                     images=images,
+                    cache_salt=cache_salt,
                 )
         except Exception:
             self._abort(request_id)
@@ -295,3 +301,11 @@ class LLM:
                     results[output.request_id] = output
                     bar.update(1)
         return results
+
+
+def _cache_salt(prompt: Prompt) -> str | None:
+    """A dict prompt's ``cache_salt``: a non-empty string, or absent/None."""
+    salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ParameterError("cache_salt", "must be a non-empty string")
+    return salt

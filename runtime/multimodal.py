@@ -11,6 +11,7 @@ An image whose rows attend bidirectionally (Gemma 3) is computed whole in one st
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,6 +49,22 @@ def pixel_hash(pixel_values: np.ndarray, extra: str = "") -> str:
     digest = hashlib.sha256(head.encode())
     digest.update(np.ascontiguousarray(pixel_values).tobytes())
     return digest.hexdigest()
+
+
+def salted_images(images: tuple[ImageInput, ...], cache_salt: str | None) -> tuple[ImageInput, ...]:
+    """``images`` with each content hash bound to ``cache_salt`` (unchanged without one): the
+    encoder-output cache and the prefix cache key an image by its hash, so a salted request
+    (an isolated tenant's) neither hits nor warms another salt's entries for the same pixels,
+    which its time to first token would otherwise reveal."""
+    if cache_salt is None or not images:
+        return images
+    salt = b"salt:" + cache_salt.encode("utf-8") + b"|"
+    return tuple(
+        dataclasses.replace(
+            image, content_hash=hashlib.sha256(salt + image.content_hash.encode()).hexdigest()
+        )
+        for image in images
+    )
 
 
 def image_extra_keys(images: Sequence[ImageInput], start: int, end: int) -> bytes:

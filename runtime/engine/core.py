@@ -29,7 +29,7 @@ from tokenwire.runtime.lora.registry import LoRARegistry
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.model_output import ModelOutput
 from tokenwire.runtime.models.windows import every_layer_window
-from tokenwire.runtime.multimodal import ImageInput, check_images
+from tokenwire.runtime.multimodal import ImageInput, check_images, salted_images
 from tokenwire.runtime.outputs import EngineCoreOutput, FinishReason
 from tokenwire.runtime.sampling_params import SamplingParams
 from tokenwire.runtime.scheduler_output import SchedulerOutput
@@ -191,7 +191,7 @@ class EngineCore:
             cache_salt=cache_salt,
             hold_as=hold_as,
             lora_request=lora_request,
-            images=images,
+            images=salted_images(images, cache_salt),  # isolated per salt (``multimodal``)
         )
         self.scheduler.add_request(request)
 

@@ -81,15 +81,17 @@ def render_chat_images(
     max_pixels: int,
     template_kwargs: Mapping[str, Any] | None = None,
     cache: ProcessedImageCache | None = None,
+    cache_salt: str | None = None,
 ) -> tuple[list[int], tuple[ImageInput, ...]]:
     """(prompt ids with each image's placeholder run, the images' inputs); ``cache``: what
-    earlier renders processed (an image found there is neither decoded nor processed)."""
+    earlier renders processed (an image found there is neither decoded nor processed), for
+    requests of the same ``cache_salt`` only."""
     images = chat_images(messages)
     if prompter is None:
         where = images[0].part if images else "messages"
         raise ParameterError(where, "this model takes no image inputs (not a vision model)")
     use = cache if cache is not None and cache.enabled and images else None
-    keys = [image_key(image.data, max_pixels) for image in images] if use else []
+    keys = [image_key(image.data, max_pixels, cache_salt) for image in images] if use else []
     known = [use.get(key) for key in keys] if use else [None] * len(images)
     decoded = [
         decode_image(image.data, image.part, max_pixels)

@@ -150,10 +150,12 @@ class Frontend:
         max_pixels: int,
         template_kwargs: Mapping[str, Any] | None = None,
         cache: ProcessedImageCache | None = None,
+        cache_salt: str | None = None,
     ) -> tuple[list[int], tuple[ImageInput, ...]]:
         """A chat whose user contents hold image parts (``chat_images``): (ids with each
         image's placeholder run, the images); blocking (decode, processor): off the loop.
-        ``cache``: the caller's processed images (``TokenizerPool`` holds one), thread-safe."""
+        ``cache``: the caller's processed images (``TokenizerPool`` holds one), thread-safe,
+        shared only by requests of one ``cache_salt``."""
         return render_chat_images(
             self.require_tokenizer("messages"),
             self.images,
@@ -162,6 +164,7 @@ class Frontend:
             max_pixels=max_pixels,
             template_kwargs=template_kwargs,
             cache=cache,
+            cache_salt=cache_salt,
         )
 
     # ------------------------------------------------------------------ requests

@@ -9,7 +9,10 @@ content hash of both (``pixel_hash``, the engine's prefix-cache and encoder-cach
 key is the SHA-256 of the image's encoded bytes and the pixel limit it was decoded under
 (``--max-image-pixels``): the model's image processor and its settings are fixed for the
 cache's life (one cache per ``TokenizerPool``, one pool per served model), so nothing else
-changes what the processor makes of those bytes. A hit hands out the very arrays a miss
+changes what the processor makes of those bytes. A request's ``cache_salt`` (an isolated
+tenant's, or a client's own) is part of the key: a hit is a timing signal (a decoded and
+processed image costs milliseconds to hundreds of them), so a salted request never hits, nor
+warms, an entry another salt made. A hit hands out the very arrays a miss
 made, so the prompt ids and ``ImageInput``s of a hit are those of a miss, bit for bit; nobody
 writes into an ``ImageInput``'s pixels (the engine copies them out).
 
@@ -55,10 +58,13 @@ class CacheStats:
     bytes: int
 
 
-def image_key(data: bytes, max_pixels: int) -> bytes:
-    """The cache key of an image's encoded bytes decoded under ``max_pixels``."""
+def image_key(data: bytes, max_pixels: int, cache_salt: str | None = None) -> bytes:
+    """The cache key of an image's encoded bytes decoded under ``max_pixels`` for a request
+    with ``cache_salt`` (None: shared; a salt's entries serve that salt only)."""
     digest = hashlib.sha256(data)
     digest.update(b":max_pixels=%d" % max_pixels)
+    if cache_salt is not None:
+        digest.update(b":salt=" + cache_salt.encode("utf-8"))
     return digest.digest()
 
 

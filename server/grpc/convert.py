@@ -139,10 +139,14 @@ def merge_options(base: Any, override: Any) -> Any:
 
 
 async def tokenize_input(
-    pool: TokenizerPool | None, request: Any, tooling: ChatTooling | None = None
+    pool: TokenizerPool | None,
+    request: Any,
+    tooling: ChatTooling | None = None,
+    cache_salt: str | None = None,
 ) -> tuple[str | None, list[int], tuple[ImageInput, ...]]:
     """The ``input`` oneof of a GenerateRequest -> (prompt text or None, token ids, the
-    prompt's images); a chat is rendered with ``tooling``'s tools.
+    prompt's images); a chat is rendered with ``tooling``'s tools, its images processed (or
+    found processed) for the request's effective ``cache_salt``.
 
     Size checks come first; the tokenizer and image decoding run on ``pool``, never on the
     event loop."""
@@ -162,7 +166,7 @@ async def tokenize_input(
     kwargs = template_kwargs(request.chat)
     if has_images(messages):
         shown, tool_objects = _prepare(pool, messages, tools)
-        ids, images = await pool.render_chat_images("chat", shown, tool_objects, kwargs)
+        ids, images = await pool.render_chat_images("chat", shown, tool_objects, kwargs, cache_salt)
         return None, ids, images
     return None, await render_chat(pool, messages, tools, kwargs), ()
 

@@ -122,7 +122,10 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         self.telemetry.select_model(record, lora.lora_name if lora else self.model_name)
         chat = request.WhichOneof("input") == "chat"
         tooling = chat_tooling(request.chat) if chat else None
-        prompt, token_ids, images = await convert.tokenize_input(self.tokenizers, request, tooling)
+        salt = call.who.cache_salt(request.cache_salt or None)
+        prompt, token_ids, images = await convert.tokenize_input(
+            self.tokenizers, request, tooling, salt
+        )
         params = convert.sampling_params(
             request.sampling,
             request.stopping,
@@ -142,7 +145,7 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
                 token_ids,
                 params,
                 priority=call.priority,  # clamped to the tenant's max_priority
-                cache_salt=call.who.cache_salt(request.cache_salt or None),
+                cache_salt=salt,
                 hold_as=retained_holder(call.caller, request.retain_kv_as),
                 lora_request=lora,
                 images=images,

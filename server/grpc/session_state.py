@@ -56,10 +56,14 @@ class SessionState:
         )
 
     async def prompt_for(
-        self, tokenizers: TokenizerPool | None, turn: generation_pb2.SessionTurn
+        self,
+        tokenizers: TokenizerPool | None,
+        turn: generation_pb2.SessionTurn,
+        cache_salt: str | None = None,
     ) -> tuple[list[int], list[dict[str, Any]] | None, tuple[ImageInput, ...]]:
         """Token ids of this turn's whole transcript, the chat messages it renders and the
-        transcript's images (in prompt order)."""
+        transcript's images (in prompt order; processed or found processed for the turn's
+        effective ``cache_salt``)."""
         kind = turn.WhichOneof("input")
         if kind is None:
             raise ParameterError(
@@ -81,7 +85,7 @@ class SessionState:
         if self.open.system_prompt and not self.messages:
             messages.insert(0, {"role": "system", "content": self.open.system_prompt})
         if has_images(messages):
-            ids, images = await tokenizers.render_chat_images(kind, messages)
+            ids, images = await tokenizers.render_chat_images(kind, messages, cache_salt=cache_salt)
             return ids, messages, images
         return await convert.render_chat(tokenizers, messages), messages, ()
 

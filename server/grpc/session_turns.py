@@ -145,7 +145,8 @@ class SessionTurns:
                 telemetry.select_model(record, state.lora.lora_name)
                 if engine.get_lora(state.lora.lora_name) != state.lora:  # unloaded since Open
                     raise model_not_found(state.lora.lora_name)
-            prompt, messages, images = await state.prompt_for(self.handler.tokenizers, turn)
+            salt = who.cache_salt(state.open.cache_salt or None)
+            prompt, messages, images = await state.prompt_for(self.handler.tokenizers, turn, salt)
             params = convert.sampling_params(
                 *state.options(turn), self.handler.limits, engine.info.default_sampling
             )
@@ -157,7 +158,7 @@ class SessionTurns:
                 prompt,
                 params,
                 priority=who.tenant.clamp_priority(0),
-                cache_salt=who.cache_salt(state.open.cache_salt or None),
+                cache_salt=salt,
                 hold_as=state.holder_id,
                 lora_request=state.lora,
                 images=images,

@@ -134,10 +134,12 @@ class TokenizerPool:
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        cache_salt: str | None = None,
     ) -> tuple[list[int], tuple[ImageInput, ...]]:
         """A chat with image parts: the limits on count and size first, then decoding (the
         pixel limit before decompressing), the template and the image processor on the pool;
-        an image the pool's ``processed_images`` holds is neither decoded nor processed.
+        an image the pool's ``processed_images`` holds for the request's ``cache_salt`` (the
+        salt the engine gets: a tenant's isolation) is neither decoded nor processed.
         """
         check_prompt_bytes(param, _texts(messages), self.max_prompt_bytes)
         check_images(chat_images(messages), self.image_limits)
@@ -146,6 +148,7 @@ class TokenizerPool:
             max_pixels=self.image_limits.max_pixels,
             template_kwargs=template_kwargs,
             cache=self.processed_images,
+            cache_salt=cache_salt,
         )
         return await self.run(render, messages, tools)
 

@@ -199,3 +199,23 @@ def test_preemption_and_async_steps(
     assert sum(s.num_preemptions for s in recorder.steps) > 0
     assert _encoded(recorder) >= 4
     _assert_idle(llm)
+
+
+def test_a_cache_salt_gets_its_own_encoder_outputs(llava_dir: Path, reference: Reference) -> None:
+    """Image A under salts x, y, x and unsalted: y's and the unsalted request encode A again
+    (no hit on another salt's features: a tenant's TTFT reveals nothing of another's
+    images), x's second request hits; every output is the fresh engine's."""
+    want = reference([(ONE, [A])])[0]
+    llm, recorder = _engine(llava_dir)
+    seen = []
+    for salt in ["x", "y", "x", None]:
+        before = (_encoded(recorder), _hits(recorder))
+        prompt: dict[str, Any] = {"prompt_token_ids": ONE, "multi_modal_data": {"image": [A]}}
+        if salt is not None:
+            prompt["cache_salt"] = salt
+        _assert_same(_results(llm.generate([prompt], _params(), use_tqdm=False)), [want])
+        seen.append((_encoded(recorder) - before[0], _hits(recorder) - before[1]))
+    assert seen == [(1, 0), (1, 0), (0, 1), (1, 0)]
+    with pytest.raises(ParameterError, match="cache_salt"):
+        llm.generate({"prompt_token_ids": ONE, "cache_salt": ""}, _params(), use_tqdm=False)
+    _assert_idle(llm)

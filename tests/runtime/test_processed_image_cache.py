@@ -231,3 +231,11 @@ def test_concurrent_renders_of_the_same_images(model_dir: Path, tokenizer: Token
     stats = cache.stats()
     assert stats.entries == 3 and stats.hits + stats.misses == 8 * (1 + 2 + 3)
     assert counter.images == stats.misses  # each miss processed once, each hit not at all
+
+
+def test_a_cache_salt_is_part_of_the_key() -> None:
+    png = _png(0)
+    shared = image_key(png, MAX_PIXELS)
+    assert image_key(png, MAX_PIXELS, None) == shared
+    assert image_key(png, MAX_PIXELS, "a") not in (shared, image_key(png, MAX_PIXELS, "b"))
+    assert image_key(png, MAX_PIXELS, "a") == image_key(bytes(png), MAX_PIXELS, "a")

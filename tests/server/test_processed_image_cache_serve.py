@@ -151,3 +151,34 @@ def test_the_flag_reaches_the_pools_settings() -> None:
     assert off.processor_cache_bytes == 0
     with pytest.raises(ValueError, match="--mm-processor-cache-bytes"):
         ImageLimits(processor_cache_bytes=-1)
+
+
+def _prefix_hits(harness: ServerHarness) -> float:
+    exposition = harness.server.telemetry.exposition().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+        if sample.name == "vllm:prefix_cache_hits_total"
+    )
+
+
+def test_a_cache_salt_gets_its_own_processed_images(
+    cached: tuple[ServerHarness, CountingProcessor],
+) -> None:
+    """The same chat under salts a, b, a: b neither hits nor warms a's processed image (nor
+    its prefix blocks), so its time to first token reveals nothing of a's images; a's second
+    request hits both; all three answer alike (a salt changes what is shared, never what is
+    computed). The encoder-output cache's salting: tests/runtime/test_encoder_cache.py."""
+    harness, counter = cached
+    messages = [{"role": "user", "content": ["Look: ", _png(7), " What is it?"]}]
+    seen, answers = [], []
+    with Client(harness.target, timeout=120) as client:
+        for salt in ["a", "b", "a"]:
+            before = (counter.images, _prefix_hits(harness))
+            done = client.generate(messages=messages, cache_salt=salt, **OPTIONS)
+            seen.append((counter.images - before[0], _prefix_hits(harness) > before[1]))
+            answers.append(done.choices[0].token_ids)
+    harness.assert_idle()
+    assert seen == [(1, False), (1, False), (0, True)]
+    assert answers[0] == answers[1] == answers[2]

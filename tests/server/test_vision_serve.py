@@ -305,10 +305,16 @@ class _ThreadRecordingFrontend(Frontend):
         max_pixels: int,
         template_kwargs: Mapping[str, Any] | None = None,
         cache: ProcessedImageCache | None = None,
+        cache_salt: str | None = None,
     ) -> tuple[list[int], tuple[ImageInput, ...]]:
         self.threads.append(threading.get_ident())
         return super().render_chat_images(
-            messages, tools, max_pixels=max_pixels, template_kwargs=template_kwargs, cache=cache
+            messages,
+            tools,
+            max_pixels=max_pixels,
+            template_kwargs=template_kwargs,
+            cache=cache,
+            cache_salt=cache_salt,
         )
 
 
