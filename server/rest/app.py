@@ -35,6 +35,7 @@ from tokenwire.server.rest.disconnect import (
     request_id_of,
     until_disconnect,
 )
+from tokenwire.server.rest.echo import resolve_echo
 from tokenwire.server.rest.embeddings import EmbeddingRequest, embed
 from tokenwire.server.rest.errors import (
     RestError,
@@ -66,7 +67,7 @@ from tokenwire.server.rest.responses_api.routes import install_responses
 from tokenwire.server.rest.responses_api.store import ResponsesSettings, ResponseStore
 from tokenwire.server.rest.stream import ChatChunks, CompletionChunks, StreamSpec, sse_events
 from tokenwire.server.rest.tokenize import install_tokenize
-from tokenwire.server.rest.upstream import CallOptions, Upstream, call_options
+from tokenwire.server.rest.upstream import Upstream, call_options
 from tokenwire.v1 import models_pb2
 
 T = TypeVar("T")
@@ -119,14 +120,14 @@ class Routes:
         timeout = self.settings.request_timeout
         options = call_options(request.headers, rid, timeout)
         id_header = {"x-request-id": rid}
+        upstream = self.upstream
         flags = OutputFlags(
             translated.prompt_logprobs,
             translated.token_ids_names,
-            await self._echo_texts(translated, options),
+            await resolve_echo(translated.echo, translated.requests, upstream, options),
         )
         response_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{rid}"
         created = int(time.time())
-        upstream = self.upstream
         try:
             if stream:
                 opened = upstream.open_streams(translated.requests, options)
@@ -166,29 +167,6 @@ class Routes:
         chunks = ChatChunks(spec) if kind == "chat" else CompletionChunks(spec)
         events = sse_events(streams, chunks, translated.params)
         return SSEResponse(streams, events, {"cache-control": "no-cache", **id_header})
-
-    async def _echo_texts(
-        self, translated: Translated, options: CallOptions
-    ) -> tuple[str, ...] | None:
-        """Completions' echo: each prompt's text (token-id prompts detokenized upstream)."""
-        if translated.echo is None:
-            return None
-        texts = []
-        for prompt, message in zip(translated.echo, translated.requests, strict=True):
-            if isinstance(prompt, str):
-                texts.append(prompt)
-                continue
-            detok = models_pb2.DetokenizeRequest(
-                model=message.model, token_ids=prompt, skip_special_tokens=False
-            )
-            try:
-                reply = await self.upstream.models.Detokenize(
-                    detok, metadata=options.metadata, timeout=options.timeout
-                )
-            except grpc.aio.AioRpcError as err:
-                raise from_rpc_error(err, {"token_ids": "prompt", "model": "model"}) from None
-            texts.append(reply.text)
-        return tuple(texts)
 
     async def embeddings(self, request: Request, body: EmbeddingRequest) -> JSONResponse:
         payload, rid = await embed(self.upstream, request, body, self.settings.request_timeout)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from tokenwire.server.rest.content_parts import has_images, message_parts
+from tokenwire.server.rest.echo import EchoSpec
 from tokenwire.server.rest.errors import invalid
 from tokenwire.server.rest.models import (
     ChatCompletionRequest,
@@ -46,7 +47,7 @@ class Translated:
     request_id: str | None = None  # vLLM's body field (the x-request-id header wins)
     prompt_logprobs: bool = False  # vLLM's prompt_logprobs were asked for
     token_ids_names: bool = False  # vLLM's return_tokens_as_token_ids
-    echo: tuple[str | list[int], ...] | None = None  # completions echo: the prompts
+    echo: EchoSpec | None = None  # completions echo: the prompts (``rest/echo``)
 
 
 def sampling_options(body: SamplingFields) -> common_pb2.SamplingOptions:
@@ -208,11 +209,13 @@ def completion_requests(body: CompletionRequest) -> Translated:
     if len(prompts) > MAX_PROMPTS:
         raise invalid("prompt", f"at most {MAX_PROMPTS} prompts per request")
     max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-    sampling, stopping = _sampling(body), stopping_options(body, max_tokens)
+    echo = _echo(body, prompts, max_tokens)
+    sampling = _sampling(body)
+    stopping = stopping_options(body, 1 if echo is not None and echo.only else max_tokens)
     structured, structured_params = structured_output(body)
     output = _output(body, body.logprobs, structured)
-    if body.echo and body.logprobs is not None:
-        raise invalid("echo", "echo together with logprobs is not supported by tokenwire")
+    if echo is not None and echo.top is not None:  # the prompt's logprobs, k alternatives
+        output.prompt_logprobs = max(echo.top, body.prompt_logprobs or 0)
     requests = []
     for prompt in prompts:
         request = generation_pb2.GenerateRequest(
@@ -235,7 +238,20 @@ def completion_requests(body: CompletionRequest) -> Translated:
         "input": "prompt",
         **structured_params,
     }
-    echo = tuple(prompts) if body.echo else None
     return Translated(
         requests, params, body.n or 1, body.logprobs is not None, echo=echo, **_call_fields(body)
     )
+
+
+def _echo(
+    body: CompletionRequest, prompts: list[str | list[int]], max_tokens: int
+) -> EchoSpec | None:
+    """What to echo (``rest/echo``): with ``logprobs`` the prompt's too, ``max_tokens: 0``
+    the prompt alone; neither in a stream (400 naming ``echo``)."""
+    if not body.echo:
+        return None
+    if body.stream and body.logprobs is not None:
+        raise invalid("echo", "echo with logprobs is not available when stream is true")
+    if body.stream and max_tokens == 0:
+        raise invalid("echo", "echo with max_tokens 0 is not available when stream is true")
+    return EchoSpec(tuple(prompts), body.logprobs, max_tokens == 0)

@@ -20,13 +20,24 @@ JSON = dict[str, Any]
 
 
 @dataclass(frozen=True)
+class Echo:
+    """Completions' echo (``rest/echo``): each prompt's text and, with logprobs, its first
+    token decoded on its own."""
+
+    texts: tuple[str, ...]
+    first_tokens: tuple[str, ...] | None
+    top: int | None
+    only: bool
+
+
+@dataclass(frozen=True)
 class OutputFlags:
     """vLLM's output options of one request: ``prompt_logprobs`` asked for, logprob tokens
-    named ``token_id:<id>`` (``return_tokens_as_token_ids``), completions' echo texts."""
+    named ``token_id:<id>`` (``return_tokens_as_token_ids``), completions' echo."""
 
     prompt_logprobs: bool = False
     token_ids_names: bool = False
-    echo: tuple[str, ...] | None = None
+    echo: Echo | None = None
 
 
 _FINISH: dict[int, str] = {
@@ -144,6 +155,38 @@ def completion_logprobs(
     return body, offset
 
 
+def echo_logprobs(
+    echo: Echo,
+    index: int,
+    prompt: Sequence[common_pb2.PositionLogprobs],
+    generated: Sequence[common_pb2.PositionLogprobs],
+    as_ids: bool,
+) -> JSON:
+    """Prompt ``index``'s choice logprobs: its prompt's tokens, then ``generated``'s."""
+    assert echo.first_tokens is not None and echo.top is not None
+    first = echo.first_tokens[index]
+    tokens: list[str] = [first]
+    token_logprobs: list[float | None] = [None]
+    top: list[JSON | None] = [None]
+    offsets, offset = [0], len(first)
+    for p in prompt:
+        tokens.append(token_name(p.chosen, as_ids))
+        token_logprobs.append(finite(p.chosen.logprob))
+        ranked = sorted(p.top, key=lambda t: t.rank)[: echo.top]
+        alternatives = {token_name(t, as_ids): finite(t.logprob) for t in ranked}
+        alternatives.setdefault(token_name(p.chosen, as_ids), finite(p.chosen.logprob))
+        top.append(alternatives)
+        offsets.append(offset)
+        offset += len(p.chosen.token)
+    after, _ = completion_logprobs([] if echo.only else generated, offset, as_ids)
+    return {
+        "tokens": tokens + after["tokens"],
+        "token_logprobs": token_logprobs + after["token_logprobs"],
+        "top_logprobs": top + after["top_logprobs"],
+        "text_offset": offsets + after["text_offset"],
+    }
+
+
 # ---------------------------------------------------------------------------- tool calls
 def tool_call(call: common_pb2.ToolCall) -> JSON:
     function = {"name": call.function.name, "arguments": call.function.arguments}
@@ -226,17 +269,15 @@ def completion_response(
     """Prompt ``i``'s choice ``j`` becomes choice ``i * n + j``, as at OpenAI; with echo,
     each choice's text starts with its prompt's text."""
     choices = []
+    echo = options.echo
     for i, response in enumerate(responses):
-        echo = options.echo[i] if options.echo else ""
         for c in response.choices:
             choice: JSON = {
                 "index": i * n + c.index,
-                "text": echo + c.text,
-                "logprobs": completion_logprobs(c.logprobs, 0, options.token_ids_names)[0]
-                if logprobs
-                else None,
-                "finish_reason": finish_reason(c.finish_reason),
-                "stop_reason": stop_reason(c),
+                "text": c.text if echo is None else echo.texts[i] + ("" if echo.only else c.text),
+                "logprobs": _choice_logprobs(response, c, i, logprobs, options),
+                "finish_reason": "length" if echo and echo.only else finish_reason(c.finish_reason),
+                "stop_reason": None if echo and echo.only else stop_reason(c),
             }
             if options.prompt_logprobs:
                 choice["prompt_logprobs"] = prompt_logprobs_body(response.prompt_logprobs)
@@ -247,5 +288,27 @@ def completion_response(
         "created": created,
         "model": responses[0].model,
         "choices": choices,
-        "usage": sum_usage([r.usage for r in responses]),
+        "usage": sum_usage([_shown_usage(r.usage, echo) for r in responses]),
     }
+
+
+def _choice_logprobs(
+    response: generation_pb2.GenerateResponse,
+    choice: generation_pb2.Choice,
+    index: int,
+    logprobs: bool,
+    options: OutputFlags,
+) -> JSON | None:
+    if not logprobs:
+        return None
+    as_ids = options.token_ids_names
+    if options.echo is not None and options.echo.first_tokens is not None:
+        return echo_logprobs(options.echo, index, response.prompt_logprobs, choice.logprobs, as_ids)
+    return completion_logprobs(choice.logprobs, 0, as_ids)[0]
+
+
+def _shown_usage(u: common_pb2.Usage, echo: Echo | None) -> common_pb2.Usage:
+    """Echo without generation shows no completion tokens (one was made upstream)."""
+    if echo is None or not echo.only:
+        return u
+    return common_pb2.Usage(prompt_tokens=u.prompt_tokens, cached_tokens=u.cached_tokens)

@@ -205,7 +205,7 @@ class CompletionChunks(_Chunks):
                 [
                     {
                         "index": prompt * self.spec.n + j,
-                        "text": echo[prompt],
+                        "text": echo.texts[prompt],
                         "logprobs": None,
                         "finish_reason": None,
                     }

@@ -262,7 +262,7 @@ def test_echo_and_token_ids_as_names(openai_client: openai.OpenAI, model_dir: Pa
         ("completions", {"prompt_logprobs": -1}, "prompt_logprobs"),
         ("completions", {"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
         ("completions", {"echo": "yes"}, "echo"),
-        ("completions", {"echo": True, "logprobs": 1}, "echo"),
+        ("completions", {"echo": True, "logprobs": 1, "stream": True}, "echo"),
         ("completions", {"return_tokens_as_token_ids": 1}, "return_tokens_as_token_ids"),
         ("completions", {"priority": 2**31}, "priority"),
         ("chat/completions", {"chat_template_kwargs": "x"}, "chat_template_kwargs"),
