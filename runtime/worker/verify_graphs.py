@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -62,11 +63,16 @@ from tokenwire.runtime.worker.input_batch import StepArrays
 from tokenwire.runtime.worker.kv_cache import KVCache as RunnerKVCache
 from tokenwire.runtime.worker.runner_settings import RunnerSettings
 
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
+
 # Per-token step inputs padded on the host and copied whole ([:bucket * q]).
 _TOKEN_FIELDS = ("input_ids", "positions", "slot_mapping")
 
 
-def verify_buckets(max_num_seqs: int, max_num_batched_tokens: int, query_len: int) -> tuple[int, ...]:
+def verify_buckets(
+    max_num_seqs: int, max_num_batched_tokens: int, query_len: int
+) -> tuple[int, ...]:
     """Decode buckets whose ``bucket * query_len`` tokens fit one step; () when none does."""
     buckets = decode_batch_buckets(max_num_seqs)
     return tuple(b for b in buckets if b * query_len <= max_num_batched_tokens)
@@ -97,7 +103,7 @@ def write_padded_verify(
         raise ValueError(f"a row has {int(lens.max())} query tokens, more than {q}")
     seq_of_token = np.repeat(np.arange(n), lens)
     offsets = np.arange(len(arrays.input_ids)) - qsl[:-1][seq_of_token]
-    dest = seq_of_token * q + (q - lens)[seq_of_token] + offsets
+    dest: np.ndarray = seq_of_token * q + (q - lens)[seq_of_token] + offsets
     total = bucket * q
     host["input_ids"][:total] = PAD_TOKEN_ID
     host["slot_mapping"][:total] = PAD_SLOT
@@ -198,7 +204,7 @@ class VerifyGraphs:
         s.hidden[:t].copy_(hidden)
 
     @torch.inference_mode()
-    def capture(self, pool: tuple[int, int] | None = None) -> None:
+    def capture(self, pool: _POOL_HANDLE | None = None) -> None:
         """Capture every bucket, largest first, into ``pool`` (the decode graphs' pool; a new
         one when None). The static inputs hold padding (slot -1), so capture writes no KV."""
         pool = torch.cuda.graph_pool_handle() if pool is None else pool
@@ -242,7 +248,10 @@ class VerifyGraphs:
 
 
 def build_verify_graphs(
-    loaded: LoadedModel, kv_cache: RunnerKVCache, settings: RunnerSettings, num_speculative_tokens: int
+    loaded: LoadedModel,
+    kv_cache: RunnerKVCache,
+    settings: RunnerSettings,
+    num_speculative_tokens: int,
 ) -> VerifyGraphs | None:
     """Uncaptured verify graphs for ``1 + k`` query tokens per row; None without speculation
     or when no bucket of such rows fits ``max_num_batched_tokens``."""
