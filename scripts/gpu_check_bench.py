@@ -124,7 +124,12 @@ def stage_spec(args: argparse.Namespace, record: Recorder) -> None:
     (requests one at a time) and 64 at once, on the ``repeat`` workload. Dummy weights never
     copy, so every ``o_proj`` and ``down_proj`` is zeroed after loading (a "copying" model:
     the next token depends on the current one only, greedy text soon cycles and drafts get
-    accepted) — the verify step's cost at a high acceptance rate, not a real model's rate."""
+    accepted) — the verify step's cost at a high acceptance rate, not a real model's rate.
+    Issue 34: the n-gram engine runs each stream count twice, with its verify CUDA graphs
+    (``ngram``) and with them set aside (``ngram+eager``: verify steps run eagerly, decode
+    graphs stay), so the verify graphs are measured against eager in the same run and engine.
+    (A third engine with ``enforce_eager`` would not fit the smoke stage's cap and would also
+    drop the decode graphs of the steps without drafts.)"""
     import dataclasses
 
     import torch
@@ -141,26 +146,40 @@ def stage_spec(args: argparse.Namespace, record: Recorder) -> None:
         llm = build_llm(dataclasses.replace(base, speculative_config=spec), steps)
         _zero_residual_writes(llm)
         engine = llm.engine
+        w = _workload("repeat", engine.vocab_size, args.smoke)
+        params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=w.output_lens[0])
+        llm.generate(w.prompts[:1], params, use_tqdm=False)  # warm-up
+        variants = [("ngram", True), ("ngram+eager", False)] if spec else [("plain", True)]
         for streams in (1, 2 if args.smoke else 64):
-            w = _workload("repeat", engine.vocab_size, args.smoke)
             prompts = (w.prompts * streams)[: max(streams, len(w.prompts))]
-            params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=w.output_lens[0])
-            llm.generate(prompts[:1], params, use_tqdm=False)  # warm-up
-            steps.steps.clear()
-            start = time.perf_counter()
-            batches = [[p] for p in prompts] if streams == 1 else [prompts]
-            for batch in batches:
-                llm.generate(batch, params, use_tqdm=False)
-            seconds = time.perf_counter() - start
-            tokens = len(prompts) * w.output_lens[0]
-            record(kind="spec", model=args.label or args.model, method="ngram" if spec else "plain",
-                   streams=streams, output_tok_s=round(tokens / seconds, 1),
-                   draft_tokens=sum(s.num_draft_tokens for s in steps.steps),
-                   accepted_tokens=sum(s.num_accepted_tokens for s in steps.steps))  # fmt: skip
+            for method, graphs in variants:
+                _set_verify_graphs(llm, graphs)
+                steps.steps.clear()
+                start = time.perf_counter()
+                batches = [[p] for p in prompts] if streams == 1 else [prompts]
+                for batch in batches:
+                    llm.generate(batch, params, use_tqdm=False)
+                seconds = time.perf_counter() - start
+                tokens = len(prompts) * w.output_lens[0]
+                record(kind="spec", model=args.label or args.model, method=method,
+                       streams=streams, output_tok_s=round(tokens / seconds, 1),
+                       draft_tokens=sum(s.num_draft_tokens for s in steps.steps),
+                       accepted_tokens=sum(s.num_accepted_tokens for s in steps.steps))  # fmt: skip
         device = engine.facts.device
         llm.shutdown()
         del llm, engine
         release_device_memory(torch.device(device))
+
+
+def _set_verify_graphs(llm: Any, on: bool) -> None:
+    """Replay the CUDA runner's verify graphs (``on``) or run verify steps eagerly; the
+    captured graphs are kept aside on the runner. No CUDA runner (CPU): nothing to switch."""
+    cuda = llm.engine.executor.worker.runner._cuda
+    if cuda is None:
+        return
+    if not hasattr(cuda, "verify_captured"):
+        cuda.verify_captured = cuda.verify
+    cuda.verify = cuda.verify_captured if on else None
 
 
 def _zero_residual_writes(llm: Any) -> None:

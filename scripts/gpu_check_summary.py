@@ -164,6 +164,12 @@ def _spec_rows(stages: Sequence[StageLike]) -> list[dict[str, Any]]:
             )  # fmt: skip
             rows.append(_row(f"ngram / plain, {streams} stream(s), {label} (copying)", value,
                              f">= {want}", ref, ok, "x"))  # fmt: skip
+            eager = _find([s], "spec", method="ngram+eager", streams=streams)
+            if eager:  # issue 34: verify CUDA graphs over the eager verify step (no target)
+                ratio = spec["output_tok_s"] / eager["output_tok_s"] if spec else None
+                figure = f"spec verify graphs / eager, {streams} stream(s), {label}"
+                ref = f"eager {eager['output_tok_s']} tok/s"
+                rows.append(_row(figure, ratio, "-", ref, None, "x"))
     return rows
 
 

@@ -3,8 +3,9 @@
 ``ModelRunner`` delegates here when its device is CUDA; the CPU path never imports this
 module. ``cuda_kv_cache`` sizes and allocates the paged KV cache from a profiling forward
 (``kv_cache_sizing``); ``CudaGraphRunner.forward`` turns a step's host arrays into hidden states,
-replaying a decode CUDA graph when the step is pure decode and fits a bucket and running
-eagerly otherwise. Both read the runner's ``RunnerSettings`` (``max_num_seqs`` is the largest
+replaying a decode CUDA graph when the step is pure decode and fits a bucket, a verify graph
+(``verify_graphs``) when every row has at most ``1 + k`` query tokens, and running eagerly
+otherwise. Both read the runner's ``RunnerSettings`` (``max_num_seqs`` is the largest
 decode bucket). Nothing here reads device values back to the host: the step's one sync is the
 sampler's read of the sampled ids.
 """
@@ -24,6 +25,7 @@ from tokenwire.runtime.worker.input_batch import StepArrays
 from tokenwire.runtime.worker.kv_cache import KVCache, bytes_per_block, kv_cache_torch_dtype
 from tokenwire.runtime.worker.kv_cache_sizing import gpu_num_blocks, min_blocks_for, profile_memory
 from tokenwire.runtime.worker.runner_settings import RunnerSettings
+from tokenwire.runtime.worker.verify_graphs import VerifyGraphs, build_verify_graphs
 
 
 def cuda_kv_cache(
@@ -66,7 +68,15 @@ def graphs_enabled(enforce_eager: bool) -> bool:
 
 
 class CudaGraphRunner:
-    def __init__(self, loaded: LoadedModel, kv_cache: KVCache, settings: RunnerSettings) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        kv_cache: KVCache,
+        settings: RunnerSettings,
+        num_speculative_tokens: int = 0,
+    ) -> None:
+        """``num_speculative_tokens``: ``k`` of speculative decoding (0: none); verify steps
+        replay ``verify_graphs`` captured for ``1 + k`` query tokens per row."""
         self.model = loaded.model
         self.kv_layers = kv_cache.layers
         self.block_size = kv_cache.block_size
@@ -78,6 +88,7 @@ class CudaGraphRunner:
             loaded.device,
         )
         self.graphs: DecodeGraphs | None = None
+        self.verify: VerifyGraphs | None = None
         if graphs_enabled(settings.enforce_eager):
             self.graphs = DecodeGraphs(
                 self.model,
@@ -88,6 +99,9 @@ class CudaGraphRunner:
                 loaded.max_model_len,
             )
             self.graphs.capture()
+            self.verify = build_verify_graphs(loaded, kv_cache, settings, num_speculative_tokens)
+            if self.verify is not None:  # the decode graphs' pool: graphs never run together
+                self.verify.capture(next(iter(self.graphs.graphs.values())).pool())
 
     def forward(
         self,
@@ -105,6 +119,9 @@ class CudaGraphRunner:
             bucket = decode_bucket(arrays, graphs.buckets)
             if bucket is not None:
                 return graphs.replay(self.staging, arrays, bucket)
+            replayed = None if self.verify is None else self.verify.try_replay(self.staging, arrays)
+            if replayed is not None:
+                return replayed
         return self._eager(arrays, embeds, spans, mrope)
 
     def _eager(

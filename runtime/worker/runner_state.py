@@ -47,10 +47,12 @@ class RunnerState:
         device: torch.device,
         tp: TPGroup = _SINGLE,
         draft: LoadedModel | None = None,
+        spec_tokens: int = 0,
     ) -> None:
         """``settings``: derived once from the engine config (``RunnerSettings.from_config``);
         ``draft``: the draft model of ``draft_model`` speculation; its KV cache shares the
-        budget and the block ids of the target's."""
+        budget and the block ids of the target's; ``spec_tokens``: ``num_speculative_tokens``
+        (0: no speculation), the drafts per row that CUDA verify graphs are captured for."""
         model_tp = loaded.model.tp
         if (model_tp.rank, model_tp.world_size) != (tp.rank, tp.world_size):
             raise ValueError(
@@ -71,7 +73,7 @@ class RunnerState:
         self.lora: LoRAManager | None = None
         if settings.lora.enable_lora:
             self.lora = LoRAManager(self.model, settings.lora, loaded.dtype, device)
-        caches = build_caches(loaded, draft, settings, device, tp.world_size)
+        caches = build_caches(loaded, draft, settings, device, tp.world_size, spec_tokens)
         self.kv_cache = caches.kv_cache
         self._cuda = caches.cuda
         self.drafter = caches.drafter

@@ -88,7 +88,8 @@ class Worker:
         draft = None
         if spec is not None and spec.method == "draft_model":
             draft = load_draft_model(config.model, spec, loaded, tp)
-        self.runner = ModelRunner(loaded, settings, device, tp=tp, draft=draft)
+        k = 0 if spec is None else spec.num_speculative_tokens
+        self.runner = ModelRunner(loaded, settings, device, tp=tp, draft=draft, spec_tokens=k)
         # KV tiers: the host tier's copy engine (None: --kv-offloading-size is off).
         self.offload = make_offloader(
             config, self.runner.kv_cache, device, str(loaded.model_path), tp.rank

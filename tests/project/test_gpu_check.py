@@ -63,10 +63,11 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
         assert tpot_row["value"] > 0 and "GB/step" in tpot_row["reference"]
     spec = stages["spec:tiny"]["records"]
     assert {(r["method"], r["streams"]) for r in spec} == {
-        (m, n) for m in ("plain", "ngram") for n in (1, 2)
+        (m, n) for m in ("plain", "ngram", "ngram+eager") for n in (1, 2)
     }
     assert sum(r["accepted_tokens"] for r in spec) > 0  # the copying model's drafts land
     assert figures["ngram / plain, 1 stream(s), tiny (copying)"]["value"] > 0
+    assert figures["spec verify graphs / eager, 2 stream(s), tiny"]["value"] > 0  # issue 34
     # Issue 33: the VLM stage's image+text batch encodes each request's image once, and the
     # repeated image's TTFT rounds are encoder-cache hits.
     vlm = {r["kind"]: r for r in stages["vlm:tiny-vlm"]["records"]}
