@@ -1,0 +1,129 @@
+"""The ``dp`` stage of ``gpu_check.py`` (issue 34): data parallelism, served, two cores vs one.
+
+Needs two GPUs: with fewer than two visible (``torch.cuda.device_count()``) the stage records
+``dp`` with ``skipped`` and the reason, and the summary shows it (not a failure). Otherwise,
+in one run, ``tokenwire serve`` (the bundled config, dummy bf16 weights) starts as
+``--data-parallel-size 1`` and then as ``2`` (core i on ``cuda:i``), and against each:
+
+- the served ``mixed`` workload (256 requests, 256 in flight): output tok/s, recorded as
+  ``dp_throughput`` per size;
+- ``GREEDY_PROMPTS`` greedy requests one after another (batch 1, so both layouts run the
+  same kernels on the same shapes): their token ids.
+
+Then ``dp``: output tok/s of size 2 over size 1 (target >= 1.8x) and whether the greedy
+outputs were equal. ``--smoke``: the same plumbing on the CPU (two engine-core processes,
+one torch thread each) with the tiny config and the ``cpu`` workload's 2 requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+SCRIPTS = Path(__file__).resolve().parent
+SIZES = (1, 2)
+GREEDY_PROMPTS = 4
+GREEDY_TOKENS = 16
+DP_TARGET = 1.8
+
+
+class Record(Protocol):
+    def __call__(self, **record: Any) -> None: ...
+
+
+def skip_reason(smoke: bool, device_count: Callable[[], int]) -> str:
+    """Why the stage cannot run here ('' when it can): two GPUs, or the CPU (``--smoke``)."""
+    if smoke:
+        return ""
+    count = device_count()
+    return "" if count >= 2 else f"needs 2 GPUs, {count} visible"
+
+
+def greedy_prompts(vocab: int) -> list[list[int]]:
+    return [
+        [3 + (101 * i + 7 * j) % (vocab - 3) for j in range(8 + 5 * i)]
+        for i in range(GREEDY_PROMPTS)
+    ]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def serve_size(args: argparse.Namespace, size: int) -> dict[str, Any]:
+    """Start the server with ``size`` cores, run the workload and the greedy prompts."""
+    sys.path.insert(0, str(SCRIPTS))
+    from gpu_check_stages import _serve_bench, _serve_command, _wait_serving
+
+    from tokenwire.clients.client import Client
+
+    port = _free_port()
+    command = [*_serve_command(args.model, port, args.smoke), "--data-parallel-size", str(size)]
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=os.environ.copy(),
+    )  # fmt: skip
+    try:
+        why = _wait_serving(proc, args.ready_timeout)
+        if why:
+            return {"skipped": f"dp={size}: {why}"[-2000:]}
+        summary = _serve_bench(port, args.vocab, args.smoke)
+        with Client(f"127.0.0.1:{port}", timeout=120) as client:
+            greedy = [
+                list(
+                    client.generate(ids, temperature=0.0, max_tokens=GREEDY_TOKENS, ignore_eos=True)
+                    .choices[0]
+                    .token_ids
+                )
+                for ids in greedy_prompts(args.vocab)
+            ]
+        return {"summary": summary, "greedy": greedy}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def stage_dp(
+    args: argparse.Namespace, record: Record, device_count: Callable[[], int] | None = None
+) -> None:
+    """``device_count``: how many GPUs are visible (default ``torch.cuda.device_count``)."""
+    import torch
+
+    label = args.label or args.model
+    why = skip_reason(args.smoke, device_count or torch.cuda.device_count)
+    if not why:
+        try:  # the server stack needs grpcio, structlog, ...: skip without them
+            import tokenwire.clients.client
+            import tokenwire.server.serve  # noqa: F401
+        except ImportError as exc:
+            why = f"{type(exc).__name__}: {exc}"
+    if why:
+        record(kind="dp", model=label, skipped=why)
+        return
+    runs: dict[int, dict[str, Any]] = {}
+    for size in SIZES:
+        runs[size] = serve_size(args, size)
+        if "skipped" in runs[size]:
+            record(kind="dp", model=label, skipped=runs[size]["skipped"])
+            return
+        s = runs[size]["summary"]
+        record(kind="dp_throughput", model=label, data_parallel_size=size,
+               output_tok_s=s["output_throughput"], completed=s["completed"],
+               failed=s["failed"], concurrency=s["concurrency"])  # fmt: skip
+    one, two = (runs[n]["summary"]["output_throughput"] for n in SIZES)
+    record(kind="dp", model=label, output_tok_s_dp1=one, output_tok_s_dp2=two,
+           ratio=round(two / one, 3) if one else None,
+           greedy_equal=runs[1]["greedy"] == runs[2]["greedy"],
+           greedy_prompts=GREEDY_PROMPTS)  # fmt: skip
