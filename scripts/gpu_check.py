@@ -103,7 +103,7 @@ def run_stage(stage: Stage, env: dict[str, str], left_s: float, logs: Path) -> N
 
 def stage_model(stage: Stage) -> str | None:
     """The model name a stage records (``--label`` when given, else ``--model``)."""
-    cmd = stage.command
+    cmd: list[str] = stage.command
     for flag in ("--label", "--model"):
         if flag in cmd:
             return cmd[cmd.index(flag) + 1]

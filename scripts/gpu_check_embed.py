@@ -61,9 +61,10 @@ def write_model(config: dict[str, Any], folder: Path, device: str, dtype: Any) -
     from transformers import AutoConfig, AutoModel
 
     hf_config = AutoConfig.for_model(**config)
+    build: Any = AutoModel.from_config  # untyped in transformers
     torch.manual_seed(0)
     with torch.device(device):
-        model = AutoModel.from_config(hf_config, dtype=dtype)
+        model = build(hf_config, dtype=dtype)
     model.eval()
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
