@@ -8,7 +8,9 @@ in one run, ``tokenwire serve`` (the bundled config, dummy bf16 weights) starts 
 - the served ``mixed`` workload (256 requests, 256 in flight): output tok/s, recorded as
   ``dp_throughput`` per size;
 - ``GREEDY_PROMPTS`` greedy requests one after another (batch 1, so both layouts run the
-  same kernels on the same shapes): their token ids.
+  same kernels on the same shapes): their token ids. With two cores the first half goes to
+  core 0 (the balancer's tie-break: the least loaded, then the lowest rank); then a long
+  request holds core 0 and the second half goes to core 1.
 
 Then ``dp``: output tok/s of size 2 over size 1 (target >= 1.8x) and whether the greedy
 outputs were equal. ``--smoke``: the same plumbing on the CPU (two engine-core processes,
@@ -28,8 +30,10 @@ from typing import Any, Protocol
 
 SCRIPTS = Path(__file__).resolve().parent
 SIZES = (1, 2)
-GREEDY_PROMPTS = 4
+GREEDY_PROMPTS = 8
 GREEDY_TOKENS = 16
+HOLD_TOKENS = 3000  # the request that keeps core 0 busy while core 1 answers
+HOLD_ID = "gpu-check-dp-hold"
 DP_TARGET = 1.8
 
 
