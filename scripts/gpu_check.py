@@ -125,11 +125,11 @@ def read_records(results: Path, stages: list[Stage]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, tiny request counts")
-    p.add_argument("--budget-s", type=float, default=None, help="total time (default 480/300)")
+    p.add_argument("--budget-s", type=float, default=None, help="total time (default 480/420)")
     p.add_argument("--out", default=os.environ.get("OUT"), help="folder for JSON and logs")
     p.add_argument("--only", default=None, help="comma-separated stage names to run")
     args = p.parse_args(argv)
-    budget = args.budget_s or (300.0 if args.smoke else 480.0)
+    budget = args.budget_s or (420.0 if args.smoke else 480.0)
     deadline = time.monotonic() + budget
     sys.path.insert(0, str(REPO / "scripts"))  # the stage list and summary, beside this file
     from gpu_check_plan import SMOKE_FAMILIES, plan

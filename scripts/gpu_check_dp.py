@@ -34,7 +34,6 @@ GREEDY_PROMPTS = 8
 GREEDY_TOKENS = 16
 HOLD_TOKENS = 3000  # the request that keeps core 0 busy while core 1 answers
 HOLD_ID = "gpu-check-dp-hold"
-DP_TARGET = 1.8
 
 
 class Record(Protocol):
@@ -50,10 +49,33 @@ def skip_reason(smoke: bool, device_count: Callable[[], int]) -> str:
 
 
 def greedy_prompts(vocab: int) -> list[list[int]]:
+    """Distinct prompts (no shared first block: prefix affinity must not pick the core)."""
     return [
-        [3 + (101 * i + 7 * j) % (vocab - 3) for j in range(8 + 5 * i)]
+        [3 + (101 * i + 7 * j + j * j) % (vocab - 3) for j in range(8 + 5 * i)]
         for i in range(GREEDY_PROMPTS)
     ]
+
+
+def greedy_answers(client: Any, prompts: list[list[int]], hold_core_0: bool) -> list[list[int]]:
+    """Token ids of each prompt, one request at a time; ``hold_core_0``: the second half
+    while a long request keeps core 0 busy (so core 1, the least loaded, answers it)."""
+    from tokenwire.clients import results
+
+    def ask(ids: list[int]) -> list[int]:
+        reply = client.generate(ids, temperature=0.0, max_tokens=GREEDY_TOKENS, ignore_eos=True)
+        return list(reply.choices[0].token_ids)
+
+    half = len(prompts) // 2
+    answers = [ask(ids) for ids in prompts[:half]]
+    if not hold_core_0:
+        return answers + [ask(ids) for ids in prompts[half:]]
+    hold = client.stream([5, 6, 7], request_id=HOLD_ID, temperature=0.0,
+                         max_tokens=HOLD_TOKENS, ignore_eos=True)  # fmt: skip
+    next(e for e in hold if isinstance(e, results.TextDelta))  # running on core 0
+    try:
+        return answers + [ask(ids) for ids in prompts[half:]]
+    finally:
+        client.cancel(HOLD_ID)
 
 
 def _free_port() -> int:
@@ -82,14 +104,7 @@ def serve_size(args: argparse.Namespace, size: int) -> dict[str, Any]:
             return {"skipped": f"dp={size}: {why}"[-2000:]}
         summary = _serve_bench(port, args.vocab, args.smoke)
         with Client(f"127.0.0.1:{port}", timeout=120) as client:
-            greedy = [
-                list(
-                    client.generate(ids, temperature=0.0, max_tokens=GREEDY_TOKENS, ignore_eos=True)
-                    .choices[0]
-                    .token_ids
-                )
-                for ids in greedy_prompts(args.vocab)
-            ]
+            greedy = greedy_answers(client, greedy_prompts(args.vocab), hold_core_0=size > 1)
         return {"summary": summary, "greedy": greedy}
     finally:
         proc.terminate()

@@ -85,7 +85,7 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=380,
+        timeout=500,
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
