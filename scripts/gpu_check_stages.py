@@ -4,9 +4,9 @@ A stage appends one JSON record per finished measurement to ``--results`` (JSON 
 stage killed at its time limit keeps everything it measured before. ``--smoke`` swaps the
 CUDA device and the bundled benchmark shapes for the CPU and a tiny config, with tiny request
 counts, so the plumbing runs anywhere. Stages: ``attn_bw``, ``parity``, ``bench``, ``serve``,
-``lora``, ``spec``, ``vlm``, ``kvtier`` (the kernel tests are plain pytest, launched by the
-orchestrator); ``bench``, ``lora`` and ``spec`` live in ``gpu_check_bench.py``, ``vlm`` and
-``kvtier`` in their own files beside this one.
+``lora``, ``spec``, ``vlm``, ``kvtier``, ``embed``, ``dp`` (the kernel tests are plain pytest,
+launched by the orchestrator); ``bench``, ``lora`` and ``spec`` live in ``gpu_check_bench.py``,
+``vlm``, ``kvtier``, ``embed`` and ``dp`` in their own files beside this one.
 """
 
 from __future__ import annotations
@@ -266,9 +266,26 @@ def _stage_kvtier(args: argparse.Namespace, record: Recorder) -> None:
     stage_kvtier(args, record)
 
 
+def _stage_embed(args: argparse.Namespace, record: Recorder) -> None:
+    """Issue 34: a decoder embedding model against HF's forward (``gpu_check_embed.py``)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from gpu_check_embed import stage_embed
+
+    with tempfile.TemporaryDirectory(prefix="gpu-check-embed-") as tmp:
+        stage_embed(args, record, Path(tmp))
+
+
+def _stage_dp(args: argparse.Namespace, record: Recorder) -> None:
+    """Issue 34: ``--data-parallel-size 2`` vs 1, served (``gpu_check_dp.py``)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from gpu_check_dp import stage_dp
+
+    stage_dp(args, record)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
-    kinds = ["attn_bw", "parity", "bench", "serve", "lora", "spec", "vlm", "kvtier"]
+    kinds = ["attn_bw", "parity", "bench", "serve", "lora", "spec", "vlm", "kvtier", "embed", "dp"]
     p.add_argument("stage", choices=kinds)
     p.add_argument("--results", type=Path, required=True)
     p.add_argument("--smoke", action="store_true")
@@ -285,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--image-side", type=int, default=448, help="vlm: image pixels, square")
     p.add_argument("--vlm-requests", type=int, default=64, help="vlm: image+text requests")
     p.add_argument("--vlm-rounds", type=int, default=8, help="vlm: TTFT rounds (new, repeat)")
+    p.add_argument("--embed-requests", type=int, default=1024, help="embed: inputs at once")
+    p.add_argument("--embed-tokens", type=int, default=256, help="embed: tokens per input")
+    p.add_argument("--embed-batch", type=int, default=64, help="embed: HF batch size")
     args = p.parse_args(argv)
     stages = {
         "attn_bw": stage_attn_bw,
@@ -295,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         "spec": _offline_stage("stage_spec"),
         "vlm": _stage_vlm,
         "kvtier": _stage_kvtier,
+        "embed": _stage_embed,
+        "dp": _stage_dp,
     }
     stages[args.stage](args, Recorder(args.results, args.stage))
     return 0

@@ -20,6 +20,8 @@ FP8_TPOT_SPEEDUP_TARGET = 1.4  # issue 13: FP8 weights >= 1.4x bf16 decode at ba
 LORA_RATIO_TARGET = 0.8  # issue 15: 4 adapters mixed keep >= 80% of the base's tok/s
 SPEC_TARGET = 1.7  # issue 16: n-gram speculation at one stream
 SPEC_FLOOR = 0.95  # issue 16: at many streams it must not lose more than 5%
+EMBED_COSINE_TARGET = 0.99  # issue 34: tokenwire's vectors against HF's, bf16
+DP_RATIO_TARGET = 1.8  # issue 34: --data-parallel-size 2 over 1, served mixed
 
 
 class StageLike(Protocol):
@@ -103,9 +105,54 @@ def summary_rows(stages: Sequence[StageLike]) -> list[dict[str, Any]]:
     rows += _spec_rows(stages)
     rows += _vlm_rows(stages)
     rows += _kvtier_rows(stages)
+    rows += _embed_rows(stages)
+    rows += _dp_rows(stages)
     rows.append(_serve_row(stages))
     rows += _quant_rows(stages)
     rows += _async_rows(stages)
+    return rows
+
+
+def _embed_rows(stages: Sequence[StageLike]) -> list[dict[str, Any]]:
+    """Issue 34: embeddings/s of tokenwire over HF's forward (a figure), vectors' cosine."""
+    rows: list[dict[str, Any]] = []
+    for s in (s for s in stages if s.name.startswith("embed:")):
+        label, run = s.name.split(":")[1], _find([s], "embed_throughput")
+        ref = "-" if run is None else (
+            f"{run['tokenwire_emb_s']:,.0f} vs HF {run['hf_emb_s']:,.0f} emb/s "
+            f"({run['tokenwire_tok_s']:,.0f} vs {run['hf_tok_s']:,.0f} input tok/s), "
+            f"{run['requests']} x {run['input_tokens']} tokens"
+        )  # fmt: skip
+        value = None if run is None else run["ratio"]
+        rows.append(_row(f"embeddings {label} tokenwire / HF", value, "-", ref, None, "x"))
+        if run is not None:
+            rows[-1]["verdict"] = "figure"
+        match = _find([s], "embed_match")
+        value = None if match is None else match["min_cosine"]
+        ok = None if value is None else value > EMBED_COSINE_TARGET
+        ref = "-" if match is None else f"min over {match['inputs']} inputs"
+        rows.append(_row(f"embeddings {label} cosine vs HF", value, "> 0.99", ref, ok))
+    return rows
+
+
+def _dp_rows(stages: Sequence[StageLike]) -> list[dict[str, Any]]:
+    """Issue 34: served mixed tok/s with two data-parallel cores over one (>= 1.8x), greedy
+    outputs equal; with fewer than two GPUs the stage's skip and its reason."""
+    rows: list[dict[str, Any]] = []
+    for s in (s for s in stages if s.name.startswith("dp:")):
+        label, dp = s.name.split(":")[1], _find([s], "dp")
+        value = None if dp is None else dp.get("ratio")
+        ref = "-" if value is None or dp is None else (
+            f"{dp['output_tok_s_dp2']:,.0f} vs {dp['output_tok_s_dp1']:,.0f} out tok/s"
+        )  # fmt: skip
+        ok = None if value is None else value >= DP_RATIO_TARGET
+        figure = f"DP 2 / 1 mixed tok/s, {label}"
+        rows.append(_row(figure, value, f">= {DP_RATIO_TARGET}", ref, ok, "x"))
+        if dp is not None and "skipped" in dp:
+            rows[-1]["verdict"] = f"skipped: {dp['skipped'][:120]}"
+        elif dp is not None:
+            rows.append(_row(f"DP {label} greedy dp=2 == dp=1", None, "equal", "-", None))
+            rows[-1]["verdict"] = "pass" if dp["greedy_equal"] else "FAIL"
     return rows
 
 

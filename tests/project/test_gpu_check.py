@@ -2,23 +2,77 @@
 
 Every stage must run and finish ``ok`` (kernel tests skip without CUDA; parity compares the
 CPU engine with itself; benches and the served benchmark use a tiny dummy config), the
-summary table must come last, and the JSON report must land in ``$OUT``.
+summary table must come last, and the JSON report must land in ``$OUT``. Quick tests of the
+stage list and of the data-parallel stage's skip with fewer than two GPUs (the smoke run
+cannot take that path: on the CPU it runs two cores) beside it.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
-# Engine runs over many prompts and families: in make test, not in make test-fast.
-pytestmark = pytest.mark.slow
-
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _script(monkeypatch: pytest.MonkeyPatch, name: str) -> ModuleType:
+    """A module of ``scripts/`` (not a package: its folder goes on ``sys.path``)."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    return importlib.import_module(name)
+
+
+def test_full_plan_runs_embed_and_dp_after_the_figures_before_the_last_kernel_tests(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    plan = _script(monkeypatch, "gpu_check_plan")
+    names = [s.name for s in plan.plan(argparse.Namespace(smoke=False), tmp_path / "r.jsonl")]
+    assert names[-3:] == ["embed:qwen3-0.6b", "dp:llama-3.2-1b", "kernels-all"]
+    assert names.index("bench:gpt-oss-20b") == len(names) - 4
+    smoke = [s.name for s in plan.plan(argparse.Namespace(smoke=True), tmp_path / "r.jsonl")]
+    assert smoke[-2:] == ["embed:tiny-embed", "dp:tiny"]
+
+
+def test_dp_stage_with_one_gpu_records_its_skip_and_the_summary_shows_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    dp, summary = _script(monkeypatch, "gpu_check_dp"), _script(monkeypatch, "gpu_check_summary")
+    records: list[dict[str, Any]] = []
+    args = argparse.Namespace(smoke=False, model="llama-3.2-1b", label=None)
+    dp.stage_dp(args, lambda **r: records.append({"stage": "dp", **r}), device_count=lambda: 1)
+    assert records == [
+        {"stage": "dp", "kind": "dp", "model": "llama-3.2-1b", "skipped": "needs 2 GPUs, 1 visible"}
+    ]
+    assert dp.skip_reason(False, lambda: 2) == "" and dp.skip_reason(True, lambda: 0) == ""
+    stage = _script(monkeypatch, "gpu_check_plan").Stage("dp:llama-3.2-1b", [], 1.0, "ok")
+    stage.records = records
+    (row,) = [r for r in summary.summary_rows([stage]) if r["figure"].startswith("DP")]
+    assert row["verdict"] == "skipped: needs 2 GPUs, 1 visible" and row["value"] is None
+
+
+def test_embed_rows_show_the_ratio_as_a_figure_and_judge_the_cosine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    summary, plan = (
+        _script(monkeypatch, "gpu_check_summary"),
+        _script(monkeypatch, "gpu_check_plan"),
+    )
+    stage = plan.Stage("embed:m", [], 1.0, "ok")
+    run = dict(kind="embed_throughput", requests=4, input_tokens=8, tokenwire_emb_s=30.0,
+               hf_emb_s=10.0, tokenwire_tok_s=240.0, hf_tok_s=80.0, ratio=3.0)  # fmt: skip
+    stage.records = [run, dict(kind="embed_match", inputs=4, min_cosine=0.95, ok=False)]
+    rows = {r["figure"]: r for r in summary.summary_rows([stage])}
+    assert rows["embeddings m tokenwire / HF"]["value"] == 3.0
+    assert rows["embeddings m tokenwire / HF"]["verdict"] == "figure"
+    assert rows["embeddings m cosine vs HF"]["verdict"] == "MISS"
 
 
 @pytest.mark.slow
@@ -31,7 +85,7 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=380,
+        timeout=500,
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -40,7 +94,7 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
     assert list(stages) == [
         "kernels", "attn_bw", "parity", "bench:tiny", "serve:tiny", "bench:tiny+kvfp8", "lora:tiny",
         "bench:tiny-moe", "bench:tiny-mla", "bench:tiny-gpt-oss", "spec:tiny", "bench:tiny+async",
-        "vlm:tiny-vlm", "kvtier:tiny",
+        "vlm:tiny-vlm", "kvtier:tiny", "embed:tiny-embed", "dp:tiny",
     ]  # fmt: skip
     assert all(s["status"] == "ok" for s in stages.values())
     kinds = {r.get("kind") for r in stages["bench:tiny"]["records"]}
@@ -87,6 +141,23 @@ def test_gpu_check_smoke_runs_every_stage(tmp_path: Path) -> None:
     assert tier["kv_tier_no_reuse"]["output_tok_s_on"] > 0
     assert figures["KV tier tiny prefill tokens off / on"]["value"] > 1
     assert figures["KV tier tiny no-reuse throughput on / off"]["value"] > 0
+    # Issue 34: the embedding stage's vectors equal HF's forward (float32), both sides timed.
+    embed = {r["kind"]: r for r in stages["embed:tiny-embed"]["records"]}
+    assert embed["embed_match"]["ok"] and embed["embed_match"]["min_cosine"] > 0.99
+    run = embed["embed_throughput"]
+    assert (run["requests"], run["input_tokens"], run["dimensions"]) == (8, 32, 64)
+    assert run["tokenwire_emb_s"] > 0 and run["hf_emb_s"] > 0
+    assert figures["embeddings tiny-embed tokenwire / HF"]["verdict"] == "figure"
+    assert figures["embeddings tiny-embed cosine vs HF"]["verdict"] == "pass"
+    # Data parallel on the CPU: one core then two, both serve the workload, greedy equal.
+    dp_runs = [r for r in stages["dp:tiny"]["records"] if r["kind"] == "dp_throughput"]
+    assert [(r["data_parallel_size"], r["completed"], r["failed"]) for r in dp_runs] == [
+        (1, 2, 0), (2, 2, 0)
+    ]  # fmt: skip
+    (dp,) = [r for r in stages["dp:tiny"]["records"] if r["kind"] == "dp"]
+    assert dp["greedy_equal"] and dp["ratio"] > 0
+    assert figures["DP tiny greedy dp=2 == dp=1"]["verdict"] == "pass"
+    assert figures["DP 2 / 1 mixed tok/s, tiny"]["value"] > 0
     # The summary table is the last thing printed.
     tail = proc.stdout.strip().splitlines()
     assert tail[-1].startswith("served / offline")
