@@ -18,7 +18,8 @@ from tokenwire.kernels.attention_metadata import AttentionMetadata, ImageSpans
 from tokenwire.kernels.cuda_graph_buckets import decode_batch_buckets
 from tokenwire.kernels.dispatch import triton_available
 from tokenwire.runtime.loader.model_loader import LoadedModel
-from tokenwire.runtime.worker.cuda_graphs import DecodeGraphs, decode_bucket
+from tokenwire.runtime.lora.manager import LoRAManager
+from tokenwire.runtime.worker.cuda_graphs import DecodeGraphs
 from tokenwire.runtime.worker.host_staging import HostStaging
 from tokenwire.runtime.worker.input_batch import StepArrays
 from tokenwire.runtime.worker.kv_cache import KVCache, bytes_per_block, kv_cache_torch_dtype
@@ -66,7 +67,15 @@ def graphs_enabled(enforce_eager: bool) -> bool:
 
 
 class CudaGraphRunner:
-    def __init__(self, loaded: LoadedModel, kv_cache: KVCache, settings: RunnerSettings) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        kv_cache: KVCache,
+        settings: RunnerSettings,
+        lora: LoRAManager | None = None,
+    ) -> None:
+        """``lora``: the model's LoRA manager (its layers already wrapped): the decode graphs
+        capture its segmented path and replay each step's runs."""
         self.model = loaded.model
         self.kv_layers = kv_cache.layers
         self.block_size = kv_cache.block_size
@@ -86,6 +95,7 @@ class CudaGraphRunner:
                 self.block_size,
                 max_blocks_per_seq,
                 loaded.max_model_len,
+                lora,
             )
             self.graphs.capture()
 
@@ -102,7 +112,7 @@ class CudaGraphRunner:
         and M-RoPE steps (``mrope``: their 3D positions [3, T])."""
         graphs = self.graphs
         if graphs is not None and embeds is None and not spans and mrope is None:
-            bucket = decode_bucket(arrays, graphs.buckets)
+            bucket = graphs.bucket_for(arrays)
             if bucket is not None:
                 return graphs.replay(self.staging, arrays, bucket)
         return self._eager(arrays, embeds, spans, mrope)
