@@ -14,7 +14,7 @@ the batch size (``default_num_splits``) and the block-table buffer has the full
 ``max_blocks_per_seq`` width. The padding and bucket choice are plain numpy
 (``decode_bucket``, ``write_padded_decode``) and are unit-tested on CPU.
 
-LoRA (``lora``): each graph records the segmented LoRA path over the ``LoRAManager``'s
+LoRA (``lora_manager``): each graph records the segmented LoRA path over the ``LoRAManager``'s
 persistent segment buffers (all entries unused during capture, so warm-up and capture add
 nothing); a replay applies whatever runs the step's ``set_tokens`` wrote there (none for a
 base-only step: it clears them). The runs cover rows ``[0, n)`` only, so padding rows belong
@@ -114,10 +114,10 @@ class DecodeGraphs:
         block_size: int,
         max_blocks_per_seq: int,
         max_model_len: int,
-        lora: LoRAManager | None = None,
+        lora_manager: LoRAManager | None = None,
     ) -> None:
         self.model = model
-        self.lora = lora
+        self.lora = lora_manager
         self.kv_layers = kv_layers
         self.buckets = buckets
         self.block_size = block_size

@@ -72,9 +72,9 @@ class CudaGraphRunner:
         loaded: LoadedModel,
         kv_cache: KVCache,
         settings: RunnerSettings,
-        lora: LoRAManager | None = None,
+        lora_manager: LoRAManager | None = None,
     ) -> None:
-        """``lora``: the model's LoRA manager (its layers already wrapped): the decode graphs
+        """``lora_manager``: the model's LoRA manager (its layers already wrapped): the decode graphs
         capture its segmented path and replay each step's runs."""
         self.model = loaded.model
         self.kv_layers = kv_cache.layers
@@ -95,7 +95,7 @@ class CudaGraphRunner:
                 self.block_size,
                 max_blocks_per_seq,
                 loaded.max_model_len,
-                lora,
+                lora_manager,
             )
             self.graphs.capture()
 

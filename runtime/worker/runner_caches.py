@@ -37,7 +37,7 @@ def build_caches(
     settings: RunnerSettings,
     device: torch.device,
     tp_size: int,
-    lora: LoRAManager | None = None,
+    lora_manager: LoRAManager | None = None,
 ) -> RunnerCaches:
     cache_config = settings.cache
     extra = 0 if draft is None else draft_bytes_per_block(draft, cache_config, tp_size)
@@ -46,7 +46,7 @@ def build_caches(
         from tokenwire.runtime.worker.cuda_runner import CudaGraphRunner, cuda_kv_cache
 
         kv_cache = cuda_kv_cache(loaded, settings, tp_size, extra)
-        cuda = CudaGraphRunner(loaded, kv_cache, settings, lora)
+        cuda = CudaGraphRunner(loaded, kv_cache, settings, lora_manager)
     else:
         # An automatic CPU budget holds no more than the scheduler's sequences can use.
         per_seq = -(-loaded.max_model_len // cache_config.block_size)
