@@ -102,7 +102,9 @@ def stage_bench(args: argparse.Namespace, record: Recorder) -> None:
 
 def stage_lora(args: argparse.Namespace, record: Recorder) -> None:
     """Issue 15: output tok/s with 4 random rank-16 adapters mixed evenly vs the base alone
-    (LoRA not enabled), and with LoRA enabled but base requests only; dummy weights."""
+    (LoRA not enabled), and with LoRA enabled but base requests only; dummy weights. Issue 34
+    item 4: the same mixed pass on an ``enforce_eager`` engine, so LoRA's decode graphs are
+    measured against eager in the same run (``lora_graphs``)."""
     import dataclasses
 
     from tokenwire.bench.configs import LoRABenchConfig
@@ -112,11 +114,46 @@ def stage_lora(args: argparse.Namespace, record: Recorder) -> None:
     workload, requests = ("cpu", 2) if args.smoke else ("fixed", 128)
     config = LoRABenchConfig(engine=engine, workload=workload, num_requests=requests)
     r = lora_result(config)
-    record(kind="lora", model=args.label or args.model, workload=r["workload"],
+    model = args.label or args.model
+    record(kind="lora", model=model, workload=r["workload"],
            num_requests=r["num_requests"], base_output_tok_s=r["base_output_tok_s"],
            lora_mixed_output_tok_s=r["lora_mixed_output_tok_s"],
            lora_base_only_output_tok_s=r["lora_base_only_output_tok_s"],
            ratio=r["lora_mixed_vs_base"])  # fmt: skip
+    graphs = r["lora_mixed_output_tok_s"]
+    eager = _lora_mixed_eager_tok_s(config)
+    record(kind="lora_graphs", model=model, graphs_mixed_output_tok_s=graphs,
+           eager_mixed_output_tok_s=eager, ratio=round(graphs / eager, 3))  # fmt: skip
+
+
+def _lora_mixed_eager_tok_s(config: Any) -> float:
+    """Output tok/s of ``bench lora``'s mixed pass (its adapters, its timing) on an engine
+    with ``enforce_eager``: no decode CUDA graphs."""
+    import dataclasses
+    import tempfile
+
+    from tokenwire.bench.lora import _timed_pass, write_random_adapter
+    from tokenwire.bench.workloads import make_workload
+    from tokenwire.runtime.llm import LLM
+
+    n_adapters = config.num_adapters
+    engine = dataclasses.replace(
+        config.engine, enforce_eager=True, enable_lora=True, max_loras=n_adapters,
+        max_lora_rank=config.rank,
+    )  # fmt: skip
+    llm = LLM.from_engine_args(engine)
+    core = llm.engine
+    workload = make_workload(config.workload, core.vocab_size, config.num_requests)
+    with tempfile.TemporaryDirectory(prefix="tokenwire-lora-eager-") as tmp:
+        adapters = [
+            core.add_lora(f"adapter{i}", str(write_random_adapter(
+                core.facts.arch, Path(tmp) / f"a{i}", config.rank, i)))
+            for i in range(n_adapters)
+        ]  # fmt: skip
+        n = len(workload.prompts)
+        seconds = _timed_pass(llm, workload, [adapters[i % n_adapters] for i in range(n)])
+    llm.shutdown()
+    return round(workload.num_output_tokens / seconds, 2)
 
 
 def stage_spec(args: argparse.Namespace, record: Recorder) -> None:
