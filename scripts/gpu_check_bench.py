@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from gpu_check_stages import BENCH_BATCHED_TOKENS, BENCH_MAX_MODEL_LEN, Recorder, device_name
 
 if TYPE_CHECKING:
-    from tokenwire.bench.configs import ThroughputConfig
+    from tokenwire.bench.configs import LoRABenchConfig, ThroughputConfig
 
 
 def _bench_config(args: argparse.Namespace) -> ThroughputConfig:
@@ -126,7 +126,7 @@ def stage_lora(args: argparse.Namespace, record: Recorder) -> None:
            eager_mixed_output_tok_s=eager, ratio=round(graphs / eager, 3))  # fmt: skip
 
 
-def _lora_mixed_eager_tok_s(config: Any) -> float:
+def _lora_mixed_eager_tok_s(config: LoRABenchConfig) -> float:
     """Output tok/s of ``bench lora``'s mixed pass (its adapters, its timing) on an engine
     with ``enforce_eager``: no decode CUDA graphs."""
     import dataclasses

@@ -74,8 +74,8 @@ class CudaGraphRunner:
         settings: RunnerSettings,
         lora_manager: LoRAManager | None = None,
     ) -> None:
-        """``lora_manager``: the model's LoRA manager (its layers already wrapped): the decode graphs
-        capture its segmented path and replay each step's runs."""
+        """``lora_manager``: the model's LoRA manager (its layers already wrapped): the decode
+        graphs capture its segmented path and replay each step's runs."""
         self.model = loaded.model
         self.kv_layers = kv_cache.layers
         self.block_size = kv_cache.block_size
