@@ -86,12 +86,24 @@ class SegmentBuffers:
             host[:, : len(runs)] = np.asarray(runs, dtype=np.int32).T
         # A fresh host array each step: the copy never reads a buffer the next step rewrites.
         self._table.copy_(torch.from_numpy(host))
+        return self.segments(int(np.asarray(token_slots).size), tuple(runs))
+
+    def clear(self) -> None:
+        """Mark every entry unused (length 0): a graph replayed now adds no LoRA delta."""
+        self._table.zero_()
+
+    def segments(
+        self, num_tokens: int, runs: tuple[tuple[int, int, int], ...] = ()
+    ) -> LoRASegments:
+        """The buffers seen as the segments of a ``num_tokens``-row step. With ``runs`` left
+        empty this is what a CUDA graph of ``num_tokens`` rows captures: the device tensors
+        only, whatever ``fill`` or ``clear`` later writes into them."""
         return LoRASegments(
             starts=self.starts,
             lengths=self.lengths,
             slots=self.slots,
-            runs=tuple(runs),
-            num_tokens=int(np.asarray(token_slots).size),
+            runs=runs,
+            num_tokens=num_tokens,
         )
 
 

@@ -188,6 +188,11 @@ def _lora_rows(stages: Sequence[StageLike]) -> list[dict[str, Any]]:
         label = s.name.split(":")[1]
         rows.append(_row(f"LoRA x4 mixed / base, {label}", value, f">= {LORA_RATIO_TARGET}",
                          ref, ok, "x"))  # fmt: skip
+        # Issue 34 item 4: decode graphs with LoRA vs enforce_eager (no hard target).
+        g = _find([s], "lora_graphs")
+        ref = f"eager {g['eager_mixed_output_tok_s']} tok/s" if g else "-"
+        rows.append(_row(f"LoRA graphs / eager, {label}", g["ratio"] if g else None,
+                         ">= 1.0 expected", ref, None, "x"))  # fmt: skip
     return rows
 
 

@@ -8,6 +8,11 @@ not in a device slot is copied into a free or least recently used slot whose ada
 does not use (the scheduler never puts more than ``max_loras`` adapters in one step). Then
 ``set_tokens`` publishes the step's token runs per slot to every layer.
 
+Decode CUDA graphs (``worker.cuda_graphs``) capture the LoRA path once per bucket over the
+persistent ``SegmentBuffers`` (``graph_rows``, after ``clear_runs``) and replay it with
+whatever runs the buffers hold: so ``set_tokens`` writes every step's runs there, and a step
+without adapter tokens clears the runs a previous step left (eager steps skip LoRA then).
+
 Every tensor-parallel rank runs the same manager on the same ``SchedulerOutput``s, so all
 make the same choices; each copies only its own shard of each adapter into its slots.
 """
@@ -15,6 +20,8 @@ make the same choices; each copies only its own shard of each adapter into its s
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -86,6 +93,7 @@ class LoRAManager:
         self._free_slots = list(range(config.max_loras))
         # Each adapter's rows form at most two runs (decode rows, then prefill rows).
         self._buffers = SegmentBuffers(2 * config.max_loras, device)
+        self._runs_on_device = False  # whether the buffers may hold a previous step's runs
 
     @property
     def resident(self) -> dict[int, int]:
@@ -140,14 +148,50 @@ class LoRAManager:
         """This step's adapter slot per token (-1: none); None: no token uses one."""
         if token_slots is None or not (token_slots >= 0).any():
             self.context.set(None, None)
+            if self._runs_on_device:  # a decode graph reads the buffers, not the context
+                self._buffers.clear()
+                self._runs_on_device = False
             return
         segments = self._buffers.fill(token_slots)
+        self._runs_on_device = True
         slots = None
         # Masked: 2 matmuls per layer but S-fold rank columns for every token, which pays
         # on decode-sized steps (dispatch-bound) and not on long prefill chunks (flop-bound).
         if self._masked and len(segments.runs) > 1 and len(token_slots) <= MASKED_MAX_TOKENS:
             slots = torch.from_numpy(np.ascontiguousarray(token_slots, dtype=np.int64))
         self.context.set(segments, slots)
+
+    # ------------------------------------------------------------------ decode graphs
+    def clear_runs(self) -> None:
+        """Leave no run in the device buffers (before a graph capture: its warm-up and
+        capture then add no LoRA delta)."""
+        self._buffers.clear()
+        self._runs_on_device = False
+
+    def graphable(self, num_tokens: int) -> bool:
+        """Whether a decode graph over ``num_tokens`` rows replays this step's LoRA exactly:
+        its runs (if any) are in the persistent buffers for those rows, and the step does
+        not take the masked CPU path."""
+        context = self.context
+        if context.token_slots is not None:
+            return False
+        segments = context.segments
+        if segments is None:  # set_tokens cleared the buffers
+            return True
+        return segments.lengths is self._buffers.lengths and segments.num_tokens == num_tokens
+
+    @contextmanager
+    def graph_rows(self, num_tokens: int) -> Iterator[None]:
+        """Within: every LoRA layer takes the segmented path over the persistent buffers for
+        ``num_tokens`` rows (what a decode graph of that bucket captures: whatever runs the
+        buffers hold when it replays). The step's own context is restored after."""
+        context = self.context
+        saved = (context.segments, context.token_slots)
+        context.set(self._buffers.segments(num_tokens), None)
+        try:
+            yield
+        finally:
+            context.set(*saved)
 
     def remove(self, lora_ids: frozenset[int]) -> None:
         """Forget unloaded adapters (their requests have all finished)."""

@@ -13,11 +13,19 @@ Graphs stay valid for any context length because the decode kernel's grid depend
 the batch size (``default_num_splits``) and the block-table buffer has the full
 ``max_blocks_per_seq`` width. The padding and bucket choice are plain numpy
 (``decode_bucket``, ``write_padded_decode``) and are unit-tested on CPU.
+
+LoRA (``lora_manager``): each graph records the segmented LoRA path over the ``LoRAManager``'s
+persistent segment buffers (all entries unused during capture, so warm-up and capture add
+nothing); a replay applies whatever runs the step's ``set_tokens`` wrote there (none for a
+base-only step: it clears them). The runs cover rows ``[0, n)`` only, so padding rows belong
+to no run. A step whose LoRA layout the buffers do not describe (``LoRAManager.graphable``)
+runs eagerly. The LoRA launches replay on base-only steps too (every program returns at once).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +39,7 @@ from tokenwire.kernels.cuda_graph_buckets import (
     PAD_TOKEN_ID,
     padded_batch_size,
 )
+from tokenwire.runtime.lora.manager import LoRAManager
 from tokenwire.runtime.models.llama import KVCache, LlamaForCausalLM
 from tokenwire.runtime.worker.host_staging import HostStaging
 from tokenwire.runtime.worker.input_batch import StepArrays
@@ -105,8 +114,10 @@ class DecodeGraphs:
         block_size: int,
         max_blocks_per_seq: int,
         max_model_len: int,
+        lora_manager: LoRAManager | None = None,
     ) -> None:
         self.model = model
+        self.lora = lora_manager
         self.kv_layers = kv_layers
         self.buckets = buckets
         self.block_size = block_size
@@ -135,15 +146,30 @@ class DecodeGraphs:
             seq_lens_np=np.zeros(bucket, dtype=np.int32),  # host copy unknown at capture
         )
 
+    def bucket_for(self, arrays: StepArrays) -> int | None:
+        """The bucket this step replays, or None to run it eagerly (``decode_bucket``, and
+        with LoRA only while its runs are in the buffers the graphs read)."""
+        bucket = decode_bucket(arrays, self.buckets)
+        if bucket is None or self.lora is None:
+            return bucket
+        return bucket if self.lora.graphable(len(arrays.input_ids)) else None
+
+    def _lora_rows(self, bucket: int) -> AbstractContextManager[None]:
+        return nullcontext() if self.lora is None else self.lora.graph_rows(bucket)
+
     def _run(self, bucket: int, meta: AttentionMetadata) -> None:
         s = self.static
-        hidden = self.model(s.input_ids[:bucket], s.positions[:bucket], self.kv_layers, meta)
+        with self._lora_rows(bucket):
+            hidden = self.model(s.input_ids[:bucket], s.positions[:bucket], self.kv_layers, meta)
         s.hidden[:bucket].copy_(hidden)
 
     @torch.inference_mode()
     def capture(self) -> None:
         """Capture every bucket, largest first, into one memory pool. The static inputs hold
-        padding values (slot -1, seq_len 0), so warm-up and capture write no KV."""
+        padding values (slot -1, seq_len 0), so warm-up and capture write no KV; the LoRA
+        segment buffers hold no run, so they add no LoRA delta either."""
+        if self.lora is not None:
+            self.lora.clear_runs()
         pool = torch.cuda.graph_pool_handle()
         for bucket in reversed(self.buckets):
             meta = self._meta(bucket)

@@ -19,7 +19,8 @@ from tokenwire.kernels.attention_metadata import AttentionMetadata, ImageSpans
 from tokenwire.kernels.cuda_graph_buckets import decode_batch_buckets
 from tokenwire.kernels.dispatch import triton_available
 from tokenwire.runtime.loader.model_loader import LoadedModel
-from tokenwire.runtime.worker.cuda_graphs import DecodeGraphs, decode_bucket
+from tokenwire.runtime.lora.manager import LoRAManager
+from tokenwire.runtime.worker.cuda_graphs import DecodeGraphs
 from tokenwire.runtime.worker.host_staging import HostStaging
 from tokenwire.runtime.worker.input_batch import StepArrays
 from tokenwire.runtime.worker.kv_cache import KVCache, bytes_per_block, kv_cache_torch_dtype
@@ -74,9 +75,13 @@ class CudaGraphRunner:
         kv_cache: KVCache,
         settings: RunnerSettings,
         num_speculative_tokens: int = 0,
+        lora_manager: LoRAManager | None = None,
     ) -> None:
         """``num_speculative_tokens``: ``k`` of speculative decoding (0: none); verify steps
-        replay ``verify_graphs`` captured for ``1 + k`` query tokens per row."""
+        replay ``verify_graphs`` captured for ``1 + k`` query tokens per row, except with
+        LoRA (the verify graphs do not capture the adapters' segmented path: such steps run
+        eagerly). ``lora_manager``: the model's LoRA manager (its layers already wrapped):
+        the decode graphs capture its segmented path and replay each step's runs."""
         self.model = loaded.model
         self.kv_layers = kv_cache.layers
         self.block_size = kv_cache.block_size
@@ -97,9 +102,11 @@ class CudaGraphRunner:
                 self.block_size,
                 max_blocks_per_seq,
                 loaded.max_model_len,
+                lora_manager,
             )
             self.graphs.capture()
-            self.verify = build_verify_graphs(loaded, kv_cache, settings, num_speculative_tokens)
+            spec_tokens = 0 if lora_manager is not None else num_speculative_tokens
+            self.verify = build_verify_graphs(loaded, kv_cache, settings, spec_tokens)
             if self.verify is not None:  # the decode graphs' pool: graphs never run together
                 self.verify.capture(next(iter(self.graphs.graphs.values())).pool())
 
@@ -116,7 +123,7 @@ class CudaGraphRunner:
         and M-RoPE steps (``mrope``: their 3D positions [3, T])."""
         graphs = self.graphs
         if graphs is not None and embeds is None and not spans and mrope is None:
-            bucket = decode_bucket(arrays, graphs.buckets)
+            bucket = graphs.bucket_for(arrays)
             if bucket is not None:
                 return graphs.replay(self.staging, arrays, bucket)
             replayed = None if self.verify is None else self.verify.try_replay(self.staging, arrays)

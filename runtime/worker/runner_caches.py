@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tokenwire.runtime.loader.model_loader import LoadedModel
+from tokenwire.runtime.lora.manager import LoRAManager
 from tokenwire.runtime.models.windows import distinct_chunks, distinct_windows
 from tokenwire.runtime.worker.attention_inputs import AttentionInputs
 from tokenwire.runtime.worker.kv_cache import KVCache, kv_cache_summary
@@ -37,6 +38,7 @@ def build_caches(
     device: torch.device,
     tp_size: int,
     spec_tokens: int = 0,
+    lora_manager: LoRAManager | None = None,
 ) -> RunnerCaches:
     """``spec_tokens``: ``num_speculative_tokens`` (0: none) for the CUDA verify graphs."""
     cache_config = settings.cache
@@ -46,7 +48,7 @@ def build_caches(
         from tokenwire.runtime.worker.cuda_runner import CudaGraphRunner, cuda_kv_cache
 
         kv_cache = cuda_kv_cache(loaded, settings, tp_size, extra)
-        cuda = CudaGraphRunner(loaded, kv_cache, settings, spec_tokens)
+        cuda = CudaGraphRunner(loaded, kv_cache, settings, spec_tokens, lora_manager)
     else:
         # An automatic CPU budget holds no more than the scheduler's sequences can use.
         per_seq = -(-loaded.max_model_len // cache_config.block_size)

@@ -21,7 +21,7 @@ class RunnerSettings:
     # Sequences in one step: input batch rows, staging rows, the largest decode graph bucket.
     max_num_seqs: int
     max_num_batched_tokens: int  # tokens in one step: staging size, the profiling batch
-    # --enforce-eager, or forced by LoRA: the per-step adapter runs are not captured in graphs.
+    # --enforce-eager: no decode CUDA graphs (LoRA steps replay them too: ``cuda_graphs``).
     enforce_eager: bool
     cpu_compile: bool  # --cpu-compile: the CPU forward as one inductor graph (worker.cpu_compile)
     seed: int  # the engine generator's seed (unseeded random rows)
@@ -34,7 +34,7 @@ class RunnerSettings:
             lora=config.lora,
             max_num_seqs=sched.max_num_seqs,
             max_num_batched_tokens=sched.max_num_batched_tokens,
-            enforce_eager=config.enforce_eager or config.lora.enable_lora,
+            enforce_eager=config.enforce_eager,
             cpu_compile=config.cpu_compile,
             seed=config.model.seed,
         )

@@ -68,12 +68,14 @@ class RunnerState:
         self.inputs = AttentionInputs(
             device, self.block_size, distinct_windows(loaded.arch), distinct_chunks(loaded.arch)
         )
-        # LoRA wraps the model's linears before any CUDA graph is captured (decode graphs are
-        # off with LoRA: ``settings.enforce_eager``).
+        # LoRA wraps the model's linears before any CUDA graph is captured: the decode graphs
+        # record its segmented path and replay each step's runs (``cuda_graphs``).
         self.lora: LoRAManager | None = None
         if settings.lora.enable_lora:
             self.lora = LoRAManager(self.model, settings.lora, loaded.dtype, device)
-        caches = build_caches(loaded, draft, settings, device, tp.world_size, spec_tokens)
+        caches = build_caches(
+            loaded, draft, settings, device, tp.world_size, spec_tokens, self.lora
+        )
         self.kv_cache = caches.kv_cache
         self._cuda = caches.cuda
         self.drafter = caches.drafter

@@ -100,7 +100,7 @@ def test_runner_settings_are_derived_once_from_the_engine_config() -> None:
     settings = RunnerSettings.from_config(config)
     assert (settings.cache, settings.lora, settings.seed) == (config.cache, config.lora, 7)
     assert (settings.max_num_seqs, settings.max_num_batched_tokens) == (3, 64)
-    assert settings.enforce_eager  # LoRA's adapter runs are not captured in decode graphs
+    assert not settings.enforce_eager  # LoRA steps replay decode graphs too
     plain = RunnerSettings.from_config(EngineConfig())
     assert not plain.enforce_eager
     assert RunnerSettings.from_config(EngineConfig(enforce_eager=True)).enforce_eager
