@@ -254,6 +254,8 @@ def _echo(
     the prompt alone; neither in a stream (400 naming ``echo``)."""
     if not body.echo:
         return None
+    if body.truncate_prompt_tokens is not None:  # the echo would not be the prompt served
+        raise invalid("truncate_prompt_tokens", "truncate_prompt_tokens cannot be used with echo")
     if body.stream and body.logprobs is not None:
         raise invalid("echo", "echo with logprobs is not available when stream is true")
     if body.stream and max_tokens == 0:

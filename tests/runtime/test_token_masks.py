@@ -4,6 +4,7 @@ tokens equal to HF ``generate()`` with the equivalent processors (``prefix_allow
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from pathlib import Path
@@ -140,4 +141,25 @@ def test_ids_outside_the_vocabulary_name_the_parameter(llm: LLM) -> None:
         with pytest.raises(ParameterError) as err:
             llm.generate([PROMPTS[0]], params, use_tqdm=False)
         assert err.value.param == param and "vocabulary" in str(err.value)
+    assert_llm_idle(llm)
+
+
+def test_offline_llm_tokenizes_bad_words(tiny_model_with_tokenizer: Path) -> None:
+    llm = LLM(str(tiny_model_with_tokenizer), device="cpu")
+    tokenizer = llm.get_tokenizer()
+    prompt = "The quick brown fox"
+    greedy12 = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    tokens = llm.generate([prompt], greedy12, use_tqdm=False)[0].outputs[0].token_ids
+
+    def one_token_forms(word: str) -> list[list[int]]:
+        """vLLM bans the spaced form only if it has as many tokens as the plain one."""
+        forms = [tokenizer.encode(f, add_special_tokens=False) for f in (word, " " + word)]
+        return forms if len(forms[0]) == 1 else []
+
+    word, token = next(
+        (w, t) for t in tokens if (w := tokenizer.decode([t]).strip()) and [t] in one_token_forms(w)
+    )
+    params = dataclasses.replace(greedy12, bad_words=(word,))
+    out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+    assert token not in out and out != tokens
     assert_llm_idle(llm)

@@ -148,7 +148,7 @@ def test_rest_completions_masks_and_truncation(
     assert ids_of(cut) == ids_of(tail) and cut["usage"]["prompt_tokens"] == 4
 
 
-def test_rest_chat_truncation_and_allowed(http_client: httpx.Client) -> None:
+def test_rest_chat_truncation_and_refusals(http_client: httpx.Client) -> None:
     messages = [{"role": "user", "content": TEXT}]
     full = post(http_client, "chat/completions", messages=messages)
     cut = post(http_client, "chat/completions", messages=messages, truncate_prompt_tokens=6)
@@ -158,3 +158,8 @@ def test_rest_chat_truncation_and_allowed(http_client: httpx.Client) -> None:
         json={"model": MODEL_NAME, "messages": messages, "allowed_token_ids": []},
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "allowed_token_ids"
+    r = http_client.post(
+        "/v1/completions",
+        json={"model": MODEL_NAME, "prompt": TEXT, "echo": True, "truncate_prompt_tokens": 3},
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
