@@ -22,6 +22,8 @@ from tokenwire.runtime.structured.params import StructuredOutputsParams
 GREEDY_EPSILON = 1e-5
 MAX_LOGPROBS = 20
 MAX_SEED = 2**63 - 1
+# At most this many bad words (and token-id sequences after tokenization) per request.
+MAX_BAD_WORDS = 256
 
 __all__ = [
     "MAX_LOGPROBS",
@@ -67,6 +69,13 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: Mapping[int, float] | None = None
+    # vLLM: only these token ids may be sampled (a logits mask); None: any token.
+    allowed_token_ids: tuple[int, ...] | None = None
+    # vLLM: words never to generate. The front tokenizes them (``sample/bad_words.py``) into
+    # ``bad_words_token_ids``, which is what the core and the worker use: a sequence's last
+    # token is banned whenever the output so far ends with the rest (always, for one token).
+    bad_words: tuple[str, ...] = field(default=())
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = field(default=())
     max_tokens: int | None = 16
     min_tokens: int = 0
     stop: tuple[str, ...] = field(default=())
@@ -89,6 +98,13 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
+        if self.allowed_token_ids is not None:
+            object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
+        bad: Any = self.bad_words
+        object.__setattr__(self, "bad_words", (bad,) if isinstance(bad, str) else tuple(bad or ()))
+        object.__setattr__(
+            self, "bad_words_token_ids", tuple(tuple(ids) for ids in self.bad_words_token_ids)
+        )
         if self.logit_bias is not None:
             object.__setattr__(
                 self, "logit_bias", {int(k): float(v) for k, v in self.logit_bias.items()}
@@ -123,6 +139,7 @@ class SamplingParams:
             )
         self._validate_lengths_and_stops()
         self._validate_logprobs_and_bias()
+        self._validate_token_masks()
 
     def _validate_lengths_and_stops(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -152,6 +169,32 @@ class SamplingParams:
             if not -100.0 <= bias <= 100.0:
                 raise ParameterError("logit_bias", f"bias must be in [-100, 100], got {bias}")
 
+    def _validate_token_masks(self) -> None:
+        allowed = self.allowed_token_ids
+        if allowed is not None:
+            if not allowed:
+                raise ParameterError("allowed_token_ids", "must not be empty")
+            for t in allowed:
+                if not isinstance(t, int) or t < 0:
+                    raise ParameterError(
+                        "allowed_token_ids", f"must be non-negative integers, got {t}"
+                    )
+        if len(self.bad_words) > MAX_BAD_WORDS or len(self.bad_words_token_ids) > 2 * MAX_BAD_WORDS:
+            raise ParameterError("bad_words", f"at most {MAX_BAD_WORDS} bad words")
+        for word in self.bad_words:
+            if not isinstance(word, str) or not word.strip():
+                raise ParameterError("bad_words", "every bad word must be a non-blank string")
+        for ids in self.bad_words_token_ids:
+            if not ids or any(not isinstance(t, int) or t < 0 for t in ids):
+                raise ParameterError(
+                    "bad_words", f"token-id sequences must be non-empty and >= 0, got {list(ids)}"
+                )
+
+    @property
+    def masks_tokens(self) -> bool:
+        """Some token is masked by ``allowed_token_ids`` or ``bad_words``."""
+        return self.allowed_token_ids is not None or bool(self.bad_words_token_ids)
+
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_EPSILON
@@ -163,6 +206,7 @@ class SamplingParams:
             self.greedy
             and not self.needs_penalties
             and not self.logit_bias
+            and not self.masks_tokens
             and self.min_tokens == 0
             and self.logprobs is None
         )
@@ -187,6 +231,17 @@ class SamplingParams:
                 raise ParameterError(
                     "logit_bias", f"token id {t} is outside the vocabulary ({vocab_size})"
                 )
+        for t in self.allowed_token_ids or ():
+            if t >= vocab_size:
+                raise ParameterError(
+                    "allowed_token_ids", f"token id {t} is outside the vocabulary ({vocab_size})"
+                )
+        for ids in self.bad_words_token_ids:
+            for t in ids:
+                if t >= vocab_size:
+                    raise ParameterError(
+                        "bad_words", f"token id {t} is outside the vocabulary ({vocab_size})"
+                    )
 
     def with_seed(self, seed: int | None) -> SamplingParams:
         """Copy with another seed (used to fan out ``n > 1`` into child requests)."""

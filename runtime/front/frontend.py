@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from tokenwire.runtime.errors import ParameterError
+from tokenwire.runtime.front.bad_words import resolve_bad_words
 from tokenwire.runtime.front.chat_images import render_chat_images
 from tokenwire.runtime.front.images import ImagePrompter
 from tokenwire.runtime.front.output_processor import OutputProcessor, ProcessedStep
@@ -181,7 +182,9 @@ class Frontend:
     ) -> list[tuple[str, SamplingParams]]:
         """Check the request and register it; returns the (child id, params) pairs to send to
         the core. Raises before anything is registered. No grammar work here: a constraint
-        not known to parse is left to ``check_constraint`` or the core's compile pool."""
+        not known to parse is left to ``check_constraint`` or the core's compile pool.
+        ``bad_words`` are tokenized here: the core gets their token ids."""
+        params = resolve_bad_words(self.tokenizer, params)
         validate_request(prompt_token_ids, params, self.vocab_size, self.max_model_len)
         self.structured.check_known(params)
         return self._processor.add_request(request_id, prompt, prompt_token_ids, params)

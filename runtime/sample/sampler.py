@@ -2,7 +2,8 @@
 
 Order of processing (vLLM v1):
   1. logprobs, when any row wants them: log_softmax of the RAW logits (what is reported);
-  2. logit bias; 3. min_tokens mask; 4. penalties (repetition, then frequency and presence);
+  2. token masks (allowed_token_ids, bad_words); logit bias; 3. min_tokens mask;
+  4. penalties (repetition, then frequency and presence);
   5. greedy rows: argmax of the processed logits (first max on ties, as HF ``generate``);
   6. random rows: temperature, min_p, top-k, top-p, then the exponential race
      ``argmax(probs / q)`` with ``q ~ Exponential(1)``, which samples from ``probs``.
@@ -20,6 +21,7 @@ import torch
 
 from tokenwire.runtime.model_output import TokenLogprobs
 from tokenwire.runtime.sample.sampling_metadata import PenaltyTensors, SamplingMetadata
+from tokenwire.runtime.sample.token_masks import apply_token_masks_
 
 _NEG_INF = float("-inf")
 # Lower bound on the exponential noise: a zero draw would turn probs / q into inf or nan.
@@ -78,11 +80,19 @@ def _sample(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
 
 
 def apply_logits_processors(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-    """Logit bias, min_tokens mask, penalties. Returns ``logits`` itself when none applies,
-    otherwise a new tensor (the input is never written)."""
-    if meta.logit_bias is None and meta.min_tokens_mask is None and meta.penalties is None:
+    """Token masks, logit bias, min_tokens mask, penalties. Returns ``logits`` itself when
+    none applies, otherwise a new tensor (the input is never written)."""
+    masks = meta.allowed_tokens is not None or meta.banned_tokens is not None
+    if (
+        meta.logit_bias is None
+        and meta.min_tokens_mask is None
+        and meta.penalties is None
+        and not masks
+    ):
         return logits
     out = logits.clone()
+    if masks:
+        apply_token_masks_(out, meta.allowed_tokens, meta.banned_tokens)
     if meta.logit_bias is not None:
         bias = meta.logit_bias
         out.index_put_((bias.rows, bias.token_ids), bias.values, accumulate=True)

@@ -13,6 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenwire.runtime.sample.token_masks import (
+    AllowedTokens,
+    BannedTokens,
+    allowed_tokens,
+    banned_by_bad_words,
+)
 from tokenwire.runtime.sampling_params import SamplingParams
 
 
@@ -91,6 +97,9 @@ class SamplingMetadata:
     num_logprobs: tuple[int | None, ...]  # per row, ``params.logprobs``
     # Draws the noise of unseeded random rows; None falls back to torch's default generator.
     default_generator: torch.Generator | None = None
+    # allowed_token_ids whitelists and bad words' banned tokens (``sample/token_masks.py``)
+    allowed_tokens: AllowedTokens | None = None
+    banned_tokens: BannedTokens | None = None
 
     @property
     def num_rows(self) -> int:
@@ -149,6 +158,10 @@ def build_sampling_metadata(
         max_num_logprobs=max(requested) if requested else None,
         num_logprobs=num_logprobs,
         default_generator=default_generator,
+        allowed_tokens=allowed_tokens(params, vocab_size, device),
+        banned_tokens=banned_by_bad_words(
+            [p.bad_words_token_ids for p in params], [r.output_token_ids for r in rows], device
+        ),
     )
 
 

@@ -117,6 +117,8 @@ def sampling_params(
             sampling, "repetition_penalty", model.get("repetition_penalty", 1.0)
         ),
         logit_bias=dict(sampling.logit_bias) or None,
+        allowed_token_ids=tuple(sampling.allowed_token_ids) or None,
+        bad_words=tuple(sampling.bad_words),
         max_tokens=_opt(stopping, "max_tokens", model.get("max_tokens")),
         min_tokens=_opt(stopping, "min_tokens", 0),
         stop=tuple(stops),
@@ -128,6 +130,25 @@ def sampling_params(
         skip_special_tokens=_opt(output, "skip_special_tokens", True),
         structured_outputs=structured,
     )
+
+
+def truncate_ids(ids: list[int], k: int, max_len: int, param: str) -> list[int]:
+    """vLLM's ``truncate_prompt_tokens``: the prompt's last ``k`` tokens, -1 meaning the
+    model's context length ``max_len``; another ``k`` below 1 is refused naming ``param``."""
+    if k == -1:
+        k = max_len
+    if k < 1:
+        raise ParameterError(param, f"must be >= 1 or -1, got {k}")
+    return ids[-k:]
+
+
+def truncate_prompt(
+    request: generation_pb2.GenerateRequest, ids: list[int], max_len: int
+) -> list[int]:
+    """The request's ``truncate_prompt_tokens`` applied to its tokenized prompt (unset: all)."""
+    if not request.HasField("truncate_prompt_tokens"):
+        return ids
+    return truncate_ids(ids, request.truncate_prompt_tokens, max_len, "truncate_prompt_tokens")
 
 
 def merge_options(base: Any, override: Any) -> Any:

@@ -126,6 +126,13 @@ class GenerationService(generation_pb2_grpc.GenerationServiceServicer):
         prompt, token_ids, images = await convert.tokenize_input(
             self.tokenizers, request, tooling, salt
         )
+        kept = convert.truncate_prompt(request, token_ids, self.engine.info.max_model_len)
+        if len(kept) < len(token_ids):  # the text no longer matches the ids
+            if images:
+                raise ParameterError(
+                    "truncate_prompt_tokens", "cannot cut a prompt that has images"
+                )
+            prompt, token_ids = None, kept
         params = convert.sampling_params(
             request.sampling,
             request.stopping,

@@ -234,13 +234,16 @@ class CommonFields(SamplingFields):
     prompt_logprobs: U32 | None = None
     # vLLM: logprobs name tokens "token_id:<id>" instead of their text
     return_tokens_as_token_ids: bool | None = None
+    # vLLM: keep the prompt's last k tokens (-1: the model's context length)
+    truncate_prompt_tokens: I32 | None = None
+    # vLLM: only these token ids may be sampled
+    allowed_token_ids: NonEmptyIds | None = None
+    # vLLM: words never to generate (tokenized by the server, with and without a space)
+    bad_words: list[str] | None = None
     # vLLM fields tokenwire does not implement (their no-op value passes)
     use_beam_search: FalseOnly = None
     return_token_ids: FalseOnly = None
     structural_tag: str | None = None  # vLLM's older extra: a structural tag's JSON text
-    truncate_prompt_tokens: Unsupported = None
-    allowed_token_ids: Unsupported = None
-    bad_words: Unsupported = None
     logits_processors: Unsupported = None
     kv_transfer_params: Unsupported = None
     vllm_xargs: Unsupported = None

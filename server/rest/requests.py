@@ -70,6 +70,8 @@ def _sampling(body: CommonFields) -> common_pb2.SamplingOptions:
         options.n = body.n
     for key, bias in (body.logit_bias or {}).items():
         options.logit_bias[int(key)] = bias
+    options.allowed_token_ids.extend(body.allowed_token_ids or ())
+    options.bad_words.extend(body.bad_words or ())
     return options
 
 
@@ -157,6 +159,7 @@ def chat_request(body: ChatCompletionRequest) -> Translated:
         output=_output(body, (body.top_logprobs or 0) if body.logprobs else None, structured),
         cache_salt=body.cache_salt or "",
         priority=body.priority,
+        truncate_prompt_tokens=body.truncate_prompt_tokens,
     )
     params = {
         **_HEADER_PARAMS,
@@ -225,6 +228,7 @@ def completion_requests(body: CompletionRequest) -> Translated:
             output=output,
             cache_salt=body.cache_salt or "",
             priority=body.priority,
+            truncate_prompt_tokens=body.truncate_prompt_tokens,
         )
         if isinstance(prompt, str):
             request.text = prompt
@@ -250,6 +254,8 @@ def _echo(
     the prompt alone; neither in a stream (400 naming ``echo``)."""
     if not body.echo:
         return None
+    if body.truncate_prompt_tokens is not None:  # the echo would not be the prompt served
+        raise invalid("truncate_prompt_tokens", "truncate_prompt_tokens cannot be used with echo")
     if body.stream and body.logprobs is not None:
         raise invalid("echo", "echo with logprobs is not available when stream is true")
     if body.stream and max_tokens == 0:

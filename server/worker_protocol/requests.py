@@ -19,7 +19,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2
 
 from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.sampling_params import SamplingParams, StructuredOutputsParams
-from tokenwire.server.grpc.convert import Limits
+from tokenwire.server.grpc.convert import Limits, truncate_ids
 from tokenwire.server.grpc.errors import renamed
 
 # Runtime parameter -> the proto field a client of this protocol sent.
@@ -79,14 +79,12 @@ def truncated(
     """``truncate_prompt_tokens``: keep the last k prompt tokens (-1: the model's context)."""
     if not params.HasField("truncate_prompt_tokens"):
         return token_ids
-    k = params.truncate_prompt_tokens
-    if k == -1:
-        k = max_len
-    if k < 1:
-        raise ParameterError(
-            "sampling_params.truncate_prompt_tokens", f"must be >= 1 or -1, got {k}"
-        )
-    return token_ids[-k:]
+    return truncate_ids(
+        token_ids,
+        params.truncate_prompt_tokens,
+        max_len,
+        "sampling_params.truncate_prompt_tokens",
+    )
 
 
 def constraint(params: vllm_engine_pb2.SamplingParams) -> StructuredOutputsParams | None:

@@ -164,14 +164,14 @@ CHANGES_THE_ANSWER = [
     ("chat", {"echo": True}, "echo"),
     ("chat", {"chat_template": "{{ messages }}"}, "chat_template"),
     ("chat", {"use_beam_search": True}, "use_beam_search"),
-    ("chat", {"allowed_token_ids": [1]}, "allowed_token_ids"),
-    ("chat", {"bad_words": ["x"]}, "bad_words"),
+    ("chat", {"allowed_token_ids": [10**6]}, "allowed_token_ids"),  # outside the vocab
+    ("chat", {"bad_words": [" "]}, "bad_words"),  # blank
     ("chat", {"structural_tag": "{}"}, "structural_tag"),
     ("chat", {"return_token_ids": True}, "return_token_ids"),
     ("chat", {"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
     ("completions", {"best_of": 2}, "best_of"),
     ("completions", {"suffix": "x"}, "suffix"),
-    ("completions", {"truncate_prompt_tokens": 4}, "truncate_prompt_tokens"),
+    ("completions", {"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),  # < 1, not -1
     ("completions", {"add_special_tokens": False}, "add_special_tokens"),
 ]
 

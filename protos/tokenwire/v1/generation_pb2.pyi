@@ -21,7 +21,7 @@ NOTICE_KIND_CONTEXT_EVICTED: NoticeKind
 NOTICE_KIND_IDLE_TIMEOUT: NoticeKind
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "text", "token_ids", "chat", "sampling", "stopping", "output", "request_id", "cache_salt", "priority", "retain_kv_as")
+    __slots__ = ("model", "text", "token_ids", "chat", "sampling", "stopping", "output", "request_id", "cache_salt", "priority", "retain_kv_as", "truncate_prompt_tokens")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,7 @@ class GenerateRequest(_message.Message):
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     RETAIN_KV_AS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     model: str
     text: str
     token_ids: _common_pb2.TokenIds
@@ -44,7 +45,8 @@ class GenerateRequest(_message.Message):
     cache_salt: str
     priority: int
     retain_kv_as: str
-    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., chat: _Optional[_Union[_common_pb2.ChatInput, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingOptions, _Mapping]] = ..., stopping: _Optional[_Union[_common_pb2.StoppingOptions, _Mapping]] = ..., output: _Optional[_Union[_common_pb2.OutputOptions, _Mapping]] = ..., request_id: _Optional[str] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[int] = ..., retain_kv_as: _Optional[str] = ...) -> None: ...
+    truncate_prompt_tokens: int
+    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., chat: _Optional[_Union[_common_pb2.ChatInput, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingOptions, _Mapping]] = ..., stopping: _Optional[_Union[_common_pb2.StoppingOptions, _Mapping]] = ..., output: _Optional[_Union[_common_pb2.OutputOptions, _Mapping]] = ..., request_id: _Optional[str] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[int] = ..., retain_kv_as: _Optional[str] = ..., truncate_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class Choice(_message.Message):
     __slots__ = ("index", "text", "token_ids", "logprobs", "finish_reason", "stop_sequence", "stop_token_id", "tool_calls", "reasoning_content")
