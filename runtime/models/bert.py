@@ -77,10 +77,18 @@ class _Embeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(shape.type_vocab_size, h, dtype=dtype)
         self.LayerNorm = nn.LayerNorm(h, eps=shape.layer_norm_eps, dtype=dtype)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # Single-segment input: every token has type 0.
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        # None: single-segment input, every token has type 0 (a text pair passes its types).
         x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
-        x = x + self.token_type_embeddings.weight[0]
+        if token_type_ids is None:
+            x = x + self.token_type_embeddings.weight[0]
+        else:
+            x = x + self.token_type_embeddings(token_type_ids)
         out: torch.Tensor = self.LayerNorm(x)
         return out
 
@@ -157,13 +165,19 @@ class BertModel(nn.Module):
         self.embeddings = _Embeddings(shape, dtype)
         self.encoder = _Encoder(shape, dtype)
 
-    def forward(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """``input_ids`` [B, L] (padded past each row's length), ``lengths`` [B] ->
-        last hidden states [B, L, hidden] (padding rows hold garbage)."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        lengths: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``input_ids`` [B, L] (padded past each row's length), ``lengths`` [B],
+        ``token_type_ids`` [B, L] (None: all 0) -> last hidden states [B, L, hidden]
+        (padding rows hold garbage)."""
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         valid = positions[None, :] < lengths[:, None]  # [B, L] real keys
         key_mask = valid[:, None, None, :]  # broadcast over heads and queries
-        x: torch.Tensor = self.embeddings(input_ids, positions[None, :])
+        x: torch.Tensor = self.embeddings(input_ids, positions[None, :], token_type_ids)
         for layer in self.encoder.layer:
             x = layer(x, key_mask)
         return x

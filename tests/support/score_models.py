@@ -1,0 +1,58 @@
+"""A tiny random cross-encoder (``BertForSequenceClassification``, one label) saved with the
+WordPiece tokenizer of ``embed_models`` (no network), and the reference scores for it:
+transformers' own forward on the tokenizer's text pairs, then sigmoid (sentence-transformers'
+``CrossEncoder`` default for one label)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from embed_models import TINY_BERT, write_tokenizer
+
+PAIRS: list[tuple[str, str]] = [
+    ("what is the capital of france", "paris is the capital of france"),
+    ("what is the capital of france", "the quick brown fox jumps over the lazy dog"),
+    ("hello world", "tokenwire embeds text into vectors"),
+    ("retrieval augmented generation", "good embeddings for every query and document"),
+]
+
+
+def build_cross_encoder(folder: Path, seed: int = 0) -> Path:
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    tokenizer = write_tokenizer(folder)
+    config = AutoConfig.for_model(
+        "bert", vocab_size=len(tokenizer), max_position_embeddings=128, num_labels=1, **TINY_BERT
+    )
+    config.architectures = ["BertForSequenceClassification"]
+    torch.manual_seed(seed)
+    model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():  # larger than HF's init: scores differ clearly
+            if p.dim() > 1:
+                p.normal_(0.0, 0.1)
+        model.bert.embeddings.token_type_embeddings.weight.normal_(0.0, 1.0)
+        model.classifier.weight.normal_(0.0, 0.3)
+    model.eval().save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def reference_scores(
+    folder: Path, pairs: list[tuple[str, str]], zero_types: bool = False
+) -> list[float]:
+    """``zero_types``: every token type 0 (what a pair run without its types would give)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer: Any = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModelForSequenceClassification.from_pretrained(str(folder)).eval()
+    out: list[float] = []
+    with torch.no_grad():
+        for first, second in pairs:  # one at a time: no padding in the reference
+            batch = tokenizer(first, second, return_tensors="pt")
+            if zero_types:
+                batch["token_type_ids"] = torch.zeros_like(batch["token_type_ids"])
+            out.append(float(torch.sigmoid(model(**batch).logits[0, 0])))
+    return out
