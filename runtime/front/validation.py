@@ -92,7 +92,7 @@ def check_score(model: str, embed: EmbedSpec, pooling: PoolingParams) -> None:
         raise WrongTaskError(
             model,
             "score",
-            f"model {model!r} serves task 'score': use ScoreService.Score, /v1/score or "
+            f"model {model!r} serves task 'score': use EmbeddingService.Score, /v1/score or "
             "/v1/rerank, not embeddings or generation",
         )
 
