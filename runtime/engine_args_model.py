@@ -95,8 +95,8 @@ class ModelArgs:
         "task",
         "what the model serves: generate (text), embed (embeddings: EmbeddingService.Embed, "
         "POST /v1/embeddings, LLM.embed), score (text-pair scores of a cross-encoder: "
-        "ScoreService.Score, POST /v1/score, /v1/rerank, LLM.score), or auto = score for "
-        "BertForSequenceClassification, embed for other BERT-family encoders and for "
+        "EmbeddingService.Score, POST /v1/score, /v1/rerank, LLM.score), or auto = score for "
+        "Bert/XLMRobertaForSequenceClassification, embed for other BERT-family encoders and for "
         "directories with a sentence-transformers pooling module, else generate",
         choices=TASKS,
     )

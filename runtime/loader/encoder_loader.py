@@ -94,7 +94,7 @@ def load_encoder(
     scores = _check_task(model_config.task, config)
     shape = BertShape.from_hf_config(config)
     architecture = str((config.get("architectures") or ["BertModel"])[0])
-    limit = shape.max_position_embeddings
+    limit = shape.max_position_embeddings - shape.position_offset
     max_model_len = model_config.max_model_len or limit
     if max_model_len > limit:
         raise ValueError(

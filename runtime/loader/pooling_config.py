@@ -24,9 +24,13 @@ ENCODER_ARCHITECTURES: tuple[str, ...] = (
     "BertModel",
     "BertForMaskedLM",
     "BertForSequenceClassification",
+    "XLMRobertaForSequenceClassification",
 )
 # Cross-encoders (``--task score``): an encoder with a one-label classifier head.
-CROSS_ENCODER_ARCHITECTURES: tuple[str, ...] = ("BertForSequenceClassification",)
+CROSS_ENCODER_ARCHITECTURES: tuple[str, ...] = (
+    "BertForSequenceClassification",
+    "XLMRobertaForSequenceClassification",
+)
 
 # sentence-transformers pooling flags -> our pooling type (the supported ones).
 _ST_MODES: dict[str, PoolingType] = {

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 _ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+_ROBERTA_TYPES = ("roberta", "xlm-roberta")
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class BertShape:
     layer_norm_eps: float
     hidden_act: str
     pad_token_id: int
+    # RoBERTa / XLM-R: positions start past the padding index (pad_token_id + 1); BERT: 0.
+    position_offset: int = 0
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
@@ -59,6 +62,9 @@ class BertShape:
             layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-12)),
             hidden_act=str(cfg.get("hidden_act", "gelu")),
             pad_token_id=int(cfg.get("pad_token_id") or 0),
+            position_offset=int(cfg.get("pad_token_id") or 0) + 1
+            if cfg.get("model_type") in _ROBERTA_TYPES
+            else 0,
         )
 
 
@@ -177,7 +183,8 @@ class BertModel(nn.Module):
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         valid = positions[None, :] < lengths[:, None]  # [B, L] real keys
         key_mask = valid[:, None, None, :]  # broadcast over heads and queries
-        x: torch.Tensor = self.embeddings(input_ids, positions[None, :], token_type_ids)
+        offset = self.shape.position_offset
+        x: torch.Tensor = self.embeddings(input_ids, positions[None, :] + offset, token_type_ids)
         for layer in self.encoder.layer:
             x = layer(x, key_mask)
         return x
@@ -189,7 +196,7 @@ class BertModel(nn.Module):
         params = dict(self.named_parameters())
         seen: set[str] = set()
         for raw_name, tensor in weights:
-            name = raw_name.removeprefix("bert.")
+            name = raw_name.removeprefix("bert.").removeprefix("roberta.")
             if name.startswith(("cls.", "pooler.")) or name.endswith("position_ids"):
                 continue
             param = params.get(name)

@@ -1,5 +1,7 @@
 """BERT cross-encoder (HF ``BertForSequenceClassification``): the ``BertModel`` encoder, its
 pooler (``dense`` + tanh over the first token's state) and a linear ``classifier`` head.
+``XLMRobertaForSequenceClassification`` is the same math (its head: ``classifier.dense`` +
+tanh, ``classifier.out_proj``; positions offset past the padding index; one token type).
 
 A cross-encoder scores a text pair (``--task score``): the pair runs as one sequence
 (``[CLS] a [SEP] b [SEP]``, token type 1 on ``b``'s part) and its one logit, after the
@@ -32,6 +34,9 @@ class ClassifierHead:
 
     num_labels: int
     activation: ScoreActivation
+    # Checkpoint names of (pooler dense, classifier): BERT's ``bert.pooler.dense`` +
+    # ``classifier``, or XLM-R's ``classifier.dense`` + ``classifier.out_proj`` (same math).
+    roberta: bool = False
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ClassifierHead:
@@ -44,12 +49,13 @@ class ClassifierHead:
         st = cfg.get("sentence_transformers")
         name = st.get("activation_fn") if isinstance(st, dict) else None
         name = name or cfg.get("sbert_ce_default_activation_function")
+        roberta = cfg.get("model_type") in ("roberta", "xlm-roberta")
         if name is None:
-            return cls(num_labels, "sigmoid")
+            return cls(num_labels, "sigmoid", roberta)
         activation = _ST_ACTIVATIONS.get(str(name))
         if activation is None:
             raise ValueError(f"model: score activation {name!r} is not supported")
-        return cls(num_labels, activation)
+        return cls(num_labels, activation, roberta)
 
 
 class BertForSequenceClassification(nn.Module):
@@ -73,13 +79,18 @@ class BertForSequenceClassification(nn.Module):
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """HF names: ``bert.*`` go to the encoder; ``bert.pooler.dense.*`` and
-        ``classifier.*`` to the head. ValueError naming a missing or misfit tensor."""
+        """HF names: ``bert.*`` / ``roberta.*`` go to the encoder, the head's (``ClassifierHead``)
+        to the head. ValueError naming a missing or misfit tensor."""
+        dense, out = (
+            ("classifier.dense", "classifier.out_proj")
+            if self.head.roberta
+            else ("bert.pooler.dense", "classifier")
+        )
         head = {
-            "bert.pooler.dense.weight": self.pooler_dense.weight,
-            "bert.pooler.dense.bias": self.pooler_dense.bias,
-            "classifier.weight": self.classifier.weight,
-            "classifier.bias": self.classifier.bias,
+            f"{dense}.weight": self.pooler_dense.weight,
+            f"{dense}.bias": self.pooler_dense.bias,
+            f"{out}.weight": self.classifier.weight,
+            f"{out}.bias": self.classifier.bias,
         }
         seen: set[str] = set()
         encoder: list[tuple[str, torch.Tensor]] = []

@@ -70,7 +70,9 @@ class EncoderRunner:
         lens = torch.tensor(lengths, dtype=torch.long, device=self.device)
         t1 = time.perf_counter()
         if isinstance(self.model, BertForSequenceClassification):
-            types = _token_types(batch.shape, [p.pair_start for _, p in prompts], lengths)
+            typed = self.model.shape.type_vocab_size > 1  # XLM-R: one token type
+            starts = [p.pair_start if typed else None for _, p in prompts]
+            types = _token_types(batch.shape, starts, lengths)
             scores = self.model(batch.to(self.device), lens, types.to(self.device)).cpu()
             t2 = time.perf_counter()
             pooled = {rid: scores[row].tolist() for row, rid in enumerate(ids)}

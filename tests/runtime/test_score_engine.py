@@ -1,6 +1,7 @@
-"""Cross-encoder scoring in the engine (offline ``LLM.score``): a tiny random
-``BertForSequenceClassification``; tokenwire's scores equal transformers' forward + sigmoid
-within 1e-4 (float32), token types included; pairing rules; wrong-task errors both ways."""
+"""Cross-encoder scoring in the engine (offline ``LLM.score``): tiny random
+``BertForSequenceClassification`` and ``XLMRobertaForSequenceClassification`` models;
+tokenwire's scores equal transformers' forward + sigmoid within 1e-4 (float32), token types
+included; pairing rules; wrong-task errors both ways."""
 
 from __future__ import annotations
 
@@ -50,6 +51,18 @@ def test_one_query_broadcasts_over_documents(ce_dir: Path, llm: LLM) -> None:
     docs = [b for _, b in PAIRS]
     got = [o.outputs.score for o in llm.score(query, docs, use_tqdm=False)]
     assert got == pytest.approx(reference_scores(ce_dir, [(query, d) for d in docs]), abs=1e-4)
+
+
+def test_xlm_roberta_scores_equal_transformers(tmp_path: Path) -> None:
+    """XLM-R: positions offset past the padding index, one token type, its own head names."""
+    folder = build_cross_encoder(tmp_path, seed=1, kind="xlm-roberta")
+    reference = reference_scores(folder, PAIRS)
+    with LLM(str(folder), kv_cache_memory=32 << 20) as llm:
+        assert llm.engine.facts.task == "score"
+        got = [o.outputs.score for o in llm.score([a for a, _ in PAIRS], [b for _, b in PAIRS])]
+        assert llm.engine.facts.max_model_len == 129  # 130 positions, 1 before the first
+    assert got == pytest.approx(reference, abs=1e-4)
+    assert max(reference) - min(reference) > 1e-3
 
 
 def test_pairing_errors_name_the_field(llm: LLM) -> None:
