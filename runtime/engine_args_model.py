@@ -94,7 +94,9 @@ class ModelArgs:
         ModelConfig,
         "task",
         "what the model serves: generate (text), embed (embeddings: EmbeddingService.Embed, "
-        "POST /v1/embeddings, LLM.embed), or auto = embed for BERT-family encoders and for "
+        "POST /v1/embeddings, LLM.embed), score (text-pair scores of a cross-encoder: "
+        "EmbeddingService.Score, POST /v1/score, /v1/rerank, LLM.score), or auto = score for "
+        "Bert/XLMRobertaForSequenceClassification, embed for other BERT-family encoders and for "
         "directories with a sentence-transformers pooling module, else generate",
         choices=TASKS,
     )

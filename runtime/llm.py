@@ -25,6 +25,7 @@ from tokenwire.runtime.engine_args import EngineArgs
 from tokenwire.runtime.errors import ParameterError
 from tokenwire.runtime.front.frontend import Frontend
 from tokenwire.runtime.front.output_processor import ProcessedStep
+from tokenwire.runtime.front.score_pairs import TextOrTexts, encode_pair, pair_texts, score_params
 from tokenwire.runtime.front.tokenizer import Tokenizer
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.multimodal import ImageInput
@@ -33,6 +34,8 @@ from tokenwire.runtime.outputs import (
     EmbeddingOutput,
     EmbeddingRequestOutput,
     RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
 )
 from tokenwire.runtime.sampling_params import SamplingParams, embedding_params, normalize_params
 from tokenwire.runtime.stats import EngineObserver
@@ -172,6 +175,31 @@ class LLM:
             vector = EmbeddingOutput(result.embedding)
             out.append(EmbeddingRequestOutput(rid, result.prompt_token_ids, vector))
         return out
+
+    def score(
+        self, text_1: TextOrTexts, text_2: TextOrTexts, *, use_tqdm: bool = True
+    ) -> list[ScoringRequestOutput]:
+        """Score text pairs with a cross-encoder (``--task score``): one ``text_1`` against
+        every ``text_2``, or two equal-length lists paired by index; pair order kept."""
+        tokenizer = self.frontend.tokenizer
+        if tokenizer is None:
+            raise ParameterError("text_1", "this model has no tokenizer")
+        request_ids: list[str] = []
+        try:
+            for first, second in pair_texts(text_1, text_2):
+                token_ids, start = encode_pair(tokenizer, first, second)
+                request_ids.append(self._add(None, token_ids, score_params(start), 0))
+        except Exception:
+            for request_id in request_ids:
+                self._abort(request_id)
+            raise
+        results = self._run(use_tqdm and len(request_ids) > 1, len(request_ids))
+        return [
+            ScoringRequestOutput(
+                rid, results[rid].prompt_token_ids, ScoringOutput((results[rid].embedding or [])[0])
+            )
+            for rid in request_ids
+        ]
 
     def chat(
         self,

@@ -45,7 +45,7 @@ class ModelFacts:
 
     @property
     def task(self) -> str:
-        return "generate" if self.embed is None else "embed"
+        return "generate" if self.embed is None else self.embed.task
 
     @property
     def vocab_size(self) -> int:

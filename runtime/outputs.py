@@ -125,3 +125,18 @@ class EmbeddingRequestOutput:
     prompt_token_ids: list[int]
     outputs: EmbeddingOutput
     finished: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ScoringOutput:
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class ScoringRequestOutput:
+    """``LLM.score``'s result per text pair (vLLM's shape: ``.outputs.score``)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: ScoringOutput
+    finished: bool = True

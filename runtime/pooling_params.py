@@ -21,10 +21,11 @@ from typing import Any, Literal, get_args
 from tokenwire.runtime.errors import ParameterError
 
 PoolingType = Literal["LAST", "MEAN", "CLS"]
-# What a model serves: generation (sampling) or embeddings (pooling). ``auto`` picks embed
-# for encoder checkpoints (BertModel) and for directories with a sentence-transformers
+# What a model serves: generation (sampling), embeddings (pooling) or text-pair scores (a
+# cross-encoder). ``auto`` picks score for ``*ForSequenceClassification`` encoders, embed for
+# other encoder checkpoints (BertModel) and for directories with a sentence-transformers
 # pooling module, else generate.
-Task = Literal["auto", "generate", "embed"]
+Task = Literal["auto", "generate", "embed", "score"]
 TASKS: tuple[str, ...] = get_args(Task)
 
 
@@ -65,6 +66,12 @@ class EmbedSpec:
     hidden_size: int
     is_matryoshka: bool
     matryoshka_dimensions: tuple[int, ...] = ()  # empty: any size up to ``hidden_size``
+    # A cross-encoder (``--task score``): it scores text pairs, one float per pair.
+    cross_encoder: bool = False
+
+    @property
+    def task(self) -> str:
+        return "score" if self.cross_encoder else "embed"
 
 
 def parse_pooler_config(text: str) -> PoolerConfig:
@@ -101,12 +108,17 @@ def pooler_from_value(value: Any) -> PoolerConfig | None:
 
 @dataclass(frozen=True)
 class PoolingParams:
-    """One embedding request's options: ``dimensions`` (None: the full vector)."""
+    """One embedding request's options: ``dimensions`` (None: the full vector).
+    ``pair_start``: a score request (cross-encoder): the prompt is a tokenized text pair
+    whose second text (token type 1) starts at this index; None: an embedding request."""
 
     dimensions: int | None = None
+    pair_start: int | None = None
 
     def __post_init__(self) -> None:
         if self.dimensions is not None and (
             isinstance(self.dimensions, bool) or self.dimensions < 1
         ):
             raise ParameterError("dimensions", f"must be a positive integer, got {self.dimensions}")
+        if self.pair_start is not None and self.pair_start < 1:
+            raise ParameterError("pair_start", f"must be >= 1, got {self.pair_start}")

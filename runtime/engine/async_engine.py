@@ -39,6 +39,7 @@ from tokenwire.runtime.errors import (
 )
 from tokenwire.runtime.front.frontend import Frontend
 from tokenwire.runtime.front.request_stream import RequestFailed, RequestStream
+from tokenwire.runtime.front.score_pairs import score_params
 from tokenwire.runtime.front.validation import check_task, validate_priority, validate_rank
 from tokenwire.runtime.lora.request import LoRARequest
 from tokenwire.runtime.multimodal import ImageInput, check_images
@@ -70,6 +71,8 @@ class AsyncEngine(AsyncEngineOutputs):
             [1, 2, 3],
             SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
             if self.info.embed is None
+            else score_params(1)
+            if self.info.embed.cross_encoder
             else embedding_params(None),
             before_ready=True,
         )

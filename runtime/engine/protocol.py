@@ -77,7 +77,7 @@ class EngineInfo:
 
     @property
     def task(self) -> str:
-        return "generate" if self.embed is None else "embed"
+        return "generate" if self.embed is None else self.embed.task
 
     @property
     def embedding_dimensions(self) -> int:

@@ -24,6 +24,7 @@ class Tokenizer(Protocol):
     def __call__(
         self,
         text: str | list[str],
+        text_pair: str | None = None,
         *,
         add_special_tokens: bool = True,
         split_special_tokens: bool = False,

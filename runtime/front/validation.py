@@ -66,6 +66,8 @@ def check_task(model: str, embed: EmbedSpec | None, params: SamplingParams) -> N
         raise WrongTaskError(
             model, "generate", f"model {model!r} serves task 'generate': it computes no embeddings"
         )
+    if embed is not None and embed.cross_encoder:
+        check_score(model, embed, params.pooling or PoolingParams())
     if embed is not None and params.pooling is None:
         raise WrongTaskError(
             model,
@@ -74,7 +76,25 @@ def check_task(model: str, embed: EmbedSpec | None, params: SamplingParams) -> N
             "/v1/embeddings, not generation",
         )
     if embed is not None and params.pooling is not None:
+        check_score(model, embed, params.pooling)
         check_dimensions(embed, params.pooling)
+
+
+def check_score(model: str, embed: EmbedSpec, pooling: PoolingParams) -> None:
+    """A text-pair score request needs a cross-encoder, an embedding request a model that
+    is not one: ``WrongTaskError`` naming what the model serves."""
+    is_score = pooling.pair_start is not None
+    if is_score and not embed.cross_encoder:
+        raise WrongTaskError(
+            model, "embed", f"model {model!r} serves task 'embed': it scores no text pairs"
+        )
+    if embed.cross_encoder and not is_score:
+        raise WrongTaskError(
+            model,
+            "score",
+            f"model {model!r} serves task 'score': use EmbeddingService.Score, /v1/score or "
+            "/v1/rerank, not embeddings or generation",
+        )
 
 
 def check_dimensions(embed: EmbedSpec, pooling: PoolingParams) -> None:

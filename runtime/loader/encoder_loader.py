@@ -19,11 +19,12 @@ import torch
 from tokenwire.runtime.config import ModelConfig
 from tokenwire.runtime.front.tokenizer import Tokenizer, load_tokenizer
 from tokenwire.runtime.loader.hub import resolve_tokenizer_dir
-from tokenwire.runtime.loader.pooling_config import embed_spec, is_encoder
+from tokenwire.runtime.loader.pooling_config import embed_spec, is_cross_encoder, is_encoder
 from tokenwire.runtime.loader.source import model_source
 from tokenwire.runtime.models.arch import ModelArch
 from tokenwire.runtime.models.bert import BertModel, BertShape
-from tokenwire.runtime.pooling_params import EmbedSpec
+from tokenwire.runtime.models.bert_classifier import BertForSequenceClassification, ClassifierHead
+from tokenwire.runtime.pooling_params import EmbedSpec, ResolvedPooler
 
 _DEFAULT_INIT_STD = 0.02
 
@@ -32,7 +33,7 @@ _DEFAULT_INIT_STD = 0.02
 class LoadedEncoder:
     """The fields ``Worker.facts`` reads, as ``LoadedModel`` has them."""
 
-    model: BertModel
+    model: BertModel | BertForSequenceClassification  # the latter: a cross-encoder (score)
     arch: ModelArch
     shape: BertShape
     model_path: Path
@@ -85,23 +86,26 @@ def encoder_arch(shape: BertShape, architecture: str) -> ModelArch:
 def load_encoder(
     model_config: ModelConfig, device: torch.device, dtype: torch.dtype
 ) -> LoadedEncoder:
-    if model_config.task == "generate":
-        raise ValueError("task: a BERT-family encoder serves embeddings only (--task embed)")
     if model_config.quantization is not None:
         raise ValueError("quantization: not supported for encoder models")
     source = model_source(model_config)
     folder = source.folder
     config: dict[str, Any] = json.loads(source.config_file.read_text())
+    scores = _check_task(model_config.task, config)
     shape = BertShape.from_hf_config(config)
     architecture = str((config.get("architectures") or ["BertModel"])[0])
-    limit = shape.max_position_embeddings
+    limit = shape.max_position_embeddings - shape.position_offset
     max_model_len = model_config.max_model_len or limit
     if max_model_len > limit:
         raise ValueError(
             f"max_model_len={max_model_len} exceeds the model's context length "
             f"(max_position_embeddings={limit})"
         )
-    model = BertModel(shape, dtype).to(device)
+    model: BertModel | BertForSequenceClassification = (
+        BertForSequenceClassification(shape, ClassifierHead.from_hf_config(config), dtype)
+        if scores
+        else BertModel(shape, dtype)
+    ).to(device)
     if model_config.load_format == "dummy":
         std = float(config.get("initializer_range") or _DEFAULT_INIT_STD)
         model.init_random_weights(
@@ -122,8 +126,29 @@ def load_encoder(
         served_model_name=model_config.served_model_name or source.served_name,
         device=device,
         dtype=dtype,
-        embed=embed_spec(folder, config, model_config.pooler_config, shape.hidden_size),
+        embed=_spec(folder, config, model_config, shape.hidden_size, scores),
     )
+
+
+def _check_task(task: str, config: dict[str, Any]) -> bool:
+    """Whether the encoder serves scores (a cross-encoder); ValueError for a task it does
+    not serve."""
+    arch = str((config.get("architectures") or ["BertModel"])[0])
+    scores = is_cross_encoder(config)
+    if task == "generate" or (task == "embed" and scores) or (task == "score" and not scores):
+        served = (
+            "text-pair scores only (--task score)" if scores else "embeddings only (--task embed)"
+        )
+        raise ValueError(f"task: {arch} is an encoder: it serves {served}")
+    return scores
+
+
+def _spec(
+    folder: Path, config: dict[str, Any], model_config: ModelConfig, hidden: int, scores: bool
+) -> EmbedSpec:
+    if scores:  # the classifier head pools (CLS -> dense + tanh); no vector is returned
+        return EmbedSpec(ResolvedPooler("CLS", False), hidden, False, cross_encoder=True)
+    return embed_spec(folder, config, model_config.pooler_config, hidden)
 
 
 def _read_safetensors(folder: Path) -> list[tuple[str, torch.Tensor]]:

@@ -20,7 +20,17 @@ from tokenwire.runtime.models.arch import SUPPORTED_ARCHITECTURES
 from tokenwire.runtime.pooling_params import EmbedSpec, PoolerConfig, PoolingType, ResolvedPooler
 
 # HF architectures served as encoders (bidirectional attention, ``models.bert``).
-ENCODER_ARCHITECTURES: tuple[str, ...] = ("BertModel", "BertForMaskedLM")
+ENCODER_ARCHITECTURES: tuple[str, ...] = (
+    "BertModel",
+    "BertForMaskedLM",
+    "BertForSequenceClassification",
+    "XLMRobertaForSequenceClassification",
+)
+# Cross-encoders (``--task score``): an encoder with a one-label classifier head.
+CROSS_ENCODER_ARCHITECTURES: tuple[str, ...] = (
+    "BertForSequenceClassification",
+    "XLMRobertaForSequenceClassification",
+)
 
 # sentence-transformers pooling flags -> our pooling type (the supported ones).
 _ST_MODES: dict[str, PoolingType] = {
@@ -36,6 +46,11 @@ def is_encoder(config: dict[str, Any]) -> bool:
     if archs:
         return str(archs[0]) in ENCODER_ARCHITECTURES
     return config.get("model_type") == "bert"
+
+
+def is_cross_encoder(config: dict[str, Any]) -> bool:
+    archs = config.get("architectures") or []
+    return bool(archs) and str(archs[0]) in CROSS_ENCODER_ARCHITECTURES
 
 
 def base_decoder_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -96,6 +111,10 @@ def resolve_task(task: str, folder: Path, config: dict[str, Any]) -> str:
     """``generate`` or ``embed`` for ``--task`` (``auto``: embed for encoders, bare
     decoders without an LM head (``Qwen3Model``) and directories with a sentence-transformers
     pooling module)."""
+    if task == "score":  # cross-encoders load through encoder_loader; a decoder never scores
+        raise ValueError(
+            "task: score needs a cross-encoder (BertForSequenceClassification) checkpoint"
+        )
     if task != "auto":
         if task == "generate" and is_encoder(config):
             raise ValueError(

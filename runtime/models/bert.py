@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 _ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+_ROBERTA_TYPES = ("roberta", "xlm-roberta")
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class BertShape:
     layer_norm_eps: float
     hidden_act: str
     pad_token_id: int
+    # RoBERTa / XLM-R: positions start past the padding index (pad_token_id + 1); BERT: 0.
+    position_offset: int = 0
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
@@ -59,6 +62,9 @@ class BertShape:
             layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-12)),
             hidden_act=str(cfg.get("hidden_act", "gelu")),
             pad_token_id=int(cfg.get("pad_token_id") or 0),
+            position_offset=int(cfg.get("pad_token_id") or 0) + 1
+            if cfg.get("model_type") in _ROBERTA_TYPES
+            else 0,
         )
 
 
@@ -77,10 +83,18 @@ class _Embeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(shape.type_vocab_size, h, dtype=dtype)
         self.LayerNorm = nn.LayerNorm(h, eps=shape.layer_norm_eps, dtype=dtype)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # Single-segment input: every token has type 0.
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        # None: single-segment input, every token has type 0 (a text pair passes its types).
         x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
-        x = x + self.token_type_embeddings.weight[0]
+        if token_type_ids is None:
+            x = x + self.token_type_embeddings.weight[0]
+        else:
+            x = x + self.token_type_embeddings(token_type_ids)
         out: torch.Tensor = self.LayerNorm(x)
         return out
 
@@ -157,13 +171,20 @@ class BertModel(nn.Module):
         self.embeddings = _Embeddings(shape, dtype)
         self.encoder = _Encoder(shape, dtype)
 
-    def forward(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """``input_ids`` [B, L] (padded past each row's length), ``lengths`` [B] ->
-        last hidden states [B, L, hidden] (padding rows hold garbage)."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        lengths: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``input_ids`` [B, L] (padded past each row's length), ``lengths`` [B],
+        ``token_type_ids`` [B, L] (None: all 0) -> last hidden states [B, L, hidden]
+        (padding rows hold garbage)."""
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         valid = positions[None, :] < lengths[:, None]  # [B, L] real keys
         key_mask = valid[:, None, None, :]  # broadcast over heads and queries
-        x: torch.Tensor = self.embeddings(input_ids, positions[None, :])
+        offset = self.shape.position_offset
+        x: torch.Tensor = self.embeddings(input_ids, positions[None, :] + offset, token_type_ids)
         for layer in self.encoder.layer:
             x = layer(x, key_mask)
         return x
@@ -175,7 +196,7 @@ class BertModel(nn.Module):
         params = dict(self.named_parameters())
         seen: set[str] = set()
         for raw_name, tensor in weights:
-            name = raw_name.removeprefix("bert.")
+            name = raw_name.removeprefix("bert.").removeprefix("roberta.")
             if name.startswith(("cls.", "pooler.")) or name.endswith("position_ids"):
                 continue
             param = params.get(name)

@@ -8,7 +8,10 @@ KV tensors exist; ``num_blocks`` covers ``max_num_seqs`` full-length sequences, 
 encoder step never preempts); they are freed when the request finishes.
 
 One step = one padded batch through ``BertModel``, then per-row pooling (``CLS``, ``MEAN``
-over the real tokens, or ``LAST``), Matryoshka cut and normalization (``pooler``).
+over the real tokens, or ``LAST``), Matryoshka cut and normalization (``pooler``). A
+cross-encoder (``BertForSequenceClassification``) runs its text pairs with token type 1 from
+each request's ``pair_start`` and returns its activated logits as the row's "vector" (one
+float: the score).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 
 from tokenwire.runtime.loader.encoder_loader import LoadedEncoder
 from tokenwire.runtime.model_output import ModelOutput
+from tokenwire.runtime.models.bert_classifier import BertForSequenceClassification
 from tokenwire.runtime.pooling_params import PoolingParams
 from tokenwire.runtime.scheduler_output import SchedulerOutput
 from tokenwire.runtime.worker.pooler import finish_vector
@@ -65,13 +69,21 @@ class EncoderRunner:
             batch[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
         lens = torch.tensor(lengths, dtype=torch.long, device=self.device)
         t1 = time.perf_counter()
-        hidden = self.model(batch.to(self.device), lens)
-        vectors = self._pool(hidden, lens)
-        t2 = time.perf_counter()
-        pooled = {
-            rid: finish_vector(vectors[row], self.pooler, params)
-            for row, (rid, (_, params)) in enumerate(zip(ids, prompts, strict=True))
-        }
+        if isinstance(self.model, BertForSequenceClassification):
+            typed = self.model.shape.type_vocab_size > 1  # XLM-R: one token type
+            starts = [p.pair_start if typed else None for _, p in prompts]
+            types = _token_types(batch.shape, starts, lengths)
+            scores = self.model(batch.to(self.device), lens, types.to(self.device)).cpu()
+            t2 = time.perf_counter()
+            pooled = {rid: scores[row].tolist() for row, rid in enumerate(ids)}
+        else:
+            hidden = self.model(batch.to(self.device), lens)
+            vectors = self._pool(hidden, lens)
+            t2 = time.perf_counter()
+            pooled = {
+                rid: finish_vector(vectors[row], self.pooler, params)
+                for row, (rid, (_, params)) in enumerate(zip(ids, prompts, strict=True))
+            }
         t3 = time.perf_counter()
         return ModelOutput(
             req_ids=[],
@@ -92,3 +104,14 @@ class EncoderRunner:
         valid = torch.arange(hidden.shape[1], device=hidden.device)[None, :] < lengths[:, None]
         summed = (hidden.float() * valid[..., None]).sum(dim=1)
         return summed / lengths[:, None].float()
+
+
+def _token_types(
+    shape: torch.Size, pair_starts: list[int | None], lengths: list[int]
+) -> torch.Tensor:
+    """[B, L] token types: 1 on each row's second text (``pair_start`` up to its length)."""
+    types = torch.zeros(shape, dtype=torch.long)
+    for row, (start, length) in enumerate(zip(pair_starts, lengths, strict=True)):
+        if start is not None:
+            types[row, start:length] = 1
+    return types

@@ -1,4 +1,5 @@
-"""EmbeddingService servicer: ``Embed`` (a batch of texts or token-id lists -> vectors).
+"""EmbeddingService servicer: ``Embed`` (a batch of texts or token-id lists -> vectors) and
+``Score`` (text pairs -> a cross-encoder's scores; its own parts in ``score``).
 
 Each input becomes one prefill-only engine request (``SamplingParams.pooling``) with id
 ``<internal id>#i``, so the batch shares the scheduler, the front's admission limit
@@ -9,8 +10,12 @@ Any failure aborts the inputs still in flight in ``finally``: no KV blocks stay 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
 import grpc
 import numpy as np
+from google.protobuf.message import Message
 
 from tokenwire.runtime.engine.protocol import EngineClient
 from tokenwire.runtime.errors import ParameterError, WrongTaskError
@@ -20,6 +25,7 @@ from tokenwire.runtime.sampling_params import embedding_params
 from tokenwire.server.grpc import convert
 from tokenwire.server.grpc.call_context import CallContext, call_context
 from tokenwire.server.grpc.errors import abort, model_not_found, to_service_error
+from tokenwire.server.grpc.score import score_inputs, score_response, submit_pairs
 from tokenwire.server.grpc.send_limit import check_size
 from tokenwire.server.grpc.tokenizer_pool import TokenizerPool, check_prompt_bytes
 from tokenwire.server.telemetry.core import Telemetry
@@ -31,6 +37,11 @@ from tokenwire.v1 import embeddings_pb2, embeddings_pb2_grpc
 # Inputs one Embed call may carry (OpenAI's limit for /v1/embeddings).
 MAX_EMBED_INPUTS = 2048
 _Streams = list[tuple[str, RequestStream]]
+# Submits a call's engine requests (appending their streams).
+_Submit = Callable[[CallContext, _Streams], Awaitable[None]]
+# The response from the call's id and its requests' final outputs, in order.
+_Respond = Callable[[str, list[RequestOutput]], Message]
+_REFUSES = {"embed": "it computes no embeddings", "score": "it scores no text pairs"}
 
 
 class EmbeddingService(embeddings_pb2_grpc.EmbeddingServiceServicer):
@@ -53,6 +64,39 @@ class EmbeddingService(embeddings_pb2_grpc.EmbeddingServiceServicer):
     async def Embed(
         self, request: embeddings_pb2.EmbedRequest, context: grpc.aio.ServicerContext
     ) -> embeddings_pb2.EmbedResponse:
+        async def submit(call: CallContext, streams: _Streams) -> None:
+            await self._submit(call, request, await self._inputs(request), streams)
+
+        def respond(request_id: str, outputs: list[RequestOutput]) -> Message:
+            return _response(request_id, self.model_name, request, outputs)
+
+        reply = await self._serve(request, context, "embed", submit, respond)
+        return cast(embeddings_pb2.EmbedResponse, reply)
+
+    async def Score(
+        self, request: embeddings_pb2.ScoreRequest, context: grpc.aio.ServicerContext
+    ) -> embeddings_pb2.ScoreResponse:
+        async def submit(call: CallContext, streams: _Streams) -> None:
+            limit = self.limits.prompt_bytes(self.engine.info.max_model_len)
+            inputs = await score_inputs(request, self.tokenizers, limit)
+            submit_pairs(self.engine, call, inputs, streams)
+
+        def respond(request_id: str, outputs: list[RequestOutput]) -> Message:
+            return score_response(request_id, self.model_name, outputs)
+
+        reply = await self._serve(request, context, "score", submit, respond)
+        return cast(embeddings_pb2.ScoreResponse, reply)
+
+    async def _serve(
+        self,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        task: str,
+        submit: _Submit,
+        respond: _Respond,
+    ) -> Message:
+        """One call's frame: tenant and model checks, admission, telemetry, the engine
+        requests' outputs; any failure aborts the requests still in flight."""
         call: CallContext | None = None
         record: RequestRecord | None = None
         lease: Lease | None = None
@@ -61,17 +105,16 @@ class EmbeddingService(embeddings_pb2_grpc.EmbeddingServiceServicer):
         try:
             priority = request.priority if request.HasField("priority") else None
             call = call_context(context, self.tenants, request.request_id, priority)
-            record = self.telemetry.begin(call.request_id, call.internal_id, "embed")
+            record = self.telemetry.begin(call.request_id, call.internal_id, task)
             self.telemetry.set_tenant(record, call.who.name)
             self.telemetry.bind(record)
-            self._check_model(call, request.model)
+            self._check_model(call, request.model, task)
             lease = self.tenants.admit(call.who)
-            inputs = await self._inputs(request)
-            await self._submit(call, request, inputs, streams)
+            await submit(call, streams)
             self.telemetry.admit(record, len(streams))
             await context.send_initial_metadata((("x-request-id", call.request_id),))
             outputs = [await final_output(stream) for _, stream in streams]
-            response = _response(call.request_id, self.model_name, request, outputs)
+            response = respond(call.request_id, outputs)
             check_size(response, self.limits.max_response_bytes)
             status = "OK"
             return response
@@ -89,18 +132,18 @@ class EmbeddingService(embeddings_pb2_grpc.EmbeddingServiceServicer):
             if record is not None:
                 self.telemetry.end(record, status)
 
-    def _check_model(self, call: CallContext, name: str) -> None:
+    def _check_model(self, call: CallContext, name: str, task: str) -> None:
         model = name or self.model_name
         if not call.who.tenant.allows_model(model):
             raise ModelNotAllowed(call.who.name, model)
         if model != self.model_name:  # no adapters for embeddings
             raise model_not_found(model)
         info = self.engine.info
-        if info.embed is None:
+        if info.task != task:
             raise WrongTaskError(
                 model,
                 info.task,
-                f"model {model!r} serves task {info.task!r}: it computes no embeddings",
+                f"model {model!r} serves task {info.task!r}: {_REFUSES[task]}",
             )
 
     async def _inputs(self, request: embeddings_pb2.EmbedRequest) -> list[list[int]]:

@@ -2,7 +2,8 @@
 
 Holds no model, tokenizer or engine: every route is a translation onto the ``tokenwire.v1``
 gRPC API through ``Upstream``. Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``POST /v1/embeddings`` (``EmbeddingService.Embed``; ``rest/embeddings``),
+``POST /v1/embeddings`` (``EmbeddingService.Embed``; ``rest/embeddings``), ``POST /v1/score``,
+``/v1/rerank`` and ``/v2/rerank`` (``EmbeddingService.Score``; ``rest/score``),
 ``GET /v1/models`` (with the serving replica's ``replica_id``), ``GET /v1/models/{model}``
 (the base model and its LoRA adapters, each adapter with the base as ``parent``), vLLM's
 ``POST /v1/load_lora_adapter`` and
@@ -65,6 +66,7 @@ from tokenwire.server.rest.responses import (
 )
 from tokenwire.server.rest.responses_api.routes import install_responses
 from tokenwire.server.rest.responses_api.store import ResponsesSettings, ResponseStore
+from tokenwire.server.rest.score import install_score
 from tokenwire.server.rest.stream import ChatChunks, CompletionChunks, StreamSpec, sse_events
 from tokenwire.server.rest.tokenize import install_tokenize
 from tokenwire.server.rest.upstream import Upstream, call_options
@@ -314,6 +316,7 @@ def create_app(upstream: Upstream, settings: RestSettings) -> FastAPI:
     install_responses(
         app, upstream, ResponseStore(settings.responses), settings.request_timeout, settings.media
     )
+    install_score(app, upstream, settings.request_timeout)  # /v1/score, /v1/rerank, /v2/rerank
     install_tokenize(app, routes._models_call)  # /tokenize, /detokenize, the render routes
     app.add_api_route("/health", routes.health, methods=["GET"])
     app.add_api_route("/ready", routes.ready, methods=["GET"])

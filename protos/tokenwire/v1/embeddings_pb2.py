@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from tokenwire.v1 import common_pb2 as tokenwire_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtokenwire/v1/embeddings.proto\x12\x0ctokenwire.v1\x1a\x19tokenwire/v1/common.proto\"\x1b\n\nTextInputs\x12\r\n\x05texts\x18\x01 \x03(\t\"5\n\x0bTokenInputs\x12&\n\x06inputs\x18\x01 \x03(\x0b\x32\x16.tokenwire.v1.TokenIds\"\x9f\x02\n\x0c\x45mbedRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12)\n\x05texts\x18\x02 \x01(\x0b\x32\x18.tokenwire.v1.TextInputsH\x00\x12+\n\x06tokens\x18\x03 \x01(\x0b\x32\x19.tokenwire.v1.TokenInputsH\x00\x12\x17\n\ndimensions\x18\x04 \x01(\x03H\x01\x88\x01\x01\x12\x31\n\x08\x65ncoding\x18\x05 \x01(\x0e\x32\x1f.tokenwire.v1.EmbeddingEncoding\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x0c\n\x04user\x18\x07 \x01(\t\x12\x15\n\x08priority\x18\x08 \x01(\x03H\x02\x88\x01\x01\x42\x07\n\x05inputB\r\n\x0b_dimensionsB\x0b\n\t_priority\"O\n\tEmbedding\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06values\x18\x02 \x03(\x02\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\"=\n\x0e\x45mbeddingUsage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x02 \x01(\r\"\x9a\x01\n\rEmbedResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12%\n\x04\x64\x61ta\x18\x03 \x03(\x0b\x32\x17.tokenwire.v1.Embedding\x12+\n\x05usage\x18\x04 \x01(\x0b\x32\x1c.tokenwire.v1.EmbeddingUsage\x12\x12\n\ndimensions\x18\x05 \x01(\r*s\n\x11\x45mbeddingEncoding\x12\"\n\x1e\x45MBEDDING_ENCODING_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45MBEDDING_ENCODING_FLOAT\x10\x01\x12\x1c\n\x18\x45MBEDDING_ENCODING_BYTES\x10\x02\x32T\n\x10\x45mbeddingService\x12@\n\x05\x45mbed\x12\x1a.tokenwire.v1.EmbedRequest\x1a\x1b.tokenwire.v1.EmbedResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtokenwire/v1/embeddings.proto\x12\x0ctokenwire.v1\x1a\x19tokenwire/v1/common.proto\"\x1b\n\nTextInputs\x12\r\n\x05texts\x18\x01 \x03(\t\"5\n\x0bTokenInputs\x12&\n\x06inputs\x18\x01 \x03(\x0b\x32\x16.tokenwire.v1.TokenIds\"\x9f\x02\n\x0c\x45mbedRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12)\n\x05texts\x18\x02 \x01(\x0b\x32\x18.tokenwire.v1.TextInputsH\x00\x12+\n\x06tokens\x18\x03 \x01(\x0b\x32\x19.tokenwire.v1.TokenInputsH\x00\x12\x17\n\ndimensions\x18\x04 \x01(\x03H\x01\x88\x01\x01\x12\x31\n\x08\x65ncoding\x18\x05 \x01(\x0e\x32\x1f.tokenwire.v1.EmbeddingEncoding\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x0c\n\x04user\x18\x07 \x01(\t\x12\x15\n\x08priority\x18\x08 \x01(\x03H\x02\x88\x01\x01\x42\x07\n\x05inputB\r\n\x0b_dimensionsB\x0b\n\t_priority\"O\n\tEmbedding\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06values\x18\x02 \x03(\x02\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\"=\n\x0e\x45mbeddingUsage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x02 \x01(\r\"\x9a\x01\n\rEmbedResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12%\n\x04\x64\x61ta\x18\x03 \x03(\x0b\x32\x17.tokenwire.v1.Embedding\x12+\n\x05usage\x18\x04 \x01(\x0b\x32\x1c.tokenwire.v1.EmbeddingUsage\x12\x12\n\ndimensions\x18\x05 \x01(\r\"\x83\x01\n\x0cScoreRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06text_1\x18\x02 \x03(\t\x12\x0e\n\x06text_2\x18\x03 \x03(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x0c\n\x04user\x18\x05 \x01(\t\x12\x15\n\x08priority\x18\x06 \x01(\x03H\x00\x88\x01\x01\x42\x0b\n\t_priority\"@\n\tPairScore\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05score\x18\x02 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\"\x86\x01\n\rScoreResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12%\n\x04\x64\x61ta\x18\x03 \x03(\x0b\x32\x17.tokenwire.v1.PairScore\x12+\n\x05usage\x18\x04 \x01(\x0b\x32\x1c.tokenwire.v1.EmbeddingUsage*s\n\x11\x45mbeddingEncoding\x12\"\n\x1e\x45MBEDDING_ENCODING_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45MBEDDING_ENCODING_FLOAT\x10\x01\x12\x1c\n\x18\x45MBEDDING_ENCODING_BYTES\x10\x02\x32\x96\x01\n\x10\x45mbeddingService\x12@\n\x05\x45mbed\x12\x1a.tokenwire.v1.EmbedRequest\x1a\x1b.tokenwire.v1.EmbedResponse\x12@\n\x05Score\x12\x1a.tokenwire.v1.ScoreRequest\x1a\x1b.tokenwire.v1.ScoreResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tokenwire.v1.embeddings_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EMBEDDINGENCODING']._serialized_start=749
-  _globals['_EMBEDDINGENCODING']._serialized_end=864
+  _globals['_EMBEDDINGENCODING']._serialized_start=1086
+  _globals['_EMBEDDINGENCODING']._serialized_end=1201
   _globals['_TEXTINPUTS']._serialized_start=74
   _globals['_TEXTINPUTS']._serialized_end=101
   _globals['_TOKENINPUTS']._serialized_start=103
@@ -46,6 +46,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EMBEDDINGUSAGE']._serialized_end=590
   _globals['_EMBEDRESPONSE']._serialized_start=593
   _globals['_EMBEDRESPONSE']._serialized_end=747
-  _globals['_EMBEDDINGSERVICE']._serialized_start=866
-  _globals['_EMBEDDINGSERVICE']._serialized_end=950
+  _globals['_SCOREREQUEST']._serialized_start=750
+  _globals['_SCOREREQUEST']._serialized_end=881
+  _globals['_PAIRSCORE']._serialized_start=883
+  _globals['_PAIRSCORE']._serialized_end=947
+  _globals['_SCORERESPONSE']._serialized_start=950
+  _globals['_SCORERESPONSE']._serialized_end=1084
+  _globals['_EMBEDDINGSERVICE']._serialized_start=1204
+  _globals['_EMBEDDINGSERVICE']._serialized_end=1354
 # @@protoc_insertion_point(module_scope)

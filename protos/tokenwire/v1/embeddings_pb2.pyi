@@ -82,3 +82,41 @@ class EmbedResponse(_message.Message):
     usage: EmbeddingUsage
     dimensions: int
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., data: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., usage: _Optional[_Union[EmbeddingUsage, _Mapping]] = ..., dimensions: _Optional[int] = ...) -> None: ...
+
+class ScoreRequest(_message.Message):
+    __slots__ = ("model", "text_1", "text_2", "request_id", "user", "priority")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TEXT_1_FIELD_NUMBER: _ClassVar[int]
+    TEXT_2_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    text_1: _containers.RepeatedScalarFieldContainer[str]
+    text_2: _containers.RepeatedScalarFieldContainer[str]
+    request_id: str
+    user: str
+    priority: int
+    def __init__(self, model: _Optional[str] = ..., text_1: _Optional[_Iterable[str]] = ..., text_2: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., user: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
+
+class PairScore(_message.Message):
+    __slots__ = ("index", "score", "prompt_tokens")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    score: float
+    prompt_tokens: int
+    def __init__(self, index: _Optional[int] = ..., score: _Optional[float] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class ScoreResponse(_message.Message):
+    __slots__ = ("request_id", "model", "data", "usage")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    data: _containers.RepeatedCompositeFieldContainer[PairScore]
+    usage: EmbeddingUsage
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., data: _Optional[_Iterable[_Union[PairScore, _Mapping]]] = ..., usage: _Optional[_Union[EmbeddingUsage, _Mapping]] = ...) -> None: ...

@@ -33,6 +33,11 @@ class EmbeddingServiceStub:
     Errors: a bad field is INVALID_ARGUMENT naming it (ErrorInfo.metadata["param"]); an input
     longer than the model's context is INVALID_ARGUMENT CONTEXT_LENGTH_EXCEEDED; Embed on a
     generation model is FAILED_PRECONDITION WRONG_TASK (metadata["task"] = "generate").
+
+    Score: text-pair scores of a cross-encoder (ModelInfo.task == "score", e.g.
+    BertForSequenceClassification rerankers); each pair is one prefill-only request, as Embed's
+    inputs. Score on a model of another task (and Embed on a cross-encoder) is
+    FAILED_PRECONDITION WRONG_TASK.
     """
 
     def __init__(self, channel):
@@ -46,6 +51,11 @@ class EmbeddingServiceStub:
                 request_serializer=tokenwire_dot_v1_dot_embeddings__pb2.EmbedRequest.SerializeToString,
                 response_deserializer=tokenwire_dot_v1_dot_embeddings__pb2.EmbedResponse.FromString,
                 _registered_method=True)
+        self.Score = channel.unary_unary(
+                '/tokenwire.v1.EmbeddingService/Score',
+                request_serializer=tokenwire_dot_v1_dot_embeddings__pb2.ScoreRequest.SerializeToString,
+                response_deserializer=tokenwire_dot_v1_dot_embeddings__pb2.ScoreResponse.FromString,
+                _registered_method=True)
 
 
 class EmbeddingServiceServicer:
@@ -56,9 +66,20 @@ class EmbeddingServiceServicer:
     Errors: a bad field is INVALID_ARGUMENT naming it (ErrorInfo.metadata["param"]); an input
     longer than the model's context is INVALID_ARGUMENT CONTEXT_LENGTH_EXCEEDED; Embed on a
     generation model is FAILED_PRECONDITION WRONG_TASK (metadata["task"] = "generate").
+
+    Score: text-pair scores of a cross-encoder (ModelInfo.task == "score", e.g.
+    BertForSequenceClassification rerankers); each pair is one prefill-only request, as Embed's
+    inputs. Score on a model of another task (and Embed on a cross-encoder) is
+    FAILED_PRECONDITION WRONG_TASK.
     """
 
     def Embed(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Score(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -71,6 +92,11 @@ def add_EmbeddingServiceServicer_to_server(servicer, server):
                     servicer.Embed,
                     request_deserializer=tokenwire_dot_v1_dot_embeddings__pb2.EmbedRequest.FromString,
                     response_serializer=tokenwire_dot_v1_dot_embeddings__pb2.EmbedResponse.SerializeToString,
+            ),
+            'Score': grpc.unary_unary_rpc_method_handler(
+                    servicer.Score,
+                    request_deserializer=tokenwire_dot_v1_dot_embeddings__pb2.ScoreRequest.FromString,
+                    response_serializer=tokenwire_dot_v1_dot_embeddings__pb2.ScoreResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -88,6 +114,11 @@ class EmbeddingService:
     Errors: a bad field is INVALID_ARGUMENT naming it (ErrorInfo.metadata["param"]); an input
     longer than the model's context is INVALID_ARGUMENT CONTEXT_LENGTH_EXCEEDED; Embed on a
     generation model is FAILED_PRECONDITION WRONG_TASK (metadata["task"] = "generate").
+
+    Score: text-pair scores of a cross-encoder (ModelInfo.task == "score", e.g.
+    BertForSequenceClassification rerankers); each pair is one prefill-only request, as Embed's
+    inputs. Score on a model of another task (and Embed on a cross-encoder) is
+    FAILED_PRECONDITION WRONG_TASK.
     """
 
     @staticmethod
@@ -107,6 +138,33 @@ class EmbeddingService:
             '/tokenwire.v1.EmbeddingService/Embed',
             tokenwire_dot_v1_dot_embeddings__pb2.EmbedRequest.SerializeToString,
             tokenwire_dot_v1_dot_embeddings__pb2.EmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Score(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tokenwire.v1.EmbeddingService/Score',
+            tokenwire_dot_v1_dot_embeddings__pb2.ScoreRequest.SerializeToString,
+            tokenwire_dot_v1_dot_embeddings__pb2.ScoreResponse.FromString,
             options,
             channel_credentials,
             insecure,
