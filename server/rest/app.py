@@ -10,7 +10,8 @@ gRPC API through ``Upstream``. Routes: ``POST /v1/chat/completions``, ``POST /v1
 ``POST /v1/unload_lora_adapter`` (onto ``ModelService.LoadAdapter`` / ``UnloadAdapter``: the
 gRPC server decides on the flag, the key and the path; success is vLLM's plain-text line),
 ``GET /health`` (the shim is up) and ``GET /ready`` (the gRPC server reports SERVING),
-``GET /openapi.json``, and ``GET /metrics`` (Prometheus text) when the host process provides
+``GET /openapi.json``, SageMaker's ``/ping`` and ``/invocations`` and vLLM's ``/version``
+(``rest/sagemaker``), and ``GET /metrics`` (Prometheus text) when the host process provides
 metrics (behind the API key when keys are set). Errors always use the OpenAI envelope (never
 FastAPI's 422); a client that disconnects cancels its gRPC calls.
 """
@@ -66,6 +67,7 @@ from tokenwire.server.rest.responses import (
 )
 from tokenwire.server.rest.responses_api.routes import install_responses
 from tokenwire.server.rest.responses_api.store import ResponsesSettings, ResponseStore
+from tokenwire.server.rest.sagemaker import install_sagemaker
 from tokenwire.server.rest.score import install_score
 from tokenwire.server.rest.stream import ChatChunks, CompletionChunks, StreamSpec, sse_events
 from tokenwire.server.rest.tokenize import install_tokenize
@@ -320,6 +322,7 @@ def create_app(upstream: Upstream, settings: RestSettings) -> FastAPI:
     install_tokenize(app, routes._models_call)  # /tokenize, /detokenize, the render routes
     app.add_api_route("/health", routes.health, methods=["GET"])
     app.add_api_route("/ready", routes.ready, methods=["GET"])
+    install_sagemaker(app, routes.ready)  # /ping, /invocations (over the routes above), /version
     if settings.metrics is not None:
         app.add_api_route("/metrics", routes.metrics, methods=["GET"], include_in_schema=False)
     app.add_exception_handler(RestError, _on_rest_error)
