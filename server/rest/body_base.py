@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from tokenwire.server.rest.errors import clip
+from tokenwire.server.rest.errors import NOT_UNICODE, clip
 
 U32_MAX = 2**32 - 1
 U32 = Annotated[int, Field(ge=0, le=U32_MAX)]
@@ -71,3 +71,15 @@ def _bad_text_path(value: Any) -> tuple[str | int, ...] | None:
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+
+class _TextBody(_Strict):
+    """A body whose every field (strings all the way down) must be valid Unicode: a 400
+    naming the field otherwise."""
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        if _bad_text_path(value) is not None:
+            raise PydanticCustomError("invalid_unicode", NOT_UNICODE, {"path": ()})
+        return value

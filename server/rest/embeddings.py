@@ -15,12 +15,11 @@ from typing import Annotated, Any, Literal
 
 import grpc
 from fastapi import Request
-from pydantic import Field, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import Field
 
-from tokenwire.server.rest.body_base import NonEmptyIds, _bad_text_path, _Strict
+from tokenwire.server.rest.body_base import NonEmptyIds, _TextBody
 from tokenwire.server.rest.disconnect import request_id_of, until_disconnect
-from tokenwire.server.rest.errors import NOT_UNICODE, from_rpc_error
+from tokenwire.server.rest.errors import from_rpc_error
 from tokenwire.server.rest.upstream import Upstream, call_options
 from tokenwire.v1 import common_pb2, embeddings_pb2
 
@@ -28,19 +27,12 @@ I64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 _PARAMS = {"texts": "input", "tokens": "input", "dimensions": "dimensions", "model": "model"}
 
 
-class EmbeddingRequest(_Strict):
+class EmbeddingRequest(_TextBody):
     input: str | list[str] | NonEmptyIds | list[list[Annotated[int, Field(ge=0, le=2**32 - 1)]]]
     model: str | None = None
     encoding_format: Literal["float", "base64"] | None = None
     dimensions: I64 | None = None
     user: str | None = None
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _valid_unicode(cls, value: Any) -> Any:
-        if _bad_text_path(value) is not None:
-            raise PydanticCustomError("invalid_unicode", NOT_UNICODE, {"path": ()})
-        return value
 
 
 def embed_message(body: EmbeddingRequest, request_id: str) -> embeddings_pb2.EmbedRequest:

@@ -33,6 +33,7 @@ from tokenwire.server.rest.body_base import (
     NonEmptyIds,
     _bad_text_path,
     _Strict,
+    _TextBody,
 )
 from tokenwire.server.rest.content_parts import ContentPart, TextPart
 from tokenwire.server.rest.errors import NOT_UNICODE
@@ -323,13 +324,8 @@ class CompletionRequest(CommonFields):
         return value
 
 
-class _AdapterBody(_Strict):
-    @field_validator("*", mode="after")
-    @classmethod
-    def _valid_unicode(cls, value: Any) -> Any:
-        if _bad_text_path(value) is not None:
-            raise PydanticCustomError("invalid_unicode", NOT_UNICODE, {"path": ()})
-        return value
+class _AdapterBody(_TextBody):
+    """The LoRA adapter routes' bodies."""
 
 
 class LoadLoRAAdapterRequest(_AdapterBody):

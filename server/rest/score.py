@@ -18,12 +18,11 @@ from typing import Annotated, Any
 import grpc
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import Field, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import Field
 
-from tokenwire.server.rest.body_base import _bad_text_path, _Strict
+from tokenwire.server.rest.body_base import _TextBody
 from tokenwire.server.rest.disconnect import request_id_of, until_disconnect
-from tokenwire.server.rest.errors import NOT_UNICODE, from_rpc_error
+from tokenwire.server.rest.errors import from_rpc_error
 from tokenwire.server.rest.upstream import Upstream, call_options
 from tokenwire.v1 import embeddings_pb2
 
@@ -31,23 +30,14 @@ _SCORE_PARAMS = {"text_1": "text_1", "text_2": "text_2", "model": "model"}
 _RERANK_PARAMS = {"text_1": "query", "text_2": "documents", "model": "model"}
 
 
-class _Texts(_Strict):
-    @field_validator("*", mode="after")
-    @classmethod
-    def _valid_unicode(cls, value: Any) -> Any:
-        if _bad_text_path(value) is not None:
-            raise PydanticCustomError("invalid_unicode", NOT_UNICODE, {"path": ()})
-        return value
-
-
-class ScoreRequest(_Texts):
+class ScoreRequest(_TextBody):
     model: str | None = None
     text_1: str | list[str]
     text_2: str | list[str]
     user: str | None = None
 
 
-class RerankRequest(_Texts):
+class RerankRequest(_TextBody):
     model: str | None = None
     query: str
     documents: list[str]
